@@ -8,7 +8,6 @@
 use crate::version::CudaVersion;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::str::FromStr;
 
 /// A compute capability, `major.minor`. Displayed as `sm_61`, ordered numerically.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -5,5 +5,12 @@
 //! (`nccl::store`) → a report (`cli`). Lower modules never call higher ones.
 
 pub mod arch;
+pub mod cli;
+pub mod docker;
+pub mod gpu;
 pub mod inspect;
+pub mod libtorch;
+pub mod nccl;
+pub mod process;
+pub mod project;
 pub mod version;

@@ -1,0 +1,172 @@
+//! The Docker backend: builds NCCL inside an image and copies the installed tree out.
+//!
+//! The build context is a private temporary directory holding only the Dockerfile —
+//! never the project, which may hold gigabytes of libtorch. Artifacts leave the image
+//! through `docker create` + `docker cp`; the container is removed by a guard on every
+//! path, including errors and Ctrl-C.
+
+use crate::nccl::build::Backend;
+use crate::nccl::plan::BuildPlan;
+use crate::process;
+use anyhow::{Context, Result};
+use std::path::Path;
+use std::process::Command;
+
+/// The Dockerfile compiled into fdl.
+pub const EMBEDDED_DOCKERFILE: &str = include_str!("Dockerfile");
+
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    #[error("the docker command was not found on PATH. Install Docker (docker.io or docker-ce), or run on a host that has it")]
+    NoCommand,
+    #[error("the Docker daemon is not reachable: {0}. Start it (e.g. `sudo systemctl start docker`), check DOCKER_HOST, or add your user to the docker group")]
+    DaemonUnreachable(String),
+}
+
+/// A reachable Docker engine and how to drive it.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    pub server_version: String,
+    /// BuildKit is used when the client has buildx; otherwise the classic builder.
+    pub buildkit: bool,
+}
+
+impl Engine {
+    /// Asks the daemon for its version: distinguishes "no docker" from "no daemon".
+    pub fn probe() -> Result<Engine, DockerError> {
+        let out = Command::new("docker")
+            .args(["version", "--format", "{{.Server.Version}}"])
+            .output();
+        let out = match out {
+            Ok(o) => o,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(DockerError::NoCommand)
+            }
+            Err(e) => return Err(DockerError::DaemonUnreachable(e.to_string())),
+        };
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !out.status.success() || version.is_empty() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let line = err
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("no answer");
+            return Err(DockerError::DaemonUnreachable(line.trim().to_string()));
+        }
+        let buildkit = Command::new("docker")
+            .args(["buildx", "version"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        Ok(Engine {
+            server_version: version,
+            buildkit,
+        })
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new("docker");
+        // Without buildx a modern client refuses DOCKER_BUILDKIT=1, so say which builder.
+        cmd.env("DOCKER_BUILDKIT", if self.buildkit { "1" } else { "0" });
+        cmd
+    }
+}
+
+pub struct DockerBackend {
+    pub engine: Engine,
+    /// The Dockerfile text the plan's digest was taken of.
+    pub dockerfile: String,
+}
+
+/// Removes the named container when dropped, whatever happened before.
+struct ContainerGuard<'a> {
+    engine: &'a Engine,
+    name: String,
+}
+
+impl Drop for ContainerGuard<'_> {
+    fn drop(&mut self) {
+        let out = self
+            .engine
+            .command()
+            .args(["rm", "--force", &self.name])
+            .output();
+        let gone = |o: &std::process::Output| {
+            o.status.success() || String::from_utf8_lossy(&o.stderr).contains("No such container")
+        };
+        match out {
+            Ok(o) if gone(&o) => {}
+            Ok(o) => eprintln!(
+                "warning: could not remove container {}: {}. Remove it with `docker rm -f {}`",
+                self.name,
+                String::from_utf8_lossy(&o.stderr).trim(),
+                self.name
+            ),
+            Err(e) => eprintln!("warning: could not remove container {}: {e}", self.name),
+        }
+    }
+}
+
+fn argv_command(engine: &Engine, argv: &[String]) -> Command {
+    let mut cmd = engine.command();
+    cmd.args(&argv[1..]);
+    cmd
+}
+
+impl Backend for DockerBackend {
+    fn build(&self, plan: &BuildPlan, staging: &Path) -> Result<()> {
+        let context = tempfile::Builder::new()
+            .prefix("fdl-docker-context-")
+            .tempdir()
+            .context("cannot create a private build context")?;
+        std::fs::write(context.path().join("Dockerfile"), &self.dockerfile)?;
+        let container = format!(
+            "fdl-nccl-extract-{}-{}",
+            std::process::id(),
+            context
+                .path()
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .rsplit('-')
+                .next()
+                .unwrap_or("x")
+        )
+        .to_ascii_lowercase();
+        let cmds = plan.docker_commands(context.path(), staging, &container);
+        let [build, create, copy, _remove] = cmds.as_slice() else {
+            unreachable!("docker_commands returns four commands")
+        };
+
+        eprintln!(
+            "==> docker build ({}builder) {}",
+            if self.engine.buildkit {
+                "BuildKit "
+            } else {
+                "classic "
+            },
+            plan.docker.image
+        );
+        let mut cmd = argv_command(&self.engine, build);
+        cmd.stdout(process::stderr_stdio());
+        process::run(&mut cmd, "docker build")
+            .context("the image build failed; its output is above. Nothing was installed")?;
+
+        // The guard exists before `create` runs: an interrupt between the two must not
+        // leave a container behind. Removing a container that never came is harmless.
+        let _guard = ContainerGuard {
+            engine: &self.engine,
+            name: container.clone(),
+        };
+        process::capture(&mut argv_command(&self.engine, create), "docker create")?;
+        eprintln!(
+            "==> docker cp {}:{} → staging",
+            container,
+            crate::nccl::plan::IMAGE_INSTALL_DIR
+        );
+        process::capture(&mut argv_command(&self.engine, copy), "docker cp").context(
+            "could not copy the NCCL install tree out of the image; does the Dockerfile install into /usr/local/nccl?",
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,174 @@
+//! The local GPU inventory, read from `nvidia-smi`'s CSV query interface — the one
+//! source that needs no CUDA toolkit and no running CUDA context.
+
+use crate::arch::Arch;
+use serde::{Deserialize, Serialize};
+use std::process::Command;
+
+/// The exact query fdl runs; tests' stand-in `nvidia-smi` answers it.
+pub const NVIDIA_SMI_ARGS: &[&str] = &[
+    "--query-gpu=index,name,compute_cap,memory.total",
+    "--format=csv,noheader,nounits",
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub index: u32,
+    pub name: String,
+    pub compute_cap: Arch,
+    pub memory_mib: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("nvidia-smi was not found on PATH, so the local GPUs cannot be read. Install the NVIDIA driver, or name the architectures yourself, e.g. --archs \"6.1;12.0\"")]
+    NoNvidiaSmi,
+    #[error("nvidia-smi failed ({status}): {stderr}. Check the NVIDIA driver, or name the architectures yourself with --archs")]
+    Failed { status: String, stderr: String },
+    #[error("nvidia-smi lists no GPU. Name the architectures to build for with --archs, e.g. --archs \"6.1;12.0\"")]
+    NoGpu,
+    #[error("cannot parse nvidia-smi output line {line_no}: '{line}' ({why}). Name the architectures yourself with --archs")]
+    Unparsable {
+        line_no: usize,
+        line: String,
+        why: String,
+    },
+}
+
+/// Runs `nvidia-smi` from PATH and parses its answer.
+pub fn query() -> Result<Vec<Gpu>, GpuError> {
+    let out = match Command::new("nvidia-smi").args(NVIDIA_SMI_ARGS).output() {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(GpuError::NoNvidiaSmi),
+        Err(e) => {
+            return Err(GpuError::Failed {
+                status: "could not start".into(),
+                stderr: e.to_string(),
+            })
+        }
+    };
+    if !out.status.success() {
+        let text = String::from_utf8_lossy(if out.stderr.is_empty() {
+            &out.stdout
+        } else {
+            &out.stderr
+        });
+        return Err(GpuError::Failed {
+            status: out.status.to_string(),
+            stderr: text.trim().to_string(),
+        });
+    }
+    parse(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Parses `index, name, compute_cap, memory.total` lines. Names may hold commas, so the
+/// index is read from the front and the capability and memory from the back.
+pub fn parse(csv: &str) -> Result<Vec<Gpu>, GpuError> {
+    let mut gpus = Vec::new();
+    for (i, raw) in csv.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |why: &str| GpuError::Unparsable {
+            line_no: i + 1,
+            line: line.to_string(),
+            why: why.to_string(),
+        };
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        if fields.len() < 4 {
+            return Err(bad("expected 4 comma-separated fields"));
+        }
+        let index = fields[0]
+            .parse()
+            .map_err(|_| bad("index is not a number"))?;
+        let n = fields.len();
+        let name = fields[1..n - 2].join(",");
+        let cap = fields[n - 2];
+        let compute_cap = match cap.split_once('.') {
+            Some((maj, min)) => match (maj.parse(), min.parse::<u32>()) {
+                (Ok(maj), Ok(min)) if min < 10 => Arch::new(maj, min),
+                _ => return Err(bad("compute capability is not MAJOR.MINOR")),
+            },
+            None if cap.contains("N/A") => {
+                return Err(bad(
+                    "the driver does not report compute_cap (it is too old)",
+                ))
+            }
+            None => return Err(bad("compute capability is not MAJOR.MINOR")),
+        };
+        let memory_mib = fields[n - 1]
+            .parse()
+            .map_err(|_| bad("memory.total is not a number of MiB"))?;
+        gpus.push(Gpu {
+            index,
+            name,
+            compute_cap,
+            memory_mib,
+        });
+    }
+    if gpus.is_empty() {
+        return Err(GpuError::NoGpu);
+    }
+    Ok(gpus)
+}
+
+/// The distinct capabilities of `gpus`, sorted.
+pub fn distinct_archs(gpus: &[Gpu]) -> Vec<Arch> {
+    let mut archs: Vec<Arch> = gpus.iter().map(|g| g.compute_cap).collect();
+    archs.sort();
+    archs.dedup();
+    archs
+}
+
+/// A plain-text table of `gpus`, for terminals.
+pub fn table(gpus: &[Gpu]) -> String {
+    let width = gpus.iter().map(|g| g.name.len()).max().unwrap_or(4).max(4);
+    let mut s = format!(
+        "{:<5} {:<width$} {:<7} {:>8}\n",
+        "GPU", "NAME", "ARCH", "MEMORY"
+    );
+    for g in gpus {
+        s.push_str(&format!(
+            "{:<5} {:<width$} {:<7} {:>5} MiB\n",
+            g.index,
+            g.name,
+            g.compute_cap.to_string(),
+            g.memory_mib
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mixed_rig_parses() {
+        let csv = "0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n1, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n";
+        let gpus = parse(csv).unwrap();
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[1].compute_cap, Arch::new(12, 0));
+        assert_eq!(gpus[1].memory_mib, 16311);
+        assert_eq!(
+            distinct_archs(&gpus),
+            vec![Arch::new(6, 1), Arch::new(12, 0)]
+        );
+    }
+
+    #[test]
+    fn names_with_commas_and_bad_lines() {
+        let gpus = parse("3, Odd, Name, 8.6, 24576").unwrap();
+        assert_eq!(gpus[0].name, "Odd,Name");
+        assert!(matches!(parse(""), Err(GpuError::NoGpu)));
+        assert!(matches!(
+            parse("garbage"),
+            Err(GpuError::Unparsable { line_no: 1, .. })
+        ));
+        assert!(matches!(
+            parse("0, X, [N/A], 100"),
+            Err(GpuError::Unparsable { .. })
+        ));
+    }
+}

@@ -1,0 +1,233 @@
+//! libtorch variants under `libtorch/`: `precompiled/<name>` and `builds/<name>`, one of
+//! them active (named by `libtorch/.active`), each with optional `.arch` metadata.
+//! Discovery only: nothing here builds or installs.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+
+/// The directories under `libtorch/` that hold variants.
+pub const VARIANT_KINDS: &[&str] = &["precompiled", "builds"];
+
+#[derive(Debug, Clone)]
+pub struct Libtorch {
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Variant {
+    /// `precompiled/cu128`
+    pub name: String,
+    pub dir: PathBuf,
+}
+
+impl Variant {
+    /// The library that carries NCCL (statically) or loads it (pip-style).
+    pub fn libtorch_cuda(&self) -> PathBuf {
+        self.dir.join("lib").join("libtorch_cuda.so")
+    }
+
+    /// `.arch`: `key=value` lines (torch=, cuda=, archs=, source=). Missing file → empty.
+    pub fn arch_metadata(&self) -> Result<BTreeMap<String, String>> {
+        let path = self.dir.join(".arch");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ok(parse_key_values(&text)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+}
+
+pub fn parse_key_values(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+impl Libtorch {
+    pub fn new(dir: PathBuf) -> Self {
+        Libtorch { dir }
+    }
+
+    fn active_file(&self) -> PathBuf {
+        self.dir.join(".active")
+    }
+
+    /// Every variant, sorted by name. A missing `libtorch/` is simply no variants.
+    pub fn variants(&self) -> Result<Vec<Variant>> {
+        let mut out = Vec::new();
+        for kind in VARIANT_KINDS {
+            let kind_dir = self.dir.join(kind);
+            let entries = match std::fs::read_dir(&kind_dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot list {}", kind_dir.display()))
+                }
+            };
+            for entry in entries {
+                let entry = entry?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                // `is_dir` follows links: a registered pip torch is a link to its directory.
+                if name.starts_with('.') || !entry.path().is_dir() {
+                    continue;
+                }
+                out.push(Variant {
+                    name: format!("{kind}/{name}"),
+                    dir: entry.path(),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Resolves a variant name to its directory, refusing anything outside
+    /// `libtorch/precompiled` or `libtorch/builds`.
+    pub fn variant(&self, name: &str) -> Result<Variant> {
+        let name = name.trim().trim_end_matches('/');
+        let rel = Path::new(name);
+        let mut comps = rel.components();
+        let plain = rel.components().all(|c| matches!(c, Component::Normal(_)));
+        let kind = comps.next().and_then(|c| c.as_os_str().to_str());
+        let valid_kind = kind.is_some_and(|k| VARIANT_KINDS.contains(&k));
+        if name.is_empty() || !plain || !valid_kind || rel.components().count() != 2 {
+            bail!(
+                "'{name}' is not a libtorch variant name: it must be precompiled/<name> or builds/<name> inside {}. See `fdl libtorch list`",
+                self.dir.display()
+            );
+        }
+        let dir = self.dir.join(rel);
+        if !dir.is_dir() {
+            let known = self
+                .variants()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|v| v.name)
+                .collect::<Vec<_>>();
+            bail!(
+                "libtorch variant '{name}' does not exist (no directory {}). Known variants: {}",
+                dir.display(),
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            );
+        }
+        Ok(Variant {
+            name: name.to_string(),
+            dir,
+        })
+    }
+
+    /// The variant `.active` names. Each way this can fail has its own message.
+    pub fn active(&self) -> Result<Variant> {
+        let file = self.active_file();
+        let text = match std::fs::read_to_string(&file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(anyhow!(
+                    "no active libtorch: {} does not exist. Run `fdl libtorch activate <variant>` (see `fdl libtorch list`), or pass --tag to name the NCCL version yourself",
+                    file.display()
+                ))
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
+        };
+        let name = text.lines().next().unwrap_or("").trim();
+        if name.is_empty() {
+            bail!(
+                "{} is empty. Run `fdl libtorch activate <variant>`, or pass --tag",
+                file.display()
+            );
+        }
+        self.variant(name)
+            .with_context(|| format!("{} names '{name}'", file.display()))
+    }
+
+    pub fn active_name(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.active_file()).ok()?;
+        Some(text.lines().next()?.trim().to_string()).filter(|s| !s.is_empty())
+    }
+
+    /// Makes `name` the active variant. `.active` is replaced atomically: a crash leaves
+    /// either the old or the new content, never a torn file.
+    pub fn activate(&self, name: &str) -> Result<Variant> {
+        let variant = self.variant(name)?;
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".active.")
+            .tempfile_in(&self.dir)
+            .with_context(|| format!("cannot write in {}", self.dir.display()))?;
+        writeln!(tmp, "{}", variant.name)?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(self.active_file())
+            .map_err(|e| e.error)
+            .with_context(|| format!("cannot replace {}", self.active_file().display()))?;
+        Ok(variant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> (tempfile::TempDir, Libtorch) {
+        let t = tempfile::tempdir().unwrap();
+        let lt = t.path().join("libtorch");
+        std::fs::create_dir_all(lt.join("precompiled/cu128/lib")).unwrap();
+        std::fs::create_dir_all(lt.join("builds/local")).unwrap();
+        std::fs::create_dir_all(lt.join("nccl/builds")).unwrap();
+        (t, Libtorch::new(lt))
+    }
+
+    #[test]
+    fn lists_and_activates() {
+        let (_t, lt) = layout();
+        let names: Vec<_> = lt.variants().unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(names, ["builds/local", "precompiled/cu128"]);
+        assert!(lt.active().is_err());
+        lt.activate("precompiled/cu128").unwrap();
+        assert_eq!(lt.active().unwrap().name, "precompiled/cu128");
+        assert_eq!(
+            std::fs::read_to_string(lt.dir.join(".active")).unwrap(),
+            "precompiled/cu128\n"
+        );
+    }
+
+    #[test]
+    fn refuses_names_outside_libtorch() {
+        let (_t, lt) = layout();
+        for bad in [
+            "../x",
+            "/etc",
+            "precompiled/../../x",
+            "nccl/builds",
+            "precompiled",
+            "",
+            "other/x",
+        ] {
+            let err = lt.variant(bad).unwrap_err().to_string();
+            assert!(err.contains("not a libtorch variant name"), "{bad}: {err}");
+        }
+        let err = lt.variant("precompiled/nope").unwrap_err().to_string();
+        assert!(
+            err.contains("does not exist") && err.contains("precompiled/cu128"),
+            "{err}"
+        );
+        assert!(lt.activate("precompiled/nope").is_err());
+        assert!(!lt.dir.join(".active").exists());
+    }
+
+    #[test]
+    fn arch_metadata_is_key_values() {
+        let m = parse_key_values("torch=2.8.0\n# c\ncuda = 12.8\narchs=6.1;12.0\njunk\n");
+        assert_eq!(m["cuda"], "12.8");
+        assert_eq!(m["archs"], "6.1;12.0");
+        assert_eq!(m.len(), 3);
+    }
+}

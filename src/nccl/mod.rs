@@ -1,0 +1,6 @@
+//! NCCL builds: the tag, the plan, the install store and the build pipeline.
+
+pub mod build;
+pub mod plan;
+pub mod store;
+pub mod tag;

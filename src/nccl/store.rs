@@ -1,0 +1,397 @@
+//! The store of NCCL builds under `libtorch/nccl/builds/`, and the transaction that adds
+//! one.
+//!
+//! A build is a directory holding a manifest (`fdl-build.json`). A new build is made in a
+//! hidden staging directory beside its target, checked, given its manifest, and only then
+//! moved into place with one rename — so a failed or interrupted build never leaves a
+//! directory that looks like a build, and never touches an existing one. Like rustup's
+//! install transaction, [`Staging`] rolls everything back on `Drop` unless committed.
+
+use crate::inspect;
+use crate::nccl::plan::BuildPlan;
+use crate::version::NcclVersion;
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+pub const MANIFEST: &str = "fdl-build.json";
+const STAGING_PREFIX: &str = ".staging-";
+const REPLACED_PREFIX: &str = ".replaced-";
+
+/// What is saved with every build: the plan that made it and what the check found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub fdl_version: String,
+    /// RFC 3339, UTC.
+    pub built_at: String,
+    pub plan: BuildPlan,
+    pub checked: CheckedTree,
+}
+
+/// Facts established by [`check_tree`] about an installed NCCL tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckedTree {
+    /// `libnccl.so.2.27.5`: the real file at the end of the symlink chain.
+    pub library: String,
+    /// NCCL_MAJOR/MINOR/PATCH from `include/nccl.h`.
+    pub header_version: NcclVersion,
+    /// The version in the library's self-id string.
+    pub embedded_version: NcclVersion,
+}
+
+#[derive(Debug)]
+pub enum Existing {
+    Build(Box<Manifest>),
+    /// A directory is there but holds no readable manifest.
+    NotABuild(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct BuildStore {
+    pub dir: PathBuf,
+}
+
+impl BuildStore {
+    pub fn new(dir: PathBuf) -> Self {
+        BuildStore { dir }
+    }
+
+    pub fn path_of(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// What is at the place of build `name`, if anything.
+    pub fn existing(&self, name: &str) -> Result<Option<Existing>> {
+        let dir = self.path_of(name);
+        if std::fs::symlink_metadata(&dir).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(match read_manifest(&dir) {
+            Ok(m) => Existing::Build(Box::new(m)),
+            Err(e) => Existing::NotABuild(format!("{e:#}")),
+        }))
+    }
+
+    /// Opens a transaction for build `name`: a fresh staging directory beside the target.
+    pub fn begin(&self, name: &str) -> Result<Staging> {
+        let mut created = Vec::new();
+        // Record which parents we create so a rollback leaves the tree as it found it.
+        let mut missing: Vec<&Path> = self.dir.ancestors().take_while(|p| !p.exists()).collect();
+        missing.reverse();
+        for dir in missing {
+            std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            created.push(dir.to_path_buf());
+        }
+        let staging = tempfile::Builder::new()
+            .prefix(&format!("{STAGING_PREFIX}{name}-"))
+            .tempdir_in(&self.dir)
+            .with_context(|| {
+                format!(
+                    "cannot create a staging directory in {}",
+                    self.dir.display()
+                )
+            });
+        let staging = match staging {
+            Ok(s) => s.keep(),
+            Err(e) => {
+                remove_created(&created);
+                return Err(e);
+            }
+        };
+        Ok(Staging {
+            path: staging,
+            target: self.path_of(name),
+            created,
+            committed: false,
+        })
+    }
+}
+
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let path = dir.join(MANIFEST);
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a valid fdl manifest", path.display()))
+}
+
+/// An uncommitted build. Dropping it removes the staging directory and any parent
+/// directories the transaction created.
+#[derive(Debug)]
+pub struct Staging {
+    path: PathBuf,
+    target: PathBuf,
+    created: Vec<PathBuf>,
+    committed: bool,
+}
+
+impl Staging {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// Checks the staged tree against the plan, points `nccl.pc` at the final directory and
+    /// writes the manifest. After this the staging directory is a complete build.
+    pub fn seal(&self, plan: &BuildPlan) -> Result<Manifest> {
+        let checked = check_tree(&self.path, plan)?;
+        rewrite_pc_prefix(&self.path.join("lib/pkgconfig/nccl.pc"), &self.target)?;
+        let manifest = Manifest {
+            fdl_version: env!("CARGO_PKG_VERSION").to_string(),
+            built_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            plan: plan.clone(),
+            checked,
+        };
+        let text = serde_json::to_string_pretty(&manifest)?;
+        std::fs::write(self.path.join(MANIFEST), text + "\n")
+            .with_context(|| format!("cannot write the manifest in {}", self.path.display()))?;
+        Ok(manifest)
+    }
+
+    /// Moves the staged build into place. With `replace`, an existing directory at the
+    /// target is swapped out first and removed only once the new build is in place; if
+    /// the final rename fails it is put back.
+    pub fn commit(mut self, replace: bool) -> Result<()> {
+        let parent = self
+            .target
+            .parent()
+            .ok_or_else(|| anyhow!("build target has no parent"))?;
+        let name = self
+            .target
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let mut set_aside = None;
+        if std::fs::symlink_metadata(&self.target).is_ok() {
+            if !replace {
+                bail!(
+                    "{} appeared while building; nothing was changed",
+                    self.target.display()
+                );
+            }
+            let aside = tempfile::Builder::new()
+                .prefix(&format!("{REPLACED_PREFIX}{name}-"))
+                .tempdir_in(parent)?
+                .keep();
+            std::fs::remove_dir(&aside)?;
+            std::fs::rename(&self.target, &aside)
+                .with_context(|| format!("cannot move {} aside", self.target.display()))?;
+            set_aside = Some(aside);
+        }
+        if let Err(e) = std::fs::rename(&self.path, &self.target) {
+            if let Some(aside) = &set_aside {
+                let _ = std::fs::rename(aside, &self.target);
+            }
+            return Err(e)
+                .with_context(|| format!("cannot move the build into {}", self.target.display()));
+        }
+        self.committed = true;
+        if let Some(aside) = set_aside {
+            std::fs::remove_dir_all(&aside).with_context(|| {
+                format!(
+                    "new build installed, but cannot remove the old one at {}",
+                    aside.display()
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!(
+                    "warning: could not remove staging directory {}: {e}",
+                    self.path.display()
+                );
+            }
+        }
+        remove_created(&self.created);
+    }
+}
+
+fn remove_created(created: &[PathBuf]) {
+    for dir in created.iter().rev() {
+        // Only empty directories: something else may have been put there meanwhile.
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// Checks an installed NCCL tree: the symlink chain `lib/libnccl.so → libnccl.so.2 →
+/// libnccl.so.X.Y.Z` ends in a real file inside `lib/`, the static library, pkg-config
+/// file and header exist, and header, file name and embedded self-id agree with each
+/// other and with the tag when the tag names a release.
+pub fn check_tree(dir: &Path, plan: &BuildPlan) -> Result<CheckedTree> {
+    let lib = dir.join("lib");
+    let header = parse_header_version(&dir.join("include/nccl.h"))?;
+    let real = follow_chain(&lib, "libnccl.so")?;
+    let expected_file = format!(
+        "libnccl.so.{}.{}.{}",
+        header.major, header.minor, header.patch
+    );
+    if real != expected_file {
+        bail!("the library chain ends in lib/{real}, but nccl.h says {header}: expected lib/{expected_file}");
+    }
+    for required in ["libnccl_static.a", "pkgconfig/nccl.pc"] {
+        let p = lib.join(required);
+        if !p.is_file() {
+            bail!("the build has no lib/{required}: NCCL's install target was incomplete");
+        }
+    }
+    let embedded = inspect::find_nccl_self_id(&lib.join(&real))?
+        .ok_or_else(|| {
+            anyhow!("lib/{real} carries no NCCL self-id string: it is not an NCCL library")
+        })?
+        .nccl;
+    let same = |a: &NcclVersion, b: &NcclVersion| {
+        (a.major, a.minor, a.patch) == (b.major, b.minor, b.patch)
+    };
+    if !same(&embedded, &header) {
+        bail!("lib/{real} identifies as NCCL {embedded} but nccl.h says {header}");
+    }
+    if let Some(want) = &plan.nccl_version {
+        if !same(want, &header) {
+            bail!(
+                "tag {} asks for NCCL {want}, but the build produced NCCL {header}",
+                plan.tag
+            );
+        }
+    }
+    Ok(CheckedTree {
+        library: real,
+        header_version: header,
+        embedded_version: embedded,
+    })
+}
+
+/// Follows symlinks from `lib/<start>` within `lib/` to a regular file; returns its name.
+fn follow_chain(lib: &Path, start: &str) -> Result<String> {
+    let mut name = start.to_string();
+    for _ in 0..8 {
+        let p = lib.join(&name);
+        let meta =
+            std::fs::symlink_metadata(&p).map_err(|_| anyhow!("the build has no lib/{name}"))?;
+        if meta.file_type().is_file() {
+            return Ok(name);
+        }
+        if !meta.file_type().is_symlink() {
+            bail!("lib/{name} is neither a file nor a symlink");
+        }
+        let target = std::fs::read_link(&p)?;
+        let next = target.to_str().unwrap_or("");
+        if next.is_empty() || next.contains('/') || next == "." || next == ".." {
+            bail!(
+                "lib/{name} points to '{}', outside lib/: the build would break once moved",
+                target.display()
+            );
+        }
+        name = next.to_string();
+    }
+    bail!("lib/{start} is a symlink loop")
+}
+
+/// Reads `#define NCCL_MAJOR 2` etc. from `nccl.h`.
+pub fn parse_header_version(path: &Path) -> Result<NcclVersion> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|_| anyhow!("the build has no readable include/nccl.h"))?;
+    let get = |key: &str| -> Result<u32> {
+        text.lines()
+            .filter_map(|l| l.trim().strip_prefix("#define"))
+            .filter_map(|l| l.trim().strip_prefix(key))
+            .filter(|rest| rest.starts_with(char::is_whitespace))
+            .find_map(|rest| rest.trim().parse().ok())
+            .ok_or_else(|| anyhow!("include/nccl.h does not define {key}"))
+    };
+    Ok(NcclVersion::new(
+        get("NCCL_MAJOR")?,
+        get("NCCL_MINOR")?,
+        get("NCCL_PATCH")?,
+    ))
+}
+
+/// NCCL writes its install prefix (e.g. /usr/local/nccl) into `nccl.pc`; point it at
+/// the build's final directory so `pkg-config` works on the host.
+pub fn rewrite_pc_prefix(pc: &Path, prefix: &Path) -> Result<()> {
+    let text =
+        std::fs::read_to_string(pc).with_context(|| format!("cannot read {}", pc.display()))?;
+    let old = text
+        .lines()
+        .find_map(|l| l.strip_prefix("prefix="))
+        .map(str::trim)
+        .ok_or_else(|| anyhow!("{} has no prefix= line", pc.display()))?
+        .to_string();
+    let new = prefix.display().to_string();
+    let mut out = String::with_capacity(text.len() + new.len());
+    for line in text.lines() {
+        if line.starts_with("prefix=") {
+            out.push_str(&format!("prefix={new}"));
+        } else if !old.is_empty() && line.contains('=') && !line.contains(':') {
+            // Variable lines that spelled the old prefix out instead of ${prefix}.
+            out.push_str(&line.replace(&old, &new));
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    std::fs::write(pc, out).with_context(|| format!("cannot write {}", pc.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pc_prefix_is_rewritten() {
+        let t = tempfile::tempdir().unwrap();
+        let pc = t.path().join("nccl.pc");
+        std::fs::write(
+            &pc,
+            "prefix=/usr/local/nccl\nexec_prefix=${prefix}\nlibdir=/usr/local/nccl/lib\n\nName: nccl\nLibs: -L${libdir} -lnccl\n",
+        )
+        .unwrap();
+        rewrite_pc_prefix(&pc, Path::new("/p/builds/v2")).unwrap();
+        let text = std::fs::read_to_string(&pc).unwrap();
+        assert!(
+            text.starts_with(
+                "prefix=/p/builds/v2\nexec_prefix=${prefix}\nlibdir=/p/builds/v2/lib\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("/usr/local/nccl"));
+    }
+
+    #[test]
+    fn header_version() {
+        let t = tempfile::tempdir().unwrap();
+        let h = t.path().join("nccl.h");
+        std::fs::write(&h, "#define NCCL_MAJOR 2\n#define NCCL_MINOR 27\n#define NCCL_PATCH 5\n#define NCCL_SUFFIX \"\"\n").unwrap();
+        assert_eq!(
+            parse_header_version(&h).unwrap(),
+            NcclVersion::new(2, 27, 5)
+        );
+        std::fs::write(&h, "#define NCCL_MAJOR 2\n").unwrap();
+        assert!(parse_header_version(&h)
+            .unwrap_err()
+            .to_string()
+            .contains("NCCL_MINOR"));
+    }
+
+    #[test]
+    fn failed_transaction_leaves_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let store = BuildStore::new(t.path().join("libtorch/nccl/builds"));
+        let staging = store.begin("v2.27.5-sm61").unwrap();
+        std::fs::write(staging.path().join("x"), "partial").unwrap();
+        drop(staging);
+        assert!(!t.path().join("libtorch").exists());
+    }
+}

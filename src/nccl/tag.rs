@@ -1,0 +1,162 @@
+//! NCCL git tags. A tag ends up in a directory name, an image tag and a `git clone
+//! --branch` argument, so it is validated before anything else sees it.
+
+use crate::version::NcclVersion;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A validated NCCL tag or git ref: `v2.27.5-1`, `v2.28.0-rc1`, `master`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Tag(String);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TagError {
+    #[error("--tag is empty: give an NCCL tag such as v2.27.5-1, or leave --tag out to infer it from the active libtorch")]
+    Blank,
+    #[error("invalid tag '{0}': a tag may not start with '-' (it would be read as an option). Use an NCCL tag such as v2.27.5-1")]
+    LeadingDash(String),
+    #[error("invalid tag '{0}': a tag may not start with '.'. Use an NCCL tag such as v2.27.5-1")]
+    LeadingDot(String),
+    #[error("invalid tag '{0}': '..' is not allowed in a tag. Use an NCCL tag such as v2.27.5-1")]
+    DotDot(String),
+    #[error("invalid tag '{tag}': character {ch:?} is not allowed; a tag is an NCCL tag such as v2.27.5-1 or a git ref made of letters, digits, '.', '_' and '-'")]
+    BadChar { tag: String, ch: char },
+    #[error("invalid tag '{0}': longer than 64 characters")]
+    TooLong(String),
+}
+
+impl Tag {
+    pub fn parse(s: &str) -> Result<Tag, TagError> {
+        if s.trim().is_empty() {
+            return Err(TagError::Blank);
+        }
+        if let Some(ch) = s
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(TagError::BadChar {
+                tag: s.to_string(),
+                ch,
+            });
+        }
+        if s.starts_with('-') {
+            return Err(TagError::LeadingDash(s.to_string()));
+        }
+        if s.starts_with('.') {
+            return Err(TagError::LeadingDot(s.to_string()));
+        }
+        if s.contains("..") {
+            return Err(TagError::DotDot(s.to_string()));
+        }
+        if s.len() > 64 {
+            return Err(TagError::TooLong(s.to_string()));
+        }
+        Ok(Tag(s.to_string()))
+    }
+
+    /// The tag NVIDIA uses for a release: `v2.27.5-1`.
+    pub fn for_release(v: &NcclVersion) -> Tag {
+        Tag(format!("v{}.{}.{}-1", v.major, v.minor, v.patch))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// `vX.Y.Z` followed by nothing or by `-<anything>`: the release it builds.
+    pub fn version(&self) -> Option<NcclVersion> {
+        let rest = self.0.strip_prefix('v')?;
+        let (ver, _) = rest.split_once('-').unwrap_or((rest, ""));
+        ver.parse().ok()
+    }
+
+    /// The version part of a build's name: a numeric package revision is dropped
+    /// (`v2.27.5-1` → `v2.27.5`); anything else (`v2.27.5-rc1`, `master`) stays whole.
+    pub fn version_part(&self) -> &str {
+        match self.0.rsplit_once('-') {
+            Some((head, rev))
+                if self.version().is_some()
+                    && !rev.is_empty()
+                    && rev.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                head
+            }
+            _ => &self.0,
+        }
+    }
+}
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for Tag {
+    type Error = TagError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Tag::parse(&s)
+    }
+}
+
+impl From<Tag> for String {
+    fn from(t: Tag) -> String {
+        t.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_tags_and_version_parts() {
+        let t = Tag::parse("v2.27.5-1").unwrap();
+        assert_eq!(t.version_part(), "v2.27.5");
+        assert_eq!(t.version(), Some(NcclVersion::new(2, 27, 5)));
+        assert_eq!(
+            Tag::parse("v2.27.5-rc1").unwrap().version_part(),
+            "v2.27.5-rc1"
+        );
+        assert_eq!(Tag::parse("master").unwrap().version_part(), "master");
+        assert_eq!(Tag::parse("master").unwrap().version(), None);
+        assert_eq!(Tag::parse("release-1").unwrap().version_part(), "release-1");
+        assert_eq!(
+            Tag::for_release(&NcclVersion::new(2, 21, 5)).as_str(),
+            "v2.21.5-1"
+        );
+    }
+
+    #[test]
+    fn hostile_tags_are_refused() {
+        assert_eq!(Tag::parse(""), Err(TagError::Blank));
+        assert_eq!(Tag::parse("  "), Err(TagError::Blank));
+        assert!(matches!(Tag::parse("-x"), Err(TagError::LeadingDash(_))));
+        assert!(matches!(
+            Tag::parse("--upload-pack=x"),
+            Err(TagError::BadChar { ch: '=', .. })
+        ));
+        assert!(matches!(Tag::parse("a..b"), Err(TagError::DotDot(_))));
+        assert!(matches!(
+            Tag::parse("../etc"),
+            Err(TagError::BadChar { ch: '/', .. })
+        ));
+        assert!(matches!(
+            Tag::parse("v2/x"),
+            Err(TagError::BadChar { ch: '/', .. })
+        ));
+        assert!(matches!(
+            Tag::parse("v2 x"),
+            Err(TagError::BadChar { ch: ' ', .. })
+        ));
+        assert!(matches!(
+            Tag::parse(".hidden"),
+            Err(TagError::LeadingDot(_))
+        ));
+        assert!(matches!(
+            Tag::parse(&"a".repeat(65)),
+            Err(TagError::TooLong(_))
+        ));
+    }
+}

@@ -1,0 +1,85 @@
+//! Running external tools (docker, nvidia-smi) so that Ctrl-C and SIGTERM end them and
+//! still let fdl roll back: the signal only sets a flag; the running child is killed, the
+//! caller gets an error, and `Drop` guards (staging directory, container) clean up.
+
+use anyhow::{bail, Context, Result};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Installs the SIGINT/SIGTERM handler. Called once by the binary.
+pub fn install_interrupt_handler() {
+    // Failing to install only loses graceful cleanup on Ctrl-C; not worth refusing to run.
+    let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
+}
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted; everything this run started was cleaned up")]
+pub struct Interrupted;
+
+/// Runs `cmd` to completion with its output going where `cmd` says, polling for an
+/// interrupt. `what` names the step in errors.
+pub fn run(cmd: &mut Command, what: &str) -> Result<()> {
+    let status = wait(cmd.spawn().with_context(|| spawn_error(cmd, what))?)?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Like [`run`] but captures stdout and stderr; returns stdout, or an error holding stderr.
+pub fn capture(cmd: &mut Command, what: &str) -> Result<String> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().with_context(|| spawn_error(cmd, what))?;
+    let out = child.wait_with_output()?;
+    if interrupted() {
+        return Err(Interrupted.into());
+    }
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        bail!("{what} failed ({}): {}", out.status, stderr.trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn spawn_error(cmd: &Command, what: &str) -> String {
+    format!(
+        "{what}: cannot start {}",
+        cmd.get_program().to_string_lossy()
+    )
+}
+
+fn wait(mut child: Child) -> Result<ExitStatus> {
+    loop {
+        if let Some(status) = child.try_wait()? {
+            if interrupted() {
+                return Err(Interrupted.into());
+            }
+            return Ok(status);
+        }
+        if interrupted() {
+            // Ctrl-C reaches the child through the terminal's process group; SIGTERM sent to
+            // fdl alone does not, so end the child ourselves either way.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Interrupted.into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `Stdio` that writes to fdl's stderr, so a child's output streams to the terminal
+/// without mixing into `--json` on stdout.
+pub fn stderr_stdio() -> Stdio {
+    use std::os::fd::AsFd;
+    match std::io::stderr().as_fd().try_clone_to_owned() {
+        Ok(fd) => Stdio::from(fd),
+        Err(_) => Stdio::inherit(),
+    }
+}
