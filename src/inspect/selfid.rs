@@ -18,7 +18,7 @@ pub struct SelfId {
 /// Parses the bytes right after [`NEEDLE`]. `None` unless they form a full self-id.
 pub fn parse_after_needle(rest: &[u8]) -> Option<SelfId> {
     let mut pos = 0;
-    let mut num = |pos: &mut usize| -> Option<u32> {
+    let num = |pos: &mut usize| -> Option<u32> {
         let start = *pos;
         while *pos < rest.len() && rest[*pos].is_ascii_digit() && *pos - start < 6 {
             *pos += 1;

@@ -1,0 +1,497 @@
+//! `fdl nccl build` planning: every numbered rule that can be checked without Docker,
+//! and every bad input — each must fail with one clear message and write nothing.
+
+mod common;
+use common::*;
+use predicates::prelude::*;
+use serde_json::Value;
+
+const MIXED_SMI: &str = "0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n1, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n2, NVIDIA GeForce GTX 1060 3GB, 6.1, 3072\n";
+
+fn floors() -> &'static str {
+    r#"const char *fdl_floor1 = "ProcessGroupNCCL requires NCCL version 2.27.0 or later";
+const char *fdl_floor2 = "NCCL version %s";
+const char *fdl_floor3 = "Using NCCL version 2.4.2 or newer is recommended";
+"#
+}
+
+fn json_plan(args: &[&str], project: &std::path::Path) -> Value {
+    let out = fdl()
+        .args(["--root"])
+        .arg(project)
+        .args(["nccl", "build", "--dry-run", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    v["plan"].clone()
+}
+
+/// Runs a build that must fail; asserts the message and that the project is untouched.
+fn fails_cleanly(project: &std::path::Path, args: &[&str], needle: &str) {
+    let before = snapshot(project);
+    fdl()
+        .arg("--root")
+        .arg(project)
+        .args(["nccl", "build"])
+        .args(args)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(needle));
+    assert_eq!(
+        before,
+        snapshot(project),
+        "a failed command changed the project"
+    );
+}
+
+#[test]
+fn explicit_inputs_make_the_documented_names() {
+    let p = ProjectFixture::empty();
+    let plan = json_plan(&["--tag", "v2.27.5-1", "--archs", "6.1;12.0"], p.root());
+    assert_eq!(plan["name"], "v2.27.5-sm61-sm120");
+    assert_eq!(plan["tag"], "v2.27.5-1");
+    assert_eq!(plan["tag_origin"]["from"], "flag");
+    assert_eq!(plan["cuda"]["major"], 12);
+    assert_eq!(plan["cuda_origin"], "default");
+    assert_eq!(plan["archs"], serde_json::json!(["sm_61", "sm_120"]));
+    assert_eq!(
+        plan["gencode"],
+        "-gencode=arch=compute_61,code=sm_61 -gencode=arch=compute_120,code=sm_120"
+    );
+    assert_eq!(
+        plan["docker"]["image"],
+        "flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8"
+    );
+    let out = plan["output_dir"].as_str().unwrap();
+    assert!(
+        out.ends_with("libtorch/nccl/builds/v2.27.5-sm61-sm120"),
+        "{out}"
+    );
+    // Non-numeric revisions and refs keep their whole name.
+    let plan = json_plan(&["--tag", "v2.27.5-rc1", "--archs", "8.6"], p.root());
+    assert_eq!(plan["name"], "v2.27.5-rc1-sm86");
+    let plan = json_plan(&["--tag", "master", "--archs", "8.6"], p.root());
+    assert_eq!(plan["name"], "master-sm86");
+    assert!(plan["nccl_version"].is_null());
+}
+
+#[test]
+fn every_arch_spelling_normalizes() {
+    let p = ProjectFixture::empty();
+    for archs in [
+        "6.1;12.0",
+        "6.1,12.0",
+        "61 120",
+        "sm_120 sm_61",
+        "sm61,sm120",
+        "compute_61;compute_120;6.1",
+    ] {
+        let plan = json_plan(&["--tag", "v2.27.5-1", "--archs", archs], p.root());
+        assert_eq!(
+            plan["archs"],
+            serde_json::json!(["sm_61", "sm_120"]),
+            "{archs}"
+        );
+    }
+}
+
+#[test]
+fn tag_and_cuda_are_inferred_from_the_active_libtorch() {
+    let src = format!("{}{}", floors(), nccl_like_source((2, 27, 5), "12.9"));
+    let p = ProjectFixture::empty()
+        .with_compiled_variant("precompiled/cu129", &src)
+        .activate("precompiled/cu129\n");
+    let plan = json_plan(&["--archs", "8.6"], p.root());
+    assert_eq!(plan["tag"], "v2.27.5-1");
+    assert_eq!(plan["tag_origin"]["from"], "libtorch");
+    assert_eq!(plan["tag_origin"]["variant"], "precompiled/cu129");
+    assert_eq!(plan["cuda"]["minor"], 9);
+    assert_eq!(plan["cuda_origin"], "libtorch");
+    // --cuda wins over the libtorch's.
+    let plan = json_plan(&["--archs", "8.6", "--cuda", "12.8"], p.root());
+    assert_eq!(plan["cuda_origin"], "flag");
+}
+
+#[test]
+fn floors_alone_are_never_taken_for_the_version() {
+    let p = ProjectFixture::empty()
+        .with_compiled_variant("precompiled/cu128", floors())
+        .activate("precompiled/cu128");
+    fails_cleanly(
+        p.root(),
+        &["--archs", "8.6", "--dry-run"],
+        "no NCCL self-identification",
+    );
+    fails_cleanly(p.root(), &["--archs", "8.6", "--dry-run"], "--tag");
+}
+
+#[test]
+fn each_libtorch_failure_has_its_own_message() {
+    let p = ProjectFixture::empty();
+    std::fs::create_dir_all(p.root().join("libtorch/precompiled/cu128/lib")).unwrap();
+    fails_cleanly(
+        p.root(),
+        &["--archs", "8.6", "--dry-run"],
+        "no active libtorch",
+    );
+
+    let p = p.activate("precompiled/missing\n");
+    fails_cleanly(p.root(), &["--archs", "8.6", "--dry-run"], "does not exist");
+
+    for outside in ["../../etc", "/etc", "precompiled/../../x", "nccl/builds"] {
+        std::fs::write(p.root().join("libtorch/.active"), outside).unwrap();
+        fails_cleanly(
+            p.root(),
+            &["--archs", "8.6", "--dry-run"],
+            "not a libtorch variant name",
+        );
+    }
+
+    std::fs::write(p.root().join("libtorch/.active"), "precompiled/cu128").unwrap();
+    fails_cleanly(p.root(), &["--archs", "8.6", "--dry-run"], "has no");
+
+    let p = p.with_raw_variant("precompiled/cu128", b"");
+    fails_cleanly(p.root(), &["--archs", "8.6", "--dry-run"], "is empty");
+}
+
+#[test]
+fn truncated_libtorch_cuda_is_refused() {
+    let p = ProjectFixture::empty()
+        .with_compiled_variant("precompiled/cu128", &nccl_like_source((2, 27, 5), "12.8"))
+        .activate("precompiled/cu128");
+    let lib = p.variant_lib("precompiled/cu128");
+    let full = std::fs::read(&lib).unwrap();
+    let at = full
+        .windows(13)
+        .position(|w| w == b"NCCL version ")
+        .unwrap();
+    // Cut inside the self-id: what is left must not be read as a version.
+    std::fs::write(&lib, &full[..at + 16]).unwrap();
+    fails_cleanly(
+        p.root(),
+        &["--archs", "8.6", "--dry-run"],
+        "libtorch_cuda.so",
+    );
+}
+
+#[test]
+fn bad_tags_are_refused() {
+    let p = ProjectFixture::empty();
+    for (tag, needle) in [
+        ("", "--tag is empty"),
+        ("   ", "--tag is empty"),
+        ("v2/../../x", "'/' is not allowed"),
+        ("a/b", "'/' is not allowed"),
+        ("v2..7", "'..' is not allowed"),
+        ("-v2.27.5-1", "may not start with '-'"),
+        ("v2.27.5 -1", "' ' is not allowed"),
+    ] {
+        fails_cleanly(
+            p.root(),
+            &[&format!("--tag={tag}"), "--archs", "8.6", "--dry-run"],
+            needle,
+        );
+    }
+}
+
+#[test]
+fn bad_archs_are_named() {
+    let p = ProjectFixture::empty();
+    fails_cleanly(
+        p.root(),
+        &["--tag", "v2.27.5-1", "--archs", "6.1;sm_x", "--dry-run"],
+        "malformed architecture 'sm_x'",
+    );
+    fails_cleanly(
+        p.root(),
+        &["--tag", "v2.27.5-1", "--archs", "6.1;9.9", "--dry-run"],
+        "unknown compute capability '9.9'",
+    );
+    fails_cleanly(
+        p.root(),
+        &["--tag", "v2.27.5-1", "--archs", ";", "--dry-run"],
+        "no architectures given",
+    );
+}
+
+#[test]
+fn archs_the_cuda_cannot_compile_are_refused() {
+    let p = ProjectFixture::empty();
+    let args = ["--tag", "v2.27.5-1", "--archs", "6.1;12.0", "--dry-run"];
+    fails_cleanly(
+        p.root(),
+        &[&args[..], &["--cuda", "13.0"]].concat(),
+        "CUDA 13.0 cannot compile sm_61",
+    );
+    fails_cleanly(
+        p.root(),
+        &[&args[..], &["--cuda", "13.0"]].concat(),
+        "CUDA 8.0 to 12.9",
+    );
+    fails_cleanly(
+        p.root(),
+        &[&args[..], &["--cuda", "12.4"]].concat(),
+        "sm_120 needs CUDA 12.8 or newer",
+    );
+    fails_cleanly(
+        p.root(),
+        &[&args[..], &["--cuda", "twelve"]].concat(),
+        "invalid CUDA version",
+    );
+    fails_cleanly(
+        p.root(),
+        &[
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "8.6",
+            "--jobs",
+            "0",
+            "--dry-run",
+        ],
+        "--jobs must be at least 1",
+    );
+}
+
+#[test]
+fn gpus_come_from_nvidia_smi() {
+    let p = ProjectFixture::empty();
+    let smi = fake_nvidia_smi(MIXED_SMI, 0);
+    let out = fdl()
+        .env("PATH", path_with(smi.path()))
+        .arg("--root")
+        .arg(p.root())
+        .args(["nccl", "build", "--tag", "v2.27.5-1", "--dry-run"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("sm_61 sm_120  (from nvidia-smi: 3 GPU(s))"),
+        "{stdout}"
+    );
+    // The GPUs are printed before the plan.
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RTX 5060 Ti"));
+
+    let one = fake_nvidia_smi("0, NVIDIA H200, 9.0, 143771\n", 0);
+    let out = fdl()
+        .env("PATH", path_with(one.path()))
+        .arg("--root")
+        .arg(p.root())
+        .args(["nccl", "build", "--tag", "v2.27.5-1", "--dry-run", "--json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["plan"]["archs"], serde_json::json!(["sm_90"]));
+    assert_eq!(v["plan"]["arch_origin"]["gpus"][0]["name"], "NVIDIA H200");
+}
+
+#[test]
+fn missing_or_broken_nvidia_smi_suggests_archs() {
+    let p = ProjectFixture::empty();
+    let base = ["--tag", "v2.27.5-1", "--dry-run"];
+    for (stdout, code, needle) in [
+        ("", 0, "lists no GPU"),
+        (
+            "this is not csv at all\n",
+            0,
+            "cannot parse nvidia-smi output",
+        ),
+        ("0, GPU, 6.1\n", 0, "cannot parse nvidia-smi output"),
+        (
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n",
+            9,
+            "nvidia-smi failed",
+        ),
+    ] {
+        let smi = fake_nvidia_smi(stdout, code);
+        let before = snapshot(p.root());
+        fdl()
+            .env("PATH", path_with(smi.path()))
+            .arg("--root")
+            .arg(p.root())
+            .args(["nccl", "build"])
+            .args(base)
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains(needle).and(predicate::str::contains("--archs")));
+        assert_eq!(before, snapshot(p.root()));
+    }
+    let empty_path = tempfile::tempdir().unwrap();
+    fdl()
+        .env("PATH", empty_path.path())
+        .arg("--root")
+        .arg(p.root())
+        .args(["nccl", "build"])
+        .args(base)
+        .assert()
+        .failure()
+        .stderr(
+            predicate::str::contains("nvidia-smi was not found")
+                .and(predicate::str::contains("--archs")),
+        );
+}
+
+#[test]
+fn dry_run_needs_no_docker_and_writes_nothing() {
+    let p = ProjectFixture::empty();
+    let no_tools = tempfile::tempdir().unwrap();
+    let before = snapshot(p.root());
+    fdl()
+        .env("PATH", no_tools.path())
+        .arg("--root")
+        .arg(p.root())
+        .args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "6.1;12.0",
+            "--dry-run",
+        ])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains(
+                "docker build --tag flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8",
+            )
+            .and(predicate::str::contains(
+                "docker cp <container>:/usr/local/nccl/. <staging>",
+            ))
+            .and(predicate::str::contains("docker rm --force <container>"))
+            .and(predicate::str::contains("Dry run: nothing was built")),
+        );
+    assert_eq!(before, snapshot(p.root()));
+    assert!(!p.root().join("libtorch").exists());
+}
+
+#[test]
+fn docker_missing_and_daemon_unreachable_are_distinct() {
+    let p = ProjectFixture::empty();
+    let args = ["--tag", "v2.27.5-1", "--archs", "8.6"];
+    let no_tools = tempfile::tempdir().unwrap();
+    let before = snapshot(p.root());
+    fdl()
+        .env("PATH", no_tools.path())
+        .arg("--root")
+        .arg(p.root())
+        .args(["nccl", "build"])
+        .args(args)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("docker command was not found"));
+    if which("docker") {
+        fdl()
+            .env("DOCKER_HOST", "unix:///nonexistent/fdl-test.sock")
+            .arg("--root")
+            .arg(p.root())
+            .args(["nccl", "build"])
+            .args(args)
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains("Docker daemon is not reachable"));
+    } else {
+        eprintln!("SKIPPED: no docker client installed; the unreachable-daemon case was not run");
+    }
+    assert_eq!(before, snapshot(p.root()));
+}
+
+fn which(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+#[test]
+fn root_is_accepted_before_or_after_the_subcommand() {
+    let p = ProjectFixture::empty();
+    fdl()
+        .args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "8.6",
+            "--dry-run",
+            "--root",
+        ])
+        .arg(p.root())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            p.root()
+                .join("libtorch/nccl/builds/v2.27.5-sm86")
+                .display()
+                .to_string(),
+        ));
+    fdl()
+        .env("FDL_ROOT", p.root())
+        .args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "8.6",
+            "--dry-run",
+        ])
+        .current_dir(std::env::temp_dir())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(p.root().display().to_string()));
+}
+
+#[test]
+fn every_command_has_help_with_an_example() {
+    for cmd in [
+        &["--help"][..],
+        &["nccl", "build", "--help"],
+        &["nccl", "dockerfile", "--help"],
+        &["libtorch", "list", "--help"],
+        &["libtorch", "activate", "--help"],
+        &["libtorch", "info", "--help"],
+        &["gpus", "--help"],
+    ] {
+        fdl()
+            .args(cmd)
+            .assert()
+            .success()
+            .stdout(predicate::str::contains("Example"));
+    }
+}
+
+#[test]
+fn embedded_dockerfile_is_printed_and_classic_builder_safe() {
+    let out = fdl().args(["nccl", "dockerfile"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    for arg in [
+        "ARG NCCL_VERSION",
+        "ARG NVCC_GENCODE",
+        "ARG MAX_JOBS",
+        "ARG CUDA_VERSION",
+    ] {
+        assert!(text.contains(arg), "{arg}");
+    }
+    assert!(text.contains("git clone --depth 1 --branch"));
+    assert!(text.contains("src.build") && text.contains("install PREFIX=/usr/local/nccl"));
+    assert!(!text.starts_with("# syntax"));
+    let instructions: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    assert!(!instructions.contains("--mount") && !instructions.contains("<<"));
+    // The clone layer comes before the per-arch arguments, so it is shared across archs.
+    assert!(text.find("git clone").unwrap() < text.find("ARG NVCC_GENCODE").unwrap());
+}

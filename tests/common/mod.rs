@@ -1,0 +1,192 @@
+//! Shared fixtures for the CLI tests: project layouts, real shared libraries compiled
+//! with the system C compiler, a stand-in `nvidia-smi`, and a file-tree snapshot to prove
+//! a failed command wrote nothing.
+#![allow(dead_code)]
+
+use assert_cmd::Command;
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+pub fn fdl() -> Command {
+    let mut cmd = Command::cargo_bin("fdl").unwrap();
+    cmd.env_remove("FDL_ROOT");
+    cmd
+}
+
+/// Compiles `c_source` into a shared library at `out` with the system C compiler.
+pub fn compile_shared(c_source: &str, out: &Path, extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("lib.c");
+    std::fs::write(&src, c_source).unwrap();
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(out)
+        .arg(&src)
+        .args(extra)
+        .status()
+        .expect("a C compiler (cc) is needed for these tests");
+    assert!(status.success(), "cc failed for {}", out.display());
+}
+
+/// C source of a library that identifies itself like NCCL does.
+pub fn nccl_like_source(version: (u32, u32, u32), cuda: &str) -> String {
+    let (x, y, z) = version;
+    format!(
+        r#"const char fdl_test_version_string[] = "NCCL version {x}.{y}.{z}+cuda{cuda}";
+int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}
+"#,
+        code = x * 10000 + y * 100 + z
+    )
+}
+
+/// Writes an NCCL install tree as `make install PREFIX=/usr/local/nccl` lays it out:
+/// header, real library plus symlink chain, static library and pkg-config file.
+pub fn write_nccl_tree(root: &Path, version: (u32, u32, u32)) {
+    let (x, y, z) = version;
+    let lib = root.join("lib");
+    std::fs::create_dir_all(lib.join("pkgconfig")).unwrap();
+    std::fs::create_dir_all(root.join("include")).unwrap();
+    std::fs::write(
+        root.join("include/nccl.h"),
+        format!("#ifndef NCCL_H_\n#define NCCL_H_\n#define NCCL_MAJOR {x}\n#define NCCL_MINOR {y}\n#define NCCL_PATCH {z}\n#define NCCL_SUFFIX \"\"\n#endif\n"),
+    )
+    .unwrap();
+    let real = format!("libnccl.so.{x}.{y}.{z}");
+    compile_shared(
+        &nccl_like_source(version, "12.8"),
+        &lib.join(&real),
+        &["-Wl,-soname,libnccl.so.2"],
+    );
+    std::os::unix::fs::symlink(&real, lib.join("libnccl.so.2")).unwrap();
+    std::os::unix::fs::symlink("libnccl.so.2", lib.join("libnccl.so")).unwrap();
+    // A static archive: `ar` of one object is enough for the layout check.
+    let obj = root.join("nccl.o");
+    let src = root.join("nccl.c");
+    std::fs::write(&src, nccl_like_source(version, "12.8")).unwrap();
+    assert!(std::process::Command::new("cc")
+        .args(["-c", "-fPIC", "-o"])
+        .arg(&obj)
+        .arg(&src)
+        .status()
+        .unwrap()
+        .success());
+    assert!(std::process::Command::new("ar")
+        .arg("rcs")
+        .arg(lib.join("libnccl_static.a"))
+        .arg(&obj)
+        .status()
+        .unwrap()
+        .success());
+    std::fs::remove_file(obj).unwrap();
+    std::fs::remove_file(src).unwrap();
+    std::fs::write(
+        lib.join("pkgconfig/nccl.pc"),
+        format!("prefix=/usr/local/nccl\nexec_prefix=${{prefix}}\nlibdir=${{exec_prefix}}/lib\nincludedir=${{prefix}}/include\n\nName: nccl\nDescription: Optimized primitives for collective multi-GPU communication\nVersion: {x}.{y}.{z}\nLibs: -L${{libdir}} -lnccl\nCflags: -I${{includedir}}\n"),
+    )
+    .unwrap();
+}
+
+/// A project with one libtorch variant whose `libtorch_cuda.so` is built from `c_source`
+/// (or written as raw `bytes`), made active.
+pub struct ProjectFixture {
+    pub dir: tempfile::TempDir,
+}
+
+impl ProjectFixture {
+    pub fn empty() -> Self {
+        ProjectFixture {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn variant_lib(&self, variant: &str) -> PathBuf {
+        self.root()
+            .join("libtorch")
+            .join(variant)
+            .join("lib/libtorch_cuda.so")
+    }
+
+    /// Adds a variant whose libtorch_cuda.so is compiled from `c_source`.
+    pub fn with_compiled_variant(self, variant: &str, c_source: &str) -> Self {
+        let lib = self.variant_lib(variant);
+        std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+        compile_shared(c_source, &lib, &[]);
+        self
+    }
+
+    pub fn with_raw_variant(self, variant: &str, bytes: &[u8]) -> Self {
+        let lib = self.variant_lib(variant);
+        std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+        std::fs::write(lib, bytes).unwrap();
+        self
+    }
+
+    pub fn activate(self, text: &str) -> Self {
+        std::fs::create_dir_all(self.root().join("libtorch")).unwrap();
+        std::fs::write(self.root().join("libtorch/.active"), text).unwrap();
+        self
+    }
+}
+
+/// Every path under `root` with its size (or link target): equal snapshots mean
+/// nothing was created, removed or changed in size.
+pub fn snapshot(root: &Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<PathBuf, String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().to_path_buf();
+            if meta.file_type().is_symlink() {
+                out.insert(
+                    rel,
+                    format!("-> {}", std::fs::read_link(&p).unwrap().display()),
+                );
+            } else if meta.is_dir() {
+                out.insert(rel, "dir".into());
+                walk(&p, root, out);
+            } else {
+                let content = std::fs::read(&p).unwrap();
+                out.insert(rel, format!("{} bytes, {:x}", meta.len(), fnv(&content)));
+            }
+        }
+    }
+    walk(root, root, &mut out);
+    out
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// A directory holding a stand-in `nvidia-smi` that prints `stdout` and exits `code`,
+/// meant to be put first on PATH.
+pub fn fake_nvidia_smi(stdout: &str, code: i32) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("nvidia-smi");
+    let body = format!(
+        "#!/bin/sh\n# Answers only the query fdl makes, like the real tool.\ncase \"$*\" in\n  *--query-gpu=index,name,compute_cap,memory.total*--format=csv,noheader,nounits*) ;;\n  *) echo \"unexpected arguments: $*\" >&2; exit 2 ;;\nesac\ncat <<'FDL_EOF'\n{stdout}FDL_EOF\nexit {code}\n"
+    );
+    std::fs::write(&script, body).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// PATH with `first` in front of the current PATH.
+pub fn path_with(first: &Path) -> String {
+    format!(
+        "{}:{}",
+        first.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}

@@ -1,0 +1,351 @@
+//! The Docker backend against the real engine of this machine. No registry is reachable,
+//! so each test builds its own base image `FROM scratch` holding an NCCL install tree made
+//! here with the C compiler, and points `fdl nccl build --dockerfile` at it.
+//!
+//! When no engine answers these tests say so loudly and return; with
+//! `FDL_REQUIRE_DOCKER=1` (set by `.ci/run` when the engine is up) they fail instead.
+
+mod common;
+use common::*;
+use predicates::prelude::*;
+use std::path::Path;
+use std::process::Command as Std;
+
+/// `cargo test` runs tests as threads of one process: serialize them here (nextest runs
+/// them as processes, serialized by the `docker-engine` test group).
+static ENGINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn engine_available() -> bool {
+    let ok = Std::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        if std::env::var("FDL_REQUIRE_DOCKER").as_deref() == Ok("1") {
+            panic!("FDL_REQUIRE_DOCKER=1 but the Docker engine is not reachable");
+        }
+        eprintln!(
+            "\n*** SKIPPED: the Docker engine is not reachable; Docker backend test not run ***\n"
+        );
+    }
+    ok
+}
+
+fn docker(args: &[&str]) -> std::process::Output {
+    Std::new("docker").args(args).output().unwrap()
+}
+
+/// Images made by one test, removed when it ends.
+struct Images(Vec<String>);
+
+impl Drop for Images {
+    fn drop(&mut self) {
+        for image in &self.0 {
+            let _ = docker(&["rmi", "--force", image]);
+        }
+    }
+}
+
+/// Builds `FROM scratch` + `COPY tree /usr/local/nccl` (or an image without NCCL).
+fn base_image(name: &str, tree: Option<&Path>, images: &mut Images) {
+    let ctx = tempfile::tempdir().unwrap();
+    let dockerfile = match tree {
+        Some(tree) => {
+            copy_tree(tree, &ctx.path().join("nccl"));
+            "FROM scratch\nCOPY nccl /usr/local/nccl\n"
+        }
+        None => {
+            std::fs::write(ctx.path().join("marker"), "no nccl here").unwrap();
+            "FROM scratch\nCOPY marker /marker\n"
+        }
+    };
+    std::fs::write(ctx.path().join("Dockerfile"), dockerfile).unwrap();
+    let out = Std::new("docker")
+        .env("DOCKER_BUILDKIT", "0")
+        .args(["build", "-q", "-t", name])
+        .arg(ctx.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "base image: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    images.0.push(name.to_string());
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    let status = Std::new("cp").arg("-a").arg(from).arg(to).status().unwrap();
+    assert!(status.success());
+}
+
+/// A user Dockerfile in the shape fdl expects: takes the build args, ends with NCCL in
+/// /usr/local/nccl.
+fn user_dockerfile(dir: &Path, name: &str, from: &str, extra: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        format!("ARG CUDA_VERSION\nFROM {from}\nARG NCCL_VERSION\nARG NVCC_GENCODE\nARG MAX_JOBS\n{extra}"),
+    )
+    .unwrap();
+    path
+}
+
+fn fdl_containers() -> Vec<String> {
+    let out = docker(&[
+        "ps",
+        "-a",
+        "--filter",
+        "name=fdl-nccl-extract",
+        "--format",
+        "{{.Names}}",
+    ]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn stray_entries(builds: &Path) -> Vec<String> {
+    std::fs::read_dir(builds)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn builds_installs_and_cleans_up_against_the_real_engine() {
+    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    if !engine_available() {
+        return;
+    }
+    let unique = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let mut images = Images(Vec::new());
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("tree");
+    write_nccl_tree(&tree, (2, 27, 5));
+    let good_base = format!("fdl-test-nccl-base:{unique}");
+    base_image(&good_base, Some(&tree), &mut images);
+    let empty_base = format!("fdl-test-empty-base:{unique}");
+    base_image(&empty_base, None, &mut images);
+
+    let project = ProjectFixture::empty();
+    let root = project.root();
+    let builds = root.join("libtorch/nccl/builds");
+    let good = user_dockerfile(work.path(), "good.Dockerfile", &good_base, "");
+    let containers_before = fdl_containers();
+    let build = |dockerfile: &Path, archs: &str, extra: &[&str]| {
+        let mut cmd = fdl();
+        cmd.arg("--root")
+            .arg(root)
+            .args([
+                "nccl",
+                "build",
+                "--tag",
+                "v2.27.5-1",
+                "--archs",
+                archs,
+                "--dockerfile",
+            ])
+            .arg(dockerfile)
+            .args(extra);
+        cmd
+    };
+    // fdl names the image after the plan; remember it so the test leaves no image.
+    images
+        .0
+        .push("flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8".into());
+    images
+        .0
+        .push("flodl-nccl-build:v2.27.5-sm86-cuda12.8".into());
+    images
+        .0
+        .push("flodl-nccl-build:v2.27.5-sm90-cuda12.8".into());
+
+    // 1. A successful build, installed with its manifest.
+    let out = build(&good, "6.1;12.0", &["--json"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["status"], "built");
+    let dir = builds.join("v2.27.5-sm61-sm120");
+    assert_eq!(
+        result["ld_preload"],
+        dir.join("lib/libnccl.so.2").display().to_string()
+    );
+    assert_eq!(
+        std::fs::read_link(dir.join("lib/libnccl.so"))
+            .unwrap()
+            .to_str(),
+        Some("libnccl.so.2")
+    );
+    assert_eq!(
+        std::fs::read_link(dir.join("lib/libnccl.so.2"))
+            .unwrap()
+            .to_str(),
+        Some("libnccl.so.2.27.5")
+    );
+    assert!(dir.join("lib/libnccl.so.2.27.5").is_file());
+    assert!(dir.join("lib/libnccl_static.a").is_file());
+    assert!(dir.join("include/nccl.h").is_file());
+    let pc = std::fs::read_to_string(dir.join("lib/pkgconfig/nccl.pc")).unwrap();
+    assert!(
+        pc.starts_with(&format!("prefix={}\n", dir.display())),
+        "{pc}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("fdl-build.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["plan"]["tag"], "v2.27.5-1");
+    assert_eq!(manifest["plan"]["backend"], "docker");
+    assert_eq!(
+        manifest["plan"]["archs"],
+        serde_json::json!(["sm_61", "sm_120"])
+    );
+    assert_eq!(
+        manifest["plan"]["docker"]["image"],
+        "flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8"
+    );
+    assert_eq!(manifest["checked"]["library"], "libnccl.so.2.27.5");
+    assert!(manifest["built_at"].as_str().unwrap().starts_with("20"));
+    assert_eq!(
+        fdl_containers(),
+        containers_before,
+        "a container was left behind"
+    );
+    assert!(
+        stray_entries(&builds).is_empty(),
+        "{:?}",
+        stray_entries(&builds)
+    );
+    let installed = snapshot(&dir);
+
+    // 2. The same plan again: a no-op that says so.
+    build(&good, "6.1;12.0", &[])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Already built from the same plan"))
+        .stderr(predicate::str::contains("docker build (").not());
+    assert_eq!(snapshot(&dir), installed);
+
+    // 3. A different plan for the same target is refused, naming the difference.
+    let other = user_dockerfile(
+        work.path(),
+        "other.Dockerfile",
+        &good_base,
+        "LABEL variant=other\n",
+    );
+    let before = snapshot(root);
+    build(&other, "6.1;12.0", &[]).assert().failure().stderr(
+        predicate::str::contains("different plan")
+            .and(predicate::str::contains("dockerfile:"))
+            .and(predicate::str::contains("--force")),
+    );
+    assert_eq!(snapshot(root), before);
+
+    // 4. A failing image build leaves nothing, not even with --force over the old build.
+    let failing = user_dockerfile(
+        work.path(),
+        "failing.Dockerfile",
+        &good_base,
+        "COPY does-not-exist /nowhere\n",
+    );
+    for (archs, extra) in [("8.6", &[][..]), ("6.1;12.0", &["--force"][..])] {
+        build(&failing, archs, extra)
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains("image build failed"));
+        assert_eq!(
+            snapshot(root),
+            before,
+            "failing build with {archs} {extra:?}"
+        );
+        assert_eq!(fdl_containers(), containers_before);
+    }
+
+    // 5. A failing copy (no /usr/local/nccl in the image) leaves nothing and no container.
+    let no_nccl = user_dockerfile(work.path(), "nonccl.Dockerfile", &empty_base, "");
+    for (archs, extra) in [("9.0", &[][..]), ("6.1;12.0", &["--force"][..])] {
+        build(&no_nccl, archs, extra)
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains("docker cp failed"));
+        assert_eq!(snapshot(root), before);
+        assert_eq!(
+            fdl_containers(),
+            containers_before,
+            "a failed copy left its container"
+        );
+    }
+
+    // 6. --force with a plan that works replaces the build only after success.
+    build(&other, "6.1;12.0", &["--force"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Rebuilt and replaced"));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("fdl-build.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        manifest["plan"]["docker"]["dockerfile"]["path"],
+        other.display().to_string()
+    );
+    assert!(stray_entries(&builds).is_empty());
+    assert_eq!(fdl_containers(), containers_before);
+}
+
+#[test]
+fn a_build_whose_output_fails_the_check_is_not_installed() {
+    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    if !engine_available() {
+        return;
+    }
+    let unique = format!("{}-chk", std::process::id());
+    let mut images = Images(Vec::new());
+    let work = tempfile::tempdir().unwrap();
+    // The tree claims 2.27.6 in its header while the tag asks for 2.27.5.
+    let tree = work.path().join("tree");
+    write_nccl_tree(&tree, (2, 27, 6));
+    let base = format!("fdl-test-nccl-base:{unique}");
+    base_image(&base, Some(&tree), &mut images);
+    images
+        .0
+        .push("flodl-nccl-build:v2.27.5-sm75-cuda12.8".into());
+    let project = ProjectFixture::empty();
+    let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
+    let before = snapshot(project.root());
+    fdl()
+        .arg("--root")
+        .arg(project.root())
+        .args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "7.5",
+            "--dockerfile",
+        ])
+        .arg(&dockerfile)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(
+            "asks for NCCL 2.27.5, but the build produced NCCL 2.27.6",
+        ));
+    assert_eq!(snapshot(project.root()), before);
+    assert!(!project.root().join("libtorch").exists());
+}
