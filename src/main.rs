@@ -6,13 +6,16 @@ fn main() -> ExitCode {
     fdl::process::install_interrupt_handler();
     match fdl::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            if e.downcast_ref::<fdl::process::Interrupted>().is_some() {
+        // An interrupt surfaces through whatever step was running; say only that.
+        Err(e) => match e.downcast_ref::<fdl::process::Interrupted>() {
+            Some(interrupted) => {
+                eprintln!("error: {interrupted}");
                 ExitCode::from(130)
-            } else {
+            }
+            None => {
+                eprintln!("error: {e:#}");
                 ExitCode::FAILURE
             }
-        }
+        },
     }
 }

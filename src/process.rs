@@ -34,18 +34,24 @@ pub fn run(cmd: &mut Command, what: &str) -> Result<()> {
 }
 
 /// Like [`run`] but captures stdout and stderr; returns stdout, or an error holding stderr.
+/// Output goes to unnamed temporary files rather than pipes, so the wait can keep polling
+/// for an interrupt without a reader thread.
 pub fn capture(cmd: &mut Command, what: &str) -> Result<String> {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = cmd.spawn().with_context(|| spawn_error(cmd, what))?;
-    let out = child.wait_with_output()?;
-    if interrupted() {
-        return Err(Interrupted.into());
+    use std::io::{Read, Seek};
+    let mut out = tempfile::tempfile().context("cannot create a temporary file")?;
+    let mut err = tempfile::tempfile().context("cannot create a temporary file")?;
+    cmd.stdout(out.try_clone()?).stderr(err.try_clone()?);
+    let status = wait(cmd.spawn().with_context(|| spawn_error(cmd, what))?)?;
+    let read = |f: &mut std::fs::File| -> Result<String> {
+        let mut buf = Vec::new();
+        f.rewind()?;
+        f.take(1 << 20).read_to_end(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    };
+    if !status.success() {
+        bail!("{what} failed ({status}): {}", read(&mut err)?.trim());
     }
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        bail!("{what} failed ({}): {}", out.status, stderr.trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    read(&mut out)
 }
 
 fn spawn_error(cmd: &Command, what: &str) -> String {

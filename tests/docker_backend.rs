@@ -349,3 +349,83 @@ fn a_build_whose_output_fails_the_check_is_not_installed() {
     assert_eq!(snapshot(project.root()), before);
     assert!(!project.root().join("libtorch").exists());
 }
+
+#[test]
+fn an_interrupted_build_leaves_nothing_behind() {
+    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    if !engine_available() {
+        return;
+    }
+    let unique = format!("{}-int", std::process::id());
+    let mut images = Images(Vec::new());
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("tree");
+    write_nccl_tree(&tree, (2, 27, 5));
+    // Enough payload that `docker cp` is still running when the signal comes.
+    let big = std::fs::File::create(tree.join("lib/payload")).unwrap();
+    let mut big = std::io::BufWriter::new(big);
+    let chunk: Vec<u8> = (0..1u64 << 20).map(|i| (i * 7919 % 251) as u8).collect();
+    for _ in 0..384 {
+        std::io::Write::write_all(&mut big, &chunk).unwrap();
+    }
+    drop(big);
+    let base = format!("fdl-test-nccl-base:{unique}");
+    base_image(&base, Some(&tree), &mut images);
+    images
+        .0
+        .push("flodl-nccl-build:v2.27.5-sm80-cuda12.8".into());
+    let project = ProjectFixture::empty();
+    let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
+    let containers_before = fdl_containers();
+    let before = snapshot(project.root());
+
+    let stderr_path = work.path().join("stderr");
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("fdl"))
+        .arg("--root")
+        .arg(project.root())
+        .args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "8.0",
+            "--dockerfile",
+        ])
+        .arg(&dockerfile)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !std::fs::read_to_string(&stderr_path)
+        .unwrap()
+        .contains("==> docker cp")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the copy step never started"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "fdl ended before the copy step"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SIGINT to fdl alone, as `kill -INT` would; fdl must stop its child and roll back.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let status = child.wait().unwrap();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert_eq!(
+        fdl_containers(),
+        containers_before,
+        "the interrupted build left its container"
+    );
+    assert_eq!(
+        snapshot(project.root()),
+        before,
+        "the interrupted build left files"
+    );
+}

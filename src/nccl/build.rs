@@ -8,6 +8,7 @@ use crate::libtorch::Libtorch;
 use crate::nccl::plan::{ArchOrigin, BuildPlan, DockerfileSpec, PlanInputs, TagOrigin};
 use crate::nccl::store::{BuildStore, Existing, Manifest};
 use crate::nccl::tag::Tag;
+use crate::process;
 use crate::project::Project;
 use crate::version::CudaVersion;
 use anyhow::{anyhow, bail, Context, Result};
@@ -246,6 +247,10 @@ pub fn execute(
     let manifest = staging
         .seal(plan)
         .context("the build finished but its output failed the check; nothing was installed")?;
+    // A Ctrl-C that lands after the last child exited still means "do not install".
+    if process::interrupted() {
+        return Err(process::Interrupted.into());
+    }
     staging.commit(existing.is_some())?;
     Ok(Outcome::Built {
         manifest: Box::new(manifest),
