@@ -1,67 +1,16 @@
-//! The command line: argument definitions and the rendering of results. Each command
-//! gathers its inputs, calls the library, and prints text or one JSON object.
+//! `fdl nccl build`: flags → plan → backend → install → report.
 
+use super::print_json;
 use crate::docker::{DockerBackend, Engine, EMBEDDED_DOCKERFILE};
 use crate::gpu;
-use crate::inspect;
-use crate::libtorch::Libtorch;
 use crate::nccl::build::{self, BuildRequest, Outcome, Sources};
 use crate::nccl::plan::{ArchOrigin, BuildPlan, CudaOrigin, DockerfileSpec, TagOrigin};
 use crate::nccl::store::BuildStore;
 use crate::project::Project;
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 use serde_json::json;
 use std::path::{Path, PathBuf};
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "fdl",
-    version,
-    about = "Build, inspect and wire NCCL for libtorch training on mixed GPU generations",
-    after_help = "Example:\n  fdl nccl build --tag v2.27.5-1 --archs \"6.1;12.0\" --dry-run"
-)]
-pub struct Cli {
-    /// Project root (default: $FDL_ROOT, else the nearest ancestor holding fdl.yml or libtorch/)
-    #[arg(long, global = true, value_name = "DIR")]
-    pub root: Option<PathBuf>,
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Build and inspect NCCL libraries
-    #[command(subcommand)]
-    Nccl(NcclCommand),
-    /// List, activate and describe libtorch variants
-    #[command(subcommand)]
-    Libtorch(LibtorchCommand),
-    /// Show the local GPUs (from nvidia-smi)
-    #[command(after_help = "Example:\n  fdl gpus --json")]
-    Gpus {
-        /// Print one JSON object
-        #[arg(long)]
-        json: bool,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum NcclCommand {
-    /// Build libnccl.so.2 from NVIDIA's source for exactly the GPUs of this rig
-    #[command(
-        long_about = "Build libnccl.so.2 from NVIDIA's NCCL source at the version the active libtorch bundles, \
-for exactly the GPU architectures present, and install it under libtorch/nccl/builds/v<X.Y.Z>-<archs>/. \
-Without --tag the version is read from the active libtorch; without --archs the GPUs are read from nvidia-smi.",
-        after_help = "Examples:\n  fdl nccl build --tag v2.27.5-1 --archs \"6.1;12.0\" --dry-run\n  fdl nccl build            # infer tag from libtorch, archs from nvidia-smi"
-    )]
-    Build(BuildArgs),
-    /// Print the Dockerfile fdl builds NCCL with
-    #[command(
-        after_help = "Example:\n  fdl nccl dockerfile > Dockerfile.nccl   # edit, then --dockerfile Dockerfile.nccl"
-    )]
-    Dockerfile,
-}
 
 #[derive(Debug, Args)]
 pub struct BuildArgs {
@@ -91,51 +40,7 @@ pub struct BuildArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Subcommand)]
-pub enum LibtorchCommand {
-    /// List the variants; the active one is marked
-    #[command(after_help = "Example:\n  fdl libtorch list")]
-    List {
-        #[arg(long)]
-        json: bool,
-    },
-    /// Make a variant the active one
-    #[command(after_help = "Example:\n  fdl libtorch activate precompiled/cu128")]
-    Activate {
-        /// precompiled/<name> or builds/<name>
-        variant: String,
-    },
-    /// Show a variant's .arch metadata and the NCCL it bundles
-    #[command(after_help = "Example:\n  fdl libtorch info precompiled/cu128")]
-    Info {
-        /// Default: the active variant
-        variant: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
-}
-
-pub fn run(cli: Cli) -> Result<()> {
-    let project = Project::from_process(cli.root.as_deref())?;
-    match cli.command {
-        Command::Nccl(NcclCommand::Build(args)) => nccl_build(&project, args),
-        Command::Nccl(NcclCommand::Dockerfile) => {
-            print!("{EMBEDDED_DOCKERFILE}");
-            Ok(())
-        }
-        Command::Libtorch(cmd) => libtorch_cmd(&project, cmd),
-        Command::Gpus { json } => gpus_cmd(json),
-    }
-}
-
-fn print_json(value: &serde_json::Value) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(value).expect("JSON values serialize")
-    );
-}
-
-fn nccl_build(project: &Project, args: BuildArgs) -> Result<()> {
+pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
     let req = BuildRequest {
         tag: args.tag,
         archs: args.archs,
@@ -298,82 +203,4 @@ fn shell_words(argv: &[String]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn libtorch_cmd(project: &Project, cmd: LibtorchCommand) -> Result<()> {
-    let lt = Libtorch::new(project.libtorch_dir());
-    match cmd {
-        LibtorchCommand::List { json } => {
-            let active = lt.active_name();
-            let variants = lt.variants()?;
-            if json {
-                let rows: Vec<_> = variants
-                    .iter()
-                    .map(|v| json!({"name": v.name, "dir": v.dir, "active": Some(&v.name) == active.as_ref()}))
-                    .collect();
-                print_json(&json!({ "libtorch_dir": lt.dir, "active": active, "variants": rows }));
-            } else if variants.is_empty() {
-                println!(
-                    "No libtorch variants under {} (expected precompiled/<name> or builds/<name>).",
-                    lt.dir.display()
-                );
-            } else {
-                for v in &variants {
-                    let mark = if Some(&v.name) == active.as_ref() {
-                        "*"
-                    } else {
-                        " "
-                    };
-                    println!("{mark} {}", v.name);
-                }
-            }
-            Ok(())
-        }
-        LibtorchCommand::Activate { variant } => {
-            let v = lt.activate(&variant)?;
-            println!("Active libtorch: {}", v.name);
-            Ok(())
-        }
-        LibtorchCommand::Info { variant, json } => {
-            let v = match variant {
-                Some(name) => lt.variant(&name)?,
-                None => lt.active()?,
-            };
-            let meta = v.arch_metadata()?;
-            let lib = v.libtorch_cuda();
-            let nccl = if lib.is_file() {
-                inspect::find_nccl_self_id(&lib)?
-            } else {
-                None
-            };
-            if json {
-                print_json(
-                    &json!({ "variant": v.name, "dir": v.dir, "arch": meta, "libtorch_cuda": lib, "nccl": nccl }),
-                );
-            } else {
-                println!("{}  ({})", v.name, v.dir.display());
-                for (k, val) in &meta {
-                    println!("  {k:<8}{val}");
-                }
-                match (&nccl, lib.is_file()) {
-                    (Some(id), _) => {
-                        println!("  nccl    {} (built with CUDA {})", id.nccl, id.cuda)
-                    }
-                    (None, true) => println!("  nccl    not found in {}", lib.display()),
-                    (None, false) => println!("  nccl    no {}", lib.display()),
-                }
-            }
-            Ok(())
-        }
-    }
-}
-
-fn gpus_cmd(json_out: bool) -> Result<()> {
-    let gpus = gpu::query()?;
-    if json_out {
-        print_json(&json!({ "gpus": gpus, "archs": gpu::distinct_archs(&gpus) }));
-    } else {
-        print!("{}", gpu::table(&gpus));
-    }
-    Ok(())
 }

@@ -1,0 +1,101 @@
+//! `fdl libtorch list|activate|info`.
+
+use super::print_json;
+use crate::inspect;
+use crate::libtorch::Libtorch;
+use crate::project::Project;
+use anyhow::Result;
+use clap::Subcommand;
+use serde_json::json;
+
+#[derive(Debug, Subcommand)]
+pub enum LibtorchCommand {
+    /// List the variants; the active one is marked
+    #[command(after_help = "Example:\n  fdl libtorch list")]
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a variant the active one
+    #[command(after_help = "Example:\n  fdl libtorch activate precompiled/cu128")]
+    Activate {
+        /// precompiled/<name> or builds/<name>
+        variant: String,
+    },
+    /// Show a variant's .arch metadata and the NCCL it bundles
+    #[command(after_help = "Example:\n  fdl libtorch info precompiled/cu128")]
+    Info {
+        /// Default: the active variant
+        variant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
+    let lt = Libtorch::new(project.libtorch_dir());
+    match cmd {
+        LibtorchCommand::List { json } => {
+            let active = lt.active_name();
+            let variants = lt.variants()?;
+            if json {
+                let rows: Vec<_> = variants
+                    .iter()
+                    .map(|v| json!({"name": v.name, "dir": v.dir, "active": Some(&v.name) == active.as_ref()}))
+                    .collect();
+                print_json(&json!({ "libtorch_dir": lt.dir, "active": active, "variants": rows }));
+            } else if variants.is_empty() {
+                println!(
+                    "No libtorch variants under {} (expected precompiled/<name> or builds/<name>).",
+                    lt.dir.display()
+                );
+            } else {
+                for v in &variants {
+                    let mark = if Some(&v.name) == active.as_ref() {
+                        "*"
+                    } else {
+                        " "
+                    };
+                    println!("{mark} {}", v.name);
+                }
+            }
+            Ok(())
+        }
+        LibtorchCommand::Activate { variant } => {
+            let v = lt.activate(&variant)?;
+            println!("Active libtorch: {}", v.name);
+            Ok(())
+        }
+        LibtorchCommand::Info { variant, json } => {
+            let v = match variant {
+                Some(name) => lt.variant(&name)?,
+                None => lt.active()?,
+            };
+            let meta = v.arch_metadata()?;
+            let lib = v.libtorch_cuda();
+            let nccl = if lib.is_file() {
+                inspect::find_nccl_self_id(&lib)?
+            } else {
+                None
+            };
+            if json {
+                print_json(
+                    &json!({ "variant": v.name, "dir": v.dir, "arch": meta, "libtorch_cuda": lib, "nccl": nccl }),
+                );
+            } else {
+                println!("{}  ({})", v.name, v.dir.display());
+                for (k, val) in &meta {
+                    println!("  {k:<8}{val}");
+                }
+                match (&nccl, lib.is_file()) {
+                    (Some(id), _) => {
+                        println!("  nccl    {} (built with CUDA {})", id.nccl, id.cuda)
+                    }
+                    (None, true) => println!("  nccl    not found in {}", lib.display()),
+                    (None, false) => println!("  nccl    no {}", lib.display()),
+                }
+            }
+            Ok(())
+        }
+    }
+}
