@@ -54,6 +54,70 @@ pub fn capture(cmd: &mut Command, what: &str) -> Result<String> {
     read(&mut out)
 }
 
+/// Runs `cmd` with stdout and stderr merged into one pipe, handing each line to
+/// `on_line` as it comes, while polling for an interrupt. For long builds whose output
+/// feeds progress and the log.
+pub fn stream(cmd: &mut Command, what: &str, on_line: &mut dyn FnMut(&str)) -> Result<()> {
+    use std::io::BufRead;
+    let (reader, writer) = std::io::pipe().context("cannot create a pipe")?;
+    cmd.stdout(writer.try_clone()?).stderr(writer);
+    let spawned = cmd.spawn();
+    // The Command still holds the pipe's write ends; without replacing them the reader
+    // would never see the end of the output.
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    let mut child = spawned.with_context(|| spawn_error(cmd, what))?;
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader_thread = std::thread::spawn(move || {
+        let mut reader = std::io::BufReader::new(reader);
+        let mut buf = Vec::new();
+        // Lines may not be UTF-8 (compiler output in other locales): read bytes.
+        while reader
+            .read_until(b'\n', &mut buf)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
+            let line = String::from_utf8_lossy(&buf)
+                .trim_end_matches(['\n', '\r'])
+                .to_string();
+            if tx.send(line).is_err() {
+                break;
+            }
+            buf.clear();
+        }
+    });
+    let status = loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(line) => on_line(&line),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                // Output closed; the child is ending (or left a grandchild holding it).
+                break wait(child)?;
+            }
+        }
+        if interrupted() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Interrupted.into());
+        }
+        if let Some(status) = child.try_wait()? {
+            // Drain what is buffered; a grandchild may keep the pipe open, so do not wait
+            // for the end of the stream beyond that.
+            while let Ok(line) = rx.recv_timeout(Duration::from_millis(100)) {
+                on_line(&line);
+            }
+            break status;
+        }
+    };
+    drop(rx);
+    if reader_thread.is_finished() {
+        let _ = reader_thread.join();
+    }
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
 fn spawn_error(cmd: &Command, what: &str) -> String {
     format!(
         "{what}: cannot start {}",

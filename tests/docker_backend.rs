@@ -145,8 +145,10 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     let builds = root.join("libtorch/nccl/builds");
     let good = user_dockerfile(work.path(), "good.Dockerfile", &good_base, "");
     let containers_before = fdl_containers();
+    let cache = tempfile::tempdir().unwrap();
     let build = |dockerfile: &Path, archs: &str, extra: &[&str]| {
         let mut cmd = fdl();
+        cmd.env("XDG_CACHE_HOME", cache.path());
         cmd.arg("--root")
             .arg(root)
             .args([
@@ -202,6 +204,11 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     assert!(dir.join("lib/libnccl.so.2.27.5").is_file());
     assert!(dir.join("lib/libnccl_static.a").is_file());
     assert!(dir.join("include/nccl.h").is_file());
+    let log = std::fs::read_to_string(dir.join("build.log")).unwrap();
+    assert!(
+        log.contains("Successfully built") || log.contains("naming to"),
+        "{log}"
+    );
     let pc = std::fs::read_to_string(dir.join("lib/pkgconfig/nccl.pc")).unwrap();
     assert!(
         pc.starts_with(&format!("prefix={}\n", dir.display())),
@@ -265,10 +272,26 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         "COPY does-not-exist /nowhere\n",
     );
     for (archs, extra) in [("8.6", &[][..]), ("6.1;12.0", &["--force"][..])] {
-        build(&failing, archs, extra)
-            .assert()
-            .failure()
-            .stderr(predicate::str::contains("image build failed"));
+        let out = build(&failing, archs, extra).output().unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("image build failed"), "{stderr}");
+        // The log of the failed build is kept outside the project and its end is shown.
+        let kept = stderr
+            .split("The full build log is kept at ")
+            .nth(1)
+            .and_then(|r| r.split(';').next())
+            .expect("the log path is named");
+        assert!(
+            kept.starts_with(&cache.path().display().to_string()),
+            "{kept}"
+        );
+        let log = std::fs::read_to_string(kept).unwrap();
+        assert!(log.contains("does-not-exist"), "{log}");
+        assert!(
+            stderr.contains("does-not-exist"),
+            "the log's last lines are shown: {stderr}"
+        );
         assert_eq!(
             snapshot(root),
             before,
@@ -328,7 +351,9 @@ fn a_build_whose_output_fails_the_check_is_not_installed() {
     let project = ProjectFixture::empty();
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
     let before = snapshot(project.root());
+    let cache = tempfile::tempdir().unwrap();
     fdl()
+        .env("XDG_CACHE_HOME", cache.path())
         .arg("--root")
         .arg(project.root())
         .args([
@@ -380,7 +405,9 @@ fn an_interrupted_build_leaves_nothing_behind() {
     let before = snapshot(project.root());
 
     let stderr_path = work.path().join("stderr");
+    let cache = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("fdl"))
+        .env("XDG_CACHE_HOME", cache.path())
         .arg("--root")
         .arg(project.root())
         .args([

@@ -1,16 +1,31 @@
 //! `fdl nccl build`: flags → plan → backend → install → report.
 
 use super::print_json;
-use crate::docker::{DockerBackend, Engine, EMBEDDED_DOCKERFILE};
+use crate::docker::{self, DockerBackend, Engine};
 use crate::gpu;
-use crate::nccl::build::{self, BuildRequest, Outcome, Sources};
-use crate::nccl::plan::{ArchOrigin, BuildPlan, CudaOrigin, DockerfileSpec, TagOrigin};
+use crate::lock::Wait;
+use crate::native;
+use crate::nccl::build::{self, Backend, BuildRequest, ExecOptions, Outcome, Sources};
+use crate::nccl::plan::{
+    ArchOrigin, BackendInputs, BackendKind, BuildPlan, CudaOrigin, DockerfileSpec, NativeSource,
+    TagOrigin,
+};
 use crate::nccl::store::BuildStore;
+use crate::nccl::tag::Tag;
+use crate::progress::Verbosity;
 use crate::project::Project;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
 use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendFlag {
+    /// Docker when its daemon answers, else native when the toolchain is complete
+    Auto,
+    Docker,
+    Native,
+}
 
 #[derive(Debug, Args)]
 pub struct BuildArgs {
@@ -26,68 +41,240 @@ pub struct BuildArgs {
     /// Parallel compile jobs (default: cores, at most one per ~2 GiB of memory)
     #[arg(long)]
     pub jobs: Option<u32>,
-    /// Build with this Dockerfile instead of the embedded one
+    /// Where to build
+    #[arg(long, value_enum, default_value_t = BackendFlag::Auto)]
+    pub backend: BackendFlag,
+    /// Docker: build with this Dockerfile instead of the embedded one
     #[arg(long, value_name = "PATH")]
     pub dockerfile: Option<PathBuf>,
+    /// Native: the CUDA toolkit to use (default: $CUDA_HOME, else nvcc on PATH)
+    #[arg(long, value_name = "DIR")]
+    pub cuda_home: Option<PathBuf>,
+    /// Native: build from this NCCL checkout or unpacked release (offline hosts)
+    #[arg(long, value_name = "DIR")]
+    pub source: Option<PathBuf>,
+    /// Native: build even if the toolkit's CUDA differs from --cuda / the libtorch's
+    #[arg(long)]
+    pub allow_cuda_mismatch: bool,
+    /// Also embed PTX for the highest arch, so newer GPUs still run (by JIT)
+    #[arg(long)]
+    pub ptx: bool,
+    /// Pass NCCL's ONLY_FUNCS for a quick development build (marked in its name)
+    #[arg(long, value_name = "EXPR")]
+    pub only_funcs: Option<String>,
     /// Replace an existing build of the same name (only after the new one succeeded)
     #[arg(long)]
     pub force: bool,
-    /// Print the plan; touch neither Docker nor the disk
+    /// Fail instead of waiting when another fdl is building the same target
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Print the plan; build nothing and write nothing
     #[arg(long)]
     pub dry_run: bool,
     /// Print the plan or the result as one JSON object
     #[arg(long)]
     pub json: bool,
+    /// Show only errors and the result
+    #[arg(long, short, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Show the build's full output as it runs
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+impl BuildArgs {
+    fn wants_native(&self) -> Option<&'static str> {
+        if self.source.is_some() {
+            Some("--source")
+        } else if self.cuda_home.is_some() {
+            Some("--cuda-home")
+        } else if self.allow_cuda_mismatch {
+            Some("--allow-cuda-mismatch")
+        } else {
+            None
+        }
+    }
+}
+
+/// The chosen backend, ready to run.
+enum Chosen {
+    Docker {
+        engine: Option<Engine>,
+        dockerfile: String,
+    },
+    Native,
+}
+
+/// Picks the backend for `tag` as `--backend` says; `auto` asks the Docker daemon first.
+fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)> {
+    let native_flag = args.wants_native();
+    if let (Some(flag), Some(_)) = (native_flag, &args.dockerfile) {
+        bail!("--dockerfile is for the Docker backend and {flag} for the native one: give one of them");
+    }
+    let docker =
+        |engine: Option<Engine>, reason: String| -> Result<(BackendInputs, String, Chosen)> {
+            let (spec, text) = docker::dockerfile_spec(args.dockerfile.as_deref())?;
+            Ok((
+                BackendInputs::Docker { dockerfile: spec },
+                reason,
+                Chosen::Docker {
+                    engine,
+                    dockerfile: text,
+                },
+            ))
+        };
+    let native = |report: native::ToolchainReport,
+                  reason: String|
+     -> Result<(BackendInputs, String, Chosen)> {
+        let (Some(toolkit), true) = (report.toolkit.clone(), report.missing.is_empty()) else {
+            bail!(
+                "the native backend cannot build here:\n  {}",
+                report.missing.join("\n  ")
+            );
+        };
+        let source = native::source_for(args.source.as_deref(), tag, &crate::lock::cache_dir())?;
+        let inputs = BackendInputs::Native {
+            toolkit,
+            tools: report.tools,
+            source,
+            allow_cuda_mismatch: args.allow_cuda_mismatch,
+        };
+        Ok((inputs, reason, Chosen::Native))
+    };
+    let discover = || native::discover(args.cuda_home.as_deref(), args.source.is_none());
+    match args.backend {
+        BackendFlag::Docker => {
+            if let Some(flag) = native_flag {
+                bail!("{flag} is for the native backend, but --backend docker was given");
+            }
+            docker(None, "--backend docker".into())
+        }
+        BackendFlag::Native => {
+            if args.dockerfile.is_some() {
+                bail!("--dockerfile is for the Docker backend, but --backend native was given");
+            }
+            native(discover(), "--backend native".into())
+        }
+        BackendFlag::Auto => {
+            if let Some(flag) = native_flag {
+                return native(discover(), format!("auto: {flag} given"));
+            }
+            match Engine::probe() {
+                Ok(engine) => {
+                    let reason = format!(
+                        "auto: the Docker daemon answers (server {})",
+                        engine.server_version
+                    );
+                    docker(Some(engine), reason)
+                }
+                Err(docker_err) if args.dockerfile.is_some() => Err(docker_err.into()),
+                Err(docker_err) => {
+                    let report = discover();
+                    if report.is_complete() {
+                        let why = format!(
+                            "auto: no Docker ({docker_err}); the native toolchain is complete"
+                        );
+                        native(report, why)
+                    } else if args.dry_run {
+                        // A plan is still worth showing on a machine that cannot build,
+                        // e.g. to check inputs before moving to the build host.
+                        let why = "auto: neither Docker nor a native toolchain is available here; planned for Docker";
+                        docker(None, why.to_string())
+                    } else {
+                        bail!(
+                            "no backend can build here.\n  docker: {docker_err}\n  native: {}",
+                            report.missing.join("; ")
+                        )
+                    }
+                }
+            }
+        }
+    }
 }
 
 pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
     let req = BuildRequest {
-        tag: args.tag,
-        archs: args.archs,
-        cuda: args.cuda,
+        tag: args.tag.clone(),
+        archs: args.archs.clone(),
+        cuda: args.cuda.clone(),
         jobs: args.jobs,
-        dockerfile: args.dockerfile,
+        ptx: args.ptx,
+        only_funcs: args.only_funcs.clone(),
     };
+    let flags = build::check_flags(&req)?;
+    let quiet_gpus = args.json || args.quiet;
     let sources = Sources {
         project,
         gpus: &|| {
             let gpus = gpu::query()?;
-            if !args.json {
+            if !quiet_gpus {
                 eprint!("Local GPUs:\n{}", gpu::table(&gpus));
             }
             Ok(gpus)
         },
-        embedded_dockerfile: EMBEDDED_DOCKERFILE,
     };
-    let (plan, dockerfile_text) = build::plan(&req, &sources)?;
-    let placeholders = (
-        Path::new("<build-context>"),
-        Path::new("<staging>"),
-        "<container>",
-    );
+    let chosen = std::cell::RefCell::new(None);
+    let plan = build::plan(&req, flags, &sources, &|tag| {
+        let (inputs, reason, backend) = choose(&args, tag)?;
+        *chosen.borrow_mut() = Some(backend);
+        Ok((inputs, reason))
+    })?;
+    let commands = plan_commands(&plan);
     if args.dry_run {
-        let cmds = plan.docker_commands(placeholders.0, placeholders.1, placeholders.2);
         if args.json {
-            print_json(&json!({ "dry_run": true, "plan": plan, "commands": cmds }));
+            print_json(&json!({ "dry_run": true, "plan": plan, "commands": commands }));
         } else {
-            print!("{}", render_plan(&plan, &cmds));
+            print!("{}", render_plan(&plan, &commands));
             println!("Dry run: nothing was built, written or started.");
         }
         return Ok(());
     }
-    let engine = Engine::probe()?;
-    let backend = DockerBackend {
-        engine,
-        dockerfile: dockerfile_text,
+    let backend: Box<dyn Backend> = match chosen.into_inner() {
+        Some(Chosen::Docker { engine, dockerfile }) => Box::new(DockerBackend {
+            engine: match engine {
+                Some(e) => e,
+                None => Engine::probe()?,
+            },
+            dockerfile,
+        }),
+        Some(Chosen::Native) => Box::new(native::NativeBackend),
+        None => bail!("no backend was chosen"),
     };
-    if !args.json {
-        let cmds = plan.docker_commands(placeholders.0, placeholders.1, placeholders.2);
-        eprint!("{}", render_plan(&plan, &cmds));
+    if !args.json && !args.quiet {
+        eprint!("{}", render_plan(&plan, &commands));
     }
     let store = BuildStore::new(project.nccl_builds_dir());
-    let outcome = build::execute(&plan, &backend, &store, args.force)?;
+    let opts = ExecOptions {
+        force: args.force,
+        wait: if args.no_wait { Wait::No } else { Wait::Yes },
+        verbosity: if args.quiet || args.json {
+            Verbosity::Quiet
+        } else if args.verbose {
+            Verbosity::Verbose
+        } else {
+            Verbosity::Normal
+        },
+    };
+    let outcome = build::execute(&plan, backend.as_ref(), &store, &opts)?;
     report(&outcome, args.json);
     Ok(())
+}
+
+/// The commands the plan will run, with placeholders for private paths.
+fn plan_commands(plan: &BuildPlan) -> Vec<Vec<String>> {
+    match plan.backend {
+        BackendKind::Docker => plan.docker_commands(
+            Path::new("<build-context>"),
+            Path::new("<staging>"),
+            "<container>",
+        ),
+        BackendKind::Native => native::make_commands(
+            plan,
+            Path::new("<source>"),
+            Path::new("<build-dir>"),
+            Path::new("<staging>"),
+        ),
+    }
 }
 
 fn report(outcome: &Outcome, json_out: bool) {
@@ -149,12 +336,6 @@ fn render_plan(plan: &BuildPlan, cmds: &[Vec<String>]) -> String {
         ArchOrigin::Flag => "from --archs".to_string(),
         ArchOrigin::Gpus { gpus } => format!("from nvidia-smi: {} GPU(s)", gpus.len()),
     };
-    let dockerfile = match &plan.docker.dockerfile {
-        DockerfileSpec::Embedded { sha256 } => format!("embedded (sha256 {})", &sha256[..12]),
-        DockerfileSpec::File { path, sha256 } => {
-            format!("{} (sha256 {})", path.display(), &sha256[..12])
-        }
-    };
     let archs = plan
         .archs
         .iter()
@@ -175,13 +356,62 @@ fn render_plan(plan: &BuildPlan, cmds: &[Vec<String>]) -> String {
     row("gencode", plan.gencode.clone());
     row("jobs", format!("{}  ({})", plan.jobs, plan.jobs_reason));
     row("output", plan.output_dir.display().to_string());
-    row("backend", plan.backend.to_string());
-    row("image", plan.docker.image.clone());
-    if let Some(base) = &plan.docker.base_image {
-        row("base image", base.clone());
+    if plan.ptx {
+        row(
+            "ptx",
+            "yes: PTX for the highest arch is embedded too".into(),
+        );
     }
-    row("dockerfile", dockerfile);
-    s.push_str("Docker commands:\n");
+    if let Some(expr) = &plan.only_funcs {
+        row(
+            "only funcs",
+            format!("{expr}  (development build: not a full NCCL)"),
+        );
+    }
+    row(
+        "backend",
+        format!("{}  ({})", plan.backend, plan.backend_reason),
+    );
+    if let Some(docker) = &plan.docker {
+        row("image", docker.image.clone());
+        if let Some(base) = &docker.base_image {
+            row("base image", base.clone());
+        }
+        row(
+            "dockerfile",
+            match &docker.dockerfile {
+                DockerfileSpec::Embedded { sha256 } => {
+                    format!("embedded (sha256 {})", &sha256[..12])
+                }
+                DockerfileSpec::File { path, sha256 } => {
+                    format!("{} (sha256 {})", path.display(), &sha256[..12])
+                }
+            },
+        );
+    }
+    if let Some(native) = &plan.native {
+        row(
+            "toolkit",
+            format!(
+                "CUDA {} at {}",
+                native.toolkit.cuda,
+                native.toolkit.cuda_home.display()
+            ),
+        );
+        row("nvcc", native.toolkit.nvcc.display().to_string());
+        row(
+            "source",
+            match &native.source {
+                NativeSource::Dir { path, version } => {
+                    format!("{} (NCCL {version})", path.display())
+                }
+                NativeSource::Clone { repo, cache_dir } => {
+                    format!("{repo} at {} (cached in {})", plan.tag, cache_dir.display())
+                }
+            },
+        );
+    }
+    s.push_str("Commands:\n");
     for c in cmds {
         s.push_str(&format!("  {}\n", shell_words(c)));
     }

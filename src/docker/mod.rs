@@ -5,10 +5,11 @@
 //! through `docker create` + `docker cp`; the container is removed by a guard on every
 //! path, including errors and Ctrl-C.
 
-use crate::nccl::build::Backend;
-use crate::nccl::plan::BuildPlan;
+use crate::nccl::build::{sha256_hex, Backend};
+use crate::nccl::plan::{BuildPlan, DockerfileSpec};
 use crate::process;
-use anyhow::{Context, Result};
+use crate::progress::{Phase, Progress};
+use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::process::Command;
 
@@ -113,8 +114,37 @@ fn argv_command(engine: &Engine, argv: &[String]) -> Command {
     cmd
 }
 
+/// The Dockerfile to build with — the embedded one, or the user's `--dockerfile` —
+/// and its digest for the plan.
+pub fn dockerfile_spec(path: Option<&Path>) -> Result<(DockerfileSpec, String)> {
+    Ok(match path {
+        None => (
+            DockerfileSpec::Embedded {
+                sha256: sha256_hex(EMBEDDED_DOCKERFILE.as_bytes()),
+            },
+            EMBEDDED_DOCKERFILE.to_string(),
+        ),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| {
+                format!(
+                    "cannot read --dockerfile {}: give the path of a readable Dockerfile",
+                    path.display()
+                )
+            })?;
+            let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+            (
+                DockerfileSpec::File {
+                    path,
+                    sha256: sha256_hex(text.as_bytes()),
+                },
+                text,
+            )
+        }
+    })
+}
+
 impl Backend for DockerBackend {
-    fn build(&self, plan: &BuildPlan, staging: &Path) -> Result<()> {
+    fn build(&self, plan: &BuildPlan, staging: &Path, progress: &Progress) -> Result<()> {
         let context = tempfile::Builder::new()
             .prefix("fdl-docker-context-")
             .tempdir()
@@ -135,22 +165,37 @@ impl Backend for DockerBackend {
         .to_ascii_lowercase();
         let cmds = plan.docker_commands(context.path(), staging, &container);
         let [build, create, copy, _remove] = cmds.as_slice() else {
-            unreachable!("docker_commands returns four commands")
+            bail!(
+                "the plan has no docker commands: it was made for the {} backend",
+                plan.backend
+            )
         };
 
-        eprintln!(
-            "==> docker build ({}builder) {}",
+        progress.note(&format!(
+            "==> docker build ({} builder) {}",
             if self.engine.buildkit {
-                "BuildKit "
+                "BuildKit"
             } else {
-                "classic "
+                "classic"
             },
-            plan.docker.image
-        );
-        let mut cmd = argv_command(&self.engine, build);
-        cmd.stdout(process::stderr_stdio());
-        process::run(&mut cmd, "docker build")
-            .context("the image build failed; its output is above. Nothing was installed")?;
+            build[3]
+        ));
+        // Image steps stand in for phases: the clone, compile and install all happen in
+        // RUN steps whose output is the build's.
+        progress.phase(Phase::Compile);
+        let mut on_line = |line: &str| {
+            progress.output(line);
+            if let Some((done, total)) = crate::progress::docker_step(line) {
+                progress.set_total(total);
+                progress.advance(&format!("image step {done}/{total}"));
+            }
+        };
+        process::stream(
+            &mut argv_command(&self.engine, build),
+            "docker build",
+            &mut on_line,
+        )
+        .context("the image build failed. Nothing was installed")?;
 
         // The guard exists before `create` runs: an interrupt between the two must not
         // leave a container behind. Removing a container that never came is harmless.
@@ -158,12 +203,13 @@ impl Backend for DockerBackend {
             engine: &self.engine,
             name: container.clone(),
         };
+        progress.phase(Phase::Install);
         process::capture(&mut argv_command(&self.engine, create), "docker create")?;
-        eprintln!(
+        progress.note(&format!(
             "==> docker cp {}:{} → staging",
             container,
             crate::nccl::plan::IMAGE_INSTALL_DIR
-        );
+        ));
         process::capture(&mut argv_command(&self.engine, copy), "docker cp").context(
             "could not copy the NCCL install tree out of the image; does the Dockerfile install into /usr/local/nccl?",
         )?;

@@ -5,49 +5,59 @@ use crate::arch::{self, Arch};
 use crate::gpu::{self, Gpu, GpuError};
 use crate::inspect;
 use crate::libtorch::Libtorch;
-use crate::nccl::plan::{ArchOrigin, BuildPlan, DockerfileSpec, PlanInputs, TagOrigin};
+use crate::lock;
+use crate::nccl::plan::{ArchOrigin, BackendInputs, BuildPlan, PlanInputs, TagOrigin};
 use crate::nccl::store::{BuildStore, Existing, Manifest};
 use crate::nccl::tag::Tag;
 use crate::process;
+use crate::progress::{Phase, Progress, Verbosity};
 use crate::project::Project;
 use crate::version::CudaVersion;
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
+
+/// The build's full output, kept in its directory.
+pub const BUILD_LOG: &str = "build.log";
 use std::path::{Path, PathBuf};
 
-/// Produces an NCCL install tree (lib/, include/) in `staging` as the plan says.
+/// Produces an NCCL install tree (lib/, include/) in `staging` as the plan says,
+/// reporting its output and phases to `progress`.
 pub trait Backend {
-    fn build(&self, plan: &BuildPlan, staging: &Path) -> Result<()>;
+    fn build(&self, plan: &BuildPlan, staging: &Path, progress: &Progress) -> Result<()>;
 }
 
-/// The user's flags, unvalidated.
+/// The user's flags common to every backend, unvalidated.
 #[derive(Debug, Clone, Default)]
 pub struct BuildRequest {
     pub tag: Option<String>,
     pub archs: Option<String>,
     pub cuda: Option<String>,
     pub jobs: Option<u32>,
-    pub dockerfile: Option<PathBuf>,
+    pub ptx: bool,
+    pub only_funcs: Option<String>,
 }
 
 /// Where the inputs come from besides flags; tests swap the GPU source.
 pub struct Sources<'a> {
     pub project: &'a Project,
     pub gpus: &'a dyn Fn() -> Result<Vec<Gpu>, GpuError>,
-    pub embedded_dockerfile: &'a str,
 }
 
-/// Validates the flags, infers what they leave open, and returns the plan plus the
-/// Dockerfile text the plan's digest covers. Flags are checked before anything slower
-/// (reading libtorch, running nvidia-smi), so a typo fails fast.
-pub fn plan(req: &BuildRequest, src: &Sources) -> Result<(BuildPlan, String)> {
-    let tag_flag = req.tag.as_deref().map(Tag::parse).transpose()?;
-    let archs_flag = req
+/// The flags checked before anything slow runs, so a typo fails fast.
+pub struct CheckedFlags {
+    tag: Option<Tag>,
+    archs: Option<Vec<Arch>>,
+    cuda: Option<CudaVersion>,
+}
+
+pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
+    let tag = req.tag.as_deref().map(Tag::parse).transpose()?;
+    let archs = req
         .archs
         .as_deref()
         .map(arch::parse_arch_list)
         .transpose()?;
-    let cuda_flag = req
+    let cuda = req
         .cuda
         .as_deref()
         .map(str::parse::<CudaVersion>)
@@ -55,31 +65,26 @@ pub fn plan(req: &BuildRequest, src: &Sources) -> Result<(BuildPlan, String)> {
     if req.jobs == Some(0) {
         bail!("--jobs must be at least 1");
     }
-    let (dockerfile, dockerfile_text) = match &req.dockerfile {
-        None => (
-            DockerfileSpec::Embedded {
-                sha256: sha256_hex(src.embedded_dockerfile.as_bytes()),
-            },
-            src.embedded_dockerfile.to_string(),
-        ),
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| {
-                format!(
-                    "cannot read --dockerfile {}: give the path of a readable Dockerfile",
-                    path.display()
-                )
-            })?;
-            let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
-            (
-                DockerfileSpec::File {
-                    path,
-                    sha256: sha256_hex(text.as_bytes()),
-                },
-                text,
-            )
-        }
-    };
+    Ok(CheckedFlags { tag, archs, cuda })
+}
 
+/// Decides the backend once the tag is known (a native source tree is checked against
+/// it); returns the backend's inputs and why it was chosen.
+pub type ChooseBackend<'a> = &'a dyn Fn(&Tag) -> Result<(BackendInputs, String)>;
+
+/// Infers what the flags leave open and returns the plan. The backend is chosen by the
+/// caller, which knows which engines and toolkits exist.
+pub fn plan(
+    req: &BuildRequest,
+    flags: CheckedFlags,
+    src: &Sources,
+    backend: ChooseBackend,
+) -> Result<BuildPlan> {
+    let CheckedFlags {
+        tag: tag_flag,
+        archs: archs_flag,
+        cuda: cuda_flag,
+    } = flags;
     let (tag, tag_origin, cuda_from_libtorch) = match tag_flag {
         Some(t) => (t, TagOrigin::Flag, None),
         None => infer_tag(src.project)?,
@@ -93,12 +98,14 @@ pub fn plan(req: &BuildRequest, src: &Sources) -> Result<(BuildPlan, String)> {
         }
     };
 
+    let (backend, backend_reason) = backend(&tag)?;
+
     let (jobs, jobs_reason) = match req.jobs {
         Some(j) => (j, "from --jobs".to_string()),
         None => default_jobs(),
     };
 
-    let plan = BuildPlan::new(PlanInputs {
+    BuildPlan::new(PlanInputs {
         tag,
         tag_origin,
         cuda_flag,
@@ -108,9 +115,11 @@ pub fn plan(req: &BuildRequest, src: &Sources) -> Result<(BuildPlan, String)> {
         jobs,
         jobs_reason,
         builds_dir: src.project.nccl_builds_dir(),
-        dockerfile,
-    })?;
-    Ok((plan, dockerfile_text))
+        backend,
+        backend_reason,
+        ptx: req.ptx,
+        only_funcs: req.only_funcs.clone(),
+    })
 }
 
 /// The tag and CUDA version from the active libtorch's NCCL self-id.
@@ -211,18 +220,36 @@ pub enum Outcome {
     },
 }
 
-/// Runs the plan: compares with what is installed, builds into staging, checks, seals and
-/// commits. Any error before the commit leaves the store exactly as it was.
+/// How `execute` behaves around the build itself.
+pub struct ExecOptions {
+    pub force: bool,
+    pub wait: lock::Wait,
+    pub verbosity: Verbosity,
+}
+
+/// A failed build whose log was kept: the error says where, and shows its end.
+#[derive(Debug, thiserror::Error)]
+#[error("{cause:#}\nThe full build log is kept at {}; its last lines:\n{}", log.display(), tail.join("\n"))]
+pub struct BuildFailed {
+    pub cause: anyhow::Error,
+    pub log: PathBuf,
+    pub tail: Vec<String>,
+}
+
+/// Runs the plan: takes the target's lock, compares with what is installed, builds into
+/// staging, checks, seals and commits. Any error before the commit leaves the store
+/// exactly as it was; the log of a failed build is kept in the cache and named.
 pub fn execute(
     plan: &BuildPlan,
     backend: &dyn Backend,
     store: &BuildStore,
-    force: bool,
+    opts: &ExecOptions,
 ) -> Result<Outcome> {
     let dir = store.path_of(&plan.name);
+    let _lock = lock::acquire(&store.dir, &plan.name, opts.wait, &|msg| eprintln!("{msg}"))?;
     let existing = store.existing(&plan.name)?;
     match &existing {
-        Some(Existing::Build(m)) if !force => {
+        Some(Existing::Build(m)) if !opts.force => {
             let diff = m.plan.differences(plan);
             if diff.is_empty() {
                 return Ok(Outcome::AlreadyBuilt {
@@ -236,22 +263,55 @@ pub fn execute(
                 diff.join("\n  ")
             );
         }
-        Some(Existing::NotABuild(why)) if !force => bail!(
+        Some(Existing::NotABuild(why)) if !opts.force => bail!(
             "{} exists but is not an fdl build ({why}). Move it away, or pass --force to replace it once the new build succeeds",
             dir.display()
         ),
         _ => {}
     }
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let log_path = lock::cache_dir()
+        .join("logs")
+        .join(format!("{}-{stamp}.log", plan.name));
+    let progress = Progress::new(opts.verbosity, log_path.clone())
+        .with_context(|| format!("cannot create the build log {}", log_path.display()))?;
     let staging = store.begin(&plan.name)?;
-    backend.build(plan, staging.path())?;
-    let manifest = staging
-        .seal(plan)
-        .context("the build finished but its output failed the check; nothing was installed")?;
-    // A Ctrl-C that lands after the last child exited still means "do not install".
-    if process::interrupted() {
-        return Err(process::Interrupted.into());
-    }
+    let built = (|| -> Result<Manifest> {
+        backend.build(plan, staging.path(), &progress)?;
+        progress.phase(Phase::Verify);
+        let manifest = staging
+            .seal(plan)
+            .context("the build finished but its output failed the check; nothing was installed")?;
+        // A Ctrl-C that lands after the last child exited still means "do not install".
+        if process::interrupted() {
+            return Err(process::Interrupted.into());
+        }
+        Ok(manifest)
+    })();
+    let manifest = match built {
+        Ok(m) => m,
+        Err(e) if e.downcast_ref::<process::Interrupted>().is_some() => {
+            progress.finish();
+            return Err(e);
+        }
+        Err(cause) => {
+            progress.finish();
+            return Err(BuildFailed {
+                cause,
+                tail: progress.tail(crate::progress::TAIL_LINES),
+                log: log_path,
+            }
+            .into());
+        }
+    };
+    progress.finish();
+    // The log travels with the build; the copy in the cache is only for failures.
+    std::fs::copy(&log_path, staging.path().join(BUILD_LOG))
+        .with_context(|| format!("cannot keep the build log in {}", staging.path().display()))?;
     staging.commit(existing.is_some())?;
+    let _ = std::fs::remove_file(&log_path);
     Ok(Outcome::Built {
         manifest: Box::new(manifest),
         dir,

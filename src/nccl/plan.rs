@@ -11,6 +11,7 @@ use crate::nccl::tag::Tag;
 use crate::version::{CudaVersion, NcclVersion};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -68,14 +69,84 @@ impl DockerfileSpec {
 #[serde(rename_all = "snake_case")]
 pub enum BackendKind {
     Docker,
+    Native,
 }
 
 impl std::fmt::Display for BackendKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             BackendKind::Docker => "docker",
+            BackendKind::Native => "native",
         })
     }
+}
+
+/// A CUDA toolkit found on the host, as the native backend will use it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Toolkit {
+    pub cuda_home: PathBuf,
+    pub nvcc: PathBuf,
+    /// From `nvcc --version`, with its patch level.
+    pub cuda: CudaVersion,
+    /// From `nvcc --list-gpu-arch`, when this nvcc answers it (CUDA ≥ 11.0).
+    pub gpu_archs: Option<Vec<Arch>>,
+    /// `lib64` (installers) or `lib` (the nvidia-cuda-nvcc wheels' layout).
+    pub lib_dir: PathBuf,
+}
+
+/// Where the native backend gets NCCL's source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum NativeSource {
+    /// `--source DIR`: an existing checkout or unpacked release; never modified.
+    Dir { path: PathBuf, version: NcclVersion },
+    /// A clone of the tag kept in the user's cache and reused.
+    Clone { repo: String, cache_dir: PathBuf },
+}
+
+/// What the native backend will do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativePlan {
+    pub toolkit: Toolkit,
+    /// make, c++, python3 and (for clones) git, as found on PATH.
+    pub tools: BTreeMap<String, PathBuf>,
+    pub source: NativeSource,
+    /// Passed to both `make src.build` and `make install`, which depends on the build.
+    pub make_vars: Vec<(String, String)>,
+    pub allow_cuda_mismatch: bool,
+}
+
+/// The backend-specific inputs of a plan.
+#[derive(Debug, Clone)]
+pub enum BackendInputs {
+    Docker {
+        dockerfile: DockerfileSpec,
+    },
+    Native {
+        toolkit: Toolkit,
+        tools: BTreeMap<String, PathBuf>,
+        source: NativeSource,
+        allow_cuda_mismatch: bool,
+    },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ToolkitConflict {
+    #[error("the CUDA toolkit at {home} is CUDA {toolkit}, but the build asks for CUDA {wanted} ({origin}). Point --cuda-home at a CUDA {wanted} toolkit, pass --cuda {toolkit_mm}, or --allow-cuda-mismatch to build with it anyway")]
+    Version {
+        home: String,
+        toolkit: CudaVersion,
+        toolkit_mm: String,
+        wanted: CudaVersion,
+        origin: String,
+    },
+    #[error("nvcc at {nvcc} (CUDA {toolkit}) cannot compile {arch}: `nvcc --list-gpu-arch` offers {offered}. Use a toolkit that supports {arch}, or drop it from --archs")]
+    Arch {
+        nvcc: String,
+        toolkit: CudaVersion,
+        arch: Arch,
+        offered: String,
+    },
 }
 
 /// What the Docker backend will do.
@@ -102,7 +173,13 @@ pub struct PlanInputs {
     pub jobs: u32,
     pub jobs_reason: String,
     pub builds_dir: PathBuf,
-    pub dockerfile: DockerfileSpec,
+    pub backend: BackendInputs,
+    /// Why this backend: `--backend`, or what `auto` found.
+    pub backend_reason: String,
+    /// Also embed PTX for the highest arch, so newer GPUs can JIT it.
+    pub ptx: bool,
+    /// NCCL's ONLY_FUNCS, for quick development builds.
+    pub only_funcs: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,11 +195,35 @@ pub struct BuildPlan {
     pub gencode: String,
     pub jobs: u32,
     pub jobs_reason: String,
+    pub ptx: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub only_funcs: Option<String>,
     /// `v2.27.5-sm61-sm120`: the build's directory name.
     pub name: String,
     pub output_dir: PathBuf,
     pub backend: BackendKind,
-    pub docker: DockerPlan,
+    pub backend_reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub docker: Option<DockerPlan>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<NativePlan>,
+}
+
+/// `-ptx` and `-only-<digest>` mark builds that differ from a plain full build, so such a
+/// build can never pass for one.
+fn build_name(tag: &Tag, archs: &[Arch], ptx: bool, only_funcs: Option<&str>) -> String {
+    let mut name = format!("{}-{}", tag.version_part(), arch::archs_slug(archs));
+    if ptx {
+        name.push_str("-ptx");
+    }
+    if let Some(expr) = only_funcs {
+        let digest = Sha256::digest(expr.as_bytes());
+        name.push_str(&format!(
+            "-only-{:02x}{:02x}{:02x}{:02x}",
+            digest[0], digest[1], digest[2], digest[3]
+        ));
+    }
+    name
 }
 
 impl BuildPlan {
@@ -132,35 +233,65 @@ impl BuildPlan {
             (None, Some(c)) => (c, CudaOrigin::Libtorch),
             (None, None) => (arch::DEFAULT_CUDA, CudaOrigin::Default),
         };
-        arch::check_archs_for_cuda(&inputs.archs, cuda)?;
-        // The embedded Dockerfile needs a published base image; a user's own Dockerfile
-        // may use any base, so an unknown release only matters for the embedded one.
-        let image_for = arch::cuda_image(cuda);
-        let base: Option<CudaImage> = match (&inputs.dockerfile, image_for) {
-            (DockerfileSpec::Embedded { .. }, Err(e)) => return Err(e.into()),
-            (_, Ok(img)) => Some(img),
-            (DockerfileSpec::File { .. }, Err(_)) => None,
-        };
-        let name = format!(
-            "{}-{}",
-            inputs.tag.version_part(),
-            arch::archs_slug(&inputs.archs)
-        );
-        let gencode = arch::gencode(&inputs.archs, false);
-        let image = format!("{IMAGE_REPO}:{name}-cuda{cuda}");
-        let cuda_arg = base
-            .as_ref()
-            .map(|b| b.cuda_version.clone())
-            .unwrap_or_else(|| cuda.to_string());
-        let mut build_args = vec![
-            ("NCCL_VERSION".to_string(), inputs.tag.to_string()),
-            ("NVCC_GENCODE".to_string(), gencode.clone()),
-            ("MAX_JOBS".to_string(), inputs.jobs.to_string()),
-            ("CUDA_VERSION".to_string(), cuda_arg),
-        ];
-        if let Some(b) = &base {
-            build_args.push(("BASE_OS".to_string(), b.os.clone()));
+        if let Some(expr) = &inputs.only_funcs {
+            if expr.trim().is_empty() {
+                anyhow::bail!("--only-funcs is empty: give an NCCL ONLY_FUNCS expression, e.g. \"AllReduce Sum f32 RING SIMPLE\"");
+            }
         }
+        let name = build_name(
+            &inputs.tag,
+            &inputs.archs,
+            inputs.ptx,
+            inputs.only_funcs.as_deref(),
+        );
+        let gencode = arch::gencode(&inputs.archs, inputs.ptx);
+        let (backend, docker, native) = match inputs.backend {
+            BackendInputs::Docker { dockerfile } => {
+                arch::check_archs_for_cuda(&inputs.archs, cuda)?;
+                let plan = docker_plan(
+                    &inputs.tag,
+                    &name,
+                    cuda,
+                    &gencode,
+                    inputs.jobs,
+                    inputs.only_funcs.as_deref(),
+                    dockerfile,
+                )?;
+                (BackendKind::Docker, Some(plan), None)
+            }
+            BackendInputs::Native {
+                toolkit,
+                tools,
+                source,
+                allow_cuda_mismatch,
+            } => {
+                check_toolkit(
+                    &toolkit,
+                    cuda,
+                    cuda_origin,
+                    allow_cuda_mismatch,
+                    &inputs.archs,
+                )?;
+                let mut make_vars = vec![
+                    ("NVCC_GENCODE".to_string(), gencode.clone()),
+                    (
+                        "CUDA_HOME".to_string(),
+                        toolkit.cuda_home.display().to_string(),
+                    ),
+                ];
+                if let Some(expr) = &inputs.only_funcs {
+                    make_vars.push(("ONLY_FUNCS".to_string(), expr.clone()));
+                }
+                let plan = NativePlan {
+                    toolkit,
+                    tools,
+                    source,
+                    make_vars,
+                    allow_cuda_mismatch,
+                };
+                (BackendKind::Native, None, Some(plan))
+            }
+        };
         Ok(BuildPlan {
             nccl_version: inputs.tag.version(),
             output_dir: inputs.builds_dir.join(&name),
@@ -173,32 +304,51 @@ impl BuildPlan {
             gencode,
             jobs: inputs.jobs,
             jobs_reason: inputs.jobs_reason,
+            ptx: inputs.ptx,
+            only_funcs: inputs.only_funcs,
             name,
-            backend: BackendKind::Docker,
-            docker: DockerPlan {
-                image,
-                base_image: match &inputs.dockerfile {
-                    DockerfileSpec::Embedded { .. } => base.map(|b| b.reference()),
-                    DockerfileSpec::File { .. } => None,
-                },
-                dockerfile: inputs.dockerfile,
-                build_args,
-            },
+            backend,
+            backend_reason: inputs.backend_reason,
+            docker,
+            native,
         })
     }
 
     /// The fields that decide what gets built. Two plans with equal identity produce the
     /// same build; `jobs` and where values came from do not count.
     pub fn identity(&self) -> BTreeMap<&'static str, String> {
-        BTreeMap::from([
+        let mut id = BTreeMap::from([
             ("tag", self.tag.to_string()),
             ("cuda", self.cuda.to_string()),
             ("archs", arch::archs_slug(&self.archs)),
             ("gencode", self.gencode.clone()),
+            ("only_funcs", self.only_funcs.clone().unwrap_or_default()),
             ("backend", self.backend.to_string()),
-            ("image", self.docker.image.clone()),
-            ("dockerfile", self.docker.dockerfile.sha256().to_string()),
-        ])
+        ]);
+        if let Some(d) = &self.docker {
+            id.insert("image", d.image.clone());
+            id.insert("dockerfile", d.dockerfile.sha256().to_string());
+        }
+        if let Some(n) = &self.native {
+            id.insert(
+                "toolkit",
+                format!(
+                    "CUDA {} at {}",
+                    n.toolkit.cuda,
+                    n.toolkit.cuda_home.display()
+                ),
+            );
+            id.insert(
+                "source",
+                match &n.source {
+                    NativeSource::Dir { path, version } => {
+                        format!("{} (NCCL {version})", path.display())
+                    }
+                    NativeSource::Clone { repo, .. } => repo.clone(),
+                },
+            );
+        }
+        id
     }
 
     /// Human-readable differences between the identities of two plans.
@@ -213,20 +363,24 @@ impl BuildPlan {
             .collect()
     }
 
-    /// The docker command lines the backend runs, with the private paths given.
+    /// The docker command lines the backend runs, with the private paths given; empty for
+    /// plans of another backend.
     pub fn docker_commands(
         &self,
         context: &Path,
         staging: &Path,
         container: &str,
     ) -> Vec<Vec<String>> {
+        let Some(docker) = &self.docker else {
+            return Vec::new();
+        };
         let mut build = vec![
             "docker".to_string(),
             "build".into(),
             "--tag".into(),
-            self.docker.image.clone(),
+            docker.image.clone(),
         ];
-        for (k, v) in &self.docker.build_args {
+        for (k, v) in &docker.build_args {
             build.push("--build-arg".into());
             build.push(format!("{k}={v}"));
         }
@@ -240,7 +394,7 @@ impl BuildPlan {
                 "create".into(),
                 "--name".into(),
                 container.to_string(),
-                self.docker.image.clone(),
+                docker.image.clone(),
                 "fdl-extract".into(),
             ],
             vec![
@@ -264,6 +418,96 @@ impl BuildPlan {
     }
 }
 
+/// The Docker half of a plan: image name, base image and build arguments.
+fn docker_plan(
+    tag: &Tag,
+    name: &str,
+    cuda: CudaVersion,
+    gencode: &str,
+    jobs: u32,
+    only_funcs: Option<&str>,
+    dockerfile: DockerfileSpec,
+) -> Result<DockerPlan> {
+    // The embedded Dockerfile needs a published base image; a user's own Dockerfile
+    // may use any base, so an unknown release only matters for the embedded one.
+    let base: Option<CudaImage> = match (&dockerfile, arch::cuda_image(cuda)) {
+        (DockerfileSpec::Embedded { .. }, Err(e)) => return Err(e.into()),
+        (_, Ok(img)) => Some(img),
+        (DockerfileSpec::File { .. }, Err(_)) => None,
+    };
+    let cuda_arg = base
+        .as_ref()
+        .map(|b| b.cuda_version.clone())
+        .unwrap_or_else(|| cuda.to_string());
+    let mut build_args = vec![
+        ("NCCL_VERSION".to_string(), tag.to_string()),
+        ("NVCC_GENCODE".to_string(), gencode.to_string()),
+        ("MAX_JOBS".to_string(), jobs.to_string()),
+        ("CUDA_VERSION".to_string(), cuda_arg),
+    ];
+    if let Some(b) = &base {
+        build_args.push(("BASE_OS".to_string(), b.os.clone()));
+    }
+    if let Some(expr) = only_funcs {
+        build_args.push(("ONLY_FUNCS".to_string(), expr.to_string()));
+    }
+    Ok(DockerPlan {
+        image: format!("{IMAGE_REPO}:{name}-cuda{cuda}"),
+        base_image: match &dockerfile {
+            DockerfileSpec::Embedded { .. } => base.map(|b| b.reference()),
+            DockerfileSpec::File { .. } => None,
+        },
+        dockerfile,
+        build_args,
+    })
+}
+
+/// The native backend compiles with the host's toolkit: its CUDA must be the one asked
+/// for (unless allowed otherwise), and it must compile every arch — by its own
+/// `--list-gpu-arch` when it answers, else by the support table.
+fn check_toolkit(
+    toolkit: &Toolkit,
+    cuda: CudaVersion,
+    origin: CudaOrigin,
+    allow_mismatch: bool,
+    archs: &[Arch],
+) -> Result<()> {
+    if toolkit.cuda.major_minor() != cuda.major_minor() && !allow_mismatch {
+        return Err(ToolkitConflict::Version {
+            home: toolkit.cuda_home.display().to_string(),
+            toolkit: toolkit.cuda,
+            toolkit_mm: toolkit.cuda.without_patch().to_string(),
+            wanted: cuda,
+            origin: match origin {
+                CudaOrigin::Flag => "--cuda",
+                CudaOrigin::Libtorch => "the libtorch's NCCL was built with it",
+                CudaOrigin::Default => "fdl's default",
+            }
+            .to_string(),
+        }
+        .into());
+    }
+    match &toolkit.gpu_archs {
+        Some(offered) => {
+            if let Some(&arch) = archs.iter().find(|a| !offered.contains(a)) {
+                return Err(ToolkitConflict::Arch {
+                    nvcc: toolkit.nvcc.display().to_string(),
+                    toolkit: toolkit.cuda,
+                    arch,
+                    offered: offered
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                }
+                .into());
+            }
+            Ok(())
+        }
+        None => Ok(arch::check_archs_for_cuda(archs, toolkit.cuda)?),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,10 +523,40 @@ mod tests {
             jobs: 4,
             jobs_reason: "test".into(),
             builds_dir: PathBuf::from("/p/libtorch/nccl/builds"),
-            dockerfile: DockerfileSpec::Embedded {
-                sha256: "abc".into(),
+            backend: BackendInputs::Docker {
+                dockerfile: DockerfileSpec::Embedded {
+                    sha256: "abc".into(),
+                },
             },
+            backend_reason: "test".into(),
+            ptx: false,
+            only_funcs: None,
         }
+    }
+
+    fn native_inputs(
+        tag: &str,
+        archs: &[Arch],
+        toolkit_cuda: &str,
+        offered: Option<&[Arch]>,
+    ) -> PlanInputs {
+        let mut i = inputs(tag, archs);
+        i.backend = BackendInputs::Native {
+            toolkit: Toolkit {
+                cuda_home: PathBuf::from("/opt/cuda"),
+                nvcc: PathBuf::from("/opt/cuda/bin/nvcc"),
+                cuda: toolkit_cuda.parse().unwrap(),
+                gpu_archs: offered.map(<[Arch]>::to_vec),
+                lib_dir: PathBuf::from("/opt/cuda/lib64"),
+            },
+            tools: BTreeMap::new(),
+            source: NativeSource::Clone {
+                repo: "repo".into(),
+                cache_dir: PathBuf::from("/c"),
+            },
+            allow_cuda_mismatch: false,
+        };
+        i
     }
 
     const MIXED: [Arch; 2] = [Arch::new(6, 1), Arch::new(12, 0)];
@@ -296,15 +570,22 @@ mod tests {
             PathBuf::from("/p/libtorch/nccl/builds/v2.27.5-sm61-sm120")
         );
         assert_eq!(
-            p.docker.image,
+            p.docker.as_ref().unwrap().image,
             "flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8"
         );
         assert_eq!(p.cuda_origin, CudaOrigin::Default);
         assert_eq!(
-            p.docker.base_image.as_deref(),
+            p.docker.as_ref().unwrap().base_image.as_deref(),
             Some("nvidia/cuda:12.8.1-devel-ubuntu22.04")
         );
-        let args: BTreeMap<_, _> = p.docker.build_args.iter().cloned().collect();
+        let args: BTreeMap<_, _> = p
+            .docker
+            .as_ref()
+            .unwrap()
+            .build_args
+            .iter()
+            .cloned()
+            .collect();
         assert_eq!(args["NCCL_VERSION"], "v2.27.5-1");
         assert_eq!(args["MAX_JOBS"], "4");
         assert_eq!(args["CUDA_VERSION"], "12.8.1");
@@ -352,5 +633,87 @@ mod tests {
         assert_eq!(p.name, "master-sm61-sm120");
         let back: BuildPlan = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
         assert_eq!(back, p);
+    }
+
+    #[test]
+    fn ptx_and_only_funcs_mark_the_name() {
+        let mut i = inputs("v2.27.5-1", &MIXED);
+        i.ptx = true;
+        let p = BuildPlan::new(i).unwrap();
+        assert_eq!(p.name, "v2.27.5-sm61-sm120-ptx");
+        assert!(p
+            .gencode
+            .ends_with("-gencode=arch=compute_120,code=compute_120"));
+        let mut i = inputs("v2.27.5-1", &MIXED);
+        i.only_funcs = Some("AllReduce Sum f32".into());
+        let p = BuildPlan::new(i).unwrap();
+        assert!(p.name.starts_with("v2.27.5-sm61-sm120-only-"), "{}", p.name);
+        let args: BTreeMap<_, _> = p
+            .docker
+            .as_ref()
+            .unwrap()
+            .build_args
+            .iter()
+            .cloned()
+            .collect();
+        assert_eq!(args["ONLY_FUNCS"], "AllReduce Sum f32");
+        let full = BuildPlan::new(inputs("v2.27.5-1", &MIXED)).unwrap();
+        assert!(full
+            .differences(&p)
+            .iter()
+            .any(|d| d.starts_with("only_funcs:")));
+        let mut i = inputs("v2.27.5-1", &MIXED);
+        i.only_funcs = Some("  ".into());
+        assert!(BuildPlan::new(i)
+            .unwrap_err()
+            .to_string()
+            .contains("--only-funcs is empty"));
+    }
+
+    #[test]
+    fn native_toolkit_must_match_and_compile_every_arch() {
+        let p = BuildPlan::new(native_inputs("v2.27.5-1", &MIXED, "12.8.93", None)).unwrap();
+        assert_eq!(p.backend, BackendKind::Native);
+        let vars: BTreeMap<_, _> = p
+            .native
+            .as_ref()
+            .unwrap()
+            .make_vars
+            .iter()
+            .cloned()
+            .collect();
+        assert_eq!(vars["CUDA_HOME"], "/opt/cuda");
+        assert!(
+            p.docker.is_none()
+                && p.docker_commands(Path::new("c"), Path::new("s"), "x")
+                    .is_empty()
+        );
+
+        let err = BuildPlan::new(native_inputs("v2.27.5-1", &MIXED, "12.9.1", None)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("is CUDA 12.9.1, but the build asks for CUDA 12.8"),
+            "{err}"
+        );
+        let mut allowed = native_inputs("v2.27.5-1", &MIXED, "12.9.1", None);
+        if let BackendInputs::Native {
+            allow_cuda_mismatch,
+            ..
+        } = &mut allowed.backend
+        {
+            *allow_cuda_mismatch = true;
+        }
+        assert!(BuildPlan::new(allowed).is_ok());
+
+        let offered = [Arch::new(7, 5), Arch::new(12, 0)];
+        let err = BuildPlan::new(native_inputs(
+            "v2.27.5-1",
+            &MIXED,
+            "12.8.93",
+            Some(&offered),
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("cannot compile sm_61"), "{err}");
+        assert!(err.to_string().contains("sm_75 sm_120"), "{err}");
     }
 }

@@ -1,0 +1,153 @@
+//! Per-build locks, so two `fdl nccl build`s of one target never interleave and
+//! `fdl nccl remove` never deletes a build being replaced. Different targets lock
+//! different files and build in parallel.
+//!
+//! The locks are OS file locks (`flock`): the kernel drops them when their holder dies,
+//! so a killed fdl never leaves a lock that blocks forever. The lock files live in the
+//! user's cache, not in the project, so a failed build leaves nothing in the project.
+
+use anyhow::{bail, Context, Result};
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+/// The cache directory fdl uses: `$XDG_CACHE_HOME/fdl`, else `~/.cache/fdl`.
+pub fn cache_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("fdl")
+}
+
+/// A held lock; released on drop (or by the kernel if the process dies).
+#[derive(Debug)]
+pub struct BuildLock {
+    _file: File,
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Wait for the holder, saying so once.
+    Yes,
+    /// Fail at once with a message naming the holder.
+    No,
+}
+
+/// The lock file of build `name` in the builds directory `builds_dir`. The directory's
+/// path is part of the key so two projects never share a lock.
+pub fn lock_path(builds_dir: &Path, name: &str) -> PathBuf {
+    let canonical = builds_dir
+        .parent()
+        .and_then(|p| p.canonicalize().ok())
+        .map(|p| p.join(builds_dir.file_name().unwrap_or_default()))
+        .unwrap_or_else(|| builds_dir.to_path_buf());
+    let key = crate::nccl::build::sha256_hex(canonical.as_os_str().as_encoded_bytes());
+    cache_dir()
+        .join("locks")
+        .join(format!("{}-{name}.lock", &key[..16]))
+}
+
+/// Takes the lock of build `name`. `on_wait` is called once if another process holds it
+/// and `wait` is [`Wait::Yes`].
+pub fn acquire(
+    builds_dir: &Path,
+    name: &str,
+    wait: Wait,
+    on_wait: &dyn Fn(&str),
+) -> Result<BuildLock> {
+    let path = lock_path(builds_dir, name);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("cannot open lock file {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            let holder = holder_of(&mut file);
+            let msg = format!("build {name} is locked by another fdl ({holder})");
+            if wait == Wait::No {
+                bail!("{msg}; not waiting because of --no-wait. Try again when it has finished");
+            }
+            on_wait(&format!(
+                "{msg}; waiting for it to finish (Ctrl-C to stop)…"
+            ));
+            wait_for(&file)?;
+        }
+        Err(TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
+    // Say who holds it, for the message another process will print.
+    let _ = file.set_len(0);
+    let _ = file.rewind();
+    let _ = write!(
+        file,
+        "pid {} ({})",
+        std::process::id(),
+        std::env::args().collect::<Vec<_>>().join(" ")
+    );
+    let _ = file.flush();
+    Ok(BuildLock { _file: file, path })
+}
+
+/// Polls so an interrupt can end the wait; a blocking `lock()` could not be interrupted.
+fn wait_for(file: &File) -> Result<()> {
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(TryLockError::WouldBlock) => {
+                if crate::process::interrupted() {
+                    return Err(crate::process::Interrupted.into());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(TryLockError::Error(e)) => return Err(e.into()),
+        }
+    }
+}
+
+fn holder_of(file: &mut File) -> String {
+    let mut s = String::new();
+    let _ = file.rewind();
+    let _ = file.take(512).read_to_string(&mut s);
+    let s = s.trim();
+    if s.is_empty() {
+        "unknown process".to_string()
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_lock_of_one_target_fails_without_wait_and_others_are_free() {
+        let t = tempfile::tempdir().unwrap();
+        let builds = t.path().join("libtorch/nccl/builds");
+        std::fs::create_dir_all(&builds).unwrap();
+        let held = acquire(&builds, "v2.27.5-sm61", Wait::No, &|_| {}).unwrap();
+        let err = acquire(&builds, "v2.27.5-sm61", Wait::No, &|_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("locked by another fdl")
+                && err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
+        let other = acquire(&builds, "v2.27.5-sm90", Wait::No, &|_| {});
+        assert!(other.is_ok());
+        drop(held);
+        assert!(acquire(&builds, "v2.27.5-sm61", Wait::No, &|_| {}).is_ok());
+    }
+}
