@@ -36,29 +36,41 @@ pub enum Wait {
     No,
 }
 
-/// The lock file of build `name` in the builds directory `builds_dir`. The directory's
-/// path is part of the key so two projects never share a lock.
-pub fn lock_path(builds_dir: &Path, name: &str) -> PathBuf {
-    let canonical = builds_dir
-        .parent()
-        .and_then(|p| p.canonicalize().ok())
-        .map(|p| p.join(builds_dir.file_name().unwrap_or_default()))
-        .unwrap_or_else(|| builds_dir.to_path_buf());
-    let key = crate::nccl::build::sha256_hex(canonical.as_os_str().as_encoded_bytes());
-    cache_dir()
+/// The lock file of build `name` in the builds directory `builds_dir`, under the cache
+/// directory `cache`. The builds directory's path is part of the key so two projects never
+/// share a lock.
+pub fn lock_path(cache: &Path, builds_dir: &Path, name: &str) -> PathBuf {
+    let key = crate::nccl::build::sha256_hex(
+        canonical_lenient(builds_dir).as_os_str().as_encoded_bytes(),
+    );
+    cache
         .join("locks")
         .join(format!("{}-{name}.lock", &key[..16]))
+}
+
+/// The canonical form of `path` even when its tail does not exist yet (before the first
+/// build, `libtorch/nccl/builds` may not): the longest existing ancestor is resolved and
+/// the rest appended, so every spelling of a project maps to one lock.
+fn canonical_lenient(path: &Path) -> PathBuf {
+    for ancestor in path.ancestors() {
+        if let Ok(real) = ancestor.canonicalize() {
+            let rest = path.strip_prefix(ancestor).unwrap_or(Path::new(""));
+            return real.join(rest);
+        }
+    }
+    path.to_path_buf()
 }
 
 /// Takes the lock of build `name`. `on_wait` is called once if another process holds it
 /// and `wait` is [`Wait::Yes`].
 pub fn acquire(
+    cache: &Path,
     builds_dir: &Path,
     name: &str,
     wait: Wait,
     on_wait: &dyn Fn(&str),
 ) -> Result<BuildLock> {
-    let path = lock_path(builds_dir, name);
+    let path = lock_path(cache, builds_dir, name);
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -136,8 +148,8 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let builds = t.path().join("libtorch/nccl/builds");
         std::fs::create_dir_all(&builds).unwrap();
-        let held = acquire(&builds, "v2.27.5-sm61", Wait::No, &|_| {}).unwrap();
-        let err = acquire(&builds, "v2.27.5-sm61", Wait::No, &|_| {})
+        let held = acquire(t.path(), &builds, "v2.27.5-sm61", Wait::No, &|_| {}).unwrap();
+        let err = acquire(t.path(), &builds, "v2.27.5-sm61", Wait::No, &|_| {})
             .unwrap_err()
             .to_string();
         assert!(
@@ -145,9 +157,9 @@ mod tests {
                 && err.contains(&format!("pid {}", std::process::id())),
             "{err}"
         );
-        let other = acquire(&builds, "v2.27.5-sm90", Wait::No, &|_| {});
+        let other = acquire(t.path(), &builds, "v2.27.5-sm90", Wait::No, &|_| {});
         assert!(other.is_ok());
         drop(held);
-        assert!(acquire(&builds, "v2.27.5-sm61", Wait::No, &|_| {}).is_ok());
+        assert!(acquire(t.path(), &builds, "v2.27.5-sm61", Wait::No, &|_| {}).is_ok());
     }
 }

@@ -1,4 +1,5 @@
 use clap::Parser;
+use fdl::cli::{paint_err, Color};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -9,11 +10,11 @@ fn main() -> ExitCode {
         // An interrupt surfaces through whatever step was running; say only that.
         Err(e) => match e.downcast_ref::<fdl::process::Interrupted>() {
             Some(interrupted) => {
-                eprintln!("error: {interrupted}");
+                eprintln!("{} {interrupted}", paint_err("error:", Color::Red));
                 ExitCode::from(130)
             }
             None => {
-                eprintln!("error: {e:#}");
+                eprintln!("{} {e:#}", paint_err("error:", Color::Red));
                 ExitCode::FAILURE
             }
         },

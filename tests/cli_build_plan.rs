@@ -463,6 +463,10 @@ fn every_command_has_help_with_an_example() {
         &["libtorch", "activate", "--help"],
         &["libtorch", "info", "--help"],
         &["gpus", "--help"],
+        &["nccl", "list", "--help"],
+        &["nccl", "remove", "--help"],
+        &["nccl", "env", "--help"],
+        &["completions", "--help"],
     ] {
         fdl()
             .args(cmd)

@@ -1,6 +1,6 @@
 //! `fdl nccl build`: flags → plan → backend → install → report.
 
-use super::print_json;
+use super::{paint, print_json, Color};
 use crate::docker::{self, DockerBackend, Engine};
 use crate::gpu;
 use crate::lock::Wait;
@@ -245,6 +245,7 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
     }
     let store = BuildStore::new(project.nccl_builds_dir());
     let opts = ExecOptions {
+        cache: crate::lock::cache_dir(),
         force: args.force,
         wait: if args.no_wait { Wait::No } else { Wait::Yes },
         verbosity: if args.quiet || args.json {
@@ -305,8 +306,11 @@ fn report(outcome: &Outcome, json_out: bool) {
         ),
         "replaced" => println!("Rebuilt and replaced: {}", dir.display()),
         _ => println!(
-            "Built NCCL {}: {}",
-            manifest.checked.header_version,
+            "{} {}",
+            paint(
+                &format!("Built NCCL {}:", manifest.checked.header_version),
+                Color::Green
+            ),
             dir.display()
         ),
     }

@@ -4,6 +4,7 @@
 mod build;
 mod gpus;
 mod libtorch;
+mod manage;
 
 use crate::docker::EMBEDDED_DOCKERFILE;
 use crate::project::Project;
@@ -37,6 +38,11 @@ pub enum Command {
     /// List, activate and describe libtorch variants
     #[command(subcommand)]
     Libtorch(LibtorchCommand),
+    /// Print shell completions
+    #[command(
+        after_help = "Example:\n  fdl completions bash > ~/.local/share/bash-completion/completions/fdl"
+    )]
+    Completions { shell: clap_complete::Shell },
     /// Show the local GPUs (from nvidia-smi)
     #[command(after_help = "Example:\n  fdl gpus --json")]
     Gpus {
@@ -61,6 +67,34 @@ Without --tag the version is read from the active libtorch; without --archs the 
         after_help = "Example:\n  fdl nccl dockerfile > Dockerfile.nccl   # edit, then --dockerfile Dockerfile.nccl"
     )]
     Dockerfile,
+    /// List every NCCL build, and anything partial or broken beside them
+    #[command(after_help = "Example:\n  fdl nccl list --json")]
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove NCCL builds (asks on a terminal unless --yes)
+    #[command(after_help = "Example:\n  fdl nccl remove v2.27.5-sm61-sm120 --yes")]
+    Remove {
+        /// Build names as `fdl nccl list` shows them
+        #[arg(required = true)]
+        builds: Vec<String>,
+        /// Do not ask
+        #[arg(long, short)]
+        yes: bool,
+        /// Fail instead of waiting when a build of that target is running
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Print the LD_PRELOAD wiring for a build (default: newest matching the active libtorch)
+    #[command(
+        after_help = "Examples:\n  eval \"$(fdl nccl env)\"\n  fdl nccl env v2.27.5-sm61-sm120 --format yaml   # for fdl.cluster.yml"
+    )]
+    Env {
+        build: Option<String>,
+        #[arg(long, value_enum, default_value_t = manage::EnvFormat::Shell)]
+        format: manage::EnvFormat,
+    },
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -71,7 +105,25 @@ pub fn run(cli: Cli) -> Result<()> {
             print!("{EMBEDDED_DOCKERFILE}");
             Ok(())
         }
+        Command::Nccl(NcclCommand::List { json }) => manage::list(&project, json),
+        Command::Nccl(NcclCommand::Remove {
+            builds,
+            yes,
+            no_wait,
+        }) => manage::remove(&project, &builds, yes, no_wait),
+        Command::Nccl(NcclCommand::Env { build, format }) => {
+            manage::env(&project, build.as_deref(), format)
+        }
         Command::Libtorch(cmd) => libtorch::run(&project, cmd),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "fdl",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
         Command::Gpus { json } => gpus::run(json),
     }
 }
@@ -81,4 +133,40 @@ pub(crate) fn print_json(value: &serde_json::Value) {
         "{}",
         serde_json::to_string_pretty(value).expect("JSON values serialize")
     );
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Color {
+    Red,
+    Yellow,
+    Green,
+}
+
+/// Colour only on a terminal, and never when NO_COLOR is set (no-color.org).
+fn color_enabled(stream_is_terminal: bool) -> bool {
+    std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) && stream_is_terminal
+}
+
+/// `text` in `color` when it goes to a terminal on stdout.
+pub(crate) fn paint(text: &str, color: Color) -> String {
+    use std::io::IsTerminal;
+    paint_if(color_enabled(std::io::stdout().is_terminal()), text, color)
+}
+
+/// `text` in `color` when it goes to a terminal on stderr.
+pub fn paint_err(text: &str, color: Color) -> String {
+    use std::io::IsTerminal;
+    paint_if(color_enabled(std::io::stderr().is_terminal()), text, color)
+}
+
+fn paint_if(enabled: bool, text: &str, color: Color) -> String {
+    if !enabled {
+        return text.to_string();
+    }
+    let code = match color {
+        Color::Red => 31,
+        Color::Yellow => 33,
+        Color::Green => 32,
+    };
+    format!("\x1b[{code}m{text}\x1b[0m")
 }

@@ -222,6 +222,8 @@ pub enum Outcome {
 
 /// How `execute` behaves around the build itself.
 pub struct ExecOptions {
+    /// fdl's cache directory: locks, and the logs of failed builds.
+    pub cache: PathBuf,
     pub force: bool,
     pub wait: lock::Wait,
     pub verbosity: Verbosity,
@@ -246,7 +248,15 @@ pub fn execute(
     opts: &ExecOptions,
 ) -> Result<Outcome> {
     let dir = store.path_of(&plan.name);
-    let _lock = lock::acquire(&store.dir, &plan.name, opts.wait, &|msg| eprintln!("{msg}"))?;
+    let _lock = lock::acquire(&opts.cache, &store.dir, &plan.name, opts.wait, &|msg| {
+        eprintln!("{msg}")
+    })?;
+    for left in store.sweep_leftovers(&plan.name) {
+        eprintln!(
+            "removed {}, left by an earlier run that was killed",
+            left.display()
+        );
+    }
     let existing = store.existing(&plan.name)?;
     match &existing {
         Some(Existing::Build(m)) if !opts.force => {
@@ -272,7 +282,8 @@ pub fn execute(
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let log_path = lock::cache_dir()
+    let log_path = opts
+        .cache
         .join("logs")
         .join(format!("{}-{stamp}.log", plan.name));
     let progress = Progress::new(opts.verbosity, log_path.clone())

@@ -17,6 +17,45 @@ use std::path::{Path, PathBuf};
 pub const MANIFEST: &str = "fdl-build.json";
 const STAGING_PREFIX: &str = ".staging-";
 const REPLACED_PREFIX: &str = ".replaced-";
+const REMOVING_PREFIX: &str = ".removing-";
+
+/// One entry of the builds directory, as `fdl nccl list` shows it.
+#[derive(Debug, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Entry {
+    Build {
+        name: String,
+        manifest: Box<Manifest>,
+        size_bytes: u64,
+    },
+    /// A staging or set-aside directory: a build in progress, or left by a killed one.
+    Partial { name: String, what: String },
+    /// Something at a build's place that is not a readable build.
+    Broken { name: String, why: String },
+}
+
+impl Entry {
+    pub fn name(&self) -> &str {
+        match self {
+            Entry::Build { name, .. }
+            | Entry::Partial { name, .. }
+            | Entry::Broken { name, .. } => name,
+        }
+    }
+}
+
+/// Names a user can give to a build: a plain directory name, never a path.
+pub fn check_build_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if !ok {
+        bail!("'{name}' is not a build name: give a directory name under libtorch/nccl/builds/ as `fdl nccl list` shows it");
+    }
+    Ok(())
+}
 
 /// What is saved with every build: the plan that made it and what the check found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +109,105 @@ impl BuildStore {
             Ok(m) => Existing::Build(Box::new(m)),
             Err(e) => Existing::NotABuild(format!("{e:#}")),
         }))
+    }
+
+    /// Every entry of the builds directory, sorted by name; none if it does not exist.
+    pub fn list(&self) -> Result<Vec<Entry>> {
+        let rd = match std::fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("cannot list {}", self.dir.display())),
+        };
+        let mut out = Vec::new();
+        for entry in rd {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if let Some(what) = partial_kind(&name) {
+                out.push(Entry::Partial {
+                    name,
+                    what: what.to_string(),
+                });
+                continue;
+            }
+            if !path.is_dir() {
+                out.push(Entry::Broken {
+                    name,
+                    why: "not a directory".into(),
+                });
+                continue;
+            }
+            match read_manifest(&path) {
+                Ok(m) => out.push(Entry::Build {
+                    name,
+                    manifest: Box::new(m),
+                    size_bytes: dir_size(&path),
+                }),
+                Err(e) => out.push(Entry::Broken {
+                    name,
+                    why: format!("{e:#}"),
+                }),
+            }
+        }
+        out.sort_by(|a, b| a.name().cmp(b.name()));
+        Ok(out)
+    }
+
+    /// Removes build `name`: it must be a build (a readable manifest). The directory is
+    /// renamed away first so it disappears at once, then deleted. The caller holds the
+    /// build's lock.
+    pub fn remove(&self, name: &str) -> Result<PathBuf> {
+        check_build_name(name)?;
+        let dir = self.path_of(name);
+        match self.existing(name)? {
+            Some(Existing::Build(_)) => {}
+            Some(Existing::NotABuild(why)) => bail!(
+                "{} is not an fdl build ({why}); fdl removes only builds it made. Delete it by hand if you are sure",
+                dir.display()
+            ),
+            None => bail!("no build named '{name}' in {}. See `fdl nccl list`", self.dir.display()),
+        }
+        let aside = tempfile::Builder::new()
+            .prefix(&format!("{REMOVING_PREFIX}{name}-"))
+            .tempdir_in(&self.dir)?
+            .keep();
+        std::fs::remove_dir(&aside)?;
+        std::fs::rename(&dir, &aside)
+            .with_context(|| format!("cannot remove {}", dir.display()))?;
+        std::fs::remove_dir_all(&aside).with_context(|| {
+            format!(
+                "{name} is gone from the store, but {} could not be deleted",
+                aside.display()
+            )
+        })?;
+        Ok(dir)
+    }
+
+    /// Deletes what killed runs left for build `name` (staging, set-aside and removal
+    /// directories). Only safe while holding that build's lock, which proves no live run
+    /// owns them.
+    pub fn sweep_leftovers(&self, name: &str) -> Vec<PathBuf> {
+        let mut swept = Vec::new();
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return swept;
+        };
+        for entry in rd.flatten() {
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            let ours = [STAGING_PREFIX, REPLACED_PREFIX, REMOVING_PREFIX]
+                .iter()
+                .any(|p| {
+                    file_name
+                        .strip_prefix(p)
+                        .and_then(|rest| rest.strip_prefix(name))
+                        .and_then(|rest| rest.strip_prefix('-'))
+                        // tempfile's random suffix never holds '-', so this is not a longer name.
+                        .is_some_and(|suffix| !suffix.contains('-'))
+                });
+            if ours && std::fs::remove_dir_all(entry.path()).is_ok() {
+                swept.push(entry.path());
+            }
+        }
+        swept
     }
 
     /// Opens a transaction for build `name`: a fresh staging directory beside the target.
@@ -217,6 +355,34 @@ impl Drop for Staging {
         }
         remove_created(&self.created);
     }
+}
+
+fn partial_kind(name: &str) -> Option<&'static str> {
+    if name.starts_with(STAGING_PREFIX) {
+        Some("staging: a build in progress, or left by one that was killed")
+    } else if name.starts_with(REPLACED_PREFIX) {
+        Some("an old build being replaced")
+    } else if name.starts_with(REMOVING_PREFIX) {
+        Some("a build being removed")
+    } else if name.starts_with('.') {
+        Some("hidden directory, not a build")
+    } else {
+        None
+    }
+}
+
+/// Bytes of regular files below `dir`, not following links.
+pub fn dir_size(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 fn remove_created(created: &[PathBuf]) {

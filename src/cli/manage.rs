@@ -1,0 +1,266 @@
+//! `fdl nccl list|remove|env`: seeing, deleting and wiring builds.
+
+use super::{paint, print_json, Color};
+use crate::libtorch::Libtorch;
+use crate::lock::{self, Wait};
+use crate::nccl::store::{check_build_name, BuildStore, Entry, Existing, Manifest};
+use crate::project::Project;
+use anyhow::{bail, Result};
+use clap::ValueEnum;
+use serde_json::json;
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+
+pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
+    let store = BuildStore::new(project.nccl_builds_dir());
+    let entries = store.list()?;
+    if json_out {
+        print_json(&json!({ "builds_dir": store.dir, "entries": entries }));
+        return Ok(());
+    }
+    if entries.is_empty() {
+        println!(
+            "No NCCL builds in {}. Make one with `fdl nccl build`.",
+            store.dir.display()
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<28} {:<9} {:<6} {:<18} {:<7} {:<7} {:>9}  BUILT",
+        "NAME", "NCCL", "CUDA", "SASS", "PTX", "BACKEND", "SIZE"
+    );
+    for e in &entries {
+        match e {
+            Entry::Build {
+                name,
+                manifest,
+                size_bytes,
+            } => {
+                let plan = &manifest.plan;
+                let sass = plan
+                    .archs
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let ptx = match (plan.ptx, plan.archs.iter().max()) {
+                    (true, Some(top)) => format!("compute_{}", top.number()),
+                    _ => "-".to_string(),
+                };
+                let nccl = match &plan.only_funcs {
+                    Some(_) => format!("{}*", manifest.checked.header_version),
+                    None => manifest.checked.header_version.to_string(),
+                };
+                println!(
+                    "{:<28} {:<9} {:<6} {:<18} {:<7} {:<7} {:>9}  {}",
+                    name,
+                    nccl,
+                    plan.cuda.without_patch().to_string(),
+                    sass,
+                    ptx,
+                    plan.backend.to_string(),
+                    human_size(*size_bytes),
+                    manifest.built_at
+                );
+            }
+            Entry::Partial { name, what } => println!(
+                "{:<28} {}",
+                name,
+                paint(&format!("partial: {what}"), Color::Yellow)
+            ),
+            Entry::Broken { name, why } => println!(
+                "{:<28} {}",
+                name,
+                paint(&format!("broken: {why}"), Color::Red)
+            ),
+        }
+    }
+    if entries
+        .iter()
+        .any(|e| matches!(e, Entry::Build { manifest, .. } if manifest.plan.only_funcs.is_some()))
+    {
+        println!("* development build (--only-funcs): not a full NCCL");
+    }
+    Ok(())
+}
+
+fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bool) -> Result<()> {
+    let store = BuildStore::new(project.nccl_builds_dir());
+    // Check every name before deleting any, so a typo removes nothing.
+    for name in names {
+        check_build_name(name)?;
+        match store.existing(name)? {
+            Some(Existing::Build(_)) => {}
+            Some(Existing::NotABuild(why)) => bail!(
+                "{} is not an fdl build ({why}); nothing was removed",
+                store.path_of(name).display()
+            ),
+            None => bail!(
+                "no build named '{name}' in {}; nothing was removed. See `fdl nccl list`",
+                store.dir.display()
+            ),
+        }
+    }
+    if !yes {
+        if !std::io::stdin().is_terminal() {
+            bail!("not removing without confirmation: stdin is not a terminal. Pass --yes to remove {}", names.join(" "));
+        }
+        eprint!(
+            "Remove {} from {}? [y/N] ",
+            names.join(", "),
+            store.dir.display()
+        );
+        std::io::stderr().flush()?;
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            bail!("nothing was removed");
+        }
+    }
+    let wait = if no_wait { Wait::No } else { Wait::Yes };
+    for name in names {
+        // The same lock as a build of this target: never delete one being (re)built.
+        let _lock = lock::acquire(&lock::cache_dir(), &store.dir, name, wait, &|msg| {
+            eprintln!("{msg}")
+        })?;
+        let dir = store.remove(name)?;
+        store.sweep_leftovers(name);
+        println!("Removed {}", dir.display());
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EnvFormat {
+    /// `export LD_PRELOAD=...` for a shell
+    Shell,
+    /// The `env:` block of a worker in fdl.cluster.yml
+    Yaml,
+    Json,
+}
+
+pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> Result<()> {
+    let store = BuildStore::new(project.nccl_builds_dir());
+    let (name, manifest, why) = match build {
+        Some(name) => {
+            check_build_name(name)?;
+            match store.existing(name)? {
+                Some(Existing::Build(m)) => (name.to_string(), *m, "named".to_string()),
+                Some(Existing::NotABuild(why)) => bail!(
+                    "{} is not an fdl build ({why})",
+                    store.path_of(name).display()
+                ),
+                None => bail!(
+                    "no build named '{name}'; candidates: {}",
+                    candidates(&store)?
+                ),
+            }
+        }
+        None => default_build(project, &store)?,
+    };
+    let preload: PathBuf = store.path_of(&name).join("lib").join("libnccl.so.2");
+    match format {
+        EnvFormat::Shell => {
+            println!("# {name}: NCCL {} ({why})", manifest.checked.header_version);
+            println!(
+                "export LD_PRELOAD=\"{}${{LD_PRELOAD:+:$LD_PRELOAD}}\"",
+                preload.display()
+            );
+        }
+        EnvFormat::Yaml => {
+            println!("# {name}: NCCL {} ({why})", manifest.checked.header_version);
+            println!("env:\n  LD_PRELOAD: {}", preload.display());
+        }
+        EnvFormat::Json => print_json(&json!({
+            "build": name,
+            "nccl_version": manifest.checked.header_version,
+            "ld_preload": preload,
+            "why": why,
+        })),
+    }
+    Ok(())
+}
+
+fn candidates(store: &BuildStore) -> Result<String> {
+    let names: Vec<String> = store
+        .list()?
+        .into_iter()
+        .filter_map(|e| match e {
+            Entry::Build { name, manifest, .. } => {
+                Some(format!("{name} (NCCL {})", manifest.checked.header_version))
+            }
+            _ => None,
+        })
+        .collect();
+    Ok(if names.is_empty() {
+        "none — make one with `fdl nccl build`".into()
+    } else {
+        names.join(", ")
+    })
+}
+
+/// The newest full build whose NCCL version is the active libtorch's.
+fn default_build(project: &Project, store: &BuildStore) -> Result<(String, Manifest, String)> {
+    let builds: Vec<(String, Manifest)> = store
+        .list()?
+        .into_iter()
+        .filter_map(|e| match e {
+            Entry::Build { name, manifest, .. } if manifest.plan.only_funcs.is_none() => {
+                Some((name, *manifest))
+            }
+            _ => None,
+        })
+        .collect();
+    let lt = Libtorch::new(project.libtorch_dir());
+    let wanted = lt.active().ok().and_then(|v| {
+        let lib = v.libtorch_cuda();
+        crate::inspect::find_nccl_self_id(&lib)
+            .ok()
+            .flatten()
+            .map(|id| (v.name, id.nccl))
+    });
+    let Some((variant, version)) = wanted else {
+        return match builds.as_slice() {
+            [(name, m)] => Ok((name.clone(), m.clone(), "the only build".into())),
+            _ => bail!(
+                "cannot choose a build: the active libtorch's NCCL version is unknown and there {} builds. Name one: {}",
+                if builds.is_empty() { "are no" } else { "are several" },
+                candidates(store)?
+            ),
+        };
+    };
+    let same = |m: &Manifest| {
+        let h = &m.checked.header_version;
+        (h.major, h.minor, h.patch) == (version.major, version.minor, version.patch)
+    };
+    let newest = builds
+        .iter()
+        .filter(|(_, m)| same(m))
+        .max_by(|(_, a), (_, b)| a.built_at.cmp(&b.built_at));
+    match newest {
+        Some((name, m)) => Ok((
+            name.clone(),
+            m.clone(),
+            format!("newest build matching {variant}'s NCCL {version}"),
+        )),
+        None => bail!(
+            "no build matches the active libtorch {variant} (NCCL {version}). Build one with `fdl nccl build`, or name one of: {}",
+            candidates(store)?
+        ),
+    }
+}

@@ -1,0 +1,355 @@
+//! `fdl nccl list|remove|env` and `fdl completions` through the CLI. Builds are installed
+//! through the library's real pipeline (plan → execute → store) with a backend that
+//! copies a tree compiled in the test, so these tests need neither Docker nor nvcc.
+
+mod common;
+use common::*;
+use fdl::arch::parse_arch_list;
+use fdl::lock::Wait;
+use fdl::nccl::build::{execute, Backend, ExecOptions};
+use fdl::nccl::plan::{
+    ArchOrigin, BackendInputs, BuildPlan, DockerfileSpec, PlanInputs, TagOrigin,
+};
+use fdl::nccl::store::BuildStore;
+use fdl::nccl::tag::Tag;
+use fdl::progress::{Progress, Verbosity};
+use predicates::prelude::*;
+use serde_json::Value;
+use std::path::Path;
+
+/// Produces the build by copying a prepared install tree.
+struct CopyTree<'a>(&'a Path);
+
+impl Backend for CopyTree<'_> {
+    fn build(&self, _plan: &BuildPlan, staging: &Path, progress: &Progress) -> anyhow::Result<()> {
+        progress.output("copying the prepared tree");
+        let ok = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", self.0.display()))
+            .arg(staging)
+            .status()?
+            .success();
+        anyhow::ensure!(ok, "cp failed");
+        Ok(())
+    }
+}
+
+fn install(root: &Path, cache: &Path, tree: &Path, tag: &str, archs: &str) -> String {
+    let plan = BuildPlan::new(PlanInputs {
+        tag: Tag::parse(tag).unwrap(),
+        tag_origin: TagOrigin::Flag,
+        cuda_flag: None,
+        cuda_from_libtorch: None,
+        archs: parse_arch_list(archs).unwrap(),
+        arch_origin: ArchOrigin::Flag,
+        jobs: 1,
+        jobs_reason: "test".into(),
+        builds_dir: root.join("libtorch/nccl/builds"),
+        backend: BackendInputs::Docker {
+            dockerfile: DockerfileSpec::Embedded {
+                sha256: "test".into(),
+            },
+        },
+        backend_reason: "test".into(),
+        ptx: false,
+        only_funcs: None,
+    })
+    .unwrap();
+    let store = BuildStore::new(root.join("libtorch/nccl/builds"));
+    let opts = ExecOptions {
+        cache: cache.join("fdl"),
+        force: false,
+        wait: Wait::No,
+        verbosity: Verbosity::Quiet,
+    };
+    execute(&plan, &CopyTree(tree), &store, &opts).unwrap();
+    plan.name
+}
+
+struct Fixture {
+    project: ProjectFixture,
+    cache: tempfile::TempDir,
+    _trees: tempfile::TempDir,
+    names: Vec<String>,
+}
+
+/// A project whose active libtorch carries NCCL 2.27.5, with builds of 2.27.5 (two arch
+/// sets, built one after the other) and 2.26.2.
+fn fixture() -> Fixture {
+    let project = ProjectFixture::empty()
+        .with_compiled_variant("precompiled/cu128", &nccl_like_source((2, 27, 5), "12.8"))
+        .activate("precompiled/cu128");
+    let cache = tempfile::tempdir().unwrap();
+    let trees = tempfile::tempdir().unwrap();
+    let t2275 = trees.path().join("2275");
+    let t2262 = trees.path().join("2262");
+    write_nccl_tree(&t2275, (2, 27, 5));
+    write_nccl_tree(&t2262, (2, 26, 2));
+    let mut names = vec![install(
+        project.root(),
+        cache.path(),
+        &t2275,
+        "v2.27.5-1",
+        "6.1;12.0",
+    )];
+    // RFC 3339 seconds order the builds: make the second one visibly newer.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    names.push(install(
+        project.root(),
+        cache.path(),
+        &t2275,
+        "v2.27.5-1",
+        "8.6",
+    ));
+    names.push(install(
+        project.root(),
+        cache.path(),
+        &t2262,
+        "v2.26.2-1",
+        "8.6",
+    ));
+    Fixture {
+        project,
+        cache,
+        _trees: trees,
+        names,
+    }
+}
+
+impl Fixture {
+    fn fdl(&self) -> assert_cmd::Command {
+        let mut cmd = fdl();
+        cmd.env("XDG_CACHE_HOME", self.cache.path())
+            .arg("--root")
+            .arg(self.project.root());
+        cmd
+    }
+    fn builds(&self) -> std::path::PathBuf {
+        self.project.root().join("libtorch/nccl/builds")
+    }
+}
+
+#[test]
+fn list_shows_builds_and_flags_partial_and_broken_entries() {
+    let f = fixture();
+    std::fs::create_dir_all(f.builds().join(".staging-v2.27.5-sm90-AbC123")).unwrap();
+    std::fs::create_dir_all(f.builds().join("handmade")).unwrap();
+    let out = f.fdl().args(["nccl", "list"]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("v2.27.5-sm61-sm120") && text.contains("sm_61,sm_120"),
+        "{text}"
+    );
+    assert!(text.contains("2.26.2"), "{text}");
+    assert!(
+        text.contains(".staging-v2.27.5-sm90-AbC123") && text.contains("partial:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("handmade") && text.contains("broken:"),
+        "{text}"
+    );
+    assert!(!text.contains('\u{1b}'), "no colour off a terminal");
+
+    let out = f.fdl().args(["nccl", "list", "--json"]).output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let states: Vec<(&str, &str)> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["state"].as_str().unwrap()))
+        .collect();
+    assert!(states.contains(&("handmade", "broken")));
+    assert!(states.contains(&(".staging-v2.27.5-sm90-AbC123", "partial")));
+    assert_eq!(states.iter().filter(|(_, s)| *s == "build").count(), 3);
+    let build = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["state"] == "build")
+        .unwrap();
+    assert!(build["size_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(build["manifest"]["plan"]["backend"], "docker");
+}
+
+#[test]
+fn list_colours_only_on_a_terminal_and_respects_no_color() {
+    let f = fixture();
+    std::fs::create_dir_all(f.builds().join("handmade")).unwrap();
+    let bin = assert_cmd::cargo::cargo_bin("fdl");
+    let run = |no_color: bool| {
+        let mut cmd = std::process::Command::new("script");
+        cmd.args(["-qec"])
+            .arg(format!(
+                "{} --root {} nccl list",
+                bin.display(),
+                f.project.root().display()
+            ))
+            .arg("/dev/null")
+            .env("XDG_CACHE_HOME", f.cache.path())
+            .env_remove("NO_COLOR");
+        if no_color {
+            cmd.env("NO_COLOR", "1");
+        }
+        String::from_utf8_lossy(&cmd.output().unwrap().stdout).into_owned()
+    };
+    assert!(
+        run(false).contains("\u{1b}[31mbroken:"),
+        "colour on a terminal"
+    );
+    assert!(!run(true).contains('\u{1b}'), "NO_COLOR turns colour off");
+}
+
+#[test]
+fn remove_needs_yes_off_a_terminal_and_refuses_non_builds() {
+    let f = fixture();
+    std::fs::create_dir_all(f.builds().join("handmade")).unwrap();
+    let before = snapshot(f.project.root());
+    f.fdl()
+        .args(["nccl", "remove", &f.names[0]])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--yes"));
+    for (bad, needle) in [
+        ("handmade", "not an fdl build"),
+        ("nope", "no build named 'nope'"),
+        ("../builds", "not a build name"),
+        (".staging-x", "not a build name"),
+    ] {
+        f.fdl()
+            .args(["nccl", "remove", "--yes", &f.names[0], bad])
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains(needle));
+    }
+    assert_eq!(
+        snapshot(f.project.root()),
+        before,
+        "a refused remove changed something"
+    );
+    f.fdl()
+        .args(["nccl", "remove", "--yes", &f.names[0], &f.names[2]])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Removed"));
+    assert!(!f.builds().join(&f.names[0]).exists());
+    assert!(!f.builds().join(&f.names[2]).exists());
+    assert!(f.builds().join(&f.names[1]).exists());
+    let left: Vec<_> = std::fs::read_dir(f.builds())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+}
+
+#[test]
+fn remove_takes_the_build_lock() {
+    let f = fixture();
+    let name = &f.names[0];
+    let lock_path = fdl::lock::lock_path(&f.cache.path().join("fdl"), &f.builds(), name);
+    std::fs::create_dir_all(lock_path.parent().unwrap()).unwrap();
+    let held = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .unwrap();
+    held.lock().unwrap();
+    f.fdl()
+        .args(["nccl", "remove", "--yes", "--no-wait", name])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("locked by another fdl"));
+    assert!(f.builds().join(name).exists());
+
+    // Without --no-wait it waits for the holder, then removes.
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("fdl"))
+        .env("XDG_CACHE_HOME", f.cache.path())
+        .arg("--root")
+        .arg(f.project.root())
+        .args(["nccl", "remove", "--yes", name])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "remove did not wait for the lock"
+    );
+    assert!(f.builds().join(name).exists());
+    drop(held);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("waiting"));
+    assert!(!f.builds().join(name).exists());
+}
+
+#[test]
+fn env_defaults_to_the_newest_build_matching_the_active_libtorch() {
+    let f = fixture();
+    let newest = f.builds().join(&f.names[1]).join("lib/libnccl.so.2");
+    f.fdl()
+        .args(["nccl", "env"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "export LD_PRELOAD=\"{}${{LD_PRELOAD:+:$LD_PRELOAD}}\"",
+            newest.display()
+        )));
+    f.fdl()
+        .args(["nccl", "env", "--format", "yaml", &f.names[2]])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "env:\n  LD_PRELOAD: {}",
+            f.builds()
+                .join(&f.names[2])
+                .join("lib/libnccl.so.2")
+                .display()
+        )));
+    let out = f
+        .fdl()
+        .args(["nccl", "env", "--format", "json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["build"], f.names[1].as_str());
+    assert_eq!(v["nccl_version"]["minor"], 27);
+}
+
+#[test]
+fn env_without_a_match_or_with_ambiguity_lists_candidates() {
+    let f = fixture();
+    // The active libtorch now carries 2.21.5: no build matches.
+    let lib = f.project.variant_lib("precompiled/cu128");
+    compile_shared(&nccl_like_source((2, 21, 5), "12.4"), &lib, &[]);
+    f.fdl().args(["nccl", "env"]).assert().failure().stderr(
+        predicate::str::contains("NCCL 2.21.5").and(predicate::str::contains(f.names[0].as_str())),
+    );
+    // No active libtorch and several builds: ambiguous.
+    std::fs::remove_file(f.project.root().join("libtorch/.active")).unwrap();
+    f.fdl().args(["nccl", "env"]).assert().failure().stderr(
+        predicate::str::contains("cannot choose a build")
+            .and(predicate::str::contains(f.names[2].as_str())),
+    );
+    f.fdl()
+        .args(["nccl", "env", "nope"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("no build named 'nope'"));
+}
+
+#[test]
+fn completions_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        fdl()
+            .args(["completions", shell])
+            .assert()
+            .success()
+            .stdout(predicate::str::contains("nccl"));
+    }
+    fdl().args(["completions", "tcsh"]).assert().failure();
+}
