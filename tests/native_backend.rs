@@ -252,6 +252,25 @@ fn builds_from_a_source_tree_without_touching_it() {
     );
     assert_eq!(snapshot(env.root()), project_before);
     assert_eq!(snapshot(&tree), before);
+
+    // ONLY_FUNCS reaches NCCL's make too, and marks a build of its own.
+    let out = env
+        .build(
+            "8.6",
+            &["--json", "--only-funcs", "AllReduce Sum f32", "--source"],
+        )
+        .arg(&tree)
+        .output()
+        .unwrap();
+    let dir = PathBuf::from(json_of(&out)["build_dir"].as_str().unwrap());
+    assert!(dir
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("v2.27.5-sm86-only-"));
+    let lib = std::fs::read(dir.join("lib/libnccl.so.2.27.5")).unwrap();
+    assert!(contains_bytes(&lib, "only_funcs:AllReduce Sum f32"));
+    assert_eq!(snapshot(&tree), before);
 }
 
 /// The build log kept with the build at `dir`.

@@ -171,7 +171,8 @@ impl Backend for NativeBackend {
         let env = make_env(native);
 
         progress.phase(Phase::Compile);
-        if let Some(total) = count_compiles(native, &commands[0], &env, progress) {
+        let total = count_compiles(native, &commands[0], &env, progress);
+        if let Some(total) = total {
             progress.set_total(total);
         }
         run_make(
@@ -179,10 +180,11 @@ impl Backend for NativeBackend {
             &commands[0],
             &env,
             progress,
+            total,
             "make src.build (compiling NCCL)",
         )?;
         progress.phase(Phase::Install);
-        run_make(native, &commands[1], &env, progress, "make install")?;
+        run_make(native, &commands[1], &env, progress, None, "make install")?;
         Ok(())
     }
 }
@@ -241,7 +243,8 @@ fn command(native: &NativePlan, argv: &[String], env: &[(OsString, Option<OsStri
 
 /// How many files `src.build` will compile, from a dry run (`make -n`) counting NCCL's
 /// `Compiling` lines. `None` when the dry run fails or finds none: the progress then
-/// shows a count without a total rather than a wrong one. (Under `-n`, make still
+/// shows a count without a total. Should the count fall short, [`run_make`] raises the
+/// total as files go by, so the display never reads "120/100". (Under `-n`, make still
 /// remakes included makefiles, such as NCCL's generated kernel lists — into the work
 /// directory, where the real build then reuses them.)
 fn count_compiles(
@@ -282,15 +285,25 @@ fn run_make(
     argv: &[String],
     env: &[(OsString, Option<OsString>)],
     progress: &Progress,
+    mut total: Option<u64>,
     what: &str,
 ) -> Result<()> {
     progress.output(&format!("==> fdl: {}", argv.join(" ")));
     let mut cmd = command(native, argv, env);
     cmd.stdin(std::process::Stdio::null());
     let mut linking = false;
+    let mut compiled = 0u64;
     process::stream(&mut cmd, what, &mut |line| {
         progress.output(line);
         match progress::nccl_make_event(line) {
+            Some((Phase::Compile, file)) if !linking => {
+                compiled += 1;
+                if total.is_some_and(|t| compiled > t) {
+                    total = Some(compiled);
+                    progress.set_total(compiled);
+                }
+                progress.advance(&file);
+            }
             // NCCL links once everything is compiled; the phase stays at link after
             // that even if a helper is compiled late.
             Some((Phase::Link, file)) if !linking => {
