@@ -704,3 +704,26 @@ fn a_killed_builds_lock_and_work_dir_do_not_block_the_next_build() {
     // The dead build's work directory went with the next build of the same target.
     no_work_dirs_anywhere(&env);
 }
+
+#[test]
+fn a_failing_compile_is_reported_with_its_log_and_leaves_nothing() {
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    std::fs::write(tree.join("src/collectives.cc"), "this is not C++\n").unwrap();
+    let out = env.build("8.6", &["--source"]).arg(&tree).output().unwrap();
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("make src.build (compiling NCCL) failed"),
+        "{err}"
+    );
+    // The compiler's own complaint is in the tail shown, and the whole log is kept.
+    assert!(err.contains("src/collectives.cc"), "{err}");
+    assert!(err.contains("The full build log is kept at"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(env.root())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left in the project: {left:?}");
+}
