@@ -1,0 +1,729 @@
+//! The native backend end to end, through the CLI, on this machine: a stand-in NCCL tree
+//! (NCCL's targets and variables, a real C++ library) and a stand-in nvcc in a fake
+//! CUDA_HOME, so no GPU toolchain is needed. Every test has its own cache directory
+//! (XDG_CACHE_HOME), project and sources, and checks what is left behind.
+
+mod common;
+mod native_fixture;
+use common::*;
+use native_fixture::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Std, Stdio};
+use std::time::{Duration, Instant};
+
+const TAG: &str = "v2.27.5-1";
+
+/// What one test works with: a project, a cache, a toolkit and the stand-in sources.
+struct Env {
+    project: ProjectFixture,
+    cache: tempfile::TempDir,
+    work: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        let env = Env {
+            project: ProjectFixture::empty(),
+            cache: tempfile::tempdir().unwrap(),
+            work: tempfile::tempdir().unwrap(),
+        };
+        cuda_12_8(&env.cuda_home());
+        env
+    }
+
+    fn root(&self) -> &Path {
+        self.project.root()
+    }
+
+    fn builds(&self) -> PathBuf {
+        self.root().join("libtorch/nccl/builds")
+    }
+
+    fn cuda_home(&self) -> PathBuf {
+        self.work.path().join("cuda")
+    }
+
+    /// A stand-in NCCL tree of `version` (made once per name).
+    fn tree(&self, name: &str, version: (u32, u32, u32)) -> PathBuf {
+        let dir = self.work.path().join(name);
+        if !dir.exists() {
+            standin_tree(&dir, version);
+        }
+        dir
+    }
+
+    fn repo(&self) -> PathBuf {
+        let dir = self.work.path().join("repo");
+        if !dir.exists() {
+            tagged_repo(&dir, (2, 27, 5), TAG);
+        }
+        dir
+    }
+
+    fn src_cache(&self) -> PathBuf {
+        self.cache.path().join("fdl/nccl-src").join(TAG)
+    }
+
+    /// `fdl --root P nccl build --backend native --tag TAG --archs ARCHS --cuda-home H`,
+    /// with a clean environment of its own.
+    fn build(&self, archs: &str, extra: &[&str]) -> assert_cmd::Command {
+        assert_cmd::Command::from_std(self.std_build(archs, extra))
+    }
+
+    fn std_build(&self, archs: &str, extra: &[&str]) -> Std {
+        let mut cmd = self.base();
+        cmd.args(["--archs", archs])
+            .arg("--cuda-home")
+            .arg(self.cuda_home())
+            .args(extra);
+        cmd
+    }
+
+    /// `fdl --root P nccl build --backend native --tag TAG` with this test's cache and
+    /// none of the variables that would change the build inherited.
+    fn base(&self) -> Std {
+        let mut cmd = Std::new(assert_cmd::cargo::cargo_bin("fdl"));
+        for var in [
+            "FDL_ROOT",
+            "CUDA_HOME",
+            "CXX",
+            "FDL_NCCL_REPO",
+            "FDL_TEST_STALL",
+            "FDL_TEST_STALL_SECS",
+            "MAKEFLAGS",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.env("XDG_CACHE_HOME", self.cache.path())
+            .arg("--root")
+            .arg(self.root())
+            .args(["nccl", "build", "--backend", "native", "--tag", TAG]);
+        cmd
+    }
+
+    fn stray_entries(&self) -> Vec<String> {
+        std::fs::read_dir(self.builds())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with('.'))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "fdl failed:\nstdout: {}\nstderr: {}",
+        stdout_of(out),
+        stderr_of(out)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn contains_bytes(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// Checks an installed stand-in build of 2.27.5 at `dir`, built for `gencode`.
+fn assert_installed(dir: &Path, gencode: &str) {
+    let lib = dir.join("lib");
+    assert_eq!(
+        std::fs::read_link(lib.join("libnccl.so")).unwrap(),
+        Path::new("libnccl.so.2")
+    );
+    assert_eq!(
+        std::fs::read_link(lib.join("libnccl.so.2")).unwrap(),
+        Path::new("libnccl.so.2.27.5")
+    );
+    let real = std::fs::read(lib.join("libnccl.so.2.27.5")).unwrap();
+    assert!(real.starts_with(b"\x7fELF"), "not a shared library");
+    assert!(
+        contains_bytes(&real, "NCCL version 2.27.5+cuda12.8"),
+        "no self-id"
+    );
+    assert!(
+        contains_bytes(&real, &format!("gencode:{gencode}")),
+        "NVCC_GENCODE did not reach the build"
+    );
+    assert!(std::fs::read(lib.join("libnccl_static.a"))
+        .unwrap()
+        .starts_with(b"!<arch>\n"));
+    let header = std::fs::read_to_string(dir.join("include/nccl.h")).unwrap();
+    assert!(header.contains("#define NCCL_MINOR 27"), "{header}");
+    let pc = std::fs::read_to_string(lib.join("pkgconfig/nccl.pc")).unwrap();
+    assert!(
+        pc.starts_with(&format!("prefix={}\n", dir.display())),
+        "nccl.pc prefix not rewritten:\n{pc}"
+    );
+}
+
+/// The checked-out files of a git working tree and the commit it is at (`.git`'s own
+/// files change with every git command, e.g. the index's timestamps).
+fn checkout_state(dir: &Path) -> (String, Vec<(PathBuf, String)>) {
+    let files = snapshot(dir)
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with(".git"))
+        .collect();
+    (git(dir, &["rev-parse", "HEAD"]), files)
+}
+
+fn manifest_of(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("fdl-build.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn builds_from_a_source_tree_without_touching_it() {
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    let before = snapshot(&tree);
+
+    let out = env
+        .build("8.6", &["--json", "--jobs", "2", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    let result = json_of(&out);
+    assert_eq!(result["status"], "built");
+    let dir = env.builds().join("v2.27.5-sm86");
+    assert_installed(&dir, "-gencode=arch=compute_86,code=sm_86");
+
+    let manifest = manifest_of(&dir);
+    let plan = &manifest["plan"];
+    assert_eq!(plan["backend"], "native");
+    assert_eq!(plan["native"]["source"]["kind"], "dir");
+    assert_eq!(
+        plan["native"]["source"]["path"],
+        tree.canonicalize().unwrap().display().to_string()
+    );
+    assert_eq!(plan["native"]["toolkit"]["cuda"]["patch"], 93);
+    assert_eq!(
+        plan["native"]["toolkit"]["lib_dir"],
+        env.cuda_home().join("lib64").display().to_string()
+    );
+    assert_eq!(manifest["checked"]["library"], "libnccl.so.2.27.5");
+
+    // The log travels with the build: the make commands, their output, the count.
+    let log = std::fs::read_to_string(dir.join("build.log")).unwrap();
+    for expected in [
+        "==> fdl: phase compile",
+        "==> fdl: make -n counts 3 files to compile",
+        "Compiling  src/init.cc",
+        "Linking    libnccl.so.2.27.5",
+        "==> fdl: phase install",
+        "src.build BUILDDIR=",
+        "install BUILDDIR=",
+    ] {
+        assert!(
+            log.contains(expected),
+            "build.log lacks {expected:?}:\n{log}"
+        );
+    }
+
+    assert_eq!(snapshot(&tree), before, "the --source tree was modified");
+    assert!(
+        env.stray_entries().is_empty(),
+        "left behind: {:?}",
+        env.stray_entries()
+    );
+    assert!(
+        !env.cache.path().join("fdl/nccl-src").exists(),
+        "a --source build must not clone"
+    );
+
+    // Same plan again: nothing to do, nothing changed.
+    let project_before = snapshot(env.root());
+    let out = env.build("8.6", &["--source"]).arg(&tree).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout_of(&out).contains("Already built"),
+        "{}",
+        stdout_of(&out)
+    );
+    assert_eq!(snapshot(env.root()), project_before);
+    assert_eq!(snapshot(&tree), before);
+
+    // ONLY_FUNCS reaches NCCL's make too, and marks a build of its own.
+    let out = env
+        .build(
+            "8.6",
+            &["--json", "--only-funcs", "AllReduce Sum f32", "--source"],
+        )
+        .arg(&tree)
+        .output()
+        .unwrap();
+    let dir = PathBuf::from(json_of(&out)["build_dir"].as_str().unwrap());
+    assert!(dir
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("v2.27.5-sm86-only-"));
+    let lib = std::fs::read(dir.join("lib/libnccl.so.2.27.5")).unwrap();
+    assert!(contains_bytes(&lib, "only_funcs:AllReduce Sum f32"));
+    assert_eq!(snapshot(&tree), before);
+}
+
+/// The build log kept with the build at `dir`.
+fn log_of(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("build.log")).unwrap()
+}
+
+#[test]
+fn clones_the_tag_once_and_reuses_the_cache() {
+    let env = Env::new();
+    let repo = env.repo();
+    let out = env
+        .build("8.6", &["--json"])
+        .env("FDL_NCCL_REPO", &repo)
+        .output()
+        .unwrap();
+    assert_eq!(json_of(&out)["status"], "built");
+    let first = env.builds().join("v2.27.5-sm86");
+    assert_installed(&first, "-gencode=arch=compute_86,code=sm_86");
+    let plan = &manifest_of(&first)["plan"];
+    assert_eq!(plan["native"]["source"]["kind"], "clone");
+    assert_eq!(plan["native"]["source"]["repo"], repo.display().to_string());
+    assert!(log_of(&first).contains("==> fdl: phase clone"));
+
+    // The clone is a checkout of the tag, complete, and nothing else is in the cache.
+    let cached = env.src_cache();
+    assert_eq!(
+        git(&cached, &["rev-parse", "HEAD"]),
+        git(&repo, &["rev-parse", "v2.27.5-1^{commit}"])
+    );
+    let names: Vec<String> = std::fs::read_dir(cached.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| n == TAG || n == ".v2.27.5-1.lock"),
+        "{names:?}"
+    );
+    let cache_before = snapshot(&cached);
+
+    // Another arch of the same tag: no second clone — the repository is not even
+    // reachable now — and the cached tree is untouched.
+    let out = env
+        .build("9.0", &["--json"])
+        .env("FDL_NCCL_REPO", env.work.path().join("gone"))
+        .output()
+        .unwrap();
+    assert_eq!(json_of(&out)["status"], "built");
+    let second = env.builds().join("v2.27.5-sm90");
+    assert_installed(&second, "-gencode=arch=compute_90,code=sm_90");
+    let log = log_of(&second);
+    assert!(
+        !log.contains("phase clone") && !log.contains("git clone"),
+        "{log}"
+    );
+    assert!(log.contains("Using the cached NCCL source"), "{log}");
+    assert_eq!(snapshot(&cached), cache_before);
+    assert!(env.stray_entries().is_empty(), "{:?}", env.stray_entries());
+}
+
+#[test]
+fn damaged_cache_entries_are_detected_and_replaced() {
+    let env = Env::new();
+    let repo = env.repo();
+    let cached = env.src_cache();
+    let build = |archs: &str| {
+        env.build(archs, &["--json", "--force"])
+            .env("FDL_NCCL_REPO", &repo)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(json_of(&build("8.6"))["status"], "built");
+    let healthy = checkout_state(&cached);
+
+    type Damage = Box<dyn Fn(&Path)>;
+    let damages: Vec<(&str, Damage, &str)> = vec![
+        (
+            "a deleted source file",
+            Box::new(|c: &Path| std::fs::remove_file(c.join("src/init.cc")).unwrap()),
+            "its files differ from v2.27.5-1",
+        ),
+        (
+            "another version in version.mk",
+            Box::new(|c: &Path| {
+                std::fs::write(
+                    c.join("makefiles/version.mk"),
+                    "NCCL_MAJOR := 2\nNCCL_MINOR := 26\nNCCL_PATCH := 2\n",
+                )
+                .unwrap()
+            }),
+            "its version.mk says NCCL 2.26.2, not 2.27.5",
+        ),
+        (
+            "no git checkout",
+            Box::new(|c: &Path| std::fs::remove_dir_all(c.join(".git")).unwrap()),
+            "it is not a git checkout",
+        ),
+        (
+            "another commit checked out",
+            Box::new(|c: &Path| {
+                git(c, &["commit", "-q", "--allow-empty", "-m", "local change"]);
+            }),
+            "checked out at another commit than v2.27.5-1",
+        ),
+        (
+            "a file instead of a directory",
+            Box::new(|c: &Path| {
+                std::fs::remove_dir_all(c).unwrap();
+                std::fs::write(c, "junk").unwrap();
+            }),
+            "it is not a directory",
+        ),
+        (
+            "an emptied directory",
+            Box::new(|c: &Path| {
+                std::fs::remove_dir_all(c).unwrap();
+                std::fs::create_dir(c).unwrap();
+            }),
+            "it is not a git checkout",
+        ),
+    ];
+    for (i, (what, damage, reason)) in damages.iter().enumerate() {
+        damage(&cached);
+        let archs = if i % 2 == 0 { "9.0" } else { "8.6" };
+        let out = build(archs);
+        let result = json_of(&out);
+        assert!(
+            stderr_of(&out).contains(reason) || {
+                let dir = Path::new(result["build_dir"].as_str().unwrap());
+                log_of(dir).contains(reason)
+            },
+            "{what}: the damage was not named ({reason}):\n{}",
+            stderr_of(&out)
+        );
+        let dir = Path::new(result["build_dir"].as_str().unwrap());
+        assert!(
+            log_of(dir).contains("==> fdl: phase clone"),
+            "{what}: not cloned again"
+        );
+        assert_eq!(
+            checkout_state(&cached),
+            healthy,
+            "{what}: the cache was not restored"
+        );
+    }
+
+    // A partial clone left by a killed fdl is removed, and a good entry is kept.
+    let leftover = cached.parent().unwrap().join(".v2.27.5-1.partial-Xy12Zq");
+    std::fs::create_dir_all(leftover.join("src")).unwrap();
+    let out = build("9.0");
+    let dir = PathBuf::from(json_of(&out)["build_dir"].as_str().unwrap());
+    assert!(!leftover.exists(), "the partial clone was left");
+    assert!(!log_of(&dir).contains("phase clone"));
+    assert_eq!(checkout_state(&cached), healthy);
+}
+
+#[test]
+fn refuses_a_source_tree_of_another_version_or_no_nccl_tree() {
+    let env = Env::new();
+    let old = env.tree("nccl-2.26.2", (2, 26, 2));
+    let out = env.build("8.6", &["--source"]).arg(&old).output().unwrap();
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("is NCCL 2.26.2") && err.contains("tag v2.27.5-1 is NCCL 2.27.5"),
+        "{err}"
+    );
+    assert!(err.contains("--tag v2.26.2-1"), "{err}");
+
+    let not_nccl = env.work.path().join("empty");
+    std::fs::create_dir_all(not_nccl.join("src")).unwrap();
+    let out = env
+        .build("8.6", &["--source"])
+        .arg(&not_nccl)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("is not an NCCL source tree") && err.contains("makefiles/version.mk"),
+        "{err}"
+    );
+
+    // Nothing was written: not in the project, not in the cache.
+    assert_eq!(std::fs::read_dir(env.root()).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(env.cache.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn names_each_missing_tool() {
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    let all = ["make", "g++", "python3", "git"];
+    // (tool left out, whether --source is given, what the message must name)
+    let cases = [
+        ("make", true, "make: not found on PATH"),
+        ("g++", true, "c++: no C++ compiler"),
+        ("python3", true, "python3: not found on PATH"),
+        ("git", false, "git: not found on PATH"),
+    ];
+    for (left_out, with_source, expected) in cases {
+        let tools: Vec<&str> = all.iter().copied().filter(|t| *t != left_out).collect();
+        let path = path_of_only(&tools);
+        let mut cmd = if with_source {
+            let mut c = env.build("8.6", &["--source"]);
+            c.arg(&tree);
+            c
+        } else {
+            env.build("8.6", &[])
+        };
+        let out = cmd.env("PATH", path.path()).output().unwrap();
+        assert!(!out.status.success(), "built without {left_out}");
+        let err = stderr_of(&out);
+        assert!(err.contains(expected), "without {left_out}: {err}");
+        assert!(
+            err.contains("the native backend cannot build here"),
+            "{err}"
+        );
+        // Only the missing tool is named.
+        assert_eq!(
+            err.matches(": not found on PATH").count() + err.matches("no C++ compiler").count(),
+            1,
+            "{err}"
+        );
+    }
+
+    // No nvcc anywhere: no --cuda-home, no CUDA_HOME, none on PATH.
+    let path = path_of_only(&all);
+    let out = env
+        .base()
+        .env("PATH", path.path())
+        .args(["--archs", "8.6", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("nvcc: not found") && err.contains("--cuda-home"),
+        "{err}"
+    );
+
+    // A --cuda-home without nvcc is named as such.
+    let out = env
+        .base()
+        .args(["--archs", "8.6", "--source"])
+        .arg(&tree)
+        .arg("--cuda-home")
+        .arg(env.work.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("bin/nvcc is missing or not executable"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(env.root()).unwrap().count(), 0);
+}
+
+/// Waits until `marker` exists (the stand-in Makefile is then inside a compile step),
+/// failing if `child` ends first or it takes too long.
+fn wait_for_marker(marker: &Path, child: &mut Child) {
+    let start = Instant::now();
+    while !marker.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                use std::io::Read;
+                let _ = e.read_to_string(&mut err);
+            }
+            panic!("fdl ended ({status}) before the build started compiling: {err}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the build never started compiling"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts a build of sm_86 from `tree` that stalls `secs` in its first compile step.
+fn stalling_build(env: &Env, tree: &Path, marker: &Path, secs: u32, extra: &[&str]) -> Child {
+    let mut cmd = env.std_build("8.6", extra);
+    cmd.arg("--source")
+        .arg(tree)
+        .env("FDL_TEST_STALL", marker)
+        .env("FDL_TEST_STALL_SECS", secs.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd.spawn().unwrap()
+}
+
+fn no_work_dirs_anywhere(env: &Env) {
+    let found: Vec<String> = env
+        .stray_entries()
+        .into_iter()
+        .filter(|n| n.starts_with(".native-work-"))
+        .collect();
+    assert!(found.is_empty(), "work directories left: {found:?}");
+}
+
+#[test]
+fn interrupted_build_leaves_nothing_and_releases_the_lock() {
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    let before = snapshot(&tree);
+    let marker = env.work.path().join("compiling");
+    let mut child = stalling_build(&env, &tree, &marker, 20, &[]);
+    wait_for_marker(&marker, &mut child);
+    // SIGINT to fdl alone, as `kill -INT` would send it.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "stderr: {}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("interrupted"),
+        "{}",
+        stderr_of(&out)
+    );
+
+    // Nothing in the project — no build, no staging, no work directory, not even the
+    // builds directory fdl created for it — and the source is as it was.
+    let left: Vec<_> = std::fs::read_dir(env.root())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left in the project: {left:?}");
+    assert_eq!(snapshot(&tree), before);
+
+    // The lock was released: a new build does not wait.
+    let out = env
+        .build("8.6", &["--no-wait", "--json", "--source"])
+        .arg(&tree)
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert_eq!(json_of(&out)["status"], "built");
+    assert_installed(
+        &env.builds().join("v2.27.5-sm86"),
+        "-gencode=arch=compute_86,code=sm_86",
+    );
+}
+
+#[test]
+fn concurrent_builds_of_one_target_wait_or_fail_naming_the_holder() {
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    let marker = env.work.path().join("compiling");
+    let mut first = stalling_build(&env, &tree, &marker, 4, &["--json"]);
+    wait_for_marker(&marker, &mut first);
+
+    // --no-wait: fails at once, naming the process that holds the lock.
+    let out = env
+        .build("8.6", &["--no-wait", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("locked by another fdl") && err.contains(&format!("pid {}", first.id())),
+        "{err}"
+    );
+    assert!(err.contains("--no-wait"), "{err}");
+
+    // Without it: says it waits, then finds the first one's build.
+    let second = env
+        .std_build("8.6", &["--source"])
+        .arg(&tree)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let first_out = first.wait_with_output().unwrap();
+    assert_eq!(json_of(&first_out)["status"], "built");
+    let second_out = second.wait_with_output().unwrap();
+    assert!(second_out.status.success(), "{}", stderr_of(&second_out));
+    assert!(
+        stderr_of(&second_out).contains("waiting for it to finish"),
+        "{}",
+        stderr_of(&second_out)
+    );
+    assert!(
+        stdout_of(&second_out).contains("Already built"),
+        "{}",
+        stdout_of(&second_out)
+    );
+    assert!(env.stray_entries().is_empty(), "{:?}", env.stray_entries());
+}
+
+#[test]
+fn a_killed_builds_lock_and_work_dir_do_not_block_the_next_build() {
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    let marker = env.work.path().join("compiling");
+    // Its own process group, so the kill takes make and the compiler with it, like
+    // `kill -9` of a whole job would.
+    let mut cmd = env.std_build("8.6", &["--source"]);
+    cmd.arg(&tree)
+        .env("FDL_TEST_STALL", &marker)
+        .env("FDL_TEST_STALL_SECS", "30")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut holder = cmd.spawn().unwrap();
+    wait_for_marker(&marker, &mut holder);
+    assert_eq!(
+        unsafe { libc::kill(-(holder.id() as i32), libc::SIGKILL) },
+        0
+    );
+    holder.wait().unwrap();
+    // The killed build had no chance to clean up.
+    assert!(env
+        .stray_entries()
+        .iter()
+        .any(|n| n.starts_with(".native-work-")));
+
+    let start = Instant::now();
+    let out = env
+        .build("8.6", &["--no-wait", "--json", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert_eq!(json_of(&out)["status"], "built");
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "it waited for the dead holder"
+    );
+    // The dead build's work directory went with the next build of the same target.
+    no_work_dirs_anywhere(&env);
+}
+
+#[test]
+fn a_failing_compile_is_reported_with_its_log_and_leaves_nothing() {
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    std::fs::write(tree.join("src/collectives.cc"), "this is not C++\n").unwrap();
+    let out = env.build("8.6", &["--source"]).arg(&tree).output().unwrap();
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("make src.build (compiling NCCL) failed"),
+        "{err}"
+    );
+    // The compiler's own complaint is in the tail shown, and the whole log is kept.
+    assert!(err.contains("src/collectives.cc"), "{err}");
+    assert!(err.contains("The full build log is kept at"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(env.root())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left in the project: {left:?}");
+}
