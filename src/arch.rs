@@ -260,7 +260,8 @@ const fn row(
 /// Sources: the CUDA Toolkit release notes and the CUDA C++ Programming Guide's
 /// compute-capability table. Kepler sm_30/32 went in 11.0 and sm_35/37 in 12.0;
 /// 12.8 added Blackwell sm_100/101/120; 12.9 added sm_103 and sm_121; 13.0 removed
-/// Maxwell, Pascal and Volta (sm_50..sm_72) and renamed Thor's sm_101 to sm_110.
+/// Maxwell, Pascal and Volta (sm_50..sm_72), renamed Thor's sm_101 to sm_110 and added
+/// sm_88 (as `nvcc --list-gpu-arch` of 13.0.88 lists it).
 pub const ARCH_TABLE: &[ArchSupport] = &[
     row(3, 0, "GTX 680", (6, 0), Some((10, 2))),
     row(3, 2, "Jetson TK1", (6, 0), Some((10, 2))),
@@ -278,6 +279,7 @@ pub const ARCH_TABLE: &[ArchSupport] = &[
     row(8, 0, "A100", (11, 0), None),
     row(8, 6, "RTX 3090, A40", (11, 1), None),
     row(8, 7, "Jetson Orin", (11, 4), None),
+    row(8, 8, "sm_88, first offered by nvcc 13.0", (13, 0), None),
     row(8, 9, "RTX 4090, L40", (11, 8), None),
     row(9, 0, "H100, H200", (11, 8), None),
     row(10, 0, "B200", (12, 8), None),

@@ -54,8 +54,11 @@ pub fn lock_path(cache: &Path, builds_dir: &Path, name: &str) -> PathBuf {
 fn canonical_lenient(path: &Path) -> PathBuf {
     for ancestor in path.ancestors() {
         if let Ok(real) = ancestor.canonicalize() {
-            let rest = path.strip_prefix(ancestor).unwrap_or(Path::new(""));
-            return real.join(rest);
+            // Joining an empty rest would add a trailing slash and change the key.
+            return match path.strip_prefix(ancestor) {
+                Ok(rest) if !rest.as_os_str().is_empty() => real.join(rest),
+                _ => real,
+            };
         }
     }
     path.to_path_buf()
@@ -161,5 +164,18 @@ mod tests {
         assert!(other.is_ok());
         drop(held);
         assert!(acquire(t.path(), &builds, "v2.27.5-sm61", Wait::No, &|_| {}).is_ok());
+    }
+
+    #[test]
+    fn one_key_before_and_after_the_builds_directory_exists() {
+        let t = tempfile::tempdir().unwrap();
+        let builds = t.path().join("libtorch/nccl/builds");
+        let before = lock_path(t.path(), &builds, "x");
+        std::fs::create_dir_all(&builds).unwrap();
+        assert_eq!(
+            before.as_os_str(),
+            lock_path(t.path(), &builds, "x").as_os_str(),
+            "the lock key must not depend on whether the directory exists yet"
+        );
     }
 }

@@ -1,6 +1,7 @@
-//! Running external tools (docker, nvidia-smi) so that Ctrl-C and SIGTERM end them and
-//! still let fdl roll back: the signal only sets a flag; the running child is killed, the
-//! caller gets an error, and `Drop` guards (staging directory, container) clean up.
+//! Running external tools (docker, make, git) so that Ctrl-C and SIGTERM end them and
+//! still let fdl roll back: the signal only sets a flag; the running child and its whole
+//! process group are ended, the caller gets an error, and `Drop` guards (staging
+//! directory, container, work directory) clean up.
 
 use anyhow::{bail, Context, Result};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -26,11 +27,36 @@ pub struct Interrupted;
 /// Runs `cmd` to completion with its output going where `cmd` says, polling for an
 /// interrupt. `what` names the step in errors.
 pub fn run(cmd: &mut Command, what: &str) -> Result<()> {
-    let status = wait(cmd.spawn().with_context(|| spawn_error(cmd, what))?)?;
+    let status = wait(spawn(cmd).with_context(|| spawn_error(cmd, what))?)?;
     if !status.success() {
         bail!("{what} failed ({status})");
     }
     Ok(())
+}
+
+/// Starts `cmd` as the leader of its own process group, so an interrupt can end the
+/// whole tree it starts (make's compilers, docker's helpers), not just the child.
+fn spawn(cmd: &mut Command) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0).spawn()
+}
+
+/// Ends `child` and everything in its process group: SIGTERM first so tools can clean
+/// up, SIGKILL for what is still there after a grace period.
+fn end_tree(child: &mut Child) {
+    let pgid = child.id() as libc::pid_t;
+    // SAFETY: signalling a process group we created; a stale id only yields ESRCH.
+    unsafe { libc::kill(-pgid, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Grandchildren may outlive the leader; the group id still reaches them.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    let _ = child.wait();
 }
 
 /// Like [`run`] but captures stdout and stderr; returns stdout, or an error holding stderr.
@@ -41,7 +67,7 @@ pub fn capture(cmd: &mut Command, what: &str) -> Result<String> {
     let mut out = tempfile::tempfile().context("cannot create a temporary file")?;
     let mut err = tempfile::tempfile().context("cannot create a temporary file")?;
     cmd.stdout(out.try_clone()?).stderr(err.try_clone()?);
-    let status = wait(cmd.spawn().with_context(|| spawn_error(cmd, what))?)?;
+    let status = wait(spawn(cmd).with_context(|| spawn_error(cmd, what))?)?;
     let read = |f: &mut std::fs::File| -> Result<String> {
         let mut buf = Vec::new();
         f.rewind()?;
@@ -61,7 +87,7 @@ pub fn stream(cmd: &mut Command, what: &str, on_line: &mut dyn FnMut(&str)) -> R
     use std::io::BufRead;
     let (reader, writer) = std::io::pipe().context("cannot create a pipe")?;
     cmd.stdout(writer.try_clone()?).stderr(writer);
-    let spawned = cmd.spawn();
+    let spawned = spawn(cmd);
     // The Command still holds the pipe's write ends; without replacing them the reader
     // would never see the end of the output.
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
@@ -95,8 +121,7 @@ pub fn stream(cmd: &mut Command, what: &str, on_line: &mut dyn FnMut(&str)) -> R
             }
         }
         if interrupted() {
-            let _ = child.kill();
-            let _ = child.wait();
+            end_tree(&mut child);
             return Err(Interrupted.into());
         }
         if let Some(status) = child.try_wait()? {
@@ -134,10 +159,9 @@ fn wait(mut child: Child) -> Result<ExitStatus> {
             return Ok(status);
         }
         if interrupted() {
-            // Ctrl-C reaches the child through the terminal's process group; SIGTERM sent to
-            // fdl alone does not, so end the child ourselves either way.
-            let _ = child.kill();
-            let _ = child.wait();
+            // The child runs in its own process group, out of reach of the terminal's
+            // Ctrl-C, so fdl ends it — and what it started — itself.
+            end_tree(&mut child);
             return Err(Interrupted.into());
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -630,7 +630,7 @@ fn concurrent_builds_of_one_target_wait_or_fail_naming_the_holder() {
         .arg(&tree)
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    assert!(!out.status.success(), "{}", stderr_of(&out));
     let err = stderr_of(&out);
     assert!(
         err.contains("locked by another fdl") && err.contains(&format!("pid {}", first.id())),
