@@ -1,41 +1,392 @@
 //! Inspection engine: which NCCL and which GPU code a library carries.
+//!
+//! Answers come from the few places they can be, never from reading whole files:
+//! the ELF tables ([`elf`]), the read-only data sections where NCCL's self-id literal
+//! lives ([`selfid`]), the fatbin container headers in `.nv_fatbin` ([`fatbin`]), and,
+//! for a library that links NCCL dynamically, the file glibc's loader would pick
+//! ([`resolve`]). All reads go through [`source::Source`], which keeps memory bounded
+//! (windowed scans, released pages) whatever the file size.
 
+pub mod elf;
+pub mod fatbin;
+pub mod resolve;
 pub mod selfid;
+pub mod source;
+#[doc(hidden)]
+pub mod synth;
 
-use anyhow::{bail, Context, Result};
-use std::path::Path;
+use crate::arch::{Arch, GpuTarget, Variant};
+use crate::version::{CudaVersion, NcclVersion};
+use anyhow::{bail, Result};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
 
+pub use fatbin::{CodeEntry, GpuCode};
+pub use resolve::{LoaderEnv, ResolveRule};
 pub use selfid::SelfId;
+pub use source::Source;
+
+/// Sections that are read-only data but hold GPU code or unwind tables, never strings
+/// worth scanning; skipping them keeps scans of libtorch_cuda.so to its real .rodata.
+const NOT_STRING_SECTIONS: &[&str] = &[
+    ".nv_fatbin",
+    "__nv_relfatbin",
+    "__nv_module_id",
+    ".nvFatBinSegment",
+    ".eh_frame",
+    ".eh_frame_hdr",
+    ".gcc_except_table",
+];
+
+/// Everything fdl reports about one file.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inspection {
+    pub path: PathBuf,
+    pub size: u64,
+    pub elf: bool,
+    pub soname: Option<String>,
+    pub needed: Vec<String>,
+    pub rpath: Vec<String>,
+    pub runpath: Vec<String>,
+    /// NCCL compiled into this file (its self-id is in the file's read-only data).
+    /// Dynamic linkage is answered by [`detect_nccl`], which consults the environment.
+    pub nccl: Option<NcclDetection>,
+    /// Every distinct self-id found; more than one makes `nccl` ambiguous and `None`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub self_ids: Vec<SelfId>,
+    pub gpu_code: GpuCode,
+    /// Problems that did not stop inspection.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// Which NCCL a library uses and how.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NcclDetection {
+    pub version: NcclVersion,
+    pub cuda: CudaVersion,
+    /// The file carrying the self-id: the library itself, or the libnccl it loads.
+    pub file: PathBuf,
+    pub linkage: Linkage,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Linkage {
+    /// NCCL is compiled into the file.
+    Static,
+    /// The file's DT_NEEDED names `needed`, found through rule `via`.
+    Dynamic { needed: String, via: ResolveRule },
+}
+
+/// The library needs libnccl but the loader would not find it. Distinguishable with
+/// `err.downcast_ref::<UnresolvedNccl>()`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{} needs {needed} but it cannot be resolved: searched {}. Point LD_LIBRARY_PATH at the directory holding {needed}, or install the matching NCCL (e.g. the nvidia-nccl wheel) where the library's RUNPATH expects it", .library.display(), fmt_paths(.searched))]
+pub struct UnresolvedNccl {
+    pub library: PathBuf,
+    pub needed: String,
+    pub searched: Vec<PathBuf>,
+}
+
+fn fmt_paths(p: &[PathBuf]) -> String {
+    if p.is_empty() {
+        return "nothing (no search path applies)".to_string();
+    }
+    p.iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Inspects the file at `path`.
+pub fn inspect(path: &Path) -> Result<Inspection> {
+    let src = Source::open(path)?;
+    inspect_source(&src)
+}
+
+/// Inspects bytes already in memory: the same reader as [`inspect`], for fuzzing.
+pub fn inspect_bytes(data: &[u8]) -> Result<Inspection> {
+    inspect_source(&Source::from_bytes(data))
+}
+
+/// Inspects whatever `src` holds.
+pub fn inspect_source(src: &Source<'_>) -> Result<Inspection> {
+    if src.is_empty() {
+        bail!(
+            "{} is empty (0 bytes), not a shared library: the download or copy was probably interrupted; fetch it again",
+            src.name().display()
+        );
+    }
+    // A file that shrank since it was mapped would turn the reads below into SIGBUS.
+    src.check_len()?;
+    let head = src.bytes_clipped(0, 16);
+    let mut ins = Inspection {
+        path: src.name().to_path_buf(),
+        size: src.len(),
+        elf: elf::is_elf(head),
+        soname: None,
+        needed: Vec::new(),
+        rpath: Vec::new(),
+        runpath: Vec::new(),
+        nccl: None,
+        self_ids: Vec::new(),
+        gpu_code: GpuCode::default(),
+        warnings: Vec::new(),
+    };
+    let mut collector = fatbin::Collector::default();
+    if ins.elf {
+        let info = elf::parse(src)?;
+        ins.soname = info.dynamic.soname.clone();
+        ins.needed = info.dynamic.needed.clone();
+        ins.rpath = info.dynamic.rpath.clone();
+        ins.runpath = info.dynamic.runpath.clone();
+        ins.warnings.extend(info.warnings.iter().cloned());
+        ins.self_ids = self_ids_in_elf(src, &info)?;
+        // cuobjdump lists `.nv_fatbin` only; `__nv_relfatbin` holds relocatable device
+        // code for device linking, which never runs as is.
+        for s in info.sections.iter().filter(|s| s.name == ".nv_fatbin") {
+            if s.has_file_bytes() {
+                collector.walk(src, s.offset, s.size, ".nv_fatbin")?;
+            }
+        }
+        if info.sections.is_empty() {
+            ins.warnings.push(
+                "no section table: GPU code is only found through the .nv_fatbin section"
+                    .to_string(),
+            );
+        }
+    } else {
+        // Not ELF: a raw fatbin (what `nvcc -fatbin` writes) or anything else. Self-ids
+        // are searched in the whole file, window by window.
+        if head.len() >= 4
+            && u32::from_le_bytes([head[0], head[1], head[2], head[3]]) == fatbin::MAGIC
+        {
+            collector.walk(src, 0, src.len(), "fatbin")?;
+        }
+        ins.self_ids = scan_self_ids(src, &[(0, src.len())])?;
+    }
+    ins.gpu_code = collector.finish();
+    match ins.self_ids.as_slice() {
+        [one] => {
+            ins.nccl = Some(NcclDetection {
+                version: one.nccl.clone(),
+                cuda: one.cuda,
+                file: ins.path.clone(),
+                linkage: Linkage::Static,
+            })
+        }
+        [] => {}
+        many => ins.warnings.push(ambiguous(src.name(), many)),
+    }
+    src.check_len()?;
+    Ok(ins)
+}
+
+fn ambiguous(path: &Path, ids: &[SelfId]) -> String {
+    format!(
+        "{} carries {} different NCCL self-ids ({}); cannot tell which one is linked",
+        path.display(),
+        ids.len(),
+        ids.iter()
+            .map(|i| format!("{}+cuda{}", i.nccl, i.cuda))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// The read-only data regions of an ELF file where a string literal can live: its
+/// read-only PROGBITS sections (`.rodata` and kin) minus GPU code and unwind tables.
+/// Without a section table, the loadable segments that are neither writable nor
+/// executable stand in.
+fn string_regions(info: &elf::ElfInfo) -> Vec<(u64, u64)> {
+    let from_sections: Vec<(u64, u64)> = info
+        .sections
+        .iter()
+        .filter(|s| s.is_readonly_data() && !NOT_STRING_SECTIONS.contains(&s.name.as_str()))
+        .map(|s| (s.offset, s.size))
+        .collect();
+    if !info.sections.is_empty() {
+        return from_sections;
+    }
+    info.segments
+        .iter()
+        .filter(|s| s.p_type == object::elf::PT_LOAD)
+        .filter(|s| s.flags & (object::elf::PF_W | object::elf::PF_X) == 0)
+        .map(|s| (s.offset, s.filesz))
+        .collect()
+}
+
+fn self_ids_in_elf(src: &Source<'_>, info: &elf::ElfInfo) -> Result<Vec<SelfId>> {
+    let regions: Vec<(u64, u64)> = string_regions(info)
+        .into_iter()
+        .filter(|&(off, len)| off.checked_add(len).is_some_and(|e| e <= src.len()))
+        .collect();
+    scan_self_ids(src, &regions)
+}
+
+/// Every distinct self-id in the regions, in order of first appearance.
+fn scan_self_ids(src: &Source<'_>, regions: &[(u64, u64)]) -> Result<Vec<SelfId>> {
+    let mut found: Vec<SelfId> = Vec::new();
+    for &(off, len) in regions {
+        src.find_iter(off, len, selfid::NEEDLE, 64, |_, rest| {
+            if let Some(id) = rest
+                .get(selfid::NEEDLE.len()..)
+                .and_then(selfid::parse_after_needle)
+            {
+                if !found.contains(&id) {
+                    found.push(id);
+                }
+            }
+            // A hostile file could hold millions of distinct ids; a few settle it.
+            found.len() < 16
+        })?;
+    }
+    Ok(found)
+}
 
 /// Finds the NCCL self-id in a file. `Ok(None)` when the file holds none.
 /// Several distinct self-ids are an error: the answer would be a guess.
 pub fn find_nccl_self_id(path: &Path) -> Result<Option<SelfId>> {
-    let meta =
-        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
-    if !meta.is_file() {
-        bail!("{} is not a regular file", path.display());
-    }
-    if meta.len() == 0 {
+    let src = Source::open(path)?;
+    if src.is_empty() {
         return Ok(None);
     }
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    // SAFETY: read-only mapping; a file truncated underneath us can SIGBUS, which the
-    // bounded ELF-aware reader avoids by checking sizes first.
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .with_context(|| format!("cannot map {}", path.display()))?;
-    let ids = selfid::find_all(&map);
+    src.check_len()?;
+    let ids = if elf::is_elf(src.bytes_clipped(0, 16)) {
+        let info = elf::parse(&src)?;
+        self_ids_in_elf(&src, &info)?
+    } else {
+        scan_self_ids(&src, &[(0, src.len())])?
+    };
     match ids.as_slice() {
         [] => Ok(None),
         [one] => Ok(Some(one.clone())),
-        many => bail!(
-            "{} carries {} different NCCL self-ids ({}); cannot tell which one is linked",
-            path.display(),
-            many.len(),
-            many.iter()
-                .map(|i| format!("{}+cuda{}", i.nccl, i.cuda))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        many => bail!(ambiguous(path, many)),
     }
+}
+
+/// Which NCCL `path` uses: compiled in (its own self-id), or the libnccl its DT_NEEDED
+/// names, resolved in `env` as the loader would. `Ok(None)` when neither; an
+/// [`UnresolvedNccl`] error when it needs libnccl that cannot be found.
+pub fn detect_nccl(path: &Path, env: &LoaderEnv) -> Result<Option<NcclDetection>> {
+    let src = Source::open(path)?;
+    if src.is_empty() {
+        bail!(
+            "{} is empty (0 bytes), not a shared library: fetch it again",
+            path.display()
+        );
+    }
+    src.check_len()?;
+    if !elf::is_elf(src.bytes_clipped(0, 16)) {
+        return Ok(find_nccl_self_id(path)?.map(|id| NcclDetection {
+            version: id.nccl,
+            cuda: id.cuda,
+            file: path.to_path_buf(),
+            linkage: Linkage::Static,
+        }));
+    }
+    let info = elf::parse(&src)?;
+    let ids = self_ids_in_elf(&src, &info)?;
+    match ids.as_slice() {
+        [one] => {
+            return Ok(Some(NcclDetection {
+                version: one.nccl.clone(),
+                cuda: one.cuda,
+                file: path.to_path_buf(),
+                linkage: Linkage::Static,
+            }))
+        }
+        [] => {}
+        many => bail!(ambiguous(path, many)),
+    }
+    let Some(needed) = info
+        .dynamic
+        .needed
+        .iter()
+        .find(|n| n.starts_with("libnccl.so"))
+    else {
+        return Ok(None);
+    };
+    let req = resolve::Requirer {
+        path,
+        is_64: info.is_64,
+        machine: info.machine,
+        rpath: &info.dynamic.rpath,
+        runpath: &info.dynamic.runpath,
+    };
+    match resolve::resolve(needed, &req, env)? {
+        resolve::Resolution::NotFound { searched } => Err(UnresolvedNccl {
+            library: path.to_path_buf(),
+            needed: needed.clone(),
+            searched,
+        }
+        .into()),
+        resolve::Resolution::Found(hit) => match find_nccl_self_id(&hit.path)? {
+            Some(id) => Ok(Some(NcclDetection {
+                version: id.nccl,
+                cuda: id.cuda,
+                file: hit.path,
+                linkage: Linkage::Dynamic {
+                    needed: needed.clone(),
+                    via: hit.via,
+                },
+            })),
+            None => bail!(
+                "{} needs {needed}, which resolves to {} (via {}), but that file carries no NCCL self-id: it is not an NCCL build; check what is installed there",
+                path.display(),
+                hit.path.display(),
+                hit.via
+            ),
+        },
+    }
+}
+
+/// Whether code in a library can run on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// A cubin runs as is.
+    Native {
+        sass: GpuTarget,
+    },
+    /// No cubin fits, but this PTX JIT-compiles for the GPU (slow first start).
+    PtxJit {
+        ptx: GpuTarget,
+    },
+    NotCovered,
+}
+
+/// The verdict for `gpu` by CUDA's rules (see [`GpuTarget::sass_runs_on`] and
+/// [`GpuTarget::ptx_runs_on`]). Among fitting cubins the best is the highest arch, and
+/// at equal arch the most specific variant (`a`, then `f`, then plain), which is what
+/// the driver loads; among fitting PTX, the highest.
+pub fn coverage(code: &GpuCode, gpu: Arch) -> Verdict {
+    let rank = |t: &GpuTarget| {
+        let v = match t.variant {
+            Variant::Specific => 2,
+            Variant::Family => 1,
+            Variant::Generic => 0,
+        };
+        (t.arch, v)
+    };
+    if let Some(best) = code
+        .sass
+        .iter()
+        .map(|e| e.target)
+        .filter(|t| t.sass_runs_on(gpu))
+        .max_by_key(rank)
+    {
+        return Verdict::Native { sass: best };
+    }
+    if let Some(best) = code
+        .ptx
+        .iter()
+        .map(|e| e.target)
+        .filter(|t| t.ptx_runs_on(gpu))
+        .max_by_key(rank)
+    {
+        return Verdict::PtxJit { ptx: best };
+    }
+    Verdict::NotCovered
 }

@@ -1,0 +1,296 @@
+//! The few ELF facts inspection needs: the section and segment tables (to find where
+//! strings and fatbins live without reading the rest) and the dynamic table (SONAME,
+//! DT_NEEDED, DT_RPATH, DT_RUNPATH). Parsing goes through `object`'s bounds-checked
+//! raw readers; everything here only reads headers, never section contents in bulk.
+
+use super::source::Source;
+use anyhow::{anyhow, bail, Context, Result};
+use object::elf;
+use object::read::elf::{Dyn, FileHeader, ProgramHeader, SectionHeader};
+use object::Endianness;
+
+/// More sections or segments than this is not a real library; refuse rather than
+/// allocate per-entry for a hostile table (real libtorch_cuda.so has ~50 sections).
+const MAX_TABLE_ENTRIES: usize = 1 << 16;
+/// Dynamic-table strings longer than this are cut (real ones are well under 1 KiB).
+const MAX_DYN_STRING: usize = 4096;
+
+#[derive(Debug, Clone)]
+pub struct Section {
+    pub name: String,
+    pub sh_type: u32,
+    pub flags: u64,
+    pub addr: u64,
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl Section {
+    /// Whether the section's bytes are in the file (not SHT_NOBITS such as .bss).
+    pub fn has_file_bytes(&self) -> bool {
+        self.sh_type != elf::SHT_NOBITS && self.sh_type != elf::SHT_NULL
+    }
+
+    /// Allocated, neither writable nor executable: where string literals end up.
+    pub fn is_readonly_data(&self) -> bool {
+        self.sh_type == elf::SHT_PROGBITS
+            && self.flags & u64::from(elf::SHF_ALLOC) != 0
+            && self.flags & u64::from(elf::SHF_WRITE | elf::SHF_EXECINSTR) == 0
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Segment {
+    pub p_type: u32,
+    pub flags: u32,
+    pub offset: u64,
+    pub vaddr: u64,
+    pub filesz: u64,
+}
+
+/// What the dynamic table says about linking.
+#[derive(Debug, Clone, Default)]
+pub struct DynamicInfo {
+    pub soname: Option<String>,
+    pub needed: Vec<String>,
+    pub rpath: Vec<String>,
+    pub runpath: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ElfInfo {
+    pub is_64: bool,
+    pub machine: u16,
+    pub sections: Vec<Section>,
+    pub segments: Vec<Segment>,
+    pub dynamic: DynamicInfo,
+    /// Problems that did not stop inspection (a broken dynamic table, say).
+    pub warnings: Vec<String>,
+}
+
+impl ElfInfo {
+    pub fn section(&self, name: &str) -> Option<&Section> {
+        self.sections.iter().find(|s| s.name == name)
+    }
+
+    /// File offset of virtual address `addr` with `len` bytes available there, via the
+    /// PT_LOAD segments (what the loader maps), else via the section table.
+    pub fn vaddr_to_offset(&self, addr: u64, len: u64) -> Option<u64> {
+        let within = |start: u64, size: u64| {
+            addr >= start
+                && addr
+                    .checked_add(len)
+                    .is_some_and(|e| e <= start.saturating_add(size))
+        };
+        self.segments
+            .iter()
+            .filter(|s| s.p_type == elf::PT_LOAD)
+            .find(|s| within(s.vaddr, s.filesz))
+            .and_then(|s| s.offset.checked_add(addr - s.vaddr))
+            .or_else(|| {
+                self.sections
+                    .iter()
+                    .filter(|s| s.has_file_bytes() && s.flags & u64::from(elf::SHF_ALLOC) != 0)
+                    .find(|s| within(s.addr, s.size))
+                    .and_then(|s| s.offset.checked_add(addr - s.addr))
+            })
+    }
+}
+
+/// Whether the data starts like an ELF file.
+pub fn is_elf(head: &[u8]) -> bool {
+    head.starts_with(&elf::ELFMAG)
+}
+
+/// Parses the tables of the ELF file in `src`.
+pub fn parse(src: &Source<'_>) -> Result<ElfInfo> {
+    let ident = src
+        .bytes(0, 16)
+        .context("the file starts like ELF but is shorter than an ELF identification")?;
+    // e_ident[EI_CLASS]
+    match ident[4] {
+        elf::ELFCLASS64 => parse_as::<elf::FileHeader64<Endianness>>(src),
+        elf::ELFCLASS32 => parse_as::<elf::FileHeader32<Endianness>>(src),
+        other => bail!(
+            "{}: unknown ELF class {other}: the file is corrupt or not a Linux shared library",
+            src.name().display()
+        ),
+    }
+}
+
+fn parse_as<Elf: FileHeader<Endian = Endianness>>(src: &Source<'_>) -> Result<ElfInfo> {
+    let name = src.name().display().to_string();
+    let bad = |what: &str, e: object::read::Error| {
+        anyhow!("{name}: {what}: {e}; the file is truncated or not a valid ELF shared library")
+    };
+    // `object` reads from the mapping through bounds-checked slices; it only touches the
+    // file header and the tables it is asked for.
+    let data = src.bytes(0, src.len())?;
+    let header = Elf::parse(data).map_err(|e| bad("bad ELF header", e))?;
+    let endian = header.endian().map_err(|e| bad("bad ELF byte order", e))?;
+    let mut warnings = Vec::new();
+
+    let mut sections = Vec::new();
+    match header.sections(endian, data) {
+        Ok(table) => {
+            if table.len() > MAX_TABLE_ENTRIES {
+                bail!(
+                    "{name}: the section table claims {} sections; the file is corrupt",
+                    table.len()
+                );
+            }
+            for sh in table.iter() {
+                let sec_name = table
+                    .section_name(endian, sh)
+                    .map(|n| String::from_utf8_lossy(&n[..n.len().min(256)]).into_owned())
+                    .unwrap_or_default();
+                sections.push(Section {
+                    name: sec_name,
+                    sh_type: sh.sh_type(endian),
+                    flags: sh.sh_flags(endian).into(),
+                    addr: sh.sh_addr(endian).into(),
+                    offset: sh.sh_offset(endian).into(),
+                    size: sh.sh_size(endian).into(),
+                });
+            }
+        }
+        Err(e) => warnings.push(format!(
+            "section table unreadable ({e}); falling back to program headers"
+        )),
+    }
+
+    let mut segments = Vec::new();
+    match header.program_headers(endian, data) {
+        Ok(phdrs) => {
+            if phdrs.len() > MAX_TABLE_ENTRIES {
+                bail!("{name}: the program header table is implausibly large; the file is corrupt");
+            }
+            for ph in phdrs {
+                segments.push(Segment {
+                    p_type: ph.p_type(endian),
+                    flags: ph.p_flags(endian),
+                    offset: ph.p_offset(endian).into(),
+                    vaddr: ph.p_vaddr(endian).into(),
+                    filesz: ph.p_filesz(endian).into(),
+                });
+            }
+        }
+        Err(e) => warnings.push(format!("program headers unreadable ({e})")),
+    }
+
+    let mut info = ElfInfo {
+        is_64: header.is_type_64(),
+        machine: header.e_machine(endian),
+        sections,
+        segments,
+        dynamic: DynamicInfo::default(),
+        warnings,
+    };
+    match read_dynamic::<Elf>(&info, endian, data) {
+        Ok(d) => info.dynamic = d,
+        Err(e) => info
+            .warnings
+            .push(format!("dynamic table unreadable: {e:#}")),
+    }
+    Ok(info)
+}
+
+fn read_dynamic<Elf: FileHeader<Endian = Endianness>>(
+    info: &ElfInfo,
+    endian: Endianness,
+    data: &[u8],
+) -> Result<DynamicInfo> {
+    // Prefer the section (sh_link names its string table); fall back to PT_DYNAMIC with
+    // DT_STRTAB translated through the load segments, as the loader does.
+    let dyn_region = info
+        .sections
+        .iter()
+        .find(|s| s.sh_type == elf::SHT_DYNAMIC)
+        .map(|s| (s.offset, s.size))
+        .or_else(|| {
+            info.segments
+                .iter()
+                .find(|s| s.p_type == elf::PT_DYNAMIC)
+                .map(|s| (s.offset, s.filesz))
+        });
+    let Some((off, size)) = dyn_region else {
+        return Ok(DynamicInfo::default()); // static executable or object file
+    };
+    let entry_size = std::mem::size_of::<Elf::Dyn>() as u64;
+    let end = off
+        .checked_add(size)
+        .filter(|&e| e <= data.len() as u64)
+        .context("the dynamic table lies past the end of the file")?;
+    let count = ((end - off) / entry_size) as usize;
+    let entries: &[Elf::Dyn] = object::pod::slice_from_bytes(&data[off as usize..], count)
+        .map(|(s, _)| s)
+        .map_err(|_| anyhow!("the dynamic table is misaligned or truncated"))?;
+
+    let mut strtab_addr = None;
+    let mut strsz = None;
+    for d in entries {
+        let tag: u64 = d.d_tag(endian).into();
+        if tag == u64::from(elf::DT_NULL) {
+            break;
+        }
+        if tag == u64::from(elf::DT_STRTAB) {
+            strtab_addr = Some(d.d_val(endian).into());
+        } else if tag == u64::from(elf::DT_STRSZ) {
+            strsz = Some(d.d_val(endian).into());
+        }
+    }
+    // The string table, by address through the segments (what the loader uses).
+    let strtab: &[u8] = match strtab_addr {
+        Some(addr) => {
+            let size: u64 = strsz.unwrap_or(0);
+            let off = info
+                .vaddr_to_offset(addr, size)
+                .or_else(|| info.vaddr_to_offset(addr, 0))
+                .context("DT_STRTAB points outside the file")?;
+            let avail = (data.len() as u64).saturating_sub(off);
+            let len = if size == 0 { avail } else { size.min(avail) };
+            usize::try_from(off)
+                .ok()
+                .and_then(|o| data.get(o..o.checked_add(len as usize)?))
+                .context("DT_STRTAB points past the end of the file")?
+        }
+        None => bail!("the dynamic table has no DT_STRTAB"),
+    };
+    let string_at = |v: u64| -> Option<String> {
+        let rest = strtab.get(usize::try_from(v).ok()?..)?;
+        let end = memchr::memchr(0, rest).unwrap_or(rest.len());
+        let s = &rest[..end.min(MAX_DYN_STRING)];
+        Some(String::from_utf8_lossy(s).into_owned())
+    };
+
+    let mut out = DynamicInfo::default();
+    for d in entries {
+        let tag: u64 = d.d_tag(endian).into();
+        let val: u64 = d.d_val(endian).into();
+        if tag == u64::from(elf::DT_NULL) {
+            break;
+        }
+        let is_string_tag = matches!(
+            u32::try_from(tag),
+            Ok(elf::DT_NEEDED | elf::DT_SONAME | elf::DT_RPATH | elf::DT_RUNPATH)
+        );
+        if !is_string_tag {
+            continue;
+        }
+        let Some(s) = string_at(val) else { continue };
+        match tag as u32 {
+            elf::DT_NEEDED => out.needed.push(s),
+            elf::DT_SONAME => out.soname = Some(s),
+            // Colon-separated lists. Empty elements are dropped: they would name the
+            // process's working directory, which says nothing about this library.
+            elf::DT_RPATH => out
+                .rpath
+                .extend(s.split(':').filter(|p| !p.is_empty()).map(String::from)),
+            elf::DT_RUNPATH => out
+                .runpath
+                .extend(s.split(':').filter(|p| !p.is_empty()).map(String::from)),
+            _ => {}
+        }
+    }
+    Ok(out)
+}

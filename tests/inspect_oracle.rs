@@ -1,0 +1,168 @@
+//! Oracle checks against NVIDIA's own tools, run when the real artefacts are at hand:
+//!
+//! * `FDL_TEST_NCCL_LIB`: a real `libnccl.so.2` (e.g. from the nvidia-nccl-cu12 wheel);
+//! * `FDL_TEST_CUOBJDUMP`: a `cuobjdump` binary (e.g. from nvidia-cuda-cuobjdump).
+//!
+//! Our SASS/PTX lists must equal `cuobjdump --list-elf` / `--list-ptx` exactly, and our
+//! version must equal what `ncclGetVersion` returns once the library is loaded (done in
+//! a child process, compiled with `cc`). Without the variables each test says SKIPPED.
+
+use fdl::arch::{GpuTarget, Variant};
+use fdl::inspect::{self, synth, GpuCode};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn env_path(var: &str) -> Option<PathBuf> {
+    match std::env::var_os(var) {
+        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+        _ => {
+            eprintln!("SKIPPED: {var} is not set; the oracle comparison did not run");
+            None
+        }
+    }
+}
+
+/// `cuobjdump --list-elf|--list-ptx` → target name → count. Lines look like
+/// `ELF file    1: libnccl.so.1.sm_90.cubin` / `PTX file    1: libnccl.so.1.sm_120.ptx`.
+fn cuobjdump_list(cuobjdump: &Path, lib: &Path, flag: &str) -> BTreeMap<String, usize> {
+    let out = Command::new(cuobjdump)
+        .arg(flag)
+        .arg(lib)
+        .output()
+        .expect("run cuobjdump");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() || stderr.contains("No "),
+        "cuobjdump {flag} failed: {stderr}"
+    );
+    let mut m = BTreeMap::new();
+    for line in text.lines() {
+        let Some((_, name)) = line.split_once(": ") else {
+            continue;
+        };
+        let stem = name
+            .trim()
+            .trim_end_matches(".cubin")
+            .trim_end_matches(".ptx");
+        let arch = stem.rsplit('.').next().unwrap_or_default().to_string();
+        *m.entry(arch).or_insert(0) += 1;
+    }
+    m
+}
+
+fn ours(list: &[inspect::CodeEntry]) -> BTreeMap<String, usize> {
+    list.iter()
+        .map(|e| (e.target.to_string(), e.count))
+        .collect()
+}
+
+fn compare(cuobjdump: &Path, lib: &Path, code: &GpuCode) {
+    let elf = cuobjdump_list(cuobjdump, lib, "--list-elf");
+    let ptx = cuobjdump_list(cuobjdump, lib, "--list-ptx");
+    eprintln!("cuobjdump --list-elf: {elf:?}");
+    eprintln!("ours (sass):          {:?}", ours(&code.sass));
+    eprintln!("cuobjdump --list-ptx: {ptx:?}");
+    eprintln!("ours (ptx):           {:?}", ours(&code.ptx));
+    assert_eq!(ours(&code.sass), elf, "SASS list differs from cuobjdump");
+    assert_eq!(ours(&code.ptx), ptx, "PTX list differs from cuobjdump");
+}
+
+#[test]
+fn real_nccl_matches_cuobjdump_and_ncclgetversion() {
+    let (Some(lib), Some(cuobjdump)) = (
+        env_path("FDL_TEST_NCCL_LIB"),
+        env_path("FDL_TEST_CUOBJDUMP"),
+    ) else {
+        return;
+    };
+    let t = std::time::Instant::now();
+    let ins = inspect::inspect(&lib).expect("inspect real libnccl");
+    eprintln!("inspect took {:?}", t.elapsed());
+    assert!(ins.warnings.is_empty(), "{:?}", ins.warnings);
+    assert!(
+        ins.gpu_code.warnings.is_empty(),
+        "{:?}",
+        ins.gpu_code.warnings
+    );
+    compare(&cuobjdump, &lib, &ins.gpu_code);
+
+    // Version: what the library itself says once loaded.
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("v.c");
+    std::fs::write(
+        &c,
+        r#"#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+  void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!h) { fprintf(stderr, "%s\n", dlerror()); return 2; }
+  int (*get)(int *) = (int (*)(int *))dlsym(h, "ncclGetVersion");
+  if (!get) { fprintf(stderr, "no ncclGetVersion\n"); return 3; }
+  int v = 0;
+  if (get(&v) != 0) return 4;
+  printf("%d\n", v);
+  return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = dir.path().join("v");
+    let st = Command::new("cc")
+        .arg(&c)
+        .arg("-o")
+        .arg(&exe)
+        .arg("-ldl")
+        .status()
+        .expect("cc");
+    assert!(st.success());
+    let out = Command::new(&exe).arg(&lib).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let code: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let nccl = ins.nccl.expect("self-id found");
+    eprintln!(
+        "ncclGetVersion: {code}; ours: {} (+cuda{})",
+        nccl.version, nccl.cuda
+    );
+    assert_eq!(nccl.version.code(), code);
+    assert_eq!(fdl::version::NcclVersion::from_code(code), nccl.version);
+}
+
+/// Our synthetic libraries must read the same in cuobjdump as in fdl, PTX variants
+/// included. SASS `a` targets are left out: cuobjdump names a cubin `a` from its e_flags
+/// only together with more of a real cubin than the synthetic minimal one carries (checked
+/// by hand on a real sm_100 cubin: flipping e_flags bit 3 alone flips sm_100/sm_100a).
+#[test]
+fn synth_reads_the_same_in_cuobjdump() {
+    let Some(cuobjdump) = env_path("FDL_TEST_CUOBJDUMP") else {
+        return;
+    };
+    let t = |n: u32, variant| GpuTarget {
+        arch: fdl::arch::Arch::from_number(n),
+        variant,
+    };
+    let sass = [
+        t(61, Variant::Generic),
+        t(90, Variant::Generic),
+        t(100, Variant::Family),
+        t(120, Variant::Generic),
+    ];
+    let ptx = [
+        t(90, Variant::Specific),
+        t(100, Variant::Family),
+        t(120, Variant::Generic),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for compressed in [false, true] {
+        let spec = synth::Spec::torch_like(&sass, &ptx, 3, 3000, compressed);
+        let path = dir.path().join(format!("libsynth{compressed}.so"));
+        synth::write_file(&spec, &path).unwrap();
+        let ins = inspect::inspect(&path).unwrap();
+        compare(&cuobjdump, &path, &ins.gpu_code);
+    }
+}

@@ -1,0 +1,255 @@
+//! Dynamic NCCL detection on real shared objects built with `cc`: a pip-style layout
+//! (`torch/lib/libtorch_cuda.so` with RUNPATH `$ORIGIN/../../nvidia/nccl/lib`), RPATH vs
+//! RUNPATH precedence around LD_LIBRARY_PATH, the cache, and the unresolved case.
+
+use fdl::inspect::{self, Linkage, LoaderEnv, ResolveRule, UnresolvedNccl};
+use fdl::version::NcclVersion;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn cc(args: &[&str]) {
+    let out = Command::new("cc").args(args).output().expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A stub `libnccl.so.2` in `dir` whose self-id says `version`.
+fn stub_nccl(dir: &Path, version: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let c = dir.join("nccl_stub.c");
+    std::fs::write(
+        &c,
+        format!(
+            "const char nccl_self_id[] = \"NCCL version {version}+cuda12.9\";\n\
+             int ncclGetVersion(int *v) {{ *v = 0; return nccl_self_id[0] == 'N' ? 0 : 1; }}\n"
+        ),
+    )
+    .unwrap();
+    let so = dir.join("libnccl.so.2");
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-Wl,-soname,libnccl.so.2",
+        "-o",
+        so.to_str().unwrap(),
+        c.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(&c).unwrap();
+    so
+}
+
+/// A library in `dir` that needs libnccl.so.2 (linked against the stub in `link_dir`),
+/// with `path_flags` such as `-Wl,--enable-new-dtags,-rpath,...`.
+fn consumer(dir: &Path, name: &str, link_dir: &Path, path_flags: &[&str]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let c = dir.join("consumer.c");
+    std::fs::write(
+        &c,
+        "int ncclGetVersion(int *v);\nint torch_nccl_version(void) { int v; ncclGetVersion(&v); return v; }\n",
+    )
+    .unwrap();
+    let so = dir.join(name);
+    let link = format!("-L{}", link_dir.display());
+    let mut args = vec![
+        "-shared",
+        "-fPIC",
+        "-o",
+        so.to_str().unwrap(),
+        c.to_str().unwrap(),
+        &link,
+        "-l:libnccl.so.2",
+    ];
+    args.extend_from_slice(path_flags);
+    cc(&args);
+    std::fs::remove_file(&c).unwrap();
+    so
+}
+
+#[test]
+fn pip_layout_resolves_through_runpath_origin() {
+    let root = tempfile::tempdir().unwrap();
+    let sp = root.path().join("site-packages");
+    let nccl = stub_nccl(&sp.join("nvidia/nccl/lib"), "2.27.5");
+    let torch = consumer(
+        &sp.join("torch/lib"),
+        "libtorch_cuda.so",
+        nccl.parent().unwrap(),
+        &["-Wl,--enable-new-dtags,-rpath,$ORIGIN/../../nvidia/nccl/lib"],
+    );
+    let ins = inspect::inspect(&torch).unwrap();
+    assert_eq!(ins.runpath, ["$ORIGIN/../../nvidia/nccl/lib"]);
+    assert!(ins.needed.iter().any(|n| n == "libnccl.so.2"));
+    assert!(ins.nccl.is_none(), "no NCCL compiled into the consumer");
+
+    let det = inspect::detect_nccl(&torch, &LoaderEnv::bare())
+        .unwrap()
+        .unwrap();
+    assert_eq!(det.version, NcclVersion::new(2, 27, 5));
+    assert_eq!(
+        det.linkage,
+        Linkage::Dynamic {
+            needed: "libnccl.so.2".into(),
+            via: ResolveRule::Runpath
+        }
+    );
+    assert_eq!(
+        std::fs::canonicalize(&det.file).unwrap(),
+        std::fs::canonicalize(&nccl).unwrap()
+    );
+
+    // The stub itself is detected as static.
+    let own = inspect::detect_nccl(&nccl, &LoaderEnv::bare())
+        .unwrap()
+        .unwrap();
+    assert_eq!(own.linkage, Linkage::Static);
+}
+
+#[test]
+fn rpath_beats_ld_library_path_but_runpath_does_not() {
+    let root = tempfile::tempdir().unwrap();
+    let a = stub_nccl(&root.path().join("a"), "2.27.5");
+    let b = stub_nccl(&root.path().join("b"), "2.26.2");
+    let env = LoaderEnv {
+        ld_library_path: vec![b.parent().unwrap().to_path_buf()],
+        ..LoaderEnv::bare()
+    };
+    let rpath_flag = format!(
+        "-Wl,--disable-new-dtags,-rpath,{}",
+        a.parent().unwrap().display()
+    );
+    let with_rpath = consumer(
+        &root.path().join("r"),
+        "librp.so",
+        a.parent().unwrap(),
+        &[&rpath_flag],
+    );
+    let ins = inspect::inspect(&with_rpath).unwrap();
+    assert_eq!(ins.rpath.len(), 1);
+    assert!(ins.runpath.is_empty());
+    let det = inspect::detect_nccl(&with_rpath, &env).unwrap().unwrap();
+    assert_eq!(det.version, NcclVersion::new(2, 27, 5));
+    assert!(matches!(
+        det.linkage,
+        Linkage::Dynamic {
+            via: ResolveRule::Rpath,
+            ..
+        }
+    ));
+
+    let runpath_flag = format!(
+        "-Wl,--enable-new-dtags,-rpath,{}",
+        a.parent().unwrap().display()
+    );
+    let with_runpath = consumer(
+        &root.path().join("n"),
+        "librun.so",
+        a.parent().unwrap(),
+        &[&runpath_flag],
+    );
+    let det = inspect::detect_nccl(&with_runpath, &env).unwrap().unwrap();
+    assert_eq!(det.version, NcclVersion::new(2, 26, 2));
+    assert!(matches!(
+        det.linkage,
+        Linkage::Dynamic {
+            via: ResolveRule::LdLibraryPath,
+            ..
+        }
+    ));
+    // Without LD_LIBRARY_PATH, RUNPATH finds it.
+    let det = inspect::detect_nccl(&with_runpath, &LoaderEnv::bare())
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        det.linkage,
+        Linkage::Dynamic {
+            via: ResolveRule::Runpath,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn cache_and_unresolved() {
+    let root = tempfile::tempdir().unwrap();
+    let a = stub_nccl(&root.path().join("a"), "2.27.5");
+    let lib = consumer(
+        &root.path().join("c"),
+        "libcons.so",
+        a.parent().unwrap(),
+        &[],
+    );
+    let mut env = LoaderEnv {
+        default_dirs: vec![],
+        ..LoaderEnv::bare()
+    };
+    let err = inspect::detect_nccl(&lib, &env).unwrap_err();
+    let un = err
+        .downcast_ref::<UnresolvedNccl>()
+        .expect("typed unresolved error");
+    assert_eq!(un.needed, "libnccl.so.2");
+    assert!(err.to_string().contains("cannot be resolved"), "{err}");
+
+    env.cache = vec![("libnccl.so.2".into(), a.clone())];
+    let det = inspect::detect_nccl(&lib, &env).unwrap().unwrap();
+    assert!(matches!(
+        det.linkage,
+        Linkage::Dynamic {
+            via: ResolveRule::LdCache,
+            ..
+        }
+    ));
+
+    // A default directory holding it.
+    let env = LoaderEnv {
+        default_dirs: vec![a.parent().unwrap().to_path_buf()],
+        ..LoaderEnv::bare()
+    };
+    let det = inspect::detect_nccl(&lib, &env).unwrap().unwrap();
+    assert!(matches!(
+        det.linkage,
+        Linkage::Dynamic {
+            via: ResolveRule::DefaultDir,
+            ..
+        }
+    ));
+
+    // A library that does not need NCCL at all.
+    let plain = root.path().join("plain.so");
+    let c = root.path().join("plain.c");
+    std::fs::write(&c, "int f(void) { return 1; }\n").unwrap();
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-o",
+        plain.to_str().unwrap(),
+        c.to_str().unwrap(),
+    ]);
+    assert!(inspect::detect_nccl(&plain, &LoaderEnv::from_process())
+        .unwrap()
+        .is_none());
+}
+
+#[test]
+fn wrong_class_candidates_are_skipped() {
+    let root = tempfile::tempdir().unwrap();
+    let good = stub_nccl(&root.path().join("good"), "2.27.5");
+    // A "libnccl.so.2" that is not ELF sits earlier on the path and must be passed over.
+    let bad_dir = root.path().join("bad");
+    std::fs::create_dir_all(&bad_dir).unwrap();
+    std::fs::write(bad_dir.join("libnccl.so.2"), b"not an ELF file").unwrap();
+    let lib = consumer(
+        &root.path().join("c"),
+        "libx.so",
+        good.parent().unwrap(),
+        &[],
+    );
+    let env = LoaderEnv {
+        ld_library_path: vec![bad_dir.clone(), good.parent().unwrap().to_path_buf()],
+        ..LoaderEnv::bare()
+    };
+    let det = inspect::detect_nccl(&lib, &env).unwrap().unwrap();
+    assert_eq!(det.file, good);
+}
