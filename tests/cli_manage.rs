@@ -56,7 +56,11 @@ fn install(root: &Path, cache: &Path, tree: &Path, tag: &str, archs: &str) -> St
     })
     .unwrap();
     let store = BuildStore::new(root.join("libtorch/nccl/builds"));
+    // The real loader check, through fdl's hidden probe subcommand.
+    let exe = assert_cmd::cargo::cargo_bin("fdl");
+    let probe = |lib: &Path| fdl::nccl::verify::probe_in_child(&exe, lib);
     let opts = ExecOptions {
+        probe: Some(&probe),
         cache: cache.join("fdl"),
         force: false,
         wait: Wait::No,
@@ -83,8 +87,8 @@ fn fixture() -> Fixture {
     let trees = tempfile::tempdir().unwrap();
     let t2275 = trees.path().join("2275");
     let t2262 = trees.path().join("2262");
-    write_nccl_tree(&t2275, (2, 27, 5));
-    write_nccl_tree(&t2262, (2, 26, 2));
+    write_nccl_tree(&t2275, (2, 27, 5), &[61, 86, 120]);
+    write_nccl_tree(&t2262, (2, 26, 2), &[86]);
     let mut names = vec![install(
         project.root(),
         cache.path(),

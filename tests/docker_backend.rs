@@ -134,7 +134,7 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     let mut images = Images(Vec::new());
     let work = tempfile::tempdir().unwrap();
     let tree = work.path().join("tree");
-    write_nccl_tree(&tree, (2, 27, 5));
+    write_nccl_tree(&tree, (2, 27, 5), &[61, 120]);
     let good_base = format!("fdl-test-nccl-base:{unique}");
     base_image(&good_base, Some(&tree), &mut images);
     let empty_base = format!("fdl-test-empty-base:{unique}");
@@ -342,7 +342,7 @@ fn a_build_whose_output_fails_the_check_is_not_installed() {
     let work = tempfile::tempdir().unwrap();
     // The tree claims 2.27.6 in its header while the tag asks for 2.27.5.
     let tree = work.path().join("tree");
-    write_nccl_tree(&tree, (2, 27, 6));
+    write_nccl_tree(&tree, (2, 27, 6), &[75]);
     let base = format!("fdl-test-nccl-base:{unique}");
     base_image(&base, Some(&tree), &mut images);
     images
@@ -385,7 +385,7 @@ fn an_interrupted_build_leaves_nothing_behind() {
     let mut images = Images(Vec::new());
     let work = tempfile::tempdir().unwrap();
     let tree = work.path().join("tree");
-    write_nccl_tree(&tree, (2, 27, 5));
+    write_nccl_tree(&tree, (2, 27, 5), &[61, 120]);
     // Enough payload that `docker cp` is still running when the signal comes.
     let big = std::fs::File::create(tree.join("lib/payload")).unwrap();
     let mut big = std::io::BufWriter::new(big);

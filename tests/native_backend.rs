@@ -217,7 +217,7 @@ fn builds_from_a_source_tree_without_touching_it() {
     let log = std::fs::read_to_string(dir.join("build.log")).unwrap();
     for expected in [
         "==> fdl: phase compile",
-        "==> fdl: make -n counts 3 files to compile",
+        "==> fdl: make -n counts 4 files to compile",
         "Compiling  src/init.cc",
         "Linking    libnccl.so.2.27.5",
         "==> fdl: phase install",

@@ -12,6 +12,7 @@ use crate::nccl::plan::{
 };
 use crate::nccl::store::BuildStore;
 use crate::nccl::tag::Tag;
+use crate::nccl::verify;
 use crate::progress::Verbosity;
 use crate::project::Project;
 use anyhow::{bail, Result};
@@ -244,7 +245,10 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
         eprint!("{}", render_plan(&plan, &commands));
     }
     let store = BuildStore::new(project.nccl_builds_dir());
+    let exe = std::env::current_exe()?;
+    let probe = |lib: &Path| verify::probe_in_child(&exe, lib);
     let opts = ExecOptions {
+        probe: Some(&probe),
         cache: crate::lock::cache_dir(),
         force: args.force,
         wait: if args.no_wait { Wait::No } else { Wait::Yes },

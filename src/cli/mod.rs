@@ -3,6 +3,7 @@
 
 mod build;
 mod gpus;
+mod inspect;
 mod libtorch;
 mod manage;
 
@@ -38,6 +39,21 @@ pub enum Command {
     /// List, activate and describe libtorch variants
     #[command(subcommand)]
     Libtorch(LibtorchCommand),
+    /// What an ELF library carries: SONAME, needs, NCCL, GPU code, and coverage per GPU
+    #[command(
+        after_help = "Examples:\n  fdl inspect libtorch/precompiled/cu128/lib/libtorch_cuda.so\n  fdl inspect libnccl.so.2 --archs \"6.1;12.0\" --json"
+    )]
+    Inspect {
+        path: PathBuf,
+        /// Judge coverage for these archs instead of the local GPUs
+        #[arg(long)]
+        archs: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Loads a library and prints ncclGetVersion (run by fdl in a child process)
+    #[command(name = "__probe-nccl", hide = true)]
+    ProbeNccl { path: PathBuf },
     /// Print shell completions
     #[command(
         after_help = "Example:\n  fdl completions bash > ~/.local/share/bash-completion/completions/fdl"
@@ -67,6 +83,26 @@ Without --tag the version is read from the active libtorch; without --archs the 
         after_help = "Example:\n  fdl nccl dockerfile > Dockerfile.nccl   # edit, then --dockerfile Dockerfile.nccl"
     )]
     Dockerfile,
+    /// Which NCCL a library uses: static, or dynamic through libnccl.so.2
+    #[command(
+        after_help = "Examples:\n  fdl nccl detect              # the active libtorch's libtorch_cuda.so\n  fdl nccl detect site-packages/torch/lib/libtorch_cuda.so --json"
+    )]
+    Detect {
+        /// Default: the active libtorch's lib/libtorch_cuda.so
+        path: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check builds: layout, versions, manifest, SASS per arch and GPU, and that it loads
+    #[command(
+        after_help = "Examples:\n  fdl nccl verify\n  fdl nccl verify v2.27.5-sm61-sm120 --json"
+    )]
+    Verify {
+        /// Default: every build
+        build: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// List every NCCL build, and anything partial or broken beside them
     #[command(after_help = "Example:\n  fdl nccl list --json")]
     List {
@@ -106,6 +142,16 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Nccl(NcclCommand::List { json }) => manage::list(&project, json),
+        Command::Nccl(NcclCommand::Detect { path, json }) => {
+            inspect::detect_cmd(&project, path.as_deref(), json)
+        }
+        Command::Nccl(NcclCommand::Verify { build, json }) => {
+            inspect::verify_cmd(&project, build.as_deref(), json)
+        }
+        Command::Inspect { path, archs, json } => {
+            inspect::inspect_cmd(&path, archs.as_deref(), json)
+        }
+        Command::ProbeNccl { path } => inspect::probe_cmd(&path),
         Command::Nccl(NcclCommand::Remove {
             builds,
             yes,

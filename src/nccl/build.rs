@@ -9,6 +9,7 @@ use crate::lock;
 use crate::nccl::plan::{ArchOrigin, BackendInputs, BuildPlan, PlanInputs, TagOrigin};
 use crate::nccl::store::{BuildStore, Existing, Manifest};
 use crate::nccl::tag::Tag;
+use crate::nccl::verify;
 use crate::process;
 use crate::progress::{Phase, Progress, Verbosity};
 use crate::project::Project;
@@ -140,22 +141,29 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>)>
             lib.display()
         );
     }
-    let id = inspect::find_nccl_self_id(&lib)
-        .with_context(|| format!("cannot read the NCCL version from {}", lib.display()))?
+    // The same detection as `fdl nccl detect`: static, or pip-style through libnccl.so.2.
+    let found = inspect::detect_nccl(&lib, &inspect::LoaderEnv::from_process())
+        .with_context(|| format!("cannot read the NCCL version from {}; pass --tag to name it yourself", lib.display()))?
         .ok_or_else(|| {
             anyhow!(
-                "no NCCL self-identification ('NCCL version X.Y.Z+cudaA.B') found in {}; it may be truncated or not carry NCCL. Pass --tag, e.g. --tag v2.27.5-1",
+                "no NCCL self-identification ('NCCL version X.Y.Z+cudaA.B') found in {}, and it does not load libnccl: it may be truncated or not carry NCCL. Pass --tag, e.g. --tag v2.27.5-1",
                 lib.display()
             )
         })?;
+    let linkage = match &found.linkage {
+        inspect::Linkage::Static => "static".to_string(),
+        inspect::Linkage::Dynamic { needed, via } => {
+            format!("dynamic: {needed} = {} via {via}", found.file.display())
+        }
+    };
     Ok((
-        Tag::for_release(&id.nccl),
+        Tag::for_release(&found.version),
         TagOrigin::Libtorch {
             variant: variant.name,
             library: lib,
-            linkage: "static".into(),
+            linkage,
         },
-        Some(id.cuda),
+        Some(found.cuda),
     ))
 }
 
@@ -221,12 +229,15 @@ pub enum Outcome {
 }
 
 /// How `execute` behaves around the build itself.
-pub struct ExecOptions {
+pub struct ExecOptions<'a> {
     /// fdl's cache directory: locks, and the logs of failed builds.
     pub cache: PathBuf,
     pub force: bool,
     pub wait: lock::Wait,
     pub verbosity: Verbosity,
+    /// Loads the staged library to check `ncclGetVersion`; `None` skips that check (and
+    /// the manifest says so).
+    pub probe: Option<verify::Probe<'a>>,
 }
 
 /// A failed build whose log was kept: the error says where, and shows its end.
@@ -292,8 +303,29 @@ pub fn execute(
     let built = (|| -> Result<Manifest> {
         backend.build(plan, staging.path(), &progress)?;
         progress.phase(Phase::Verify);
+        let against = verify::Against {
+            manifest: None,
+            // The build may be meant for another host: only the planned archs must be there.
+            gpus: verify::LocalGpus::NotChecked,
+            probe: opts.probe,
+        };
+        let report = verify::verify(&plan.name, staging.path(), plan, &against);
+        for c in &report.checks {
+            progress.note(&format!("verify {:<8} {}: {}", c.status, c.check, c.detail));
+        }
+        if !report.passed() {
+            let failures: Vec<String> = report
+                .failures()
+                .iter()
+                .map(|c| format!("{}: {}", c.check, c.detail))
+                .collect();
+            bail!(
+                "the build failed verification; nothing was installed:\n  {}",
+                failures.join("\n  ")
+            );
+        }
         let manifest = staging
-            .seal(plan)
+            .seal(plan, report.checks)
             .context("the build finished but its output failed the check; nothing was installed")?;
         // A Ctrl-C that lands after the last child exited still means "do not install".
         if process::interrupted() {

@@ -4,3 +4,4 @@ pub mod build;
 pub mod plan;
 pub mod store;
 pub mod tag;
+pub mod verify;

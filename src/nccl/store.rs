@@ -9,6 +9,7 @@
 
 use crate::inspect;
 use crate::nccl::plan::BuildPlan;
+use crate::nccl::verify::Check;
 use crate::version::NcclVersion;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -65,6 +66,9 @@ pub struct Manifest {
     pub built_at: String,
     pub plan: BuildPlan,
     pub checked: CheckedTree,
+    /// What `fdl nccl verify` found on the staged build before it was installed.
+    #[serde(default)]
+    pub verification: Vec<Check>,
 }
 
 /// Facts established by [`check_tree`] about an installed NCCL tree.
@@ -273,8 +277,8 @@ impl Staging {
     }
 
     /// Checks the staged tree against the plan, points `nccl.pc` at the final directory and
-    /// writes the manifest. After this the staging directory is a complete build.
-    pub fn seal(&self, plan: &BuildPlan) -> Result<Manifest> {
+    /// writes the manifest, with the verification it passed. After this the staging directory is a complete build.
+    pub fn seal(&self, plan: &BuildPlan, verification: Vec<Check>) -> Result<Manifest> {
         let checked = check_tree(&self.path, plan)?;
         rewrite_pc_prefix(&self.path.join("lib/pkgconfig/nccl.pc"), &self.target)?;
         let manifest = Manifest {
@@ -282,6 +286,7 @@ impl Staging {
             built_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             plan: plan.clone(),
             checked,
+            verification,
         };
         let text = serde_json::to_string_pretty(&manifest)?;
         std::fs::write(self.path.join(MANIFEST), text + "\n")

@@ -40,9 +40,39 @@ int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}
     )
 }
 
+/// C source of a `.nv_fatbin` section holding one SASS cubin per arch number (`61`,
+/// `120`), made by fdl's own synthesizer — the layout cuobjdump reads — so a library
+/// compiled from it carries GPU code fdl's inspection finds, as nvcc-built ones do.
+pub fn fatbin_c_source(archs: &[u32], symbol: &str) -> String {
+    use fdl::arch::{Arch, GpuTarget};
+    use fdl::inspect::synth::{self, Entry, Kind, Spec};
+    use object::{Object, ObjectSection};
+    let spec = Spec {
+        entries: archs
+            .iter()
+            .map(|&n| Entry {
+                kind: Kind::Sass,
+                target: GpuTarget::generic(Arch::from_number(n)),
+                compressed: false,
+                payload_size: 256,
+            })
+            .collect(),
+        ..Spec::default()
+    };
+    let elf = synth::to_vec(&spec);
+    let file = object::File::parse(&*elf).unwrap();
+    let bytes = file.section_by_name(".nv_fatbin").unwrap().data().unwrap();
+    let body: Vec<String> = bytes.iter().map(|b| b.to_string()).collect();
+    format!(
+        "__attribute__((section(\".nv_fatbin\"), used, aligned(8)))\nconst unsigned char {symbol}[] = {{{}}};\n",
+        body.join(",")
+    )
+}
+
 /// Writes an NCCL install tree as `make install PREFIX=/usr/local/nccl` lays it out:
-/// header, real library plus symlink chain, static library and pkg-config file.
-pub fn write_nccl_tree(root: &Path, version: (u32, u32, u32)) {
+/// header, real library (with SASS for `archs`) plus symlink chain, static library and
+/// pkg-config file.
+pub fn write_nccl_tree(root: &Path, version: (u32, u32, u32), archs: &[u32]) {
     let (x, y, z) = version;
     let lib = root.join("lib");
     std::fs::create_dir_all(lib.join("pkgconfig")).unwrap();
@@ -53,11 +83,12 @@ pub fn write_nccl_tree(root: &Path, version: (u32, u32, u32)) {
     )
     .unwrap();
     let real = format!("libnccl.so.{x}.{y}.{z}");
-    compile_shared(
-        &nccl_like_source(version, "12.8"),
-        &lib.join(&real),
-        &["-Wl,-soname,libnccl.so.2"],
+    let source = format!(
+        "{}{}",
+        nccl_like_source(version, "12.8"),
+        fatbin_c_source(archs, "fdl_test_fatbin")
     );
+    compile_shared(&source, &lib.join(&real), &["-Wl,-soname,libnccl.so.2"]);
     std::os::unix::fs::symlink(&real, lib.join("libnccl.so.2")).unwrap();
     std::os::unix::fs::symlink("libnccl.so.2", lib.join("libnccl.so")).unwrap();
     // A static archive: `ar` of one object is enough for the layout check.

@@ -33,7 +33,12 @@ LIBDIR := $(BUILDDIR)/lib
 PKGDIR := $(LIBDIR)/pkgconfig
 LIBTARGET := libnccl.so.$(NCCL_MAJOR).$(NCCL_MINOR).$(NCCL_PATCH)
 LIBSONAME := libnccl.so.$(NCCL_MAJOR)
-OBJS := $(OBJDIR)/init.o $(OBJDIR)/collectives.o $(OBJDIR)/buildinfo.o
+# SASS for each `code=sm_XX` of NVCC_GENCODE, as nvcc would embed: one prepared
+# .nv_fatbin per arch (src/fatbin/sm_XX.c).
+comma := ,
+SASS := $(patsubst code=sm_%,%,$(filter code=sm_%,$(subst $(comma), ,$(NVCC_GENCODE))))
+FATBIN_OBJS := $(patsubst %,$(OBJDIR)/fatbin_sm_%.o,$(SASS))
+OBJS := $(OBJDIR)/init.o $(OBJDIR)/collectives.o $(OBJDIR)/buildinfo.o $(FATBIN_OBJS)
 
 .PHONY: src.build install
 
@@ -53,6 +58,11 @@ $(OBJDIR)/buildinfo.cc: makefiles/version.mk
 $(OBJDIR)/buildinfo.o: $(OBJDIR)/buildinfo.cc
 	@printf "Compiling  %-35s > %s\n" buildinfo.cc $@
 	$(CXX) -fPIC -O1 -c $< -o $@
+
+$(OBJDIR)/fatbin_sm_%.o: src/fatbin/sm_%.c
+	@printf "Compiling  %-35s > %s\n" $< $@
+	@mkdir -p $(OBJDIR)
+	$(CC) -fPIC -c $< -o $@
 
 $(OBJDIR)/%.o: src/%.cc
 	@printf "Compiling  %-35s > %s\n" $< $@
@@ -108,6 +118,15 @@ pub fn standin_tree(dir: &Path, version: (u32, u32, u32)) {
         ),
     )
     .unwrap();
+    std::fs::create_dir_all(dir.join("src/fatbin")).unwrap();
+    for row in fdl::arch::ARCH_TABLE {
+        let n = row.arch.number();
+        std::fs::write(
+            dir.join(format!("src/fatbin/sm_{n}.c")),
+            crate::common::fatbin_c_source(&[n], &format!("fdl_fatbin_sm_{n}")),
+        )
+        .unwrap();
+    }
     std::fs::write(
         dir.join("src/collectives.cc"),
         "extern \"C\" int ncclAllReduce() { return 0; }\n",
