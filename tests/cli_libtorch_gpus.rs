@@ -7,7 +7,14 @@ use serde_json::Value;
 
 fn project_with_two_variants() -> ProjectFixture {
     let p = ProjectFixture::empty()
-        .with_compiled_variant("precompiled/cu128", &nccl_like_source((2, 27, 5), "12.8"))
+        .with_compiled_variant(
+            "precompiled/cu128",
+            &format!(
+                "{}{}",
+                nccl_like_source((2, 27, 5), "12.8"),
+                fatbin_c_source(&[61, 120], "torch_fatbin")
+            ),
+        )
         .with_raw_variant("builds/local", b"not a library");
     std::fs::write(
         p.root().join("libtorch/precompiled/cu128/.arch"),
@@ -90,7 +97,51 @@ fn info_shows_metadata_and_bundled_nccl() {
     assert!(out.status.success());
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["variant"], "builds/local");
-    assert!(v["nccl"].is_null());
+    assert_eq!(v["nccl"]["found"], false);
+}
+
+#[test]
+fn info_judges_coverage_for_the_local_gpus() {
+    let p = project_with_two_variants().activate("precompiled/cu128");
+    let smi = fake_nvidia_smi(
+        "0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n1, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n2, NVIDIA H200, 9.0, 143771\n",
+        0,
+    );
+    fdl()
+        .env("PATH", path_with(smi.path()))
+        .arg("--root")
+        .arg(p.root())
+        .args(["libtorch", "info"])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("static (compiled into the library)")
+                .and(
+                    predicate::str::is_match(
+                        r"GPU 0 NVIDIA GeForce GTX 1060 6GB +sm_61 +native SASS \(sm_61\)",
+                    )
+                    .unwrap(),
+                )
+                .and(
+                    predicate::str::is_match(
+                        r"GPU 1 NVIDIA GeForce RTX 5060 Ti +sm_120 +native SASS \(sm_120\)",
+                    )
+                    .unwrap(),
+                )
+                .and(predicate::str::is_match(r"GPU 2 NVIDIA H200 +sm_90 +NOT COVERED").unwrap()),
+        );
+    let out = fdl()
+        .env("PATH", path_with(smi.path()))
+        .arg("--root")
+        .arg(p.root())
+        .args(["libtorch", "info", "--json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["nccl"]["detection"]["linkage"]["kind"], "static");
+    assert_eq!(v["coverage"][0]["verdict"]["verdict"], "native");
+    assert_eq!(v["coverage"][2]["verdict"]["verdict"], "not_covered");
+    assert_eq!(v["gpu_code"]["sass"][1]["target"], "sm_120");
 }
 
 #[test]

@@ -17,59 +17,6 @@ use predicates::prelude::*;
 use serde_json::Value;
 use std::path::Path;
 
-/// Produces the build by copying a prepared install tree.
-struct CopyTree<'a>(&'a Path);
-
-impl Backend for CopyTree<'_> {
-    fn build(&self, _plan: &BuildPlan, staging: &Path, progress: &Progress) -> anyhow::Result<()> {
-        progress.output("copying the prepared tree");
-        let ok = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(format!("{}/.", self.0.display()))
-            .arg(staging)
-            .status()?
-            .success();
-        anyhow::ensure!(ok, "cp failed");
-        Ok(())
-    }
-}
-
-fn install(root: &Path, cache: &Path, tree: &Path, tag: &str, archs: &str) -> String {
-    let plan = BuildPlan::new(PlanInputs {
-        tag: Tag::parse(tag).unwrap(),
-        tag_origin: TagOrigin::Flag,
-        cuda_flag: None,
-        cuda_from_libtorch: None,
-        archs: parse_arch_list(archs).unwrap(),
-        arch_origin: ArchOrigin::Flag,
-        jobs: 1,
-        jobs_reason: "test".into(),
-        builds_dir: root.join("libtorch/nccl/builds"),
-        backend: BackendInputs::Docker {
-            dockerfile: DockerfileSpec::Embedded {
-                sha256: "test".into(),
-            },
-        },
-        backend_reason: "test".into(),
-        ptx: false,
-        only_funcs: None,
-    })
-    .unwrap();
-    let store = BuildStore::new(root.join("libtorch/nccl/builds"));
-    // The real loader check, through fdl's hidden probe subcommand.
-    let exe = assert_cmd::cargo::cargo_bin("fdl");
-    let probe = |lib: &Path| fdl::nccl::verify::probe_in_child(&exe, lib);
-    let opts = ExecOptions {
-        probe: Some(&probe),
-        cache: cache.join("fdl"),
-        force: false,
-        wait: Wait::No,
-        verbosity: Verbosity::Quiet,
-    };
-    execute(&plan, &CopyTree(tree), &store, &opts).unwrap();
-    plan.name
-}
-
 struct Fixture {
     project: ProjectFixture,
     cache: tempfile::TempDir,
@@ -89,29 +36,18 @@ fn fixture() -> Fixture {
     let t2262 = trees.path().join("2262");
     write_nccl_tree(&t2275, (2, 27, 5), &[61, 86, 120]);
     write_nccl_tree(&t2262, (2, 26, 2), &[86]);
-    let mut names = vec![install(
+    let mut names = vec![install_build(
         project.root(),
         cache.path(),
         &t2275,
         "v2.27.5-1",
         "6.1;12.0",
-    )];
+    )
+    .unwrap()];
     // RFC 3339 seconds order the builds: make the second one visibly newer.
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    names.push(install(
-        project.root(),
-        cache.path(),
-        &t2275,
-        "v2.27.5-1",
-        "8.6",
-    ));
-    names.push(install(
-        project.root(),
-        cache.path(),
-        &t2262,
-        "v2.26.2-1",
-        "8.6",
-    ));
+    names.push(install_build(project.root(), cache.path(), &t2275, "v2.27.5-1", "8.6").unwrap());
+    names.push(install_build(project.root(), cache.path(), &t2262, "v2.26.2-1", "8.6").unwrap());
     Fixture {
         project,
         cache,

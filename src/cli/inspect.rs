@@ -129,7 +129,7 @@ pub(super) fn linkage_text(d: &NcclDetection) -> String {
     }
 }
 
-fn nccl_json(a: &NcclAnswer) -> serde_json::Value {
+pub(super) fn nccl_json(a: &NcclAnswer) -> serde_json::Value {
     match a {
         NcclAnswer::Found(d) => json!({ "found": true, "detection": d }),
         NcclAnswer::NotFound => json!({ "found": false }),

@@ -1,5 +1,6 @@
 //! `fdl libtorch list|activate|info`.
 
+use super::inspect as ins;
 use super::print_json;
 use crate::inspect;
 use crate::libtorch::Libtorch;
@@ -73,27 +74,66 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             };
             let meta = v.arch_metadata()?;
             let lib = v.libtorch_cuda();
-            let nccl = if lib.is_file() {
-                inspect::find_nccl_self_id(&lib)?
+            // Each part answers on its own: a damaged library still shows its metadata.
+            let (nccl, code) = if lib.is_file() {
+                (
+                    Some(ins::nccl_of(&lib).map_err(|e| format!("{e:#}"))),
+                    Some(
+                        inspect::inspect(&lib)
+                            .map(|i| i.gpu_code)
+                            .map_err(|e| format!("{e:#}")),
+                    ),
+                )
             } else {
-                None
+                (None, None)
+            };
+            let targets = ins::targets(None)?;
+            let rows = match &code {
+                Some(Ok(code)) => ins::coverage_rows(code, &targets),
+                _ => Vec::new(),
             };
             if json {
-                print_json(
-                    &json!({ "variant": v.name, "dir": v.dir, "arch": meta, "libtorch_cuda": lib, "nccl": nccl }),
-                );
-            } else {
-                println!("{}  ({})", v.name, v.dir.display());
-                for (k, val) in &meta {
-                    println!("  {k:<8}{val}");
+                print_json(&json!({
+                    "variant": v.name,
+                    "dir": v.dir,
+                    "arch": meta,
+                    "libtorch_cuda": lib,
+                    "nccl": match &nccl {
+                        Some(Ok(a)) => ins::nccl_json(a),
+                        Some(Err(e)) => json!({ "error": e }),
+                        None => json!(null),
+                    },
+                    "gpu_code": match &code {
+                        Some(Ok(c)) => json!(c),
+                        Some(Err(e)) => json!({ "error": e }),
+                        None => json!(null),
+                    },
+                    "coverage": ins::coverage_json(&rows),
+                }));
+                return Ok(());
+            }
+            println!("{}  ({})", v.name, v.dir.display());
+            for (k, val) in &meta {
+                println!("  {k:<8}{val}");
+            }
+            match &nccl {
+                Some(Ok(ins::NcclAnswer::Found(d))) => println!(
+                    "  nccl    {} (built with CUDA {}), {}",
+                    d.version,
+                    d.cuda,
+                    ins::linkage_text(d)
+                ),
+                Some(Ok(ins::NcclAnswer::NotFound)) => {
+                    println!("  nccl    none found in {}", lib.display())
                 }
-                match (&nccl, lib.is_file()) {
-                    (Some(id), _) => {
-                        println!("  nccl    {} (built with CUDA {})", id.nccl, id.cuda)
-                    }
-                    (None, true) => println!("  nccl    not found in {}", lib.display()),
-                    (None, false) => println!("  nccl    no {}", lib.display()),
-                }
+                Some(Ok(ins::NcclAnswer::Unresolved(u))) => println!("  nccl    {u}"),
+                Some(Err(e)) => println!("  nccl    cannot tell: {e}"),
+                None => println!("  nccl    no {}", lib.display()),
+            }
+            match &code {
+                Some(Ok(_)) => ins::print_coverage(&rows, &targets),
+                Some(Err(e)) => println!("  gpu code cannot be read: {e}"),
+                None => {}
             }
             Ok(())
         }

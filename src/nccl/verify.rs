@@ -227,6 +227,10 @@ pub fn probe_in_process(lib: &Path) -> Result<i64> {
     // SAFETY: dlopen/dlsym with valid C strings; the symbol is called with the signature
     // NCCL documents (`ncclResult_t ncclGetVersion(int *version)`).
     unsafe {
+        // Rust's runtime handles SIGSEGV/SIGBUS to report stack overflows and lets some
+        // faults pass; here any fault of the library must end this (child) process.
+        libc::signal(libc::SIGSEGV, libc::SIG_DFL);
+        libc::signal(libc::SIGBUS, libc::SIG_DFL);
         let handle = libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
         if handle.is_null() {
             let err = libc::dlerror();

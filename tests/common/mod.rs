@@ -4,6 +4,15 @@
 #![allow(dead_code)]
 
 use assert_cmd::Command;
+use fdl::arch::parse_arch_list;
+use fdl::lock::Wait;
+use fdl::nccl::build::{execute, Backend, ExecOptions};
+use fdl::nccl::plan::{
+    ArchOrigin, BackendInputs, BuildPlan, DockerfileSpec, PlanInputs, TagOrigin,
+};
+use fdl::nccl::store::BuildStore;
+use fdl::nccl::tag::Tag;
+use fdl::progress::{Progress, Verbosity};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -220,4 +229,65 @@ pub fn path_with(first: &Path) -> String {
         first.display(),
         std::env::var("PATH").unwrap_or_default()
     )
+}
+
+/// A backend for library-level tests: produces the build by copying a prepared install
+/// tree. Everything around it — lock, staging, verification (with the real loader
+/// probe), seal and commit — is fdl's own pipeline.
+pub struct CopyTree<'a>(&'a Path);
+
+impl Backend for CopyTree<'_> {
+    fn build(&self, _plan: &BuildPlan, staging: &Path, progress: &Progress) -> anyhow::Result<()> {
+        progress.output("copying the prepared tree");
+        let ok = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", self.0.display()))
+            .arg(staging)
+            .status()?
+            .success();
+        anyhow::ensure!(ok, "cp failed");
+        Ok(())
+    }
+}
+
+pub fn install_build(
+    root: &Path,
+    cache: &Path,
+    tree: &Path,
+    tag: &str,
+    archs: &str,
+) -> anyhow::Result<String> {
+    let plan = BuildPlan::new(PlanInputs {
+        tag: Tag::parse(tag).unwrap(),
+        tag_origin: TagOrigin::Flag,
+        cuda_flag: None,
+        cuda_from_libtorch: None,
+        archs: parse_arch_list(archs).unwrap(),
+        arch_origin: ArchOrigin::Flag,
+        jobs: 1,
+        jobs_reason: "test".into(),
+        builds_dir: root.join("libtorch/nccl/builds"),
+        backend: BackendInputs::Docker {
+            dockerfile: DockerfileSpec::Embedded {
+                sha256: "test".into(),
+            },
+        },
+        backend_reason: "test".into(),
+        ptx: false,
+        only_funcs: None,
+    })
+    .unwrap();
+    let store = BuildStore::new(root.join("libtorch/nccl/builds"));
+    // The real loader check, through fdl's hidden probe subcommand.
+    let exe = assert_cmd::cargo::cargo_bin("fdl");
+    let probe = |lib: &Path| fdl::nccl::verify::probe_in_child(&exe, lib);
+    let opts = ExecOptions {
+        probe: Some(&probe),
+        cache: cache.join("fdl"),
+        force: false,
+        wait: Wait::No,
+        verbosity: Verbosity::Quiet,
+    };
+    execute(&plan, &CopyTree(tree), &store, &opts)?;
+    Ok(plan.name)
 }

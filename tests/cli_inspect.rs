@@ -1,0 +1,393 @@
+//! `fdl inspect`, `fdl nccl detect`, `fdl nccl verify`, and the verification a build runs
+//! before it installs — through the CLI, on libraries compiled in the test.
+
+mod common;
+use common::*;
+use fdl::arch::{Arch, GpuTarget};
+use fdl::inspect::synth::{self, Entry, Kind, Spec};
+use predicates::prelude::*;
+use serde_json::Value;
+use std::path::Path;
+
+fn lib_with(dir: &Path, name: &str, version: (u32, u32, u32), archs: &[u32]) -> std::path::PathBuf {
+    let path = dir.join(name);
+    let src = format!(
+        "{}{}",
+        nccl_like_source(version, "12.8"),
+        fatbin_c_source(archs, "fatbin")
+    );
+    compile_shared(&src, &path, &[]);
+    path
+}
+
+#[test]
+fn inspect_lists_code_and_judges_coverage() {
+    let t = tempfile::tempdir().unwrap();
+    let lib = lib_with(t.path(), "libx.so", (2, 27, 5), &[61, 120]);
+    fdl()
+        .arg("inspect")
+        .arg(&lib)
+        .args(["--archs", "6.1;8.6;12.1"])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("2.27.5 (CUDA 12.8), static")
+                .and(predicate::str::contains("sm_61 ×1, sm_120 ×1  (2 cubins)"))
+                .and(predicate::str::is_match(r"sm_61 +native SASS \(sm_61\)").unwrap())
+                .and(predicate::str::is_match(r"sm_86 +NOT COVERED").unwrap())
+                .and(predicate::str::is_match(r"sm_121 +native SASS \(sm_120\)").unwrap()),
+        );
+    // PTX only: JIT, named by its virtual arch.
+    let ptx = t.path().join("ptx.so");
+    let spec = Spec {
+        entries: vec![Entry {
+            kind: Kind::Ptx,
+            target: GpuTarget::generic(Arch::new(9, 0)),
+            compressed: false,
+            payload_size: 512,
+        }],
+        ..Spec::default()
+    };
+    synth::write_file(&spec, &ptx).unwrap();
+    let out = fdl()
+        .arg("inspect")
+        .arg(&ptx)
+        .args(["--archs", "10.0", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["coverage"][0]["verdict"]["verdict"], "ptx_jit");
+    assert_eq!(v["inspection"]["gpu_code"]["ptx"][0]["target"], "sm_90");
+    assert_eq!(v["nccl"]["found"], false);
+    fdl()
+        .arg("inspect")
+        .arg(&ptx)
+        .args(["--archs", "10.0"])
+        .assert()
+        .stdout(predicate::str::contains("PTX JIT only (compute_90)"));
+}
+
+#[test]
+fn inspect_without_gpus_or_archs_says_coverage_was_not_judged() {
+    let t = tempfile::tempdir().unwrap();
+    let lib = lib_with(t.path(), "libx.so", (2, 27, 5), &[61]);
+    let no_tools = tempfile::tempdir().unwrap();
+    fdl()
+        .env("PATH", no_tools.path())
+        .arg("inspect")
+        .arg(&lib)
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("Coverage: not judged")
+                .and(predicate::str::contains("--archs")),
+        );
+}
+
+#[test]
+fn hostile_paths_get_clear_errors() {
+    let t = tempfile::tempdir().unwrap();
+    let empty = t.path().join("empty.so");
+    std::fs::write(&empty, b"").unwrap();
+    let fifo = t.path().join("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let lib = lib_with(t.path(), "libx.so", (2, 27, 5), &[61]);
+    let bytes = std::fs::read(&lib).unwrap();
+    let cut = t.path().join("cut.so");
+    std::fs::write(&cut, &bytes[..100]).unwrap();
+    for (path, needle) in [
+        (t.path().to_path_buf(), "directory"),
+        (fifo, "not a regular file"),
+        (empty, "empty"),
+        (t.path().join("missing.so"), "missing.so"),
+    ] {
+        fdl()
+            .arg("inspect")
+            .arg(&path)
+            .args(["--archs", "8.6"])
+            .timeout(std::time::Duration::from_secs(20))
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains(needle));
+    }
+    // A truncated ELF never crashes fdl: it answers or fails with a message.
+    let out = fdl()
+        .arg("inspect")
+        .arg(&cut)
+        .args(["--archs", "8.6"])
+        .output()
+        .unwrap();
+    assert!(out.status.code().is_some(), "fdl was killed by a signal");
+    if !out.status.success() {
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
+    }
+}
+
+/// `site-packages/torch/lib/libtorch_cuda.so` loading `../../nvidia/nccl/lib/libnccl.so.2`.
+fn pip_layout(site: &Path, nccl: (u32, u32, u32)) -> std::path::PathBuf {
+    let nccl_dir = site.join("nvidia/nccl/lib");
+    let torch_lib = site.join("torch/lib");
+    std::fs::create_dir_all(&nccl_dir).unwrap();
+    std::fs::create_dir_all(&torch_lib).unwrap();
+    compile_shared(
+        &nccl_like_source(nccl, "12.6"),
+        &nccl_dir.join("libnccl.so.2"),
+        &["-Wl,-soname,libnccl.so.2"],
+    );
+    let torch = torch_lib.join("libtorch_cuda.so");
+    compile_shared(
+        "extern int ncclGetVersion(int*); int torch_uses_nccl(void) { int v; return ncclGetVersion(&v); }\n",
+        &torch,
+        &[
+            "-L",
+            nccl_dir.to_str().unwrap(),
+            "-l:libnccl.so.2",
+            "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../../nvidia/nccl/lib",
+        ],
+    );
+    torch
+}
+
+#[test]
+fn detect_follows_a_pip_torch_to_its_libnccl() {
+    let t = tempfile::tempdir().unwrap();
+    let torch = pip_layout(&t.path().join("site-packages"), (2, 21, 5));
+    fdl()
+        .env_remove("LD_LIBRARY_PATH")
+        .args(["nccl", "detect"])
+        .arg(&torch)
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("NCCL 2.21.5 (built with CUDA 12.6)")
+                .and(predicate::str::contains("dynamic: loads libnccl.so.2"))
+                .and(predicate::str::contains("DT_RUNPATH")),
+        );
+    // `fdl nccl build` infers from the same detection.
+    let project = ProjectFixture::empty();
+    let variant = project.root().join("libtorch/precompiled/pip");
+    std::fs::create_dir_all(variant.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(t.path().join("site-packages/torch"), &variant).unwrap();
+    let project = project.activate("precompiled/pip");
+    let out = fdl()
+        .env_remove("LD_LIBRARY_PATH")
+        .arg("--root")
+        .arg(project.root())
+        .args(["nccl", "build", "--archs", "8.6", "--dry-run", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["plan"]["tag"], "v2.21.5-1");
+    assert!(v["plan"]["tag_origin"]["linkage"]
+        .as_str()
+        .unwrap()
+        .starts_with("dynamic"));
+    assert_eq!(v["plan"]["cuda"]["minor"], 6);
+
+    // The libnccl it needs is gone: a clear error naming what was searched.
+    std::fs::remove_file(t.path().join("site-packages/nvidia/nccl/lib/libnccl.so.2")).unwrap();
+    fdl()
+        .env_remove("LD_LIBRARY_PATH")
+        .args(["nccl", "detect"])
+        .arg(&torch)
+        .assert()
+        .failure()
+        .stderr(
+            predicate::str::contains("needs libnccl.so.2 but it cannot be resolved")
+                .and(predicate::str::contains("nvidia/nccl/lib")),
+        );
+}
+
+#[test]
+fn detect_says_plainly_when_there_is_no_nccl() {
+    let t = tempfile::tempdir().unwrap();
+    let plain = t.path().join("libplain.so");
+    compile_shared("int f(void) { return 1; }\n", &plain, &[]);
+    fdl()
+        .args(["nccl", "detect"])
+        .arg(&plain)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("No NCCL in"));
+    let out = fdl()
+        .args(["nccl", "detect", "--json"])
+        .arg(&plain)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["nccl"]["found"], false);
+}
+
+struct Builds {
+    project: ProjectFixture,
+    cache: tempfile::TempDir,
+    trees: tempfile::TempDir,
+}
+
+impl Builds {
+    fn new() -> Builds {
+        Builds {
+            project: ProjectFixture::empty(),
+            cache: tempfile::tempdir().unwrap(),
+            trees: tempfile::tempdir().unwrap(),
+        }
+    }
+    fn tree(&self, name: &str, version: (u32, u32, u32), archs: &[u32]) -> std::path::PathBuf {
+        let dir = self.trees.path().join(name);
+        write_nccl_tree(&dir, version, archs);
+        dir
+    }
+    fn install(&self, tree: &Path, archs: &str) -> anyhow::Result<String> {
+        install_build(
+            self.project.root(),
+            self.cache.path(),
+            tree,
+            "v2.27.5-1",
+            archs,
+        )
+    }
+    fn fdl(&self) -> assert_cmd::Command {
+        let mut cmd = fdl();
+        cmd.env("XDG_CACHE_HOME", self.cache.path())
+            .arg("--root")
+            .arg(self.project.root());
+        cmd
+    }
+    fn builds(&self) -> std::path::PathBuf {
+        self.project.root().join("libtorch/nccl/builds")
+    }
+}
+
+#[test]
+fn verify_passes_a_sound_build_and_judges_local_gpus() {
+    let b = Builds::new();
+    let tree = b.tree("t", (2, 27, 5), &[61, 120]);
+    let name = b.install(&tree, "6.1;12.0").unwrap();
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(b.builds().join(&name).join("fdl-build.json")).unwrap(),
+    )
+    .unwrap();
+    let load = manifest["verification"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "load")
+        .unwrap();
+    assert_eq!(
+        load["status"], "pass",
+        "the build ran the loader check: {load}"
+    );
+
+    let rig = fake_nvidia_smi(
+        "0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n1, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n",
+        0,
+    );
+    b.fdl()
+        .env("PATH", path_with(rig.path()))
+        .args(["nccl", "verify"])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("ncclGetVersion() = 22705")
+                .and(predicate::str::is_match(r"sass sm_61 +ok").unwrap())
+                .and(
+                    predicate::str::is_match(r"gpu 1 \(NVIDIA GeForce RTX 5060 Ti\) +ok").unwrap(),
+                ),
+        );
+    // A GPU the build has no code for fails verification.
+    let h200 = fake_nvidia_smi("0, NVIDIA H200, 9.0, 143771\n", 0);
+    b.fdl()
+        .env("PATH", path_with(h200.path()))
+        .args(["nccl", "verify", &name])
+        .assert()
+        .failure()
+        .stdout(predicate::str::contains("no GPU code runs on sm_90"))
+        .stderr(predicate::str::contains("verification failed"));
+    // Without nvidia-smi the GPU check is reported as skipped, never as passed.
+    let no_tools = tempfile::tempdir().unwrap();
+    let out = b
+        .fdl()
+        .env("PATH", no_tools.path())
+        .args(["nccl", "verify", "--json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checks = v["reports"][0]["checks"].as_array().unwrap();
+    assert!(checks
+        .iter()
+        .any(|c| c["check"] == "local gpus" && c["status"] == "skipped"));
+}
+
+#[test]
+fn verify_catches_a_tampered_build_and_a_crashing_library() {
+    let b = Builds::new();
+    let tree = b.tree("t", (2, 27, 5), &[86]);
+    let name = b.install(&tree, "8.6").unwrap();
+    let lib = b.builds().join(&name).join("lib/libnccl.so.2.27.5");
+    // Replaced by a library whose constructor crashes: fdl survives and says so.
+    compile_shared(
+        &format!(
+            // A real fault through a pointer the compiler cannot see is null.
+            "{}{}__attribute__((constructor)) static void boom(void) {{ int *volatile p = 0; *(volatile int *)p = 1; }}\n",
+            nccl_like_source((2, 27, 5), "12.8"),
+            fatbin_c_source(&[86], "fatbin")
+        ),
+        &lib,
+        &[],
+    );
+    b.fdl()
+        .args(["nccl", "verify", "--json"])
+        .assert()
+        .failure()
+        .stdout(predicate::str::contains(
+            "crashed the loader process (signal 11)",
+        ));
+    // Replaced by another NCCL version: the manifest no longer agrees.
+    compile_shared(
+        &format!(
+            "{}{}",
+            nccl_like_source((2, 27, 6), "12.8"),
+            fatbin_c_source(&[86], "fatbin")
+        ),
+        &lib,
+        &[],
+    );
+    b.fdl()
+        .args(["nccl", "verify", &name])
+        .assert()
+        .failure()
+        .stdout(predicate::str::contains(
+            "identifies as NCCL 2.27.6 but nccl.h says 2.27.5",
+        ));
+    b.fdl()
+        .args(["nccl", "verify", "nope"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("no build named 'nope'"));
+}
+
+#[test]
+fn a_build_without_code_for_a_planned_arch_is_not_installed() {
+    let b = Builds::new();
+    let tree = b.tree("t", (2, 27, 5), &[61]);
+    let err = b.install(&tree, "6.1;12.0").unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("failed verification") && msg.contains("sass sm_120"),
+        "{msg}"
+    );
+    let left: Vec<_> = std::fs::read_dir(b.builds())
+        .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
