@@ -4,18 +4,8 @@
 
 mod common;
 use common::*;
-use fdl::arch::parse_arch_list;
-use fdl::lock::Wait;
-use fdl::nccl::build::{execute, Backend, ExecOptions};
-use fdl::nccl::plan::{
-    ArchOrigin, BackendInputs, BuildPlan, DockerfileSpec, PlanInputs, TagOrigin,
-};
-use fdl::nccl::store::BuildStore;
-use fdl::nccl::tag::Tag;
-use fdl::progress::{Progress, Verbosity};
 use predicates::prelude::*;
 use serde_json::Value;
-use std::path::Path;
 
 struct Fixture {
     project: ProjectFixture,
