@@ -23,6 +23,21 @@ pub enum LibtorchCommand {
         /// precompiled/<name> or builds/<name>
         variant: String,
     },
+    /// Register an existing libtorch (unpacked archive or pip torch/) as precompiled/NAME
+    #[command(
+        long_about = "Register an existing libtorch — an unpacked libtorch archive, or a pip torch's torch/ directory — \
+as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch is written from the binaries \
+(torch and CUDA version, SASS archs, NCCL version and linkage).",
+        after_help = "Examples:\n  fdl libtorch add cu128 ~/Downloads/libtorch\n  fdl libtorch add pip-cu128 .venv/lib/python3.12/site-packages/torch"
+    )]
+    Add {
+        /// The variant's name under precompiled/
+        name: String,
+        /// The libtorch directory (holding lib/libtorch_cuda.so)
+        path: std::path::PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a variant's .arch metadata and the NCCL it bundles
     #[command(after_help = "Example:\n  fdl libtorch info precompiled/cu128")]
     Info {
@@ -59,6 +74,23 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                     };
                     println!("{mark} {}", v.name);
                 }
+            }
+            Ok(())
+        }
+        LibtorchCommand::Add { name, path, json } => {
+            let (v, arch) = crate::libtorch::add::add(&lt, &name, &path)?;
+            if json {
+                let arch: serde_json::Map<String, serde_json::Value> = arch
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.into()))
+                    .collect();
+                print_json(&json!({ "variant": v.name, "dir": v.dir, "arch": arch }));
+            } else {
+                println!("Registered {} → {}", v.name, path.display());
+                for (k, val) in &arch {
+                    println!("  {k:<13}{val}");
+                }
+                println!("Make it active with `fdl libtorch activate {}`.", v.name);
             }
             Ok(())
         }

@@ -1,6 +1,8 @@
 //! libtorch variants under `libtorch/`: `precompiled/<name>` and `builds/<name>`, one of
 //! them active (named by `libtorch/.active`), each with optional `.arch` metadata.
-//! Discovery only: nothing here builds or installs.
+//! Discovery and activation here; registering an existing libtorch is in [`add`].
+
+pub mod add;
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;

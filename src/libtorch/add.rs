@@ -1,0 +1,226 @@
+//! `fdl libtorch add NAME PATH`: registers a libtorch that already exists on disk (an
+//! unpacked libtorch archive, or a pip torch's `torch/` directory) as
+//! `precompiled/NAME`, without copying it.
+//!
+//! The variant is a directory of symlinks to PATH's entries plus an `.arch` of our own,
+//! written from the binaries — so nothing is written into the user's torch install. It is
+//! assembled in a hidden directory and renamed into place, so a failure leaves nothing.
+
+use crate::arch::Arch;
+use crate::inspect::{self, Linkage, LoaderEnv};
+use crate::libtorch::{Libtorch, Variant};
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What `.arch` will say, in the order it is written.
+pub type ArchFile = Vec<(&'static str, String)>;
+
+/// Registers `path` as `precompiled/<name>` and returns the variant and its `.arch`.
+pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)> {
+    check_name(name)?;
+    let source = path.canonicalize().with_context(|| {
+        format!(
+            "cannot open {}: give the directory of an unpacked libtorch or a pip torch",
+            path.display()
+        )
+    })?;
+    if !source.is_dir() {
+        bail!(
+            "{} is not a directory: give the directory that holds lib/libtorch_cuda.so",
+            source.display()
+        );
+    }
+    let lib = source.join("lib").join("libtorch_cuda.so");
+    if !lib.is_file() {
+        bail!(
+            "{} has no lib/libtorch_cuda.so: give an unpacked libtorch archive (the directory holding lib/ and include/) or a pip torch's torch/ directory (site-packages/torch)",
+            source.display()
+        );
+    }
+    let target = lt.dir.join("precompiled").join(name);
+    if std::fs::symlink_metadata(&target).is_ok() {
+        bail!(
+            "{} already exists: pick another name, or remove that variant first",
+            target.display()
+        );
+    }
+    let arch = describe(&source, &lib)?;
+
+    let parent = lt.dir.join("precompiled");
+    let mut created = Vec::new();
+    for dir in [&lt.dir, &parent] {
+        if !dir.exists() {
+            std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            created.push(dir.clone());
+        }
+    }
+    let staged = (|| -> Result<PathBuf> {
+        let staging = tempfile::Builder::new()
+            .prefix(&format!(".adding-{name}-"))
+            .tempdir_in(&parent)?;
+        for entry in std::fs::read_dir(&source)? {
+            let entry = entry?;
+            let file_name = entry.file_name();
+            if file_name == ".arch" {
+                continue;
+            }
+            std::os::unix::fs::symlink(entry.path(), staging.path().join(&file_name))?;
+        }
+        let text: String = arch.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        std::fs::write(staging.path().join(".arch"), text)?;
+        let staging = staging.keep();
+        if let Err(e) = std::fs::rename(&staging, &target) {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(e.into());
+        }
+        Ok(target.clone())
+    })();
+    match staged {
+        Ok(dir) => Ok((
+            Variant {
+                name: format!("precompiled/{name}"),
+                dir,
+            },
+            arch,
+        )),
+        Err(e) => {
+            for dir in created.iter().rev() {
+                let _ = std::fs::remove_dir(dir);
+            }
+            Err(e.context(format!(
+                "cannot register {} as precompiled/{name}",
+                source.display()
+            )))
+        }
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && !name.starts_with(['.', '-'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if !ok {
+        bail!("'{name}' is not a variant name: use letters, digits, '.', '_' and '-', e.g. cu128 or torch-2.8-pip");
+    }
+    Ok(())
+}
+
+/// `.arch` from the files themselves: the torch version (pip's `version.py` or the
+/// archive's `build-version`), CUDA (the version's `+cuXYZ`, else NCCL's self-id, else
+/// the libcudart it needs), SASS/PTX archs and NCCL with its linkage.
+pub fn describe(source: &Path, lib: &Path) -> Result<ArchFile> {
+    let ins = inspect::inspect(lib)?;
+    let nccl = match inspect::detect_nccl(lib, &LoaderEnv::from_process()) {
+        Ok(n) => n,
+        Err(e) => match e.downcast::<inspect::UnresolvedNccl>() {
+            Ok(_) => None,
+            Err(e) => return Err(e),
+        },
+    };
+    let torch = torch_version(source);
+    let cuda = torch
+        .as_deref()
+        .and_then(cuda_from_local_version)
+        .or_else(|| nccl.as_ref().map(|n| n.cuda.to_string()))
+        .or_else(|| {
+            ins.needed.iter().find_map(|n| {
+                n.strip_prefix("libcudart.so.")
+                    .map(|major| major.to_string())
+            })
+        });
+    let caps = |entries: &[inspect::CodeEntry]| -> String {
+        let mut archs: Vec<Arch> = entries.iter().map(|e| e.target.arch).collect();
+        archs.sort();
+        archs.dedup();
+        archs
+            .iter()
+            .map(|a| a.capability())
+            .collect::<Vec<_>>()
+            .join(";")
+    };
+    let mut out: ArchFile = vec![
+        ("torch", torch.unwrap_or_else(|| "unknown".into())),
+        ("cuda", cuda.unwrap_or_else(|| "unknown".into())),
+        ("archs", caps(&ins.gpu_code.sass)),
+        ("ptx", caps(&ins.gpu_code.ptx)),
+    ];
+    match &nccl {
+        Some(n) => {
+            out.push(("nccl", n.version.to_string()));
+            out.push((
+                "nccl_linkage",
+                match &n.linkage {
+                    Linkage::Static => "static".to_string(),
+                    Linkage::Dynamic { .. } => "dynamic".to_string(),
+                },
+            ));
+            if let Linkage::Dynamic { .. } = n.linkage {
+                out.push(("nccl_library", n.file.display().to_string()));
+            }
+        }
+        None => out.push(("nccl", "none".into())),
+    }
+    out.push(("source", source.display().to_string()));
+    Ok(out)
+}
+
+/// `2.8.0+cu128` from `version.py` (pip) or `build-version` (libtorch archive).
+fn torch_version(source: &Path) -> Option<String> {
+    if let Ok(text) = std::fs::read_to_string(source.join("version.py")) {
+        let kv: BTreeMap<&str, &str> = text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim().split(':').next().unwrap_or("").trim(), v.trim()))
+            .collect();
+        if let Some(v) = kv.get("__version__") {
+            return Some(v.trim_matches(['\'', '"']).to_string());
+        }
+    }
+    let text = std::fs::read_to_string(source.join("build-version")).ok()?;
+    Some(text.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// `+cu128` → `12.8`, `+cu118` → `11.8`.
+fn cuda_from_local_version(v: &str) -> Option<String> {
+    let local = v.split_once('+')?.1;
+    let digits = local.strip_prefix("cu")?;
+    if digits.len() < 3 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (major, minor) = digits.split_at(digits.len() - 1);
+    Some(format!("{major}.{minor}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_from_torch_local_versions() {
+        assert_eq!(
+            cuda_from_local_version("2.8.0+cu128").as_deref(),
+            Some("12.8")
+        );
+        assert_eq!(
+            cuda_from_local_version("2.1.0+cu118").as_deref(),
+            Some("11.8")
+        );
+        assert_eq!(
+            cuda_from_local_version("2.9.0+cu130").as_deref(),
+            Some("13.0")
+        );
+        assert_eq!(cuda_from_local_version("2.8.0+cpu"), None);
+        assert_eq!(cuda_from_local_version("2.8.0"), None);
+    }
+
+    #[test]
+    fn names_are_plain() {
+        for bad in ["", ".x", "-x", "a/b", "../x", "a b"] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+        assert!(check_name("torch-2.8_pip.cu128").is_ok());
+    }
+}

@@ -1,0 +1,192 @@
+//! `fdl libtorch add NAME PATH` for an unpacked libtorch archive and a pip torch.
+
+mod common;
+use common::*;
+use predicates::prelude::*;
+use std::path::Path;
+
+/// An unpacked libtorch archive: lib/libtorch_cuda.so with NCCL inside, build-version.
+fn archive(dir: &Path) {
+    std::fs::create_dir_all(dir.join("lib")).unwrap();
+    std::fs::create_dir_all(dir.join("include/torch")).unwrap();
+    std::fs::write(dir.join("build-version"), "2.8.0+cu128\n").unwrap();
+    compile_shared(
+        &format!(
+            "{}{}",
+            nccl_like_source((2, 27, 3), "12.8"),
+            fatbin_c_source(&[61, 86, 120], "torch_fatbin")
+        ),
+        &dir.join("lib/libtorch_cuda.so"),
+        &[],
+    );
+}
+
+/// site-packages/torch loading site-packages/nvidia/nccl/lib/libnccl.so.2.
+fn pip_torch(site: &Path) -> std::path::PathBuf {
+    let nccl_dir = site.join("nvidia/nccl/lib");
+    let torch = site.join("torch");
+    std::fs::create_dir_all(&nccl_dir).unwrap();
+    std::fs::create_dir_all(torch.join("lib")).unwrap();
+    std::fs::write(
+        torch.join("version.py"),
+        "from typing import Optional\n__version__ = '2.9.1+cu130'\ncuda: Optional[str] = '13.0'\n",
+    )
+    .unwrap();
+    compile_shared(
+        &nccl_like_source((2, 28, 9), "13.0"),
+        &nccl_dir.join("libnccl.so.2"),
+        &["-Wl,-soname,libnccl.so.2"],
+    );
+    compile_shared(
+        &format!("extern int ncclGetVersion(int*); int f(void) {{ int v; return ncclGetVersion(&v); }}\n{}", fatbin_c_source(&[75, 120], "fb")),
+        &torch.join("lib/libtorch_cuda.so"),
+        &["-L", nccl_dir.to_str().unwrap(), "-l:libnccl.so.2", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../../nvidia/nccl/lib"],
+    );
+    torch
+}
+
+#[test]
+fn registers_an_archive_as_links_with_arch_from_the_binaries() {
+    let p = ProjectFixture::empty();
+    let src = tempfile::tempdir().unwrap();
+    archive(src.path());
+    let before_src = snapshot(src.path());
+    fdl()
+        .arg("--root")
+        .arg(p.root())
+        .args(["libtorch", "add", "cu128"])
+        .arg(src.path())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Registered precompiled/cu128"));
+    let dir = p.root().join("libtorch/precompiled/cu128");
+    assert!(std::fs::symlink_metadata(dir.join("lib"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let arch = std::fs::read_to_string(dir.join(".arch")).unwrap();
+    for line in [
+        "torch=2.8.0+cu128",
+        "cuda=12.8",
+        "archs=6.1;8.6;12.0",
+        "nccl=2.27.3",
+        "nccl_linkage=static",
+    ] {
+        assert!(
+            arch.lines().any(|l| l == line),
+            "{line} missing in:\n{arch}"
+        );
+    }
+    assert_eq!(
+        snapshot(src.path()),
+        before_src,
+        "the registered libtorch was modified"
+    );
+    // It is a variant like any other.
+    fdl()
+        .arg("--root")
+        .arg(p.root())
+        .args(["libtorch", "activate", "precompiled/cu128"])
+        .assert()
+        .success();
+    let out = fdl()
+        .arg("--root")
+        .arg(p.root())
+        .args(["nccl", "build", "--archs", "8.6", "--dry-run", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["plan"]["tag"], "v2.27.3-1");
+}
+
+#[test]
+fn registers_a_pip_torch_with_dynamic_nccl() {
+    let p = ProjectFixture::empty();
+    let site = tempfile::tempdir().unwrap();
+    let torch = pip_torch(site.path());
+    let out = fdl()
+        .env_remove("LD_LIBRARY_PATH")
+        .arg("--root")
+        .arg(p.root())
+        .args(["libtorch", "add", "pip", "--json"])
+        .arg(&torch)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["arch"]["torch"], "2.9.1+cu130");
+    assert_eq!(v["arch"]["cuda"], "13.0");
+    assert_eq!(v["arch"]["archs"], "7.5;12.0");
+    assert_eq!(v["arch"]["nccl"], "2.28.9");
+    assert_eq!(v["arch"]["nccl_linkage"], "dynamic");
+    assert!(v["arch"]["nccl_library"]
+        .as_str()
+        .unwrap()
+        .ends_with("nvidia/nccl/lib/libnccl.so.2"));
+    // Detection through the registered variant still finds the pip NCCL.
+    fdl()
+        .env_remove("LD_LIBRARY_PATH")
+        .arg("--root")
+        .arg(p.root())
+        .args(["nccl", "detect"])
+        .arg(
+            p.root()
+                .join("libtorch/precompiled/pip/lib/libtorch_cuda.so"),
+        )
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("NCCL 2.28.9").and(predicate::str::contains("dynamic")));
+}
+
+#[test]
+fn bad_names_and_paths_write_nothing() {
+    let p = ProjectFixture::empty();
+    let src = tempfile::tempdir().unwrap();
+    archive(src.path());
+    let not_torch = tempfile::tempdir().unwrap();
+    for (name, path, needle) in [
+        ("../x", src.path().to_path_buf(), "not a variant name"),
+        ("a/b", src.path().to_path_buf(), "not a variant name"),
+        (
+            "ok",
+            not_torch.path().to_path_buf(),
+            "has no lib/libtorch_cuda.so",
+        ),
+        ("ok", src.path().join("missing"), "cannot open"),
+    ] {
+        fdl()
+            .arg("--root")
+            .arg(p.root())
+            .args(["libtorch", "add", name])
+            .arg(&path)
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains(needle));
+        assert!(
+            !p.root().join("libtorch").exists(),
+            "{name} {}",
+            path.display()
+        );
+    }
+    fdl()
+        .arg("--root")
+        .arg(p.root())
+        .args(["libtorch", "add", "cu128"])
+        .arg(src.path())
+        .assert()
+        .success();
+    let before = snapshot(p.root());
+    fdl()
+        .arg("--root")
+        .arg(p.root())
+        .args(["libtorch", "add", "cu128"])
+        .arg(src.path())
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("already exists"));
+    assert_eq!(snapshot(p.root()), before);
+}
