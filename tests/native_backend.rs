@@ -727,3 +727,99 @@ fn a_failing_compile_is_reported_with_its_log_and_leaves_nothing() {
         .collect();
     assert!(left.is_empty(), "left in the project: {left:?}");
 }
+
+#[test]
+fn remove_waits_for_a_rebuild_of_its_target() {
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    let out = env
+        .build("8.6", &["--json", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert_eq!(json_of(&out)["status"], "built", "{}", stderr_of(&out));
+    let name = "v2.27.5-sm86";
+
+    // A forced rebuild of the same target holds its lock while it compiles.
+    let marker = env.work.path().join("compiling");
+    let mut rebuild = stalling_build(&env, &tree, &marker, 3, &["--json", "--force"]);
+    wait_for_marker(&marker, &mut rebuild);
+    let remove = |extra: &[&str]| {
+        let mut cmd = Std::new(assert_cmd::cargo::cargo_bin("fdl"));
+        cmd.env("XDG_CACHE_HOME", env.cache.path())
+            .env_remove("FDL_ROOT")
+            .arg("--root")
+            .arg(env.root())
+            .args(["nccl", "remove", "--yes", name])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    let out = remove(&["--no-wait"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr_of(&out).contains("locked by another fdl"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert!(env.builds().join(name).exists());
+
+    // Without --no-wait, remove waits for the rebuild, then removes its result.
+    let waiting = remove(&[]).spawn().unwrap();
+    let rebuilt = rebuild.wait_with_output().unwrap();
+    assert_eq!(
+        json_of(&rebuilt)["status"],
+        "replaced",
+        "{}",
+        stderr_of(&rebuilt)
+    );
+    let removed = waiting.wait_with_output().unwrap();
+    assert!(removed.status.success(), "{}", stderr_of(&removed));
+    assert!(
+        stderr_of(&removed).contains("waiting for it to finish"),
+        "{}",
+        stderr_of(&removed)
+    );
+    assert!(!env.builds().join(name).exists());
+    assert!(env.stray_entries().is_empty(), "{:?}", env.stray_entries());
+}
+
+#[test]
+fn quiet_normal_and_verbose_show_what_they_promise() {
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    // Off a terminal, normal mode prints phase lines, not the compiler's output.
+    let out = env.build("8.6", &["--source"]).arg(&tree).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("] compile") && err.contains("] install") && err.contains("] verify"),
+        "{err}"
+    );
+    assert!(!err.contains("Compiling  src/init.cc"), "{err}");
+    // Verbose streams the build's own lines too.
+    let out = env
+        .build("8.6", &["--force", "--verbose", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert!(
+        stderr_of(&out).contains("Compiling  src/init.cc"),
+        "{}",
+        stderr_of(&out)
+    );
+    // Quiet: only the result.
+    let out = env
+        .build("8.6", &["--force", "--quiet", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(
+        stderr_of(&out).trim().is_empty(),
+        "quiet printed: {}",
+        stderr_of(&out)
+    );
+    assert!(stdout_of(&out).contains("Rebuilt and replaced"));
+}
