@@ -68,7 +68,7 @@ fn list_shows_builds_and_flags_partial_and_broken_entries() {
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.contains("v2.27.5-sm61-sm120") && text.contains("sm_61,sm_120"),
+        text.contains("v2.27.5-sm61-sm120") && text.contains("sm_61,sm_86,sm_120"),
         "{text}"
     );
     assert!(text.contains("2.26.2"), "{text}");

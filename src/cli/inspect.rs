@@ -318,6 +318,11 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
     if json_out {
         print_json(&json!({ "passed": failed.is_empty(), "reports": reports }));
     } else {
+        let width = reports
+            .iter()
+            .flat_map(|r| r.checks.iter().map(|c| c.check.chars().count()))
+            .max()
+            .unwrap_or(0);
         for r in &reports {
             let head = if r.passed() {
                 paint("ok", Color::Green)
@@ -332,7 +337,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                     Status::Fail => paint("FAIL", Color::Red),
                     Status::Skipped => paint("skipped", Color::Yellow),
                 };
-                println!("  {:<22} {status:<7} {}", c.check, c.detail);
+                println!("  {:<width$}  {status:<7} {}", c.check, c.detail);
             }
         }
     }

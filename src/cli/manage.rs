@@ -25,10 +25,13 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
         );
         return Ok(());
     }
-    println!(
-        "{:<28} {:<9} {:<6} {:<18} {:<7} {:<7} {:>9}  BUILT",
-        "NAME", "NCCL", "CUDA", "SASS", "PTX", "BACKEND", "SIZE"
-    );
+    // Rows first, then columns as wide as their widest cell.
+    let mut rows: Vec<Vec<String>> = vec![[
+        "NAME", "NCCL", "CUDA", "SASS", "PTX", "BACKEND", "SIZE", "BUILT",
+    ]
+    .map(String::from)
+    .to_vec()];
+    let mut notes: Vec<(String, String)> = Vec::new();
     for e in &entries {
         match e {
             Entry::Build {
@@ -37,43 +40,62 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
                 size_bytes,
             } => {
                 let plan = &manifest.plan;
-                let sass = plan
-                    .archs
-                    .iter()
-                    .map(|a| a.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",");
-                let ptx = match (plan.ptx, plan.archs.iter().max()) {
-                    (true, Some(top)) => format!("compute_{}", top.number()),
-                    _ => "-".to_string(),
+                // What the library carries, read from its fatbin: the truth, not the plan.
+                let lib = store
+                    .path_of(name)
+                    .join("lib")
+                    .join(&manifest.checked.library);
+                let (sass, ptx) = match crate::inspect::inspect(&lib) {
+                    Ok(ins) => (
+                        targets_list(&ins.gpu_code.sass, "sm_"),
+                        targets_list(&ins.gpu_code.ptx, "compute_"),
+                    ),
+                    Err(_) => ("unreadable".to_string(), "?".to_string()),
                 };
                 let nccl = match &plan.only_funcs {
                     Some(_) => format!("{}*", manifest.checked.header_version),
                     None => manifest.checked.header_version.to_string(),
                 };
-                println!(
-                    "{:<28} {:<9} {:<6} {:<18} {:<7} {:<7} {:>9}  {}",
-                    name,
+                rows.push(vec![
+                    name.clone(),
                     nccl,
                     plan.cuda.without_patch().to_string(),
                     sass,
                     ptx,
                     plan.backend.to_string(),
                     human_size(*size_bytes),
-                    manifest.built_at
-                );
+                    manifest.built_at.clone(),
+                ]);
             }
-            Entry::Partial { name, what } => println!(
-                "{:<28} {}",
-                name,
-                paint(&format!("partial: {what}"), Color::Yellow)
-            ),
-            Entry::Broken { name, why } => println!(
-                "{:<28} {}",
-                name,
-                paint(&format!("broken: {why}"), Color::Red)
-            ),
+            Entry::Partial { name, what } => notes.push((
+                name.clone(),
+                paint(&format!("partial: {what}"), Color::Yellow),
+            )),
+            Entry::Broken { name, why } => {
+                notes.push((name.clone(), paint(&format!("broken: {why}"), Color::Red)))
+            }
         }
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(c, (cell, w))| {
+                if c == 6 {
+                    format!("{cell:>w$}")
+                } else {
+                    format!("{cell:<w$}")
+                }
+            })
+            .collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
+    for (name, note) in notes {
+        println!("{name}  {note}");
     }
     if entries
         .iter()
@@ -82,6 +104,18 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
         println!("* development build (--only-funcs): not a full NCCL");
     }
     Ok(())
+}
+
+/// `sm_61,sm_120` (or `compute_…` for PTX); `-` for none.
+fn targets_list(entries: &[crate::inspect::CodeEntry], prefix: &str) -> String {
+    if entries.is_empty() {
+        return "-".into();
+    }
+    entries
+        .iter()
+        .map(|e| e.target.to_string().replacen("sm_", prefix, 1))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn human_size(bytes: u64) -> String {

@@ -31,7 +31,7 @@ pub enum Status {
 
 impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Status::Pass => "ok",
             Status::Warn => "warn",
             Status::Fail => "FAIL",
