@@ -326,7 +326,8 @@ pub fn detect_nccl(path: &Path, env: &LoaderEnv) -> Result<Option<NcclDetection>
             Some(id) => Ok(Some(NcclDetection {
                 version: id.nccl,
                 cuda: id.cuda,
-                file: hit.path,
+                // `$ORIGIN/../..` spelled out is hard to read; the loader opens the same file.
+                file: hit.path.canonicalize().unwrap_or(hit.path),
                 linkage: Linkage::Dynamic {
                     needed: needed.clone(),
                     via: hit.via,
