@@ -35,9 +35,7 @@ fn json_plan(args: &[&str], project: &std::path::Path) -> Value {
 /// Runs a build that must fail; asserts the message and that the project is untouched.
 fn fails_cleanly(project: &std::path::Path, args: &[&str], needle: &str) {
     let before = snapshot(project);
-    fdl()
-        .arg("--root")
-        .arg(project)
+    fdl_in(project)
         .args(["nccl", "build"])
         .args(args)
         .assert()
@@ -224,26 +222,14 @@ fn bad_archs_are_named() {
 fn archs_the_cuda_cannot_compile_are_refused() {
     let p = ProjectFixture::empty();
     let args = ["--tag", "v2.27.5-1", "--archs", "6.1;12.0", "--dry-run"];
-    fails_cleanly(
-        p.root(),
-        &[&args[..], &["--cuda", "13.0"]].concat(),
-        "CUDA 13.0 cannot compile sm_61",
-    );
-    fails_cleanly(
-        p.root(),
-        &[&args[..], &["--cuda", "13.0"]].concat(),
-        "CUDA 8.0 to 12.9",
-    );
-    fails_cleanly(
-        p.root(),
-        &[&args[..], &["--cuda", "12.4"]].concat(),
-        "sm_120 needs CUDA 12.8 or newer",
-    );
-    fails_cleanly(
-        p.root(),
-        &[&args[..], &["--cuda", "twelve"]].concat(),
-        "invalid CUDA version",
-    );
+    for (cuda, needle) in [
+        ("13.0", "CUDA 13.0 cannot compile sm_61"),
+        ("13.0", "CUDA 8.0 to 12.9"),
+        ("12.4", "sm_120 needs CUDA 12.8 or newer"),
+        ("twelve", "invalid CUDA version"),
+    ] {
+        fails_cleanly(p.root(), &[&args[..], &["--cuda", cuda]].concat(), needle);
+    }
     fails_cleanly(
         p.root(),
         &[

@@ -51,9 +51,7 @@ fn registers_an_archive_as_links_with_arch_from_the_binaries() {
     let src = tempfile::tempdir().unwrap();
     archive(src.path());
     let before_src = snapshot(src.path());
-    fdl()
-        .arg("--root")
-        .arg(p.root())
+    fdl_in(p.root())
         .args(["libtorch", "add", "cu128"])
         .arg(src.path())
         .assert()
@@ -83,15 +81,11 @@ fn registers_an_archive_as_links_with_arch_from_the_binaries() {
         "the registered libtorch was modified"
     );
     // It is a variant like any other.
-    fdl()
-        .arg("--root")
-        .arg(p.root())
+    fdl_in(p.root())
         .args(["libtorch", "activate", "precompiled/cu128"])
         .assert()
         .success();
-    let out = fdl()
-        .arg("--root")
-        .arg(p.root())
+    let out = fdl_in(p.root())
         .args(["nccl", "build", "--archs", "8.6", "--dry-run", "--json"])
         .output()
         .unwrap();
@@ -158,9 +152,7 @@ fn bad_names_and_paths_write_nothing() {
         ),
         ("ok", src.path().join("missing"), "cannot open"),
     ] {
-        fdl()
-            .arg("--root")
-            .arg(p.root())
+        fdl_in(p.root())
             .args(["libtorch", "add", name])
             .arg(&path)
             .assert()
@@ -172,17 +164,13 @@ fn bad_names_and_paths_write_nothing() {
             path.display()
         );
     }
-    fdl()
-        .arg("--root")
-        .arg(p.root())
+    fdl_in(p.root())
         .args(["libtorch", "add", "cu128"])
         .arg(src.path())
         .assert()
         .success();
     let before = snapshot(p.root());
-    fdl()
-        .arg("--root")
-        .arg(p.root())
+    fdl_in(p.root())
         .args(["libtorch", "add", "cu128"])
         .arg(src.path())
         .assert()

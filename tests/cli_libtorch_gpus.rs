@@ -27,16 +27,12 @@ fn project_with_two_variants() -> ProjectFixture {
 #[test]
 fn list_marks_the_active_variant() {
     let p = project_with_two_variants().activate("precompiled/cu128\n");
-    fdl()
-        .arg("--root")
-        .arg(p.root())
+    fdl_in(p.root())
         .args(["libtorch", "list"])
         .assert()
         .success()
         .stdout("  builds/local\n* precompiled/cu128\n");
-    let out = fdl()
-        .arg("--root")
-        .arg(p.root())
+    let out = fdl_in(p.root())
         .args(["libtorch", "list", "--json"])
         .output()
         .unwrap();
@@ -49,9 +45,7 @@ fn list_marks_the_active_variant() {
 #[test]
 fn activate_requires_an_existing_variant_and_writes_one_line() {
     let p = project_with_two_variants();
-    fdl()
-        .arg("--root")
-        .arg(p.root())
+    fdl_in(p.root())
         .args(["libtorch", "activate", "builds/local"])
         .assert()
         .success()
@@ -62,9 +56,7 @@ fn activate_requires_an_existing_variant_and_writes_one_line() {
     );
     let before = snapshot(p.root());
     for bad in ["precompiled/nope", "../outside", "/etc"] {
-        fdl()
-            .arg("--root")
-            .arg(p.root())
+        fdl_in(p.root())
             .args(["libtorch", "activate", bad])
             .assert()
             .failure()
@@ -76,9 +68,7 @@ fn activate_requires_an_existing_variant_and_writes_one_line() {
 #[test]
 fn info_shows_metadata_and_bundled_nccl() {
     let p = project_with_two_variants().activate("precompiled/cu128");
-    fdl()
-        .arg("--root")
-        .arg(p.root())
+    fdl_in(p.root())
         .args(["libtorch", "info"])
         .assert()
         .success()
@@ -88,9 +78,7 @@ fn info_shows_metadata_and_bundled_nccl() {
                 .and(predicate::str::contains("archs   6.1;12.0"))
                 .and(predicate::str::contains("2.27.5")),
         );
-    let out = fdl()
-        .arg("--root")
-        .arg(p.root())
+    let out = fdl_in(p.root())
         .args(["libtorch", "info", "builds/local", "--json"])
         .output()
         .unwrap();

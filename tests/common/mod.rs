@@ -23,6 +23,13 @@ pub fn fdl() -> Command {
     cmd
 }
 
+/// `fdl --root ROOT …`
+pub fn fdl_in(root: &Path) -> Command {
+    let mut cmd = fdl();
+    cmd.arg("--root").arg(root);
+    cmd
+}
+
 /// Compiles `c_source` into a shared library at `out` with the system C compiler.
 pub fn compile_shared(c_source: &str, out: &Path, extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
