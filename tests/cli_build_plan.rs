@@ -441,21 +441,26 @@ fn root_is_accepted_before_or_after_the_subcommand() {
 
 #[test]
 fn every_command_has_help_with_an_example() {
-    for cmd in [
-        &["--help"][..],
-        &["nccl", "build", "--help"],
-        &["nccl", "dockerfile", "--help"],
-        &["libtorch", "list", "--help"],
-        &["libtorch", "activate", "--help"],
-        &["libtorch", "info", "--help"],
-        &["gpus", "--help"],
-        &["nccl", "list", "--help"],
-        &["nccl", "remove", "--help"],
-        &["nccl", "env", "--help"],
-        &["completions", "--help"],
-    ] {
+    // Walk the real command tree, so a new command cannot be forgotten here.
+    fn paths(cmd: &clap::Command, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+        out.push(prefix.clone());
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            let mut p = prefix.clone();
+            p.push(sub.get_name().to_string());
+            paths(sub, p, out);
+        }
+    }
+    let mut all = Vec::new();
+    paths(
+        &<fdl::cli::Cli as clap::CommandFactory>::command(),
+        Vec::new(),
+        &mut all,
+    );
+    assert!(all.len() > 15, "{all:?}");
+    for path in all {
         fdl()
-            .args(cmd)
+            .args(&path)
+            .arg("--help")
             .assert()
             .success()
             .stdout(predicate::str::contains("Example"));

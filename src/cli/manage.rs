@@ -263,10 +263,11 @@ fn default_build(project: &Project, store: &BuildStore) -> Result<(String, Manif
     let lt = Libtorch::new(project.libtorch_dir());
     let wanted = lt.active().ok().and_then(|v| {
         let lib = v.libtorch_cuda();
-        crate::inspect::find_nccl_self_id(&lib)
+        // Static or pip-style: the same detection as `fdl nccl detect`.
+        crate::inspect::detect_nccl(&lib, &crate::inspect::LoaderEnv::from_process())
             .ok()
             .flatten()
-            .map(|id| (v.name, id.nccl))
+            .map(|d| (v.name, d.version))
     });
     let Some((variant, version)) = wanted else {
         return match builds.as_slice() {

@@ -34,10 +34,16 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Build and inspect NCCL libraries
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  fdl nccl build --dry-run\n  fdl nccl detect\n  fdl nccl list"
+    )]
     Nccl(NcclCommand),
-    /// List, activate and describe libtorch variants
-    #[command(subcommand)]
+    /// List, activate, add and describe libtorch variants
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  fdl libtorch list\n  fdl libtorch activate precompiled/cu128"
+    )]
     Libtorch(LibtorchCommand),
     /// What an ELF library carries: SONAME, needs, NCCL, GPU code, and coverage per GPU
     #[command(
