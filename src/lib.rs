@@ -5,6 +5,7 @@
 //! (`nccl::store`) → a report (`cli`). Lower modules never call higher ones.
 
 pub mod arch;
+pub mod cache;
 pub mod cli;
 pub mod docker;
 pub mod gpu;

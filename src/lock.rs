@@ -4,22 +4,13 @@
 //!
 //! The locks are OS file locks (`flock`): the kernel drops them when their holder dies,
 //! so a killed fdl never leaves a lock that blocks forever. The lock files live in the
-//! user's cache, not in the project, so a failed build leaves nothing in the project.
+//! user's cache ([`crate::cache`]), not in the project, so a failed build leaves nothing in
+//! the project.
 
 use anyhow::{bail, Context, Result};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
-
-/// The cache directory fdl uses: `$XDG_CACHE_HOME/fdl`, else `~/.cache/fdl`.
-pub fn cache_dir() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("fdl")
-}
 
 /// A held lock; released on drop (or by the kernel if the process dies).
 #[derive(Debug)]
@@ -40,9 +31,8 @@ pub enum Wait {
 /// directory `cache`. The builds directory's path is part of the key so two projects never
 /// share a lock.
 pub fn lock_path(cache: &Path, builds_dir: &Path, name: &str) -> PathBuf {
-    let key = crate::nccl::build::sha256_hex(
-        canonical_lenient(builds_dir).as_os_str().as_encoded_bytes(),
-    );
+    let key =
+        crate::cache::sha256_hex(canonical_lenient(builds_dir).as_os_str().as_encoded_bytes());
     cache
         .join("locks")
         .join(format!("{}-{name}.lock", &key[..16]))

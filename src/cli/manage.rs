@@ -169,7 +169,7 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
     let wait = if no_wait { Wait::No } else { Wait::Yes };
     for name in names {
         // The same lock as a build of this target: never delete one being (re)built.
-        let _lock = lock::acquire(&lock::cache_dir(), &store.dir, name, wait, &|msg| {
+        let _lock = lock::acquire(&crate::cache::cache_dir(), &store.dir, name, wait, &|msg| {
             eprintln!("{msg}")
         })?;
         let dir = store.remove(name)?;

@@ -5,7 +5,8 @@
 //! through `docker create` + `docker cp`; the container is removed by a guard on every
 //! path, including errors and Ctrl-C.
 
-use crate::nccl::build::{sha256_hex, Backend};
+use crate::cache::sha256_hex;
+use crate::nccl::build::Backend;
 use crate::nccl::plan::{BuildPlan, DockerfileSpec};
 use crate::process;
 use crate::progress::{Phase, Progress};

@@ -15,7 +15,6 @@ use crate::progress::{Phase, Progress, Verbosity};
 use crate::project::Project;
 use crate::version::CudaVersion;
 use anyhow::{anyhow, bail, Context, Result};
-use sha2::{Digest, Sha256};
 
 /// The build's full output, kept in its directory.
 pub const BUILD_LOG: &str = "build.log";
@@ -206,13 +205,6 @@ fn available_memory_kib() -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix("MemAvailable:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 #[derive(Debug)]
