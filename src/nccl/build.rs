@@ -282,16 +282,17 @@ pub fn execute(
         ),
         _ => {}
     }
+    // Staging first: if it cannot be made, no log file is left behind either.
+    let staging = store.begin(&plan.name)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let log_path = opts
-        .cache
-        .join("logs")
-        .join(format!("{}-{stamp}.log", plan.name));
+    let log_path =
+        opts.cache
+            .join("logs")
+            .join(format!("{}-{stamp}-{}.log", plan.name, std::process::id()));
     let progress = Progress::new(opts.verbosity, log_path.clone())
         .with_context(|| format!("cannot create the build log {}", log_path.display()))?;
-    let staging = store.begin(&plan.name)?;
     let built = (|| -> Result<Manifest> {
         backend.build(plan, staging.path(), &progress)?;
         progress.phase(Phase::Verify);
@@ -328,7 +329,9 @@ pub fn execute(
     let manifest = match built {
         Ok(m) => m,
         Err(e) if e.downcast_ref::<process::Interrupted>().is_some() => {
+            // "Everything this run started was cleaned up": the log too.
             progress.finish();
+            let _ = std::fs::remove_file(&log_path);
             return Err(e);
         }
         Err(cause) => {
