@@ -107,7 +107,16 @@ pub(super) enum NcclAnswer {
 }
 
 pub(super) fn nccl_of(lib: &Path) -> Result<NcclAnswer> {
-    match inspect::detect_nccl(lib, &LoaderEnv::from_process()) {
+    answer(inspect::detect_nccl(lib, &LoaderEnv::from_process()))
+}
+
+/// [`nccl_of`] for a library already inspected.
+pub(super) fn nccl_in(ins: &inspect::Inspection) -> Result<NcclAnswer> {
+    answer(inspect::detect_nccl_in(ins, &LoaderEnv::from_process()))
+}
+
+fn answer(detected: Result<Option<NcclDetection>>) -> Result<NcclAnswer> {
+    match detected {
         Ok(Some(d)) => Ok(NcclAnswer::Found(d)),
         Ok(None) => Ok(NcclAnswer::NotFound),
         Err(e) => match e.downcast::<UnresolvedNccl>() {
@@ -142,7 +151,7 @@ pub(super) fn nccl_json(a: &NcclAnswer) -> serde_json::Value {
 
 pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> Result<()> {
     let ins = inspect::inspect(path)?;
-    let nccl = nccl_of(path)?;
+    let nccl = nccl_in(&ins)?;
     let targets = targets(archs)?;
     let rows = coverage_rows(&ins.gpu_code, &targets);
     if json_out {

@@ -108,14 +108,17 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             let lib = v.libtorch_cuda();
             // Each part answers on its own: a damaged library still shows its metadata.
             let (nccl, code) = if lib.is_file() {
-                (
-                    Some(ins::nccl_of(&lib).map_err(|e| format!("{e:#}"))),
-                    Some(
-                        inspect::inspect(&lib)
-                            .map(|i| i.gpu_code)
-                            .map_err(|e| format!("{e:#}")),
+                match inspect::inspect(&lib) {
+                    // One read of the library answers both; only a dynamic NCCL needs more.
+                    Ok(found) => (
+                        Some(ins::nccl_in(&found).map_err(|e| format!("{e:#}"))),
+                        Some(Ok(found.gpu_code)),
                     ),
-                )
+                    Err(e) => {
+                        let why = format!("{e:#}");
+                        (Some(Err(why.clone())), Some(Err(why)))
+                    }
+                }
             } else {
                 (None, None)
             };

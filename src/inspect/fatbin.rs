@@ -55,8 +55,6 @@ const EF_OLD_ARCH_SPECIFIC: u32 = 0x800;
 
 /// At most this many warnings are kept; a hostile file could otherwise produce millions.
 const MAX_WARNINGS: usize = 16;
-/// Pages behind the walk are released every this many bytes.
-const RELEASE_EVERY: u64 = 8 << 20;
 
 /// One architecture and how many entries target it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -136,11 +134,11 @@ impl Collector {
             ));
             return Ok(());
         };
-        let mut released = offset;
         let mut p = offset;
+        let mut head_buf = [0u8; CONTAINER_HEADER as usize];
         while end - p >= CONTAINER_HEADER {
-            src.check_len()?;
-            let head = src.bytes(p, CONTAINER_HEADER)?;
+            src.read_at(p, &mut head_buf)?;
+            let head = &head_buf[..];
             if le32(head, 0) != MAGIC {
                 // Containers may be padded apart; anything else is skipped up to the next
                 // magic so one damaged container does not hide the rest.
@@ -190,19 +188,19 @@ impl Collector {
             self.walk_entries(src, body, body_end, what)?;
             // Always advance: an empty container (fat_size 0) still moves past its header.
             p = body_end.max(p + CONTAINER_HEADER);
-            if p - released >= RELEASE_EVERY {
-                src.release(released, p - released);
-                released = p;
-            }
         }
-        src.release(released, end.saturating_sub(released));
         Ok(())
     }
 
     fn walk_entries(&mut self, src: &Source<'_>, start: u64, end: u64, what: &str) -> Result<()> {
         let mut q = start;
+        // One read takes the entry header and the start of its payload, where a cubin's
+        // ELF header (or the LZ4 block that holds it) is: one system call per entry.
+        let mut block = [0u8; 512];
         while end - q >= ENTRY_HEADER_MIN {
-            let h = src.bytes(q, ENTRY_HEADER_MIN)?;
+            let got = src.read_at(q, &mut block[..(end - q).min(512) as usize])?;
+            let block = &block[..got];
+            let h = block;
             let kind = le16(h, 0);
             let header_size = u64::from(le32(h, 4));
             let payload_size = le64(h, 8);
@@ -232,7 +230,8 @@ impl Collector {
                 match kind {
                     KIND_ELF => {
                         let stored = compressed_size.min(payload_size);
-                        let cubin = cubin_target(src, payload, payload_size, stored, flags);
+                        let prefix = block.get(header_size as usize..).unwrap_or(&[]);
+                        let cubin = cubin_target(src, payload, payload_size, stored, flags, prefix);
                         let target = cubin.unwrap_or_else(|| header_target(arch_number, flags));
                         *self.sass.entry(target).or_default() += 1;
                     }
@@ -274,20 +273,35 @@ fn cubin_target(
     payload_size: u64,
     stored: u64,
     flags: u64,
+    prefetched: &[u8],
 ) -> Option<GpuTarget> {
     let mut head = [0u8; 64];
     let compression = flags & FLAG_COMPRESSED_ANY;
     if compression == 0 {
-        let bytes = src.bytes(payload, payload_size.min(64)).ok()?;
-        head.get_mut(..bytes.len())?.copy_from_slice(bytes);
-        if bytes.len() < 52 {
+        let n = payload_size.min(64) as usize;
+        if n < 52 {
             return None;
         }
+        match prefetched.get(..n) {
+            Some(bytes) => head[..n].copy_from_slice(bytes),
+            None if src.read_at(payload, &mut head[..n]).ok()? == n => {}
+            None => return None,
+        }
     } else if compression == FLAG_COMPRESS_LZ4 {
-        // One page of input is far more than a 64-byte ELF header needs.
-        let input = src.bytes(payload, stored.min(4096)).ok()?;
-        if lz4_prefix(input, &mut head) < 52 {
-            return None;
+        // A 64-byte ELF header rarely needs more than the few hundred bytes of LZ4 input
+        // already read with the entry header; one page is the most ever read.
+        let have = &prefetched[..prefetched.len().min(stored as usize)];
+        if lz4_prefix(have, &mut head) < 52 {
+            if stored <= have.len() as u64 {
+                return None;
+            }
+            let mut input = [0u8; 4096];
+            let n = src
+                .read_at(payload, &mut input[..stored.min(4096) as usize])
+                .ok()?;
+            if lz4_prefix(&input[..n], &mut head) < 52 {
+                return None;
+            }
         }
     } else {
         return None;

@@ -58,6 +58,9 @@ pub struct Inspection {
     /// Problems that did not stop inspection.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// ELF class and machine, which decide which libraries the loader would accept.
+    #[serde(skip)]
+    loader_key: Option<(bool, u16)>,
 }
 
 /// Which NCCL a library uses and how.
@@ -133,6 +136,7 @@ pub fn inspect_source(src: &Source<'_>) -> Result<Inspection> {
         self_ids: Vec::new(),
         gpu_code: GpuCode::default(),
         warnings: Vec::new(),
+        loader_key: None,
     };
     let mut collector = fatbin::Collector::default();
     if ins.elf {
@@ -141,15 +145,19 @@ pub fn inspect_source(src: &Source<'_>) -> Result<Inspection> {
         ins.needed = info.dynamic.needed.clone();
         ins.rpath = info.dynamic.rpath.clone();
         ins.runpath = info.dynamic.runpath.clone();
+        ins.loader_key = Some((info.is_64, info.machine));
         ins.warnings.extend(info.warnings.iter().cloned());
-        ins.self_ids = self_ids_in_elf(src, &info)?;
         // cuobjdump lists `.nv_fatbin` only; `__nv_relfatbin` holds relocatable device
-        // code for device linking, which never runs as is.
-        for s in info.sections.iter().filter(|s| s.name == ".nv_fatbin") {
-            if s.has_file_bytes() {
-                collector.walk(src, s.offset, s.size, ".nv_fatbin")?;
-            }
-        }
+        // code for device linking, which never runs as is. The walk runs while the other
+        // thread scans strings, then joins the scan.
+        let (ids, walked) = scan_self_ids_while(src, &readable_string_regions(src, &info), || {
+            info.sections
+                .iter()
+                .filter(|s| s.name == ".nv_fatbin" && s.has_file_bytes())
+                .try_for_each(|s| collector.walk(src, s.offset, s.size, ".nv_fatbin"))
+        });
+        walked?;
+        ins.self_ids = ids?;
         if info.sections.is_empty() {
             ins.warnings.push(
                 "no section table: GPU code is only found through the .nv_fatbin section"
@@ -217,32 +225,103 @@ fn string_regions(info: &elf::ElfInfo) -> Vec<(u64, u64)> {
         .collect()
 }
 
-fn self_ids_in_elf(src: &Source<'_>, info: &elf::ElfInfo) -> Result<Vec<SelfId>> {
-    let regions: Vec<(u64, u64)> = string_regions(info)
+fn readable_string_regions(src: &Source<'_>, info: &elf::ElfInfo) -> Vec<(u64, u64)> {
+    string_regions(info)
         .into_iter()
         .filter(|&(off, len)| off.checked_add(len).is_some_and(|e| e <= src.len()))
-        .collect();
-    scan_self_ids(src, &regions)
+        .collect()
+}
+
+fn self_ids_in_elf(src: &Source<'_>, info: &elf::ElfInfo) -> Result<Vec<SelfId>> {
+    scan_self_ids(src, &readable_string_regions(src, info))
 }
 
 /// Every distinct self-id in the regions, in order of first appearance.
 fn scan_self_ids(src: &Source<'_>, regions: &[(u64, u64)]) -> Result<Vec<SelfId>> {
-    let mut found: Vec<SelfId> = Vec::new();
-    for &(off, len) in regions {
-        src.find_iter(off, len, selfid::NEEDLE, 64, |_, rest| {
-            if let Some(id) = rest
-                .get(selfid::NEEDLE.len()..)
-                .and_then(selfid::parse_after_needle)
-            {
-                if !found.contains(&id) {
-                    found.push(id);
+    scan_self_ids_while(src, regions, || ()).0
+}
+
+/// Scan pieces: large enough that the per-piece overhead vanishes, small enough that two
+/// threads finish together.
+const SCAN_PIECE: u64 = 16 << 20;
+/// At most this many distinct self-ids are collected: a hostile file could hold millions,
+/// and a few already make the answer ambiguous.
+const MAX_SELF_IDS: usize = 16;
+
+/// [`scan_self_ids`] on two threads: one scans from the start while this one runs
+/// `first`, then both take the remaining pieces. Scanning is bound by memory traffic, and
+/// on a 2-core machine the second core halves it — or hides the fatbin walk (`first`).
+fn scan_self_ids_while<R: Send>(
+    src: &Source<'_>,
+    regions: &[(u64, u64)],
+    first: impl FnOnce() -> R + Send,
+) -> (Result<Vec<SelfId>>, R) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let pieces: Vec<(u64, u64)> = regions
+        .iter()
+        .flat_map(|&(off, len)| {
+            (0..len.div_ceil(SCAN_PIECE)).map(move |k| {
+                let start = off + k * SCAN_PIECE;
+                (start, SCAN_PIECE.min(off + len - start))
+            })
+        })
+        .collect();
+    let next = AtomicUsize::new(0);
+    let worker = || -> Result<Vec<(u64, SelfId)>> {
+        let mut hits: Vec<(u64, SelfId)> = Vec::new();
+        let reach = (selfid::NEEDLE.len() + 64) as u64;
+        loop {
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(start, len)) = pieces.get(k) else {
+                break;
+            };
+            // Overlap into the next piece (within the region) so that a self-id crossing
+            // the boundary is read whole; it counts for the piece it starts in.
+            let region_end = regions
+                .iter()
+                .find(|&&(o, l)| o <= start && start < o + l)
+                .map_or(start + len, |&(o, l)| o + l);
+            let scan_len = (len + reach).min(region_end - start);
+            src.find_iter(start, scan_len, selfid::NEEDLE, 64, |at, rest| {
+                if at < start + len {
+                    if let Some(id) = rest
+                        .get(selfid::NEEDLE.len()..)
+                        .and_then(selfid::parse_after_needle)
+                    {
+                        if !hits.iter().any(|(_, h)| *h == id) {
+                            hits.push((at, id));
+                        }
+                    }
+                }
+                hits.len() < MAX_SELF_IDS
+            })?;
+            if hits.len() >= MAX_SELF_IDS {
+                break;
+            }
+        }
+        Ok(hits)
+    };
+    std::thread::scope(|scope| {
+        let other = scope.spawn(worker);
+        let r = first();
+        let mine = worker();
+        let theirs = other
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the string scan panicked")));
+        let merged = mine.and_then(|mut a| {
+            a.extend(theirs?);
+            // Order of first appearance in the file, whichever thread saw it.
+            a.sort_by_key(|(at, _)| *at);
+            let mut ids: Vec<SelfId> = Vec::new();
+            for (_, id) in a {
+                if !ids.contains(&id) && ids.len() < MAX_SELF_IDS {
+                    ids.push(id);
                 }
             }
-            // A hostile file could hold millions of distinct ids; a few settle it.
-            found.len() < 16
-        })?;
-    }
-    Ok(found)
+            Ok(ids)
+        });
+        (merged, r)
+    })
 }
 
 /// Finds the NCCL self-id in a file. `Ok(None)` when the file holds none.
@@ -300,14 +379,6 @@ pub fn detect_nccl(path: &Path, env: &LoaderEnv) -> Result<Option<NcclDetection>
         [] => {}
         many => bail!(ambiguous(path, many)),
     }
-    let Some(needed) = info
-        .dynamic
-        .needed
-        .iter()
-        .find(|n| n.starts_with("libnccl.so"))
-    else {
-        return Ok(None);
-    };
     let req = resolve::Requirer {
         path,
         is_64: info.is_64,
@@ -315,7 +386,42 @@ pub fn detect_nccl(path: &Path, env: &LoaderEnv) -> Result<Option<NcclDetection>
         rpath: &info.dynamic.rpath,
         runpath: &info.dynamic.runpath,
     };
-    match resolve::resolve(needed, &req, env)? {
+    dynamic_nccl(&info.dynamic.needed, &req, env)
+}
+
+/// [`detect_nccl`] for a file already inspected: the static answer is in `ins`, and only
+/// a dynamic one needs the loader — the file is not read again.
+pub fn detect_nccl_in(ins: &Inspection, env: &LoaderEnv) -> Result<Option<NcclDetection>> {
+    if let Some(found) = &ins.nccl {
+        return Ok(Some(found.clone()));
+    }
+    if ins.self_ids.len() > 1 {
+        bail!(ambiguous(&ins.path, &ins.self_ids));
+    }
+    let Some((is_64, machine)) = ins.loader_key else {
+        return Ok(None);
+    };
+    let req = resolve::Requirer {
+        path: &ins.path,
+        is_64,
+        machine,
+        rpath: &ins.rpath,
+        runpath: &ins.runpath,
+    };
+    dynamic_nccl(&ins.needed, &req, env)
+}
+
+/// The libnccl among `needed`, resolved as the loader would, and its self-id.
+fn dynamic_nccl(
+    needed: &[String],
+    req: &resolve::Requirer<'_>,
+    env: &LoaderEnv,
+) -> Result<Option<NcclDetection>> {
+    let path = req.path;
+    let Some(needed) = needed.iter().find(|n| n.starts_with("libnccl.so")) else {
+        return Ok(None);
+    };
+    match resolve::resolve(needed, req, env)? {
         resolve::Resolution::NotFound { searched } => Err(UnresolvedNccl {
             library: path.to_path_buf(),
             needed: needed.clone(),

@@ -186,6 +186,39 @@ impl<'a> Source<'a> {
         }
     }
 
+    /// Copies the bytes at `offset` into `buf`, clipped to the end of the data; returns how
+    /// many were copied. For a mapped file this is a `pread`, which touches no page of the
+    /// mapping: walking thousands of small headers spread over gigabytes that way costs a
+    /// system call each instead of a page fault each, and leaves nothing resident.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let want = buf.len().min(self.len().saturating_sub(offset) as usize);
+        match &self.backing {
+            Backing::Mapped { file, .. } => {
+                use std::os::unix::fs::FileExt;
+                let mut done = 0;
+                while done < want {
+                    match file.read_at(&mut buf[done..want], offset + done as u64) {
+                        Ok(0) => bail!(
+                            "{} shrank while being inspected (nothing at offset {}): retry once nothing is writing it",
+                            self.name.display(),
+                            offset + done as u64
+                        ),
+                        Ok(n) => done += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            return Err(e).with_context(|| format!("cannot read {}", self.name.display()))
+                        }
+                    }
+                }
+                Ok(want)
+            }
+            _ => {
+                buf[..want].copy_from_slice(self.bytes_clipped(offset, want as u64));
+                Ok(want)
+            }
+        }
+    }
+
     /// Like [`Source::bytes`] but clipped to the end of the data instead of failing.
     pub fn bytes_clipped(&self, offset: u64, len: u64) -> &[u8] {
         let all = self.all();
