@@ -257,12 +257,14 @@ fn scan_self_ids_while<R: Send>(
     first: impl FnOnce() -> R + Send,
 ) -> (Result<Vec<SelfId>>, R) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let pieces: Vec<(u64, u64)> = regions
+    // (start, length, end of its region): a piece may read past its end into its own
+    // region, never into another (regions of a hostile file may overlap).
+    let pieces: Vec<(u64, u64, u64)> = regions
         .iter()
         .flat_map(|&(off, len)| {
             (0..len.div_ceil(SCAN_PIECE)).map(move |k| {
                 let start = off + k * SCAN_PIECE;
-                (start, SCAN_PIECE.min(off + len - start))
+                (start, SCAN_PIECE.min(off + len - start), off + len)
             })
         })
         .collect();
@@ -272,15 +274,11 @@ fn scan_self_ids_while<R: Send>(
         let reach = (selfid::NEEDLE.len() + 64) as u64;
         loop {
             let k = next.fetch_add(1, Ordering::Relaxed);
-            let Some(&(start, len)) = pieces.get(k) else {
+            let Some(&(start, len, region_end)) = pieces.get(k) else {
                 break;
             };
             // Overlap into the next piece (within the region) so that a self-id crossing
             // the boundary is read whole; it counts for the piece it starts in.
-            let region_end = regions
-                .iter()
-                .find(|&&(o, l)| o <= start && start < o + l)
-                .map_or(start + len, |&(o, l)| o + l);
             let scan_len = (len + reach).min(region_end - start);
             src.find_iter(start, scan_len, selfid::NEEDLE, 64, |at, rest| {
                 if at < start + len {
@@ -496,4 +494,31 @@ pub fn coverage(code: &GpuCode, gpu: Arch) -> Verdict {
         return Verdict::PtxJit { ptx: best };
     }
     Verdict::NotCovered
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_ids_across_scan_pieces_are_found_once_in_file_order() {
+        let id_a = b"NCCL version 2.27.5+cuda12.9";
+        let id_b = b"NCCL version 2.21.5+cuda12.4";
+        let piece = SCAN_PIECE as usize;
+        let mut data = vec![b'x'; piece * 3 + 100];
+        // One straddling the first piece boundary, one at the very end, and a repeat of
+        // the first inside the third piece (counted once, in order of first appearance).
+        data[piece - 7..piece - 7 + id_a.len()].copy_from_slice(id_a);
+        let end = data.len() - id_b.len();
+        data[end..].copy_from_slice(id_b);
+        data[piece * 2 + 10..piece * 2 + 10 + id_a.len()].copy_from_slice(id_a);
+        let src = Source::from_bytes(&data);
+        let (ids, ()) = scan_self_ids_while(&src, &[(0, data.len() as u64)], || ());
+        let ids = ids.unwrap();
+        let names: Vec<String> = ids.iter().map(|i| i.nccl.to_string()).collect();
+        assert_eq!(names, ["2.27.5", "2.21.5"]);
+        // A region ending inside a self-id does not read past it.
+        let (ids, ()) = scan_self_ids_while(&src, &[(0, piece as u64 - 1)], || ());
+        assert!(ids.unwrap().is_empty());
+    }
 }
