@@ -184,19 +184,33 @@ impl Backend for DockerBackend {
         // Image steps stand in for phases: the clone, compile and install all happen in
         // RUN steps whose output is the build's.
         progress.phase(Phase::Compile);
+        // The step running when the build stopped says what to suggest.
+        let mut last_step = String::new();
         let mut on_line = |line: &str| {
             progress.output(line);
             if let Some((done, total)) = crate::progress::docker_step(line) {
                 progress.set_total(total);
                 progress.advance(&format!("image step {done}/{total}"));
+                last_step = line.to_string();
             }
         };
-        process::stream(
+        let built = process::stream(
             &mut argv_command(&self.engine, build),
             "docker build",
             &mut on_line,
-        )
-        .context("the image build failed. Nothing was installed")?;
+        );
+        if let Err(e) = built {
+            let hint = if last_step.contains("FROM") {
+                ". The base image could not be had: if no registry is reachable from here, \
+                 save `fdl nccl dockerfile` to a file, point its FROM at an image you have \
+                 (e.g. a mirror), and pass it with --dockerfile"
+            } else {
+                ""
+            };
+            return Err(e.context(format!(
+                "the image build failed. Nothing was installed{hint}"
+            )));
+        }
 
         // The guard exists before `create` runs: an interrupt between the two must not
         // leave a container behind. Removing a container that never came is harmless.
