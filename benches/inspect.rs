@@ -444,6 +444,12 @@ fn check(input: &Input, rows: &[Row]) -> (bool, Vec<String>) {
                 false,
                 format!("fdl nccl detect exited {code}: {}", r.stderr.trim()),
             ),
+            // A pip-style library loads NCCL: the answer is that libnccl's, which the byte
+            // scan of this file alone cannot see.
+            (_, _) if r.stdout.contains("linkage   dynamic") => line(
+                d.is_some(),
+                format!("fdl nccl detect -> {shown} (dynamic: from the libnccl it loads)"),
+            ),
             (Some(t), _) => line(
                 t == d,
                 format!(

@@ -166,3 +166,44 @@ fn synth_reads_the_same_in_cuobjdump() {
         compare(&cuobjdump, &path, &ins.gpu_code);
     }
 }
+
+/// `FDL_TEST_TORCH_LIB`: a real `torch/lib/libtorch_cuda.so` from a pip torch wheel. Its
+/// GPU code must list as cuobjdump lists it; laid out as pip lays it out beside the real
+/// NCCL wheel, `fdl nccl detect` must follow its RPATH to that libnccl.so.2.
+#[test]
+fn real_libtorch_cuda_matches_cuobjdump_and_finds_its_pip_nccl() {
+    let (Some(torch), Some(cuobjdump), Some(nccl)) = (
+        env_path("FDL_TEST_TORCH_LIB"),
+        env_path("FDL_TEST_CUOBJDUMP"),
+        env_path("FDL_TEST_NCCL_LIB"),
+    ) else {
+        return;
+    };
+    let ins = inspect::inspect(&torch).unwrap();
+    assert!(ins.gpu_code.sass_total() > 1000, "{:?}", ins.gpu_code.sass);
+    compare(&cuobjdump, &torch, &ins.gpu_code);
+
+    // site-packages/torch/lib/libtorch_cuda.so + site-packages/nvidia/nccl/lib/libnccl.so.2
+    let site = tempfile::tempdir().unwrap();
+    let torch_lib = site.path().join("torch/lib");
+    let nccl_lib = site.path().join("nvidia/nccl/lib");
+    std::fs::create_dir_all(&torch_lib).unwrap();
+    std::fs::create_dir_all(&nccl_lib).unwrap();
+    std::os::unix::fs::symlink(&torch, torch_lib.join("libtorch_cuda.so")).unwrap();
+    std::os::unix::fs::symlink(&nccl, nccl_lib.join("libnccl.so.2")).unwrap();
+    // $ORIGIN is the (canonical) directory of the path the library is opened by.
+    let found = inspect::detect_nccl(
+        &torch_lib.join("libtorch_cuda.so"),
+        &inspect::LoaderEnv::bare(),
+    )
+    .unwrap()
+    .expect("libtorch_cuda.so needs libnccl.so.2");
+    assert_eq!(
+        found.linkage,
+        inspect::Linkage::Dynamic {
+            needed: "libnccl.so.2".into(),
+            via: inspect::ResolveRule::Rpath
+        }
+    );
+    assert_eq!(found.version.to_string(), "2.27.5");
+}

@@ -464,14 +464,15 @@ pub enum Verdict {
 
 /// The verdict for `gpu` by CUDA's rules (see [`GpuTarget::sass_runs_on`] and
 /// [`GpuTarget::ptx_runs_on`]). Among fitting cubins the best is the highest arch, and
-/// at equal arch the most specific variant (`a`, then `f`, then plain), which is what
-/// the driver loads; among fitting PTX, the highest.
+/// at equal arch the plain target, then `f`, then `a`: a library's kernels are mostly
+/// plain (libtorch_cuda.so 2.8: 393 `sm_90` cubins, 4 `sm_90a`), so naming the variant
+/// would misdescribe what runs. Among fitting PTX, the highest.
 pub fn coverage(code: &GpuCode, gpu: Arch) -> Verdict {
     let rank = |t: &GpuTarget| {
         let v = match t.variant {
-            Variant::Specific => 2,
+            Variant::Generic => 2,
             Variant::Family => 1,
-            Variant::Generic => 0,
+            Variant::Specific => 0,
         };
         (t.arch, v)
     };
