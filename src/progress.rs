@@ -6,7 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::fmt;
 use std::fs::File;
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -104,14 +104,6 @@ impl Progress {
         let dir = tempfile::tempdir()?;
         let p = Progress::new(Verbosity::Quiet, dir.path().join("build.log"))?;
         Ok((p, dir))
-    }
-
-    pub fn log_path(&self) -> &Path {
-        &self.log_path
-    }
-
-    pub fn elapsed(&self) -> Duration {
-        self.start.elapsed()
     }
 
     pub fn phase(&self, phase: Phase) {

@@ -315,6 +315,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                     status: Status::Fail,
                     detail: format!("not a complete build: {what}"),
                 }],
+                checked: None,
             },
         };
         reports.push(report);

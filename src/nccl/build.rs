@@ -317,9 +317,13 @@ pub fn execute(
                 failures.join("\n  ")
             );
         }
-        let manifest = staging
-            .seal(plan, report.checks)
-            .context("the build finished but its output failed the check; nothing was installed")?;
+        // A passed verification includes the layout check.
+        let checked = report
+            .checked
+            .ok_or_else(|| anyhow!("the verification of the staged build recorded no layout"))?;
+        let manifest = staging.seal(plan, checked, report.checks).context(
+            "the build passed verification but could not be sealed; nothing was installed",
+        )?;
         // A Ctrl-C that lands after the last child exited still means "do not install".
         if process::interrupted() {
             return Err(process::Interrupted.into());

@@ -272,14 +272,15 @@ impl Staging {
         &self.path
     }
 
-    pub fn target(&self) -> &Path {
-        &self.target
-    }
-
-    /// Checks the staged tree against the plan, points `nccl.pc` at the final directory and
-    /// writes the manifest, with the verification it passed. After this the staging directory is a complete build.
-    pub fn seal(&self, plan: &BuildPlan, verification: Vec<Check>) -> Result<Manifest> {
-        let checked = check_tree(&self.path, plan)?;
+    /// Points `nccl.pc` at the final directory and writes the manifest: the plan, what
+    /// [`check_tree`] established and the verification the tree passed. After this the
+    /// staging directory is a complete build.
+    pub fn seal(
+        &self,
+        plan: &BuildPlan,
+        checked: CheckedTree,
+        verification: Vec<Check>,
+    ) -> Result<Manifest> {
         rewrite_pc_prefix(&self.path.join("lib/pkgconfig/nccl.pc"), &self.target)?;
         let manifest = Manifest {
             fdl_version: env!("CARGO_PKG_VERSION").to_string(),

@@ -11,7 +11,7 @@ use crate::arch::Arch;
 use crate::gpu::Gpu;
 use crate::inspect::{self, Verdict};
 use crate::nccl::plan::BuildPlan;
-use crate::nccl::store::{self, Manifest};
+use crate::nccl::store::{self, CheckedTree, Manifest};
 use crate::version::NcclVersion;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -52,6 +52,10 @@ pub struct Report {
     pub build: String,
     pub dir: PathBuf,
     pub checks: Vec<Check>,
+    /// What the layout check established, when it passed; a build seals its manifest
+    /// with it instead of checking the tree again.
+    #[serde(skip)]
+    pub checked: Option<CheckedTree>,
 }
 
 impl Report {
@@ -103,6 +107,7 @@ pub fn verify(name: &str, dir: &Path, plan: &BuildPlan, against: &Against) -> Re
         build: name.to_string(),
         dir: dir.to_path_buf(),
         checks: Vec::new(),
+        checked: None,
     };
     let checked = match store::check_tree(dir, plan) {
         Ok(c) => {
@@ -199,6 +204,7 @@ pub fn verify(name: &str, dir: &Path, plan: &BuildPlan, against: &Against) -> Re
             "not run: no way to load the library was given",
         ),
     }
+    r.checked = Some(checked);
     r
 }
 
