@@ -158,13 +158,65 @@ fn synth_reads_the_same_in_cuobjdump() {
         t(120, Variant::Generic),
     ];
     let dir = tempfile::tempdir().unwrap();
-    for compressed in [false, true] {
-        let spec = synth::Spec::torch_like(&sass, &ptx, 3, 3000, compressed);
-        let path = dir.path().join(format!("libsynth{compressed}.so"));
+    // 3000 bytes: a block of a few sequences; 200,000: hundreds, expanding 5.7x as
+    // real blocks do (see `synth::LZ4_EXPANSION`), so cuobjdump decodes them whole.
+    let cases = [3000, 200_000]
+        .into_iter()
+        .flat_map(|p| [(false, p), (true, p)]);
+    for (compressed, payload) in cases {
+        let spec = synth::Spec::torch_like(&sass, &ptx, 3, payload, compressed);
+        let path = dir.path().join(format!("libsynth{compressed}{payload}.so"));
         synth::write_file(&spec, &path).unwrap();
         let ins = inspect::inspect(&path).unwrap();
         compare(&cuobjdump, &path, &ins.gpu_code);
     }
+    // cuobjdump's own LZ4 decoder must turn each compressed entry back into the bytes
+    // the plain one stores: the synthetic blocks are valid, not just readable headers.
+    for payload in [3000, 200_000] {
+        let plain = extracted(
+            &cuobjdump,
+            &dir.path().join(format!("libsynthfalse{payload}.so")),
+        );
+        let lz4 = extracted(
+            &cuobjdump,
+            &dir.path().join(format!("libsynthtrue{payload}.so")),
+        );
+        assert_eq!(plain.len(), 3 * (sass.len() + ptx.len()));
+        // PTX text comes out up to its NUL, so every decoded byte is compared; a cubin
+        // only as far as its ELF headers reach.
+        let whole = plain
+            .iter()
+            .filter(|b| b.len() as u64 == payload - 1)
+            .count();
+        assert_eq!(whole, 3 * ptx.len());
+        assert!(
+            plain == lz4,
+            "cuobjdump decodes the LZ4 entries ({payload} B) differently"
+        );
+    }
+}
+
+/// The payloads `cuobjdump -xelf all -xptx all` extracts from `lib`, decoded, in a stable
+/// order (its file names differ between libraries, so only the contents are kept).
+fn extracted(cuobjdump: &Path, lib: &Path) -> Vec<Vec<u8>> {
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(cuobjdump)
+        .args(["-xelf", "all", "-xptx", "all"])
+        .arg(lib)
+        .current_dir(out.path())
+        .output()
+        .expect("run cuobjdump");
+    assert!(
+        run.status.success(),
+        "cuobjdump -xelf/-xptx failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let mut names: Vec<PathBuf> = std::fs::read_dir(out.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    names.iter().map(|p| std::fs::read(p).unwrap()).collect()
 }
 
 /// `FDL_TEST_TORCH_LIB`: a real `torch/lib/libtorch_cuda.so` from a pip torch wheel. Its

@@ -115,27 +115,84 @@ fn align(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
-/// Bytes an LZ4 literal-only block of `n` bytes takes: token, length bytes, literals.
-fn lz4_literal_block_len(n: u64) -> u64 {
-    if n < 15 {
-        1 + n
+/// How compressed entries are shaped. nvcc's LZ4 blocks (PyTorch builds with
+/// `-Xfatbin -compress-all`) open with a short literal run and expand several-fold: torch
+/// 2.8.0's `libtorch_cuda.so` stores 0.91 GB that decompress to 5.17 GB (5.7×), NCCL
+/// 2.27.5's `libnccl.so.2` 3.2×, and both start every block with a 10-byte literal run.
+/// A block here is the prologue plus [`LZ4_LITERALS`] filler bytes, then pairs of a
+/// [`LZ4_MATCH`]-byte match at offset 1 and [`LZ4_LITERALS`] more literals, then at least
+/// [`LZ4_TAIL`] literals (LZ4 ends every block with literals, the last match 12 bytes or
+/// more before the end). It decodes to exactly the bytes of the plain entry, and costs a
+/// reader that decompresses (cuobjdump) what a real block of that size costs it.
+pub const LZ4_LITERALS: u64 = 64;
+/// Chosen so that a middle sequence (70 stored bytes for 399 decoded) expands 5.7×.
+pub const LZ4_MATCH: u64 = 335;
+pub const LZ4_TAIL: u64 = 16;
+/// Decoded bytes per stored byte of a long synthesized block.
+pub const LZ4_EXPANSION: f64 =
+    (LZ4_LITERALS + LZ4_MATCH) as f64 / lz4_sequence_len(LZ4_LITERALS, LZ4_MATCH) as f64;
+
+/// Extra length bytes LZ4 spends on a count of `x` after the token's 4 bits.
+const fn lz4_len_bytes(x: u64) -> u64 {
+    if x < 15 {
+        0
     } else {
-        1 + (n - 15) / 255 + 1 + n
+        (x - 15) / 255 + 1
+    }
+}
+
+/// Stored bytes of one sequence: token, literal length, literals, and for a match its
+/// offset and length (`matched` 0: the final, literal-only sequence).
+const fn lz4_sequence_len(literals: u64, matched: u64) -> u64 {
+    let m = if matched == 0 {
+        0
+    } else {
+        2 + lz4_len_bytes(matched - 4)
+    };
+    1 + lz4_len_bytes(literals) + literals + m
+}
+
+/// The sequences of a block of `n` decoded bytes whose first `prologue` bytes are the
+/// prologue: `Some((matches, last literals))`, or `None` when too short for one match
+/// (then the block is literals only).
+fn lz4_shape(n: u64, prologue: u64) -> Option<(u64, u64)> {
+    let body = n.checked_sub(prologue + LZ4_TAIL)?;
+    let matches = body / (LZ4_LITERALS + LZ4_MATCH);
+    (matches > 0).then(|| (matches, n - prologue - matches * (LZ4_LITERALS + LZ4_MATCH)))
+}
+
+/// Stored bytes of the LZ4 block for `n` decoded bytes (see [`LZ4_EXPANSION`]).
+fn lz4_block_len(n: u64, prologue: u64) -> u64 {
+    match lz4_shape(n, prologue) {
+        None => lz4_sequence_len(n, 0),
+        Some((matches, last)) => {
+            lz4_sequence_len(prologue + LZ4_LITERALS, LZ4_MATCH)
+                + (matches - 1) * lz4_sequence_len(LZ4_LITERALS, LZ4_MATCH)
+                + lz4_sequence_len(last, 0)
+        }
     }
 }
 
 impl Entry {
-    fn content_len(&self) -> u64 {
-        self.payload_size.max(match self.kind {
+    fn prologue_len(&self) -> u64 {
+        match self.kind {
             Kind::Sass => CUBIN_HEADER,
-            Kind::Ptx => ptx_prologue(self.target).len() as u64 + 1,
-        })
+            Kind::Ptx => ptx_prologue(self.target).len() as u64,
+        }
     }
 
-    fn stored_len(&self) -> u64 {
+    fn content_len(&self) -> u64 {
+        // PTX text ends with a NUL after its prologue.
+        self.payload_size
+            .max(self.prologue_len() + u64::from(self.kind == Kind::Ptx))
+    }
+
+    /// Bytes the payload takes in the file (the LZ4 block when compressed), before the
+    /// padding to 8.
+    pub fn stored_len(&self) -> u64 {
         let n = self.content_len();
         if self.compressed {
-            lz4_literal_block_len(n)
+            lz4_block_len(n, self.prologue_len())
         } else {
             n
         }
@@ -246,29 +303,96 @@ fn ptx_prologue(t: GpuTarget) -> String {
     )
 }
 
-/// Writes `n` bytes of `prologue` followed by filler (`fill`) and, for PTX, a final NUL.
-fn write_content(
-    w: &mut impl Write,
-    prologue: &[u8],
-    n: u64,
+/// An entry's decoded bytes: the prologue, then filler, and for PTX a final NUL.
+struct Content<'a> {
+    prologue: &'a [u8],
+    len: u64,
     fill: u8,
     nul_end: bool,
-) -> io::Result<()> {
-    let head = (prologue.len() as u64).min(n) as usize;
-    w.write_all(&prologue[..head])?;
-    let mut left = n - head as u64;
-    let tail = if nul_end && left > 0 { 1 } else { 0 };
-    left -= tail;
-    let buf = [fill; CHUNK];
-    while left > 0 {
-        let k = left.min(CHUNK as u64) as usize;
-        w.write_all(&buf[..k])?;
-        left -= k as u64;
+}
+
+impl Content<'_> {
+    /// Writes the decoded bytes `[from, to)`.
+    fn write_range(&self, w: &mut impl Write, from: u64, to: u64) -> io::Result<()> {
+        let head_end = (self.prologue.len() as u64).min(to);
+        if from < head_end {
+            w.write_all(&self.prologue[from as usize..head_end as usize])?;
+        }
+        let nul_at = if self.nul_end { self.len - 1 } else { self.len };
+        let mut at = from.max(head_end);
+        let buf = [self.fill; CHUNK];
+        while at < to.min(nul_at) {
+            let k = (to.min(nul_at) - at).min(CHUNK as u64) as usize;
+            w.write_all(&buf[..k])?;
+            at += k as u64;
+        }
+        if at < to {
+            w.write_all(&[0])?; // the NUL
+        }
+        Ok(())
     }
-    if tail == 1 {
-        w.write_all(&[0])?;
+
+    /// Writes the bytes stored plain.
+    fn write_plain(&self, w: &mut impl Write) -> io::Result<()> {
+        self.write_range(w, 0, self.len)
     }
-    Ok(())
+
+    /// Writes the LZ4 block that decodes to these bytes (shaped as [`LZ4_EXPANSION`]
+    /// describes; [`lz4_block_len`] is its length).
+    fn write_lz4(&self, w: &mut impl Write) -> io::Result<()> {
+        let p = self.prologue.len() as u64;
+        let Some((matches, last)) = lz4_shape(self.len, p) else {
+            return self.write_sequence(w, 0, self.len, 0);
+        };
+        let mut at = 0;
+        for k in 0..matches {
+            let literals = if k == 0 {
+                p + LZ4_LITERALS
+            } else {
+                LZ4_LITERALS
+            };
+            // Offset 1 repeats the literal just written, a filler byte.
+            self.write_sequence(w, at, literals, LZ4_MATCH)?;
+            at += literals + LZ4_MATCH;
+        }
+        self.write_sequence(w, at, last, 0)
+    }
+
+    /// One LZ4 sequence: `literals` decoded bytes from `at`, then (unless `matched` is
+    /// 0) a match of `matched` bytes at offset 1.
+    fn write_sequence(
+        &self,
+        w: &mut impl Write,
+        at: u64,
+        literals: u64,
+        matched: u64,
+    ) -> io::Result<()> {
+        let m = matched.saturating_sub(4);
+        let token = (literals.min(15) as u8) << 4 | if matched > 0 { m.min(15) as u8 } else { 0 };
+        w.write_all(&[token])?;
+        write_lz4_len(w, literals)?;
+        self.write_range(w, at, at + literals)?;
+        if matched > 0 {
+            w.write_all(&1u16.to_le_bytes())?;
+            write_lz4_len(w, m)?;
+        }
+        Ok(())
+    }
+}
+
+/// The length bytes that follow a token nibble for a count of `x`.
+fn write_lz4_len(w: &mut impl Write, x: u64) -> io::Result<()> {
+    if x < 15 {
+        return Ok(());
+    }
+    let mut rest = x - 15;
+    let ff = [255u8; 4096];
+    while rest >= 255 {
+        let k = (rest / 255).min(ff.len() as u64);
+        w.write_all(&ff[..k as usize])?;
+        rest -= k * 255;
+    }
+    w.write_all(&[rest as u8])
 }
 
 /// Writes `n` bytes of the filler text (which never contains "NCCL version").
@@ -528,26 +652,20 @@ pub fn write_to(spec: &Spec, w: impl Write) -> io::Result<u64> {
         w.write_all(&le64(body))?;
         for e in entries {
             w.write_all(&e.header())?;
-            let n = e.content_len();
             let start = w.pos;
+            let prologue = e.prologue();
+            let content = Content {
+                prologue: &prologue,
+                len: e.content_len(),
+                fill: if e.kind == Kind::Ptx { b' ' } else { 0x5a },
+                nul_end: e.kind == Kind::Ptx,
+            };
             if e.compressed {
-                // A literal-only LZ4 block: token, length extension, then the bytes.
-                if n < 15 {
-                    w.write_all(&[(n as u8) << 4])?;
-                } else {
-                    w.write_all(&[0xf0])?;
-                    let mut rest = n - 15;
-                    let ff = [255u8; 4096];
-                    while rest >= 255 {
-                        let k = (rest / 255).min(4096);
-                        w.write_all(&ff[..k as usize])?;
-                        rest -= k * 255;
-                    }
-                    w.write_all(&[rest as u8])?;
-                }
+                content.write_lz4(&mut w)?;
+            } else {
+                content.write_plain(&mut w)?;
             }
-            let fill = if e.kind == Kind::Ptx { b' ' } else { 0x5a };
-            write_content(&mut w, &e.prologue(), n, fill, e.kind == Kind::Ptx)?;
+            debug_assert_eq!(w.pos - start, e.stored_len());
             w.pad_to(start + e.padded_len())?;
         }
     }
@@ -666,4 +784,82 @@ pub fn to_vec(spec: &Spec) -> Vec<u8> {
     // Writing to a Vec cannot fail.
     let _ = write_to(spec, &mut v);
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::Arch;
+    use crate::inspect::fatbin::lz4_prefix;
+
+    /// Every shape of block — literal-only, one match, many, PTX with its NUL — decodes
+    /// (with the reader's own LZ4 decoder) to the plain bytes, at the predicted length.
+    #[test]
+    fn lz4_blocks_decode_to_the_plain_bytes() {
+        let t = GpuTarget {
+            arch: Arch::from_number(90),
+            variant: Variant::Generic,
+        };
+        for kind in [Kind::Sass, Kind::Ptx] {
+            for payload_size in [0, 300, 700, 1000, 1500, 20_000, 200_000] {
+                let e = Entry {
+                    kind,
+                    target: t,
+                    compressed: true,
+                    payload_size,
+                };
+                let prologue = e.prologue();
+                let content = Content {
+                    prologue: &prologue,
+                    len: e.content_len(),
+                    fill: b' ',
+                    nul_end: kind == Kind::Ptx,
+                };
+                let mut plain = Vec::new();
+                content.write_plain(&mut plain).unwrap();
+                let mut block = Vec::new();
+                content.write_lz4(&mut block).unwrap();
+                assert_eq!(plain.len() as u64, e.content_len());
+                assert_eq!(
+                    block.len() as u64,
+                    e.stored_len(),
+                    "{kind:?} {payload_size}"
+                );
+                let mut out = vec![0u8; plain.len()];
+                assert_eq!(lz4_prefix(&block, &mut out), plain.len());
+                assert!(out == plain, "{kind:?} {payload_size}");
+                assert!(plain.starts_with(&prologue));
+                // LZ4's end rules: at least 5 literals close the block.
+                let last_token_literals = lz4_shape(plain.len() as u64, prologue.len() as u64)
+                    .map_or(plain.len() as u64, |(_, last)| last);
+                assert!(last_token_literals >= 5);
+            }
+        }
+    }
+
+    #[test]
+    fn long_blocks_expand_like_real_fatbins() {
+        assert!((LZ4_EXPANSION - 5.7).abs() < 0.01, "{LZ4_EXPANSION}");
+        let n = 1_000_000;
+        let ratio = n as f64 / lz4_block_len(n, CUBIN_HEADER) as f64;
+        assert!((ratio - LZ4_EXPANSION).abs() < 0.05, "{ratio}");
+        // The cubin header is decodable from the first few hundred stored bytes, as in
+        // nvcc's blocks, so a reader needs one small read per entry.
+        let mut block = Vec::new();
+        let prologue = cubin_header(GpuTarget {
+            arch: Arch::from_number(80),
+            variant: Variant::Generic,
+        });
+        Content {
+            prologue: &prologue,
+            len: n,
+            fill: 0x5a,
+            nul_end: false,
+        }
+        .write_lz4(&mut block)
+        .unwrap();
+        let mut head = [0u8; 64];
+        assert_eq!(lz4_prefix(&block[..300], &mut head), 64);
+        assert_eq!(&head[..], &prologue[..64]);
+    }
 }
