@@ -1,6 +1,7 @@
 //! Oracle checks against NVIDIA's own tools, run when the real artefacts are at hand:
 //!
-//! * `FDL_TEST_NCCL_LIB`: a real `libnccl.so.2` (e.g. from the nvidia-nccl-cu12 wheel);
+//! * `FDL_TEST_NCCL_LIB` / `FDL_TEST_NCCL_LIB_CU13`: real `libnccl.so.2` files from the
+//!   nvidia-nccl-cu12 / nvidia-nccl-cu13 wheels;
 //! * `FDL_TEST_CUOBJDUMP`: a `cuobjdump` binary (e.g. from nvidia-cuda-cuobjdump).
 //!
 //! Our SASS/PTX lists must equal `cuobjdump --list-elf` / `--list-ptx` exactly, and our
@@ -69,14 +70,31 @@ fn compare(cuobjdump: &Path, lib: &Path, code: &GpuCode) {
     assert_eq!(ours(&code.ptx), ptx, "PTX list differs from cuobjdump");
 }
 
+/// The nvidia-nccl-cu12 wheel's library (CUDA 12 build).
 #[test]
-fn real_nccl_matches_cuobjdump_and_ncclgetversion() {
-    let (Some(lib), Some(cuobjdump)) = (
+fn real_nccl_cu12_matches_cuobjdump_and_ncclgetversion() {
+    if let (Some(lib), Some(cuobjdump)) = (
         env_path("FDL_TEST_NCCL_LIB"),
         env_path("FDL_TEST_CUOBJDUMP"),
-    ) else {
-        return;
-    };
+    ) {
+        real_nccl_matches(&lib, &cuobjdump, 12);
+    }
+}
+
+/// The nvidia-nccl-cu13 wheel's library: a CUDA 13 build, whose fatbin drops the pre-Turing
+/// targets and carries the `f` family variants.
+#[test]
+fn real_nccl_cu13_matches_cuobjdump_and_ncclgetversion() {
+    if let (Some(lib), Some(cuobjdump)) = (
+        env_path("FDL_TEST_NCCL_LIB_CU13"),
+        env_path("FDL_TEST_CUOBJDUMP"),
+    ) {
+        real_nccl_matches(&lib, &cuobjdump, 13);
+    }
+}
+
+fn real_nccl_matches(lib: &Path, cuobjdump: &Path, cuda_major: u32) {
+    let lib = lib.to_path_buf();
     let t = std::time::Instant::now();
     let ins = inspect::inspect(&lib).expect("inspect real libnccl");
     eprintln!("inspect took {:?}", t.elapsed());
@@ -86,7 +104,7 @@ fn real_nccl_matches_cuobjdump_and_ncclgetversion() {
         "{:?}",
         ins.gpu_code.warnings
     );
-    compare(&cuobjdump, &lib, &ins.gpu_code);
+    compare(cuobjdump, &lib, &ins.gpu_code);
 
     // Version: what the library itself says once loaded.
     let dir = tempfile::tempdir().unwrap();
@@ -131,6 +149,7 @@ int main(int argc, char **argv) {
     );
     assert_eq!(nccl.version.code(), code);
     assert_eq!(fdl::version::NcclVersion::from_code(code), nccl.version);
+    assert_eq!(nccl.cuda.major, cuda_major, "built for CUDA {}", nccl.cuda);
 }
 
 /// Our synthetic libraries must read the same in cuobjdump as in fdl, PTX variants

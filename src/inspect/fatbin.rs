@@ -21,8 +21,11 @@
 //! (`f`). `cuobjdump --list-ptx` names PTX by the header's arch and those two flags;
 //! `--list-elf` names a cubin from *the cubin's own ELF header* (`e_flags`), ignoring the
 //! header flags. To list exactly what cuobjdump lists, SASS entries therefore read the
-//! cubin's first 64 bytes: directly when stored plain, or by decoding just that prefix of
-//! an LZ4 block (a few hundred bytes of input at most). Payloads are never decompressed.
+//! cubin's first 64 bytes: directly when stored plain, by decoding just that prefix of an
+//! LZ4 block (a few hundred bytes of input at most), or by decoding the first block of a
+//! zstd frame (CUDA 13; at most 128 KiB). Payloads are never decompressed whole. Where
+//! it matters: NCCL 2.28.9's CUDA 13 build marks four sm_100 cubins as family (`f`) in
+//! their headers, while their ELF headers and cuobjdump say plain `sm_100`.
 
 use super::source::Source;
 use crate::arch::{Arch, GpuTarget, Variant};
@@ -102,6 +105,18 @@ pub struct Collector {
     sass: BTreeMap<GpuTarget, usize>,
     ptx: BTreeMap<GpuTarget, usize>,
     code: GpuCode,
+    /// zstd-compressed cubins, named once the walk is done: decoding a zstd block is the
+    /// one costly step here (~0.1 ms each), so they are decoded on several threads.
+    zstd_cubins: Vec<ZstdCubin>,
+}
+
+/// A cubin whose ELF header is inside a zstd frame.
+struct ZstdCubin {
+    payload: u64,
+    /// Bytes to read: through the end of the first block when its header was at hand.
+    len: u64,
+    /// What the fatbin header says, used when the frame cannot be decoded.
+    fallback: GpuTarget,
 }
 
 impl Collector {
@@ -189,7 +204,53 @@ impl Collector {
             // Always advance: an empty container (fat_size 0) still moves past its header.
             p = body_end.max(p + CONTAINER_HEADER);
         }
+        self.name_zstd_cubins(src);
         Ok(())
+    }
+
+    /// Names the zstd-compressed cubins found by the walk, splitting them over up to
+    /// four threads (each with its own decoder).
+    fn name_zstd_cubins(&mut self, src: &Source<'_>) {
+        let mut jobs = std::mem::take(&mut self.zstd_cubins);
+        // Largest first: the threads finish together, and each decoder sizes its buffers
+        // once instead of growing them entry by entry.
+        jobs.sort_by_key(|j| std::cmp::Reverse(j.len));
+        // Fewer than 8 per thread is not worth a thread.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 4)
+            .min(jobs.len().div_ceil(8).max(1));
+        // Frames differ in cost (one small block, or a full 128 KiB first block), so the
+        // threads take the next cubin from a shared counter rather than fixed halves.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let name = || -> Vec<GpuTarget> {
+            let mut zstd = ZstdPrefix::default();
+            let mut named = Vec::new();
+            while let Some(j) = jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                let mut head = [0u8; 64];
+                let cubin = match zstd.decode(src, j.payload, j.len, &mut head) {
+                    Some(n) if n >= 52 => cubin_target_from_elf_header(&head),
+                    _ => None,
+                };
+                named.push(cubin.unwrap_or(j.fallback));
+            }
+            named
+        };
+        let targets: Vec<GpuTarget> = std::thread::scope(|scope| {
+            let others: Vec<_> = (1..threads).map(|_| scope.spawn(name)).collect();
+            let mut all = name();
+            for h in others {
+                // A decoder that panicked leaves its entries out; the count then shows it.
+                match h.join() {
+                    Ok(t) => all.extend(t),
+                    Err(_) => self.warn("a zstd-compressed cubin could not be read".into()),
+                }
+            }
+            all
+        });
+        for t in targets {
+            *self.sass.entry(t).or_default() += 1;
+        }
     }
 
     fn walk_entries(&mut self, src: &Source<'_>, start: u64, end: u64, what: &str) -> Result<()> {
@@ -231,9 +292,22 @@ impl Collector {
                     KIND_ELF => {
                         let stored = compressed_size.min(payload_size);
                         let prefix = block.get(header_size as usize..).unwrap_or(&[]);
-                        let cubin = cubin_target(src, payload, payload_size, stored, flags, prefix);
-                        let target = cubin.unwrap_or_else(|| header_target(arch_number, flags));
-                        *self.sass.entry(target).or_default() += 1;
+                        let fallback = header_target(arch_number, flags);
+                        if flags & FLAG_COMPRESSED_ANY == FLAG_COMPRESS_ZSTD {
+                            let prefix = &prefix[..prefix.len().min(stored as usize)];
+                            let len = zstd_first_block_end(prefix)
+                                .unwrap_or(ZstdPrefix::FIRST_BLOCK_MAX)
+                                .min(stored);
+                            self.zstd_cubins.push(ZstdCubin {
+                                payload,
+                                len,
+                                fallback,
+                            });
+                        } else {
+                            let cubin =
+                                cubin_target(src, payload, payload_size, stored, flags, prefix);
+                            *self.sass.entry(cubin.unwrap_or(fallback)).or_default() += 1;
+                        }
                     }
                     KIND_PTX => {
                         *self
@@ -266,7 +340,8 @@ fn header_target(arch_number: u32, flags: u64) -> GpuTarget {
 }
 
 /// The target a cubin's own ELF header names, as cuobjdump reports it; `None` when the
-/// prefix cannot be had cheaply (zstd or unknown compression, damaged data).
+/// header cannot be read (unknown compression, damaged data). zstd frames are named
+/// apart, by [`Collector::name_zstd_cubins`].
 fn cubin_target(
     src: &Source<'_>,
     payload: u64,
@@ -307,6 +382,86 @@ fn cubin_target(
         return None;
     }
     cubin_target_from_elf_header(&head)
+}
+
+/// Decodes the first bytes of zstd frames, CUDA 13's fatbin compression, with one
+/// decoder context reused across entries. LZ4 blocks can be decoded a sequence at a
+/// time ([`lz4_prefix`]); a zstd block only whole, so the first block (at most 128 KiB
+/// either way) is read and decoded — still never the whole payload.
+#[derive(Default)]
+struct ZstdPrefix {
+    decoder: Option<zstd::stream::raw::Decoder<'static>>,
+    input: Vec<u8>,
+}
+
+impl ZstdPrefix {
+    /// Frame header (at most 18 bytes), block header (3) and the largest block (128 KiB).
+    const FIRST_BLOCK_MAX: u64 = 18 + 3 + (128 << 10);
+
+    /// Fills `out` with the first decoded bytes of the frame whose first `len` bytes are
+    /// at `payload`; returns how many it got (fewer on damaged data), `None` if the
+    /// decoder cannot be set up or the bytes cannot be read.
+    fn decode(
+        &mut self,
+        src: &Source<'_>,
+        payload: u64,
+        len: u64,
+        out: &mut [u8],
+    ) -> Option<usize> {
+        use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
+        let want = len.min(Self::FIRST_BLOCK_MAX) as usize;
+        self.input.resize(want, 0);
+        let got = src.read_at(payload, &mut self.input[..want]).ok()?;
+        let decoder = match &mut self.decoder {
+            Some(d) => {
+                // Clears whatever state (or error) the previous entry left.
+                d.reinit().ok()?;
+                d
+            }
+            None => self.decoder.insert(Decoder::new().ok()?),
+        };
+        let mut input = InBuffer::around(&self.input[..got]);
+        let mut output = OutBuffer::around(out);
+        while output.pos() < output.capacity() {
+            let before = (input.pos(), output.pos());
+            // An error (damaged frame, window over libzstd's limit) keeps what was
+            // decoded so far; the caller falls back to the fatbin header.
+            if decoder.run(&mut input, &mut output).is_err()
+                || (input.pos(), output.pos()) == before
+            {
+                break;
+            }
+        }
+        Some(output.pos())
+    }
+}
+
+/// Where the first block of the zstd frame starting with `head` ends, from the frame
+/// and block headers (RFC 8878 §3.1.1); `None` if `head` is too short or not a frame.
+fn zstd_first_block_end(head: &[u8]) -> Option<u64> {
+    if head.get(..4)? != [0x28, 0xb5, 0x2f, 0xfd] {
+        return None;
+    }
+    let fhd = *head.get(4)?;
+    let single_segment = fhd & 0x20 != 0;
+    let window = u64::from(!single_segment);
+    let dict_id = [0, 1, 2, 4][usize::from(fhd & 3)];
+    let content_size = match fhd >> 6 {
+        0 => u64::from(single_segment),
+        1 => 2,
+        2 => 4,
+        _ => 8,
+    };
+    let block = 5 + window + dict_id + content_size;
+    let b = head.get(block as usize..block as usize + 3)?;
+    let bh = u32::from(b[0]) | u32::from(b[1]) << 8 | u32::from(b[2]) << 16;
+    // An RLE block stores one byte however long it decodes.
+    let body = if (bh >> 1) & 3 == 1 {
+        1
+    } else {
+        u64::from(bh >> 3)
+    };
+    Some(block + 3 + body)
 }
 
 /// Reads the SM number and `a` flag out of a cubin ELF header's `e_flags`.
@@ -475,6 +630,132 @@ mod tests {
         assert_eq!(
             cubin_target_from_elf_header(&h).unwrap().to_string(),
             "sm_90a"
+        );
+    }
+
+    /// A container of SASS entries: (header flags, header arch, stored payload).
+    fn container(entries: &[(u64, u32, Vec<u8>)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (flags, arch, payload) in entries {
+            let padded = payload.len().div_ceil(8) * 8;
+            let mut h = [0u8; 64];
+            h[0..2].copy_from_slice(&KIND_ELF.to_le_bytes());
+            h[4..8].copy_from_slice(&64u32.to_le_bytes());
+            h[8..16].copy_from_slice(&(padded as u64).to_le_bytes());
+            h[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+            h[28..32].copy_from_slice(&arch.to_le_bytes());
+            h[40..48].copy_from_slice(&flags.to_le_bytes());
+            body.extend_from_slice(&h);
+            body.extend_from_slice(payload);
+            body.resize(body.len() + padded - payload.len(), 0);
+        }
+        let mut c = Vec::new();
+        c.extend_from_slice(&MAGIC.to_le_bytes());
+        c.extend_from_slice(&1u16.to_le_bytes());
+        c.extend_from_slice(&16u16.to_le_bytes());
+        c.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        c.extend_from_slice(&body);
+        c
+    }
+
+    /// A cubin of `len` bytes: a new-layout ELF header naming `e_flags`, then bytes
+    /// that compress into several zstd blocks.
+    fn cubin(e_flags: u32, len: usize) -> Vec<u8> {
+        let mut c = vec![0u8; len];
+        c[..4].copy_from_slice(b"\x7fELF");
+        c[4] = 2;
+        c[5] = 1;
+        c[7] = 0x41;
+        c[8] = 8;
+        c[48..52].copy_from_slice(&e_flags.to_le_bytes());
+        let mut x = 0x9e37_79b9u32;
+        for b in &mut c[64..] {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            *b = (x % 7) as u8; // compressible, but not to nothing
+        }
+        c
+    }
+
+    fn walk(data: &[u8]) -> GpuCode {
+        let mut col = Collector::default();
+        col.walk(&Source::from_bytes(data), 0, data.len() as u64, "test")
+            .unwrap();
+        col.finish()
+    }
+
+    /// CUDA 13 fatbins compress with zstd, and their headers may say `f` where the cubin
+    /// (and cuobjdump) says plain: the name comes from the decoded ELF header, also when
+    /// the frame spans many blocks and when the entries are spread over threads.
+    #[test]
+    fn zstd_cubins_are_named_from_their_elf_header() {
+        let zstd = FLAG_COMPRESS_ZSTD | FLAG_64BIT | FLAG_LINUX;
+        let mut entries = Vec::new();
+        for k in 0..20 {
+            let len = if k % 2 == 0 { 400_000 } else { 3000 };
+            let frame = zstd::bulk::compress(&cubin(0x0600_6402, len), 3).unwrap();
+            entries.push((zstd | FLAG_FAMILY, 100, frame));
+        }
+        let a = zstd::bulk::compress(&cubin(0x0600_5a0a, 300_000), 3).unwrap();
+        entries.push((zstd | FLAG_ARCH_SPECIFIC, 90, a));
+        let code = walk(&container(&entries));
+        assert!(code.warnings.is_empty(), "{:?}", code.warnings);
+        let names: Vec<String> = code
+            .sass
+            .iter()
+            .map(|e| format!("{}x{}", e.target, e.count))
+            .collect();
+        assert_eq!(names, ["sm_90ax1", "sm_100x20"]);
+        assert_eq!(code.compressed, 21);
+    }
+
+    /// A frame's first block is found from its headers, and reading through it is enough.
+    #[test]
+    fn zstd_first_block_bounds_the_read() {
+        let frame = zstd::bulk::compress(&cubin(0x0600_7802, 600_000), 3).unwrap();
+        let end = zstd_first_block_end(&frame).unwrap();
+        assert!(end < frame.len() as u64 && end <= ZstdPrefix::FIRST_BLOCK_MAX);
+        let mut head = [0u8; 64];
+        let got = ZstdPrefix::default()
+            .decode(&Source::from_bytes(&frame), 0, end, &mut head)
+            .unwrap();
+        assert_eq!(got, 64);
+        assert_eq!(
+            cubin_target_from_elf_header(&head).unwrap().to_string(),
+            "sm_120"
+        );
+        assert_eq!(zstd_first_block_end(&frame[..4]), None);
+        assert_eq!(zstd_first_block_end(b"\x28\xb5\x2f\xfd\x00\x00"), None);
+        assert_eq!(zstd_first_block_end(b"not zstd"), None);
+    }
+
+    /// Damaged frames fall back to the fatbin header's name without failing the walk.
+    #[test]
+    fn damaged_zstd_frames_fall_back_to_the_header() {
+        let zstd = FLAG_COMPRESS_ZSTD | FLAG_64BIT | FLAG_LINUX | FLAG_FAMILY;
+        let good = zstd::bulk::compress(&cubin(0x0600_6402, 5000), 3).unwrap();
+        let mut cut = good.clone();
+        cut.truncate(good.len() / 3);
+        let mut flipped = good.clone();
+        for b in &mut flipped[8..40] {
+            *b ^= 0x5a;
+        }
+        let mut huge_window = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 0xf8];
+        huge_window.extend_from_slice(&[0xff; 64]);
+        let entries = [
+            (zstd, 100, cut),
+            (zstd, 100, flipped),
+            (zstd, 100, huge_window),
+            (zstd, 100, b"\x28\xb5\x2f\xfd".to_vec()),
+            (zstd, 100, Vec::new()),
+        ];
+        let code = walk(&container(&entries));
+        assert_eq!(code.sass_total(), 5);
+        assert!(
+            code.sass.iter().all(|e| e.target.to_string() == "sm_100f"),
+            "{:?}",
+            code.sass
         );
     }
 }
