@@ -23,9 +23,15 @@
 //! header flags. To list exactly what cuobjdump lists, SASS entries therefore read the
 //! cubin's first 64 bytes: directly when stored plain, by decoding just that prefix of an
 //! LZ4 block (a few hundred bytes of input at most), or by decoding the first block of a
-//! zstd frame (CUDA 13; at most 128 KiB). Payloads are never decompressed whole. Where
-//! it matters: NCCL 2.28.9's CUDA 13 build marks four sm_100 cubins as family (`f`) in
-//! their headers, while their ELF headers and cuobjdump say plain `sm_100`.
+//! zstd frame (CUDA 13; at most 128 KiB). Payloads are never decompressed whole.
+//!
+//! Header and ELF disagree on the variant only: NCCL's builds (2.27.5 for CUDA 12, 2.28.9
+//! for CUDA 13) flag four sm_100 cubins as family (`f`) in the fatbin header, while their
+//! ELF headers and cuobjdump say plain `sm_100`. Across all 2,934 cubins of those two
+//! libraries and torch 2.8.0's `libtorch_cuda.so`, the header's arch number and `a` flag
+//! equal the ELF's every time. Decoding a zstd block costs ~0.1 ms (a whole block, where
+//! LZ4 gives up its first bytes for a few hundred of input), so zstd cubins are decoded
+//! only when their header flags a variant; the others take the header's name.
 
 use super::source::Source;
 use crate::arch::{Arch, GpuTarget, Variant};
@@ -293,7 +299,12 @@ impl Collector {
                         let stored = compressed_size.min(payload_size);
                         let prefix = block.get(header_size as usize..).unwrap_or(&[]);
                         let fallback = header_target(arch_number, flags);
-                        if flags & FLAG_COMPRESSED_ANY == FLAG_COMPRESS_ZSTD {
+                        let zstd = flags & FLAG_COMPRESSED_ANY == FLAG_COMPRESS_ZSTD;
+                        if zstd && flags & (FLAG_ARCH_SPECIFIC | FLAG_FAMILY) == 0 {
+                            // See the module docs: a header without a variant flag names
+                            // what the ELF header names, and decoding costs ~0.1 ms.
+                            *self.sass.entry(fallback).or_default() += 1;
+                        } else if zstd {
                             let prefix = &prefix[..prefix.len().min(stored as usize)];
                             let len = zstd_first_block_end(prefix)
                                 .unwrap_or(ZstdPrefix::FIRST_BLOCK_MAX)
@@ -686,8 +697,8 @@ mod tests {
     }
 
     /// CUDA 13 fatbins compress with zstd, and their headers may say `f` where the cubin
-    /// (and cuobjdump) says plain: the name comes from the decoded ELF header, also when
-    /// the frame spans many blocks and when the entries are spread over threads.
+    /// (and cuobjdump) says plain: a flagged entry is named from its decoded ELF header,
+    /// also when the frame spans many blocks and the entries are spread over threads.
     #[test]
     fn zstd_cubins_are_named_from_their_elf_header() {
         let zstd = FLAG_COMPRESS_ZSTD | FLAG_64BIT | FLAG_LINUX;
@@ -699,6 +710,8 @@ mod tests {
         }
         let a = zstd::bulk::compress(&cubin(0x0600_5a0a, 300_000), 3).unwrap();
         entries.push((zstd | FLAG_ARCH_SPECIFIC, 90, a));
+        // Without a variant flag the header names the cubin; the frame is not decoded.
+        entries.push((zstd, 80, b"not even zstd".to_vec()));
         let code = walk(&container(&entries));
         assert!(code.warnings.is_empty(), "{:?}", code.warnings);
         let names: Vec<String> = code
@@ -706,8 +719,8 @@ mod tests {
             .iter()
             .map(|e| format!("{}x{}", e.target, e.count))
             .collect();
-        assert_eq!(names, ["sm_90ax1", "sm_100x20"]);
-        assert_eq!(code.compressed, 21);
+        assert_eq!(names, ["sm_80x1", "sm_90ax1", "sm_100x20"]);
+        assert_eq!(code.compressed, 22);
     }
 
     /// A frame's first block is found from its headers, and reading through it is enough.
