@@ -359,6 +359,52 @@ fn write_fuzz_seeds() {
         &lz[ins_off..ins_off + 2000.min(lz.len() - ins_off)],
     )
     .unwrap();
+    // LZ4 blocks long enough for match sequences, as real ones have.
+    small.entries.iter_mut().for_each(|e| e.payload_size = 1500);
+    std::fs::write(dir.join("synth_lz4_long.so"), synth::to_vec(&small)).unwrap();
+    std::fs::write(dir.join("raw_zstd.fatbin"), zstd_fatbin()).unwrap();
+}
+
+/// A raw fatbin of zstd-compressed cubins, as CUDA 13 writes them: one whole frame, one
+/// cut short, one with a damaged frame header.
+fn zstd_fatbin() -> Vec<u8> {
+    let mut cubin = vec![0u8; 600];
+    cubin[..9].copy_from_slice(b"\x7fELF\x02\x01\x01\x41\x08");
+    cubin[48..52].copy_from_slice(&0x0600_640au32.to_le_bytes());
+    let frame = zstd::bulk::compress(&cubin, 3).unwrap();
+    let mut bad = frame.clone();
+    bad[4] |= 0x08; // the frame header's reserved bit: libzstd refuses the frame
+    let mut body = Vec::new();
+    for payload in [frame.clone(), frame[..frame.len() / 2].to_vec(), bad] {
+        let mut h = [0u8; 64];
+        h[0] = 2; // cubin
+        h[4] = 64; // header size
+        h[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        h[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        h[28] = 100; // sm_100
+        h[40..48].copy_from_slice(&0x0020_8011u64.to_le_bytes()); // zstd, family
+        body.extend_from_slice(&h);
+        body.extend_from_slice(&payload);
+    }
+    let mut fatbin = 0xBA55_ED50u32.to_le_bytes().to_vec();
+    fatbin.extend_from_slice(&[1, 0, 16, 0]);
+    fatbin.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    fatbin.extend_from_slice(&body);
+    fatbin
+}
+
+/// Raw fatbins are read too; CUDA 13's zstd entries are named from their cubin.
+#[test]
+fn raw_zstd_fatbin_names_cubins_from_their_elf_header() {
+    let ins = inspect::inspect_bytes(&zstd_fatbin()).unwrap();
+    let sass: Vec<String> = ins
+        .gpu_code
+        .sass
+        .iter()
+        .map(|e| format!("{}x{}", e.target, e.count))
+        .collect();
+    // The whole frame names sm_100a; the damaged ones fall back to the header's sm_100f.
+    assert_eq!(sass, ["sm_100ax1", "sm_100fx2"]);
 }
 
 /// The committed fuzz seeds (including inputs that once crashed) never panic.
