@@ -738,10 +738,25 @@ fn cache_dir() -> PathBuf {
     PathBuf::from(home).join(".cache").join("fdl-bench")
 }
 
-const CUOBJDUMP_WHEEL: &str =
-    "/root/.cache/fdl-wheels/unpacked/cuobjdump-13.4.92/nvidia/cu13/bin/cuobjdump";
-const NCCL_WHEEL: &str =
-    "/root/.cache/fdl-wheels/unpacked/nccl-2.27.5/nvidia/nccl/lib/libnccl.so.2";
+/// Where `.ci/fetch-oracles` unpacks its wheels: `$FDL_ORACLE_CACHE/unpacked`, by default
+/// `~/.cache/fdl-wheels/unpacked`.
+fn oracle_dir() -> Option<PathBuf> {
+    std::env::var_os("FDL_ORACLE_CACHE")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/fdl-wheels")))
+        .map(|d| d.join("unpacked"))
+}
+
+const CUOBJDUMP_WHEEL: &str = "cuobjdump-13.4.92/nvidia/cu13/bin/cuobjdump";
+/// The real libraries `.ci/fetch-oracles` unpacks: torch 2.8.0's libtorch_cuda.so (LZ4
+/// fatbin, NCCL loaded from the pip NCCL), NCCL's CUDA 12 build (LZ4) and CUDA 13 build
+/// (zstd).
+const REAL_WHEELS: [&str; 3] = [
+    "torch-2.8.0/torch/lib/libtorch_cuda.so",
+    "nccl-2.27.5/nvidia/nccl/lib/libnccl.so.2",
+    "nccl-cu13-2.28.9/nvidia/nccl/lib/libnccl.so.2",
+];
 
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
@@ -760,7 +775,11 @@ fn find_cuobjdump() -> Option<PathBuf> {
             .map(|d| d.join("cuobjdump"))
             .find(|p| is_executable(p))
     });
-    on_path.or_else(|| Some(PathBuf::from(CUOBJDUMP_WHEEL)).filter(|p| is_executable(p)))
+    on_path.or_else(|| {
+        oracle_dir()
+            .map(|d| d.join(CUOBJDUMP_WHEEL))
+            .filter(|p| is_executable(p))
+    })
 }
 
 fn real_libraries() -> Vec<PathBuf> {
@@ -771,9 +790,13 @@ fn real_libraries() -> Vec<PathBuf> {
                 .collect()
         })
         .unwrap_or_default();
-    let wheel = PathBuf::from(NCCL_WHEEL);
-    if wheel.is_file() && !v.iter().any(|p| same_file(p, &wheel)) {
-        v.push(wheel);
+    for wheel in oracle_dir()
+        .iter()
+        .flat_map(|d| REAL_WHEELS.map(|w| d.join(w)))
+    {
+        if wheel.is_file() && !v.iter().any(|p| same_file(p, &wheel)) {
+            v.push(wheel);
+        }
     }
     v
 }
