@@ -81,8 +81,9 @@ fn real_nccl_cu12_matches_cuobjdump_and_ncclgetversion() {
     }
 }
 
-/// The nvidia-nccl-cu13 wheel's library: a CUDA 13 build, whose fatbin drops the pre-Turing
-/// targets and carries the `f` family variants.
+/// The nvidia-nccl-cu13 wheel's library: a CUDA 13 build, zstd-compressed, without
+/// pre-Turing cubins, and with four sm_100 cubins whose fatbin header says family (`f`)
+/// where their ELF header (and so cuobjdump) says plain `sm_100`.
 #[test]
 fn real_nccl_cu13_matches_cuobjdump_and_ncclgetversion() {
     if let (Some(lib), Some(cuobjdump)) = (
