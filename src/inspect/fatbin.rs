@@ -218,6 +218,9 @@ impl Collector {
     /// four threads (each with its own decoder).
     fn name_zstd_cubins(&mut self, src: &Source<'_>) {
         let mut jobs = std::mem::take(&mut self.zstd_cubins);
+        if jobs.is_empty() {
+            return;
+        }
         // Largest first: the threads finish together, and each decoder sizes its buffers
         // once instead of growing them entry by entry.
         jobs.sort_by_key(|j| std::cmp::Reverse(j.len));

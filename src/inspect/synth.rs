@@ -189,7 +189,7 @@ impl Entry {
 
     /// Bytes the payload takes in the file (the LZ4 block when compressed), before the
     /// padding to 8.
-    pub fn stored_len(&self) -> u64 {
+    fn stored_len(&self) -> u64 {
         let n = self.content_len();
         if self.compressed {
             lz4_block_len(n, self.prologue_len())
