@@ -249,10 +249,8 @@ fn archs_the_cuda_cannot_compile_are_refused() {
 fn gpus_come_from_nvidia_smi() {
     let p = ProjectFixture::empty();
     let smi = fake_nvidia_smi(MIXED_SMI, 0);
-    let out = fdl()
+    let out = fdl_in(p.root())
         .env("PATH", path_with(smi.path()))
-        .arg("--root")
-        .arg(p.root())
         .args(["nccl", "build", "--tag", "v2.27.5-1", "--dry-run"])
         .output()
         .unwrap();
@@ -270,10 +268,8 @@ fn gpus_come_from_nvidia_smi() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("RTX 5060 Ti"));
 
     let one = fake_nvidia_smi("0, NVIDIA H200, 9.0, 143771\n", 0);
-    let out = fdl()
+    let out = fdl_in(p.root())
         .env("PATH", path_with(one.path()))
-        .arg("--root")
-        .arg(p.root())
         .args(["nccl", "build", "--tag", "v2.27.5-1", "--dry-run", "--json"])
         .output()
         .unwrap();
@@ -302,10 +298,8 @@ fn missing_or_broken_nvidia_smi_suggests_archs() {
     ] {
         let smi = fake_nvidia_smi(stdout, code);
         let before = snapshot(p.root());
-        fdl()
+        fdl_in(p.root())
             .env("PATH", path_with(smi.path()))
-            .arg("--root")
-            .arg(p.root())
             .args(["nccl", "build"])
             .args(base)
             .assert()
@@ -314,10 +308,8 @@ fn missing_or_broken_nvidia_smi_suggests_archs() {
         assert_eq!(before, snapshot(p.root()));
     }
     let empty_path = tempfile::tempdir().unwrap();
-    fdl()
+    fdl_in(p.root())
         .env("PATH", empty_path.path())
-        .arg("--root")
-        .arg(p.root())
         .args(["nccl", "build"])
         .args(base)
         .assert()
@@ -333,10 +325,8 @@ fn dry_run_needs_no_docker_and_writes_nothing() {
     let p = ProjectFixture::empty();
     let no_tools = tempfile::tempdir().unwrap();
     let before = snapshot(p.root());
-    fdl()
+    fdl_in(p.root())
         .env("PATH", no_tools.path())
-        .arg("--root")
-        .arg(p.root())
         .args([
             "nccl",
             "build",
@@ -368,20 +358,16 @@ fn docker_missing_and_daemon_unreachable_are_distinct() {
     let args = ["--tag", "v2.27.5-1", "--archs", "8.6"];
     let no_tools = tempfile::tempdir().unwrap();
     let before = snapshot(p.root());
-    fdl()
+    fdl_in(p.root())
         .env("PATH", no_tools.path())
-        .arg("--root")
-        .arg(p.root())
         .args(["nccl", "build"])
         .args(args)
         .assert()
         .failure()
         .stderr(predicate::str::contains("docker command was not found"));
     if which("docker") {
-        fdl()
+        fdl_in(p.root())
             .env("DOCKER_HOST", "unix:///nonexistent/fdl-test.sock")
-            .arg("--root")
-            .arg(p.root())
             .args(["nccl", "build"])
             .args(args)
             .assert()

@@ -174,10 +174,8 @@ fn detect_follows_a_pip_torch_to_its_libnccl() {
     std::fs::create_dir_all(variant.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink(t.path().join("site-packages/torch"), &variant).unwrap();
     let project = project.activate("precompiled/pip");
-    let out = fdl()
+    let out = fdl_in(project.root())
         .env_remove("LD_LIBRARY_PATH")
-        .arg("--root")
-        .arg(project.root())
         .args(["nccl", "build", "--archs", "8.6", "--dry-run", "--json"])
         .output()
         .unwrap();
@@ -228,51 +226,11 @@ fn detect_says_plainly_when_there_is_no_nccl() {
     assert_eq!(v["nccl"]["found"], false);
 }
 
-struct Builds {
-    project: ProjectFixture,
-    cache: tempfile::TempDir,
-    trees: tempfile::TempDir,
-}
-
-impl Builds {
-    fn new() -> Builds {
-        Builds {
-            project: ProjectFixture::empty(),
-            cache: tempfile::tempdir().unwrap(),
-            trees: tempfile::tempdir().unwrap(),
-        }
-    }
-    fn tree(&self, name: &str, version: (u32, u32, u32), archs: &[u32]) -> std::path::PathBuf {
-        let dir = self.trees.path().join(name);
-        write_nccl_tree(&dir, version, archs);
-        dir
-    }
-    fn install(&self, tree: &Path, archs: &str) -> anyhow::Result<String> {
-        install_build(
-            self.project.root(),
-            self.cache.path(),
-            tree,
-            "v2.27.5-1",
-            archs,
-        )
-    }
-    fn fdl(&self) -> assert_cmd::Command {
-        let mut cmd = fdl();
-        cmd.env("XDG_CACHE_HOME", self.cache.path())
-            .arg("--root")
-            .arg(self.project.root());
-        cmd
-    }
-    fn builds(&self) -> std::path::PathBuf {
-        self.project.root().join("libtorch/nccl/builds")
-    }
-}
-
 #[test]
 fn verify_passes_a_sound_build_and_judges_local_gpus() {
-    let b = Builds::new();
+    let b = BuildsFixture::new(ProjectFixture::empty());
     let tree = b.tree("t", (2, 27, 5), &[61, 120]);
-    let name = b.install(&tree, "6.1;12.0").unwrap();
+    let name = b.install(&tree, "v2.27.5-1", "6.1;12.0").unwrap();
     let manifest: Value = serde_json::from_str(
         &std::fs::read_to_string(b.builds().join(&name).join("fdl-build.json")).unwrap(),
     )
@@ -330,9 +288,9 @@ fn verify_passes_a_sound_build_and_judges_local_gpus() {
 
 #[test]
 fn verify_catches_a_tampered_build_and_a_crashing_library() {
-    let b = Builds::new();
+    let b = BuildsFixture::new(ProjectFixture::empty());
     let tree = b.tree("t", (2, 27, 5), &[86]);
-    let name = b.install(&tree, "8.6").unwrap();
+    let name = b.install(&tree, "v2.27.5-1", "8.6").unwrap();
     let lib = b.builds().join(&name).join("lib/libnccl.so.2.27.5");
     // Replaced by a library whose constructor crashes: fdl survives and says so.
     compile_shared(
@@ -378,9 +336,9 @@ fn verify_catches_a_tampered_build_and_a_crashing_library() {
 
 #[test]
 fn a_build_without_code_for_a_planned_arch_is_not_installed() {
-    let b = Builds::new();
+    let b = BuildsFixture::new(ProjectFixture::empty());
     let tree = b.tree("t", (2, 27, 5), &[61]);
-    let err = b.install(&tree, "6.1;12.0").unwrap_err();
+    let err = b.install(&tree, "v2.27.5-1", "6.1;12.0").unwrap_err();
     let msg = format!("{err:#}");
     assert!(
         msg.contains("failed verification") && msg.contains("sass sm_120"),

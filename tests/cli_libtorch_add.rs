@@ -98,10 +98,8 @@ fn registers_a_pip_torch_with_dynamic_nccl() {
     let p = ProjectFixture::empty();
     let site = tempfile::tempdir().unwrap();
     let torch = pip_torch(site.path());
-    let out = fdl()
+    let out = fdl_in(p.root())
         .env_remove("LD_LIBRARY_PATH")
-        .arg("--root")
-        .arg(p.root())
         .args(["libtorch", "add", "pip", "--json"])
         .arg(&torch)
         .output()
@@ -122,10 +120,8 @@ fn registers_a_pip_torch_with_dynamic_nccl() {
         .unwrap()
         .ends_with("nvidia/nccl/lib/libnccl.so.2"));
     // Detection through the registered variant still finds the pip NCCL.
-    fdl()
+    fdl_in(p.root())
         .env_remove("LD_LIBRARY_PATH")
-        .arg("--root")
-        .arg(p.root())
         .args(["nccl", "detect"])
         .arg(
             p.root()

@@ -95,10 +95,8 @@ fn info_judges_coverage_for_the_local_gpus() {
         "0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n1, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n2, NVIDIA H200, 9.0, 143771\n",
         0,
     );
-    fdl()
+    fdl_in(p.root())
         .env("PATH", path_with(smi.path()))
-        .arg("--root")
-        .arg(p.root())
         .args(["libtorch", "info"])
         .assert()
         .success()
@@ -118,10 +116,8 @@ fn info_judges_coverage_for_the_local_gpus() {
                 )
                 .and(predicate::str::is_match(r"GPU 2 NVIDIA H200 +sm_90 +NOT COVERED").unwrap()),
         );
-    let out = fdl()
+    let out = fdl_in(p.root())
         .env("PATH", path_with(smi.path()))
-        .arg("--root")
-        .arg(p.root())
         .args(["libtorch", "info", "--json"])
         .output()
         .unwrap();

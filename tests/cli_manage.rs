@@ -7,55 +7,33 @@ use common::*;
 use predicates::prelude::*;
 use serde_json::Value;
 
+/// A project whose active libtorch carries NCCL 2.27.5, with builds of 2.27.5 (two arch
+/// sets, built one after the other) and 2.26.2.
 struct Fixture {
-    project: ProjectFixture,
-    cache: tempfile::TempDir,
-    _trees: tempfile::TempDir,
+    builds: BuildsFixture,
     names: Vec<String>,
 }
 
-/// A project whose active libtorch carries NCCL 2.27.5, with builds of 2.27.5 (two arch
-/// sets, built one after the other) and 2.26.2.
 fn fixture() -> Fixture {
-    let project = ProjectFixture::empty()
-        .with_compiled_variant("precompiled/cu128", &nccl_like_source((2, 27, 5), "12.8"))
-        .activate("precompiled/cu128");
-    let cache = tempfile::tempdir().unwrap();
-    let trees = tempfile::tempdir().unwrap();
-    let t2275 = trees.path().join("2275");
-    let t2262 = trees.path().join("2262");
-    write_nccl_tree(&t2275, (2, 27, 5), &[61, 86, 120]);
-    write_nccl_tree(&t2262, (2, 26, 2), &[86]);
-    let mut names = vec![install_build(
-        project.root(),
-        cache.path(),
-        &t2275,
-        "v2.27.5-1",
-        "6.1;12.0",
-    )
-    .unwrap()];
+    let b = BuildsFixture::new(
+        ProjectFixture::empty()
+            .with_compiled_variant("precompiled/cu128", &nccl_like_source((2, 27, 5), "12.8"))
+            .activate("precompiled/cu128"),
+    );
+    let t2275 = b.tree("2275", (2, 27, 5), &[61, 86, 120]);
+    let t2262 = b.tree("2262", (2, 26, 2), &[86]);
+    let mut names = vec![b.install(&t2275, "v2.27.5-1", "6.1;12.0").unwrap()];
     // RFC 3339 seconds order the builds: make the second one visibly newer.
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    names.push(install_build(project.root(), cache.path(), &t2275, "v2.27.5-1", "8.6").unwrap());
-    names.push(install_build(project.root(), cache.path(), &t2262, "v2.26.2-1", "8.6").unwrap());
-    Fixture {
-        project,
-        cache,
-        _trees: trees,
-        names,
-    }
+    names.push(b.install(&t2275, "v2.27.5-1", "8.6").unwrap());
+    names.push(b.install(&t2262, "v2.26.2-1", "8.6").unwrap());
+    Fixture { builds: b, names }
 }
 
-impl Fixture {
-    fn fdl(&self) -> assert_cmd::Command {
-        let mut cmd = fdl();
-        cmd.env("XDG_CACHE_HOME", self.cache.path())
-            .arg("--root")
-            .arg(self.project.root());
-        cmd
-    }
-    fn builds(&self) -> std::path::PathBuf {
-        self.project.root().join("libtorch/nccl/builds")
+impl std::ops::Deref for Fixture {
+    type Target = BuildsFixture;
+    fn deref(&self) -> &BuildsFixture {
+        &self.builds
     }
 }
 

@@ -147,21 +147,19 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     let containers_before = fdl_containers();
     let cache = tempfile::tempdir().unwrap();
     let build = |dockerfile: &Path, archs: &str, extra: &[&str]| {
-        let mut cmd = fdl();
+        let mut cmd = fdl_in(root);
         cmd.env("XDG_CACHE_HOME", cache.path());
-        cmd.arg("--root")
-            .arg(root)
-            .args([
-                "nccl",
-                "build",
-                "--tag",
-                "v2.27.5-1",
-                "--archs",
-                archs,
-                "--dockerfile",
-            ])
-            .arg(dockerfile)
-            .args(extra);
+        cmd.args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            archs,
+            "--dockerfile",
+        ])
+        .arg(dockerfile)
+        .args(extra);
         cmd
     };
     // fdl names the image after the plan; remember it so the test leaves no image.
@@ -352,10 +350,8 @@ fn a_build_whose_output_fails_the_check_is_not_installed() {
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
     let before = snapshot(project.root());
     let cache = tempfile::tempdir().unwrap();
-    fdl()
+    fdl_in(project.root())
         .env("XDG_CACHE_HOME", cache.path())
-        .arg("--root")
-        .arg(project.root())
         .args([
             "nccl",
             "build",

@@ -79,11 +79,9 @@ fn real_nvcc_from_the_pypi_wheel() {
     let tree = work.path().join("nccl");
     native_fixture::standin_tree(&tree, (2, 27, 5));
     let dry_run = |cuda: &str, archs: &str, extra: &[&str]| {
-        let mut cmd = fdl();
+        let mut cmd = fdl_in(project.root());
         cmd.env("XDG_CACHE_HOME", cache.path())
             .env_remove("CUDA_HOME")
-            .arg("--root")
-            .arg(project.root())
             .args([
                 "nccl",
                 "build",

@@ -298,3 +298,44 @@ pub fn install_build(
     execute(&plan, &CopyTree(tree), &store, &opts)?;
     Ok(plan.name)
 }
+
+/// A project with its own fdl cache and a scratch directory for NCCL trees, into which
+/// builds are installed through the real pipeline (see [`install_build`]).
+pub struct BuildsFixture {
+    pub project: ProjectFixture,
+    pub cache: tempfile::TempDir,
+    trees: tempfile::TempDir,
+}
+
+impl BuildsFixture {
+    pub fn new(project: ProjectFixture) -> BuildsFixture {
+        BuildsFixture {
+            project,
+            cache: tempfile::tempdir().unwrap(),
+            trees: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// A compiled stand-in NCCL tree named `name` (see [`write_nccl_tree`]).
+    pub fn tree(&self, name: &str, version: (u32, u32, u32), archs: &[u32]) -> PathBuf {
+        let dir = self.trees.path().join(name);
+        write_nccl_tree(&dir, version, archs);
+        dir
+    }
+
+    /// Installs `tree` as the build of `tag` for `archs`; returns the build's name.
+    pub fn install(&self, tree: &Path, tag: &str, archs: &str) -> anyhow::Result<String> {
+        install_build(self.project.root(), self.cache.path(), tree, tag, archs)
+    }
+
+    /// `fdl --root PROJECT` with this fixture's cache.
+    pub fn fdl(&self) -> Command {
+        let mut cmd = fdl_in(self.project.root());
+        cmd.env("XDG_CACHE_HOME", self.cache.path());
+        cmd
+    }
+
+    pub fn builds(&self) -> PathBuf {
+        self.project.root().join("libtorch/nccl/builds")
+    }
+}
