@@ -512,6 +512,16 @@ fn check_toolkit(
 mod tests {
     use super::*;
 
+    fn docker_args(p: &BuildPlan) -> BTreeMap<String, String> {
+        p.docker
+            .as_ref()
+            .unwrap()
+            .build_args
+            .iter()
+            .cloned()
+            .collect()
+    }
+
     pub(crate) fn inputs(tag: &str, archs: &[Arch]) -> PlanInputs {
         PlanInputs {
             tag: Tag::parse(tag).unwrap(),
@@ -578,14 +588,7 @@ mod tests {
             p.docker.as_ref().unwrap().base_image.as_deref(),
             Some("nvidia/cuda:12.8.1-devel-ubuntu22.04")
         );
-        let args: BTreeMap<_, _> = p
-            .docker
-            .as_ref()
-            .unwrap()
-            .build_args
-            .iter()
-            .cloned()
-            .collect();
+        let args = docker_args(&p);
         assert_eq!(args["NCCL_VERSION"], "v2.27.5-1");
         assert_eq!(args["MAX_JOBS"], "4");
         assert_eq!(args["CUDA_VERSION"], "12.8.1");
@@ -648,14 +651,7 @@ mod tests {
         i.only_funcs = Some("AllReduce Sum f32".into());
         let p = BuildPlan::new(i).unwrap();
         assert!(p.name.starts_with("v2.27.5-sm61-sm120-only-"), "{}", p.name);
-        let args: BTreeMap<_, _> = p
-            .docker
-            .as_ref()
-            .unwrap()
-            .build_args
-            .iter()
-            .cloned()
-            .collect();
+        let args = docker_args(&p);
         assert_eq!(args["ONLY_FUNCS"], "AllReduce Sum f32");
         let full = BuildPlan::new(inputs("v2.27.5-1", &MIXED)).unwrap();
         assert!(full
