@@ -322,12 +322,13 @@ fn shrinking_file_is_an_error_not_a_crash() {
     assert!(e.contains("shrank"), "{e}");
 }
 
-/// Writes the fuzz seed corpus when FDL_WRITE_FUZZ_SEEDS names a directory.
+/// Writes the fuzz seed corpus into the directory FDL_WRITE_FUZZ_SEEDS names. A tool, not
+/// a check: ignored unless asked for (see fuzz/README.md).
 #[test]
+#[ignore = "writes the fuzz seeds: FDL_WRITE_FUZZ_SEEDS=DIR cargo test --test inspect_api write_fuzz_seeds -- --ignored"]
 fn write_fuzz_seeds() {
-    let Some(dir) = std::env::var_os("FDL_WRITE_FUZZ_SEEDS") else {
-        return;
-    };
+    let dir = std::env::var_os("FDL_WRITE_FUZZ_SEEDS")
+        .expect("set FDL_WRITE_FUZZ_SEEDS to the directory the seeds go to");
     let dir = Path::new(&dir);
     std::fs::create_dir_all(dir).unwrap();
     let mut small = synth::Spec::torch_like(
