@@ -6,23 +6,16 @@
 //!
 //! Our SASS/PTX lists must equal `cuobjdump --list-elf` / `--list-ptx` exactly, and our
 //! version must equal what `ncclGetVersion` returns once the library is loaded (done in
-//! a child process, compiled with `cc`). Without the variables each test says SKIPPED.
+//! a child process, compiled with `cc`). Without the variables each test says SKIPPED;
+//! under `.ci/run` (`FDL_REQUIRE_ORACLES=1`) it fails instead.
 
+mod common;
+use common::oracle_input;
 use fdl::arch::{GpuTarget, Variant};
 use fdl::inspect::{self, synth, GpuCode};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn env_path(var: &str) -> Option<PathBuf> {
-    match std::env::var_os(var) {
-        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
-        _ => {
-            eprintln!("SKIPPED: {var} is not set; the oracle comparison did not run");
-            None
-        }
-    }
-}
 
 /// `cuobjdump --list-elf|--list-ptx` → target name → count. Lines look like
 /// `ELF file    1: libnccl.so.1.sm_90.cubin` / `PTX file    1: libnccl.so.1.sm_120.ptx`.
@@ -74,8 +67,8 @@ fn compare(cuobjdump: &Path, lib: &Path, code: &GpuCode) {
 #[test]
 fn real_nccl_cu12_matches_cuobjdump_and_ncclgetversion() {
     if let (Some(lib), Some(cuobjdump)) = (
-        env_path("FDL_TEST_NCCL_LIB"),
-        env_path("FDL_TEST_CUOBJDUMP"),
+        oracle_input("FDL_TEST_NCCL_LIB"),
+        oracle_input("FDL_TEST_CUOBJDUMP"),
     ) {
         real_nccl_matches(&lib, &cuobjdump, 12);
     }
@@ -87,8 +80,8 @@ fn real_nccl_cu12_matches_cuobjdump_and_ncclgetversion() {
 #[test]
 fn real_nccl_cu13_matches_cuobjdump_and_ncclgetversion() {
     if let (Some(lib), Some(cuobjdump)) = (
-        env_path("FDL_TEST_NCCL_LIB_CU13"),
-        env_path("FDL_TEST_CUOBJDUMP"),
+        oracle_input("FDL_TEST_NCCL_LIB_CU13"),
+        oracle_input("FDL_TEST_CUOBJDUMP"),
     ) {
         real_nccl_matches(&lib, &cuobjdump, 13);
     }
@@ -159,7 +152,7 @@ int main(int argc, char **argv) {
 /// by hand on a real sm_100 cubin: flipping e_flags bit 3 alone flips sm_100/sm_100a).
 #[test]
 fn synth_reads_the_same_in_cuobjdump() {
-    let Some(cuobjdump) = env_path("FDL_TEST_CUOBJDUMP") else {
+    let Some(cuobjdump) = oracle_input("FDL_TEST_CUOBJDUMP") else {
         return;
     };
     let t = |n: u32, variant| GpuTarget {
@@ -245,9 +238,9 @@ fn extracted(cuobjdump: &Path, lib: &Path) -> Vec<Vec<u8>> {
 #[test]
 fn real_libtorch_cuda_matches_cuobjdump_and_finds_its_pip_nccl() {
     let (Some(torch), Some(cuobjdump), Some(nccl)) = (
-        env_path("FDL_TEST_TORCH_LIB"),
-        env_path("FDL_TEST_CUOBJDUMP"),
-        env_path("FDL_TEST_NCCL_LIB"),
+        oracle_input("FDL_TEST_TORCH_LIB"),
+        oracle_input("FDL_TEST_CUOBJDUMP"),
+        oracle_input("FDL_TEST_NCCL_LIB"),
     ) else {
         return;
     };

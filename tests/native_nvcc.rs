@@ -9,23 +9,10 @@ mod common;
 mod native_fixture;
 use common::*;
 use fdl::arch::Arch;
-use std::path::PathBuf;
-
-fn cuda_home() -> Option<PathBuf> {
-    match std::env::var_os("FDL_TEST_CUDA_HOME").filter(|v| !v.is_empty()) {
-        Some(home) => Some(PathBuf::from(home)),
-        None => {
-            eprintln!(
-                "\n*** SKIPPED: FDL_TEST_CUDA_HOME is not set (source .ci/fetch-oracles); real-nvcc test not run ***\n"
-            );
-            None
-        }
-    }
-}
 
 #[test]
 fn real_nvcc_from_the_pypi_wheel() {
-    let Some(home) = cuda_home() else {
+    let Some(home) = oracle_input("FDL_TEST_CUDA_HOME") else {
         return;
     };
 
