@@ -16,22 +16,26 @@
 //! | 40     | u64 flags                                                      |
 //! | 56     | u64 uncompressed size                                          |
 //!
-//! Flags seen: 0x1000/0x2000/0x8000 compressed (0x2000 is an LZ4 block), 0x10000
-//! obfuscated (cuobjdump skips these), 0x100000 arch-specific (`a`), 0x200000 family
-//! (`f`). `cuobjdump --list-ptx` names PTX by the header's arch and those two flags;
-//! `--list-elf` names a cubin from *the cubin's own ELF header* (`e_flags`), ignoring the
-//! header flags. To list exactly what cuobjdump lists, SASS entries therefore read the
-//! cubin's first 64 bytes: directly when stored plain, by decoding just that prefix of an
-//! LZ4 block (a few hundred bytes of input at most), or by decoding the first block of a
-//! zstd frame (CUDA 13; at most 128 KiB). Payloads are never decompressed whole.
+//! Flags seen: 0x1000/0x2000/0x8000 compressed (0x2000 is an LZ4 block, 0x8000 a zstd
+//! frame), 0x10000 obfuscated (cuobjdump skips these), 0x100000 arch-specific (`a`),
+//! 0x200000 family (`f`). `cuobjdump --list-ptx` names PTX by the header's arch and those
+//! two flags. `--list-elf` names a cubin from *the cubin itself*: the SM number from the
+//! ELF header's `e_flags`, the `a` from the cubin (CUDA 12 cubins set an `e_flags` bit;
+//! CUDA 13 cubins no longer do, and mark it only in their `.nv.compat` section), and never
+//! an `f` (a family cubin runs where a plain one of its arch runs, so it is listed plain).
+//! This was established with cuobjdump 13.5 on nvcc 13.5 fatbins patched field by field:
+//! changing the header's arch or `a` flag does not change cuobjdump's name; changing the
+//! ELF does.
 //!
-//! Header and ELF disagree on the variant only: NCCL's builds (2.27.5 for CUDA 12, 2.28.9
-//! for CUDA 13) flag four sm_100 cubins as family (`f`) in the fatbin header, while their
-//! ELF headers and cuobjdump say plain `sm_100`. Across all 2,934 cubins of those two
-//! libraries and torch 2.8.0's `libtorch_cuda.so`, the header's arch number and `a` flag
-//! equal the ELF's every time. Decoding a zstd block costs ~0.1 ms (a whole block, where
-//! LZ4 gives up its first bytes for a few hundred of input), so zstd cubins are decoded
-//! only when their header flags a variant; the others take the header's name.
+//! What fdl reads: the SM number from the decoded ELF header of every cubin — stored
+//! plain, the first bytes of an LZ4 block (a few hundred bytes of input), or the first
+//! block of a zstd frame (CUDA 13; at most 128 KiB) — never a whole payload. The `a` is
+//! the `e_flags` bit or the header's 0x100000 flag, which nvcc sets from the same
+//! `.nv.compat` attribute: that section lies after the string and symbol tables, megabytes
+//! into a large cubin, so reaching it would mean decompressing most of every payload.
+//! Across all 5,915 cubins of the oracle libraries (NCCL 2.27.5 and 2.28.9, torch 2.8.0
+//! and torch 2.15.0's CUDA 13.2 `libtorch_cuda.so`) this equals cuobjdump's listing; the
+//! header's arch number is never trusted, since cuobjdump does not trust it either.
 
 use super::source::Source;
 use crate::arch::{Arch, GpuTarget, Variant};
@@ -114,6 +118,8 @@ pub struct Collector {
     /// zstd-compressed cubins, named once the walk is done: decoding a zstd block is the
     /// one costly step here (~0.1 ms each), so they are decoded on several threads.
     zstd_cubins: Vec<ZstdCubin>,
+    /// Cubins whose ELF header could not be decoded, named from their fatbin header.
+    undecoded: usize,
 }
 
 /// A cubin whose ELF header is inside a zstd frame.
@@ -121,8 +127,9 @@ struct ZstdCubin {
     payload: u64,
     /// Bytes to read: through the end of the first block when its header was at hand.
     len: u64,
-    /// What the fatbin header says, used when the frame cannot be decoded.
-    fallback: GpuTarget,
+    /// The fatbin header's arch number and flags.
+    arch_number: u32,
+    flags: u64,
 }
 
 impl Collector {
@@ -137,6 +144,12 @@ impl Collector {
     }
 
     pub fn finish(mut self) -> GpuCode {
+        if self.undecoded > 0 {
+            self.warn(format!(
+                "{} cubin(s) could not be decoded and are named from their fatbin header, which cuobjdump does not trust",
+                self.undecoded
+            ));
+        }
         let list = |m: BTreeMap<GpuTarget, usize>| {
             m.into_iter()
                 .map(|(target, count)| CodeEntry { target, count })
@@ -232,20 +245,20 @@ impl Collector {
         // Frames differ in cost (one small block, or a full 128 KiB first block), so the
         // threads take the next cubin from a shared counter rather than fixed halves.
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let name = || -> Vec<GpuTarget> {
+        let name = || -> Vec<Result<GpuTarget, GpuTarget>> {
             let mut zstd = ZstdPrefix::default();
             let mut named = Vec::new();
             while let Some(j) = jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
                 let mut head = [0u8; 64];
-                let cubin = match zstd.decode(src, j.payload, j.len, &mut head) {
+                let elf = match zstd.decode(src, j.payload, j.len, &mut head) {
                     Some(n) if n >= 52 => cubin_target_from_elf_header(&head),
                     _ => None,
                 };
-                named.push(cubin.unwrap_or(j.fallback));
+                named.push(sass_target(elf, j.arch_number, j.flags));
             }
             named
         };
-        let targets: Vec<GpuTarget> = std::thread::scope(|scope| {
+        let targets: Vec<Result<GpuTarget, GpuTarget>> = std::thread::scope(|scope| {
             let others: Vec<_> = (1..threads).map(|_| scope.spawn(name)).collect();
             let mut all = name();
             for h in others {
@@ -258,7 +271,8 @@ impl Collector {
             all
         });
         for t in targets {
-            *self.sass.entry(t).or_default() += 1;
+            self.undecoded += usize::from(t.is_err());
+            *self.sass.entry(t.unwrap_or_else(|f| f)).or_default() += 1;
         }
     }
 
@@ -301,13 +315,7 @@ impl Collector {
                     KIND_ELF => {
                         let stored = compressed_size.min(payload_size);
                         let prefix = block.get(header_size as usize..).unwrap_or(&[]);
-                        let fallback = header_target(arch_number, flags);
-                        let zstd = flags & FLAG_COMPRESSED_ANY == FLAG_COMPRESS_ZSTD;
-                        if zstd && flags & (FLAG_ARCH_SPECIFIC | FLAG_FAMILY) == 0 {
-                            // See the module docs: a header without a variant flag names
-                            // what the ELF header names, and decoding costs ~0.1 ms.
-                            *self.sass.entry(fallback).or_default() += 1;
-                        } else if zstd {
+                        if flags & FLAG_COMPRESSED_ANY == FLAG_COMPRESS_ZSTD {
                             let prefix = &prefix[..prefix.len().min(stored as usize)];
                             let len = zstd_first_block_end(prefix)
                                 .unwrap_or(ZstdPrefix::FIRST_BLOCK_MAX)
@@ -315,12 +323,15 @@ impl Collector {
                             self.zstd_cubins.push(ZstdCubin {
                                 payload,
                                 len,
-                                fallback,
+                                arch_number,
+                                flags,
                             });
                         } else {
-                            let cubin =
+                            let elf =
                                 cubin_target(src, payload, payload_size, stored, flags, prefix);
-                            *self.sass.entry(cubin.unwrap_or(fallback)).or_default() += 1;
+                            let named = sass_target(elf, arch_number, flags);
+                            self.undecoded += usize::from(named.is_err());
+                            *self.sass.entry(named.unwrap_or_else(|f| f)).or_default() += 1;
                         }
                     }
                     KIND_PTX => {
@@ -338,7 +349,35 @@ impl Collector {
     }
 }
 
-/// The target a header names by itself: arch number plus the `a`/`f` flags.
+/// A cubin's name as cuobjdump lists it (see the module docs): the SM number from its ELF
+/// header, `a` from that header or the fatbin header's flag, never `f`. `Err` carries the
+/// fatbin header's name for a cubin whose ELF header could not be decoded.
+fn sass_target(
+    elf: Option<GpuTarget>,
+    arch_number: u32,
+    flags: u64,
+) -> Result<GpuTarget, GpuTarget> {
+    let specific = flags & FLAG_ARCH_SPECIFIC != 0;
+    let variant = |elf_specific: bool| {
+        if elf_specific || specific {
+            Variant::Specific
+        } else {
+            Variant::Generic
+        }
+    };
+    match elf {
+        Some(t) => Ok(GpuTarget {
+            arch: t.arch,
+            variant: variant(t.variant == Variant::Specific),
+        }),
+        None => Err(GpuTarget {
+            arch: Arch::from_number(arch_number),
+            variant: variant(false),
+        }),
+    }
+}
+
+/// The target a PTX header names: arch number plus the `a`/`f` flags.
 fn header_target(arch_number: u32, flags: u64) -> GpuTarget {
     let variant = if flags & FLAG_ARCH_SPECIFIC != 0 {
         Variant::Specific
@@ -700,8 +739,9 @@ mod tests {
     }
 
     /// CUDA 13 fatbins compress with zstd, and their headers may say `f` where the cubin
-    /// (and cuobjdump) says plain: a flagged entry is named from its decoded ELF header,
-    /// also when the frame spans many blocks and the entries are spread over threads.
+    /// (and cuobjdump) says plain, or plain where it says `a`: every entry is named from
+    /// its decoded ELF header, also when the frame spans many blocks and the entries are
+    /// spread over threads.
     #[test]
     fn zstd_cubins_are_named_from_their_elf_header() {
         let zstd = FLAG_COMPRESS_ZSTD | FLAG_64BIT | FLAG_LINUX;
@@ -713,17 +753,23 @@ mod tests {
         }
         let a = zstd::bulk::compress(&cubin(0x0600_5a0a, 300_000), 3).unwrap();
         entries.push((zstd | FLAG_ARCH_SPECIFIC, 90, a));
-        // Without a variant flag the header names the cubin; the frame is not decoded.
+        // CUDA 13 `a` cubins: the ELF header reads plain, the fatbin header flags `a`.
+        // The arch number is the ELF's even where the header says otherwise.
+        let a = zstd::bulk::compress(&cubin(0x0600_6402, 200_000), 3).unwrap();
+        entries.push((zstd | FLAG_ARCH_SPECIFIC, 100, a.clone()));
+        entries.push((zstd | FLAG_ARCH_SPECIFIC, 90, a));
+        // Only a frame that cannot be decoded takes the header's name.
         entries.push((zstd, 80, b"not even zstd".to_vec()));
         let code = walk(&container(&entries));
-        assert!(code.warnings.is_empty(), "{:?}", code.warnings);
+        assert_eq!(code.warnings.len(), 1, "{:?}", code.warnings);
+        assert!(code.warnings[0].starts_with("1 cubin(s) could not be decoded"));
         let names: Vec<String> = code
             .sass
             .iter()
             .map(|e| format!("{}x{}", e.target, e.count))
             .collect();
-        assert_eq!(names, ["sm_80x1", "sm_90ax1", "sm_100x20"]);
-        assert_eq!(code.compressed, 22);
+        assert_eq!(names, ["sm_80x1", "sm_90ax1", "sm_100x20", "sm_100ax2"]);
+        assert_eq!(code.compressed, 24);
     }
 
     /// A frame's first block is found from its headers, and reading through it is enough.
@@ -746,7 +792,8 @@ mod tests {
         assert_eq!(zstd_first_block_end(b"not zstd"), None);
     }
 
-    /// Damaged frames fall back to the fatbin header's name without failing the walk.
+    /// Damaged frames fall back to the fatbin header's name (never `f`, as cuobjdump never
+    /// lists a cubin so) without failing the walk, and say so.
     #[test]
     fn damaged_zstd_frames_fall_back_to_the_header() {
         let zstd = FLAG_COMPRESS_ZSTD | FLAG_64BIT | FLAG_LINUX | FLAG_FAMILY;
@@ -769,9 +816,14 @@ mod tests {
         let code = walk(&container(&entries));
         assert_eq!(code.sass_total(), 5);
         assert!(
-            code.sass.iter().all(|e| e.target.to_string() == "sm_100f"),
+            code.sass.iter().all(|e| e.target.to_string() == "sm_100"),
             "{:?}",
             code.sass
+        );
+        assert!(
+            code.warnings[0].starts_with("5 cubin(s) could not be decoded"),
+            "{:?}",
+            code.warnings
         );
     }
 }
