@@ -2,8 +2,11 @@
 //!
 //! `Arch` is a compute capability such as 6.1 (`sm_61`). `GpuTarget` adds the
 //! arch-specific (`sm_90a`) and family (`sm_100f`) variants that appear in fatbins.
-//! The CUDA/arch table lives here and only here, so the plan, the native backend and
-//! the coverage verdicts all answer from the same facts.
+//!
+//! Reading is open-world: any well-formed `sm_XY` is an arch, whatever fdl's tables say,
+//! because newer toolkits, drivers and libraries write archs fdl has never seen (nvcc 13.5
+//! brought sm_107). The CUDA/arch and image tables below only *judge requests*: which
+//! CUDA to plan a Docker build with. They live here and only here.
 
 use crate::version::CudaVersion;
 use serde::{Deserialize, Serialize};
@@ -41,11 +44,7 @@ impl Arch {
         format!("sm{}", self.number())
     }
 
-    pub fn is_known(self) -> bool {
-        ARCH_TABLE.iter().any(|row| row.arch == self)
-    }
-
-    /// The row of the support table for this arch, if it is a known one.
+    /// The row of the support table for this arch, if the table knows it.
     pub fn support(self) -> Option<&'static ArchSupport> {
         ARCH_TABLE.iter().find(|row| row.arch == self)
     }
@@ -76,53 +75,38 @@ pub enum ArchError {
         "malformed architecture '{0}': use a compute capability like 6.1, 61, sm_61 or compute_61"
     )]
     Malformed(String),
-    #[error("unknown compute capability '{token}' ({arch}): known ones are {known}")]
-    Unknown {
-        token: String,
-        arch: Arch,
-        known: String,
-    },
     #[error("no architectures given: pass a list such as --archs \"6.1;12.0\"")]
     Empty,
 }
 
-/// Parses one entry: `6.1`, `61`, `120`, `sm_61`, `sm61`, `compute_61`.
-/// Rejects capabilities that no GPU has, naming the entry.
+/// Parses one entry: `6.1`, `61`, `120`, `sm_61`, `sm61`, `compute_61`. Any well-formed
+/// capability is accepted, known to fdl or not; whether it can be built is the plan's
+/// question, answered from the toolkit or the support table.
 pub fn parse_arch_token(token: &str) -> Result<Arch, ArchError> {
     let t = token.trim();
-    let malformed = || ArchError::Malformed(t.to_string());
+    let malformed = || ArchError::Malformed(t.chars().take(40).collect());
     let lower = t.to_ascii_lowercase();
     let digits = ["compute_", "sm_", "sm"]
         .iter()
         .find_map(|p| lower.strip_prefix(p))
         .unwrap_or(&lower);
-    let arch = if let Some((maj, min)) = digits.split_once('.') {
-        let ok = |s: &str| !s.is_empty() && s.len() <= 2 && s.bytes().all(|b| b.is_ascii_digit());
-        if !ok(maj) || !ok(min) || min.len() != 1 {
-            return Err(malformed());
-        }
-        Arch::new(
-            maj.parse().map_err(|_| malformed())?,
-            min.parse().map_err(|_| malformed())?,
-        )
-    } else {
-        if digits.len() < 2 || digits.len() > 3 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(malformed());
-        }
-        Arch::from_number(digits.parse().map_err(|_| malformed())?)
+    let number = |s: &str, max_len: usize| -> Option<u32> {
+        (!s.is_empty() && s.len() <= max_len && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
     };
-    if !arch.is_known() {
-        return Err(ArchError::Unknown {
-            token: t.to_string(),
-            arch,
-            known: ARCH_TABLE
-                .iter()
-                .map(|r| r.arch.capability())
-                .collect::<Vec<_>>()
-                .join(", "),
-        });
+    if let Some((maj, min)) = digits.split_once('.') {
+        match (number(maj, 3), number(min, 1)) {
+            (Some(maj), Some(min)) if maj > 0 => Ok(Arch::new(maj, min)),
+            _ => Err(malformed()),
+        }
+    } else {
+        // `61`, `120`, `1000`: the last digit is the minor, as nvcc numbers them.
+        match number(digits, 4) {
+            Some(n) if n >= 10 => Ok(Arch::from_number(n)),
+            _ => Err(malformed()),
+        }
     }
-    Ok(arch)
 }
 
 /// Parses a list separated by `;`, `,` or whitespace, then sorts and deduplicates it.
@@ -222,6 +206,36 @@ impl fmt::Display for GpuTarget {
     }
 }
 
+impl std::str::FromStr for GpuTarget {
+    type Err = ArchError;
+
+    /// `sm_90a`, `compute_100f`, `sm_107`: any arch, with an optional variant suffix.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        let (body, variant) = match t.as_bytes().last() {
+            Some(b'a') => (&t[..t.len() - 1], Variant::Specific),
+            Some(b'f') => (&t[..t.len() - 1], Variant::Family),
+            _ => (t, Variant::Generic),
+        };
+        if !(body.starts_with("sm_") || body.starts_with("compute_")) {
+            return Err(ArchError::Malformed(t.chars().take(40).collect()));
+        }
+        Ok(GpuTarget {
+            arch: parse_arch_token(body)
+                .map_err(|_| ArchError::Malformed(t.chars().take(40).collect()))?,
+            variant,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for GpuTarget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 impl Serialize for GpuTarget {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
@@ -300,28 +314,44 @@ fn fmt_mm((a, b): (u32, u32)) -> String {
     format!("{a}.{b}")
 }
 
+/// Why a CUDA release cannot be planned for an arch (with the Docker backend, which has
+/// only the table to go by; the native backend asks its nvcc).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("CUDA {cuda} cannot compile {arch} ({example}): {arch} needs {range}. Pick a CUDA version in that range with --cuda, or drop {arch} from --archs")]
-pub struct ArchCudaConflict {
-    pub arch: Arch,
-    pub example: String,
-    pub cuda: CudaVersion,
-    pub range: String,
+pub enum ArchCudaError {
+    #[error("CUDA {cuda} cannot compile {arch} ({example}): {arch} needs {range}. Pick a CUDA version in that range with --cuda, or drop {arch} from --archs")]
+    Conflict {
+        arch: Arch,
+        example: String,
+        cuda: CudaVersion,
+        range: String,
+    },
+    #[error("fdl's table does not say which CUDA releases compile {arch}, so a Docker build cannot be planned for it. Build natively with a toolkit whose `nvcc --list-gpu-arch` lists {arch} (--backend native --cuda-home DIR), or name a CUDA image that compiles it with --base-image IMAGE")]
+    Unknown { arch: Arch },
 }
 
-/// Checks that `cuda` can compile SASS for every arch; the first conflict is returned,
-/// naming the arch and a CUDA range that works for it.
-pub fn check_archs_for_cuda(archs: &[Arch], cuda: CudaVersion) -> Result<(), ArchCudaConflict> {
+impl ArchCudaError {
+    pub fn arch(&self) -> Arch {
+        match self {
+            ArchCudaError::Conflict { arch, .. } | ArchCudaError::Unknown { arch } => *arch,
+        }
+    }
+}
+
+/// Checks that `cuda` can compile SASS for every arch by the support table; the first
+/// arch it cannot (or that the table does not know) is returned.
+pub fn check_archs_for_cuda(archs: &[Arch], cuda: CudaVersion) -> Result<(), ArchCudaError> {
     let mm = cuda.major_minor();
     for &arch in archs {
-        let Some(s) = arch.support() else { continue };
+        let Some(s) = arch.support() else {
+            return Err(ArchCudaError::Unknown { arch });
+        };
         let ok = mm >= s.since && s.until.is_none_or(|u| mm <= u);
         if !ok {
             let range = match s.until {
                 Some(u) => format!("CUDA {} to {}", fmt_mm(s.since), fmt_mm(u)),
                 None => format!("CUDA {} or newer", fmt_mm(s.since)),
             };
-            return Err(ArchCudaConflict {
+            return Err(ArchCudaError::Conflict {
                 arch,
                 example: s.example.to_string(),
                 cuda,
@@ -338,7 +368,9 @@ pub fn check_archs_for_cuda(archs: &[Arch], cuda: CudaVersion) -> Result<(), Arc
 pub const DEFAULT_CUDA: CudaVersion = CudaVersion::new(12, 8);
 
 /// Releases with a published `nvidia/cuda` devel image: `major.minor` → the full version
-/// and the Ubuntu the image tag names. Source: the nvidia/cuda image's supported-tags list.
+/// and the Ubuntu the image tag names. Source: the nvidia/cuda image's supported-tags list
+/// (13.2.0 was published in March 2026). Releases past the end are planned with the
+/// newest image of their major that fits (see [`choose_image`]).
 const CUDA_IMAGES: &[((u32, u32), &str, &str)] = &[
     ((11, 8), "11.8.0", "ubuntu22.04"),
     ((12, 0), "12.0.1", "ubuntu22.04"),
@@ -351,7 +383,8 @@ const CUDA_IMAGES: &[((u32, u32), &str, &str)] = &[
     ((12, 8), "12.8.1", "ubuntu22.04"),
     ((12, 9), "12.9.1", "ubuntu22.04"),
     ((13, 0), "13.0.2", "ubuntu24.04"),
-    ((13, 1), "13.1.0", "ubuntu24.04"),
+    ((13, 1), "13.1.1", "ubuntu24.04"),
+    ((13, 2), "13.2.0", "ubuntu24.04"),
 ];
 
 /// The devel base image for a CUDA release: full version (as the user gave it, else the
@@ -368,33 +401,101 @@ impl CudaImage {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("no nvidia/cuda devel image is known for CUDA {cuda}: known releases are {known}. Pass one of them with --cuda, or bring your own base image with --dockerfile")]
-pub struct UnknownCudaImage {
+/// The image a Docker build of `archs` for a wanted CUDA uses, and the CUDA it brings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageChoice {
+    pub image: CudaImage,
     pub cuda: CudaVersion,
-    pub known: String,
+    /// Why this image, when it is not the wanted release's own.
+    pub note: Option<String>,
 }
 
-pub fn cuda_image(cuda: CudaVersion) -> Result<CudaImage, UnknownCudaImage> {
-    let found = CUDA_IMAGES
+/// Why no image could be chosen. `NoImage` is a gap in fdl's knowledge (a dry run still
+/// shows the plan); `Arch` is a request no CUDA in the table can satisfy as asked.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ImageError {
+    #[error(transparent)]
+    Arch(#[from] ArchCudaError),
+    #[error("no nvidia/cuda devel image known to fdl fits CUDA {cuda} and {archs}: {fix}")]
+    NoImage {
+        cuda: CudaVersion,
+        archs: String,
+        fix: String,
+    },
+}
+
+/// Picks the `nvidia/cuda` devel image for a build of `archs` that asks for `cuda`.
+///
+/// The wanted release's own image when the table has it. Otherwise the newest known
+/// image of the same major that is not newer and compiles every arch: an NCCL built with
+/// an older 13.x runs under a newer 13.x runtime and needs no newer driver, so it serves
+/// where the wanted one would. When nothing fits, the error names the `--cuda` values
+/// that would.
+pub fn choose_image(cuda: CudaVersion, archs: &[Arch]) -> Result<ImageChoice, ImageError> {
+    if let Some(&arch) = archs.iter().find(|a| a.support().is_none()) {
+        return Err(ArchCudaError::Unknown { arch }.into());
+    }
+    let image = |full: &str, os: &str| CudaImage {
+        cuda_version: full.to_string(),
+        os: os.to_string(),
+    };
+    if let Some((_, full, os)) = CUDA_IMAGES
         .iter()
-        .find(|(mm, _, _)| *mm == cuda.major_minor());
-    match found {
-        Some((_, full, os)) => Ok(CudaImage {
-            cuda_version: match cuda.patch {
-                Some(_) => cuda.to_string(),
-                None => full.to_string(),
-            },
-            os: os.to_string(),
-        }),
-        None => Err(UnknownCudaImage {
+        .find(|(mm, _, _)| *mm == cuda.major_minor())
+    {
+        check_archs_for_cuda(archs, cuda)?;
+        let full = match cuda.patch {
+            Some(_) => cuda.to_string(),
+            None => full.to_string(),
+        };
+        return Ok(ImageChoice {
+            image: image(&full, os),
             cuda,
-            known: CUDA_IMAGES
-                .iter()
-                .map(|(mm, _, _)| fmt_mm(*mm))
-                .collect::<Vec<_>>()
-                .join(", "),
+            note: None,
+        });
+    }
+    let fits = |mm: (u32, u32)| check_archs_for_cuda(archs, CudaVersion::new(mm.0, mm.1)).is_ok();
+    let older = CUDA_IMAGES
+        .iter()
+        .filter(|(mm, _, _)| mm.0 == cuda.major && *mm < cuda.major_minor() && fits(*mm))
+        .max_by_key(|(mm, _, _)| *mm);
+    let names = archs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
+    match older {
+        Some((mm, full, os)) => Ok(ImageChoice {
+            image: image(full, os),
+            cuda: full.parse().expect("the image table holds valid versions"),
+            note: Some(format!(
+                "no nvidia/cuda image for CUDA {cuda} is known to fdl; {} is the newest known {}.x image not newer than {cuda} that compiles {names}. An NCCL built with an older {}.x runs under a newer {}.x runtime and needs no newer driver. --base-image IMAGE uses another image",
+                fmt_mm(*mm),
+                cuda.major,
+                cuda.major,
+                cuda.major
+            )),
         }),
+        None => {
+            let working: Vec<String> = CUDA_IMAGES
+                .iter()
+                .filter(|(mm, _, _)| fits(*mm))
+                .map(|(mm, _, _)| fmt_mm(*mm))
+                .collect();
+            let fix = if working.is_empty() {
+                "no known image compiles all of them; build the archs separately, or give --base-image IMAGE".to_string()
+            } else {
+                format!(
+                    "pass --cuda {} (known images that compile all of them), or give --base-image IMAGE",
+                    working.join(" or ")
+                )
+            };
+            Err(ImageError::NoImage {
+                cuda,
+                archs: names,
+                fix,
+            })
+        }
     }
 }
 
@@ -426,18 +527,36 @@ mod tests {
     }
 
     #[test]
-    fn malformed_and_unknown_entries_are_named() {
-        for bad in ["sm_", "6.", ".1", "x86", "6.1.2", "1234", "6", "sm_6a1"] {
+    fn malformed_entries_are_named_and_unknown_archs_accepted() {
+        for bad in [
+            "sm_", "6.", ".1", "x86", "6.1.2", "12345", "6", "sm_6a1", "0.1", "sm_09x",
+        ] {
             assert!(
                 matches!(parse_arch_token(bad), Err(ArchError::Malformed(ref t)) if t == bad),
                 "{bad}: {:?}",
                 parse_arch_token(bad)
             );
         }
-        let err = parse_arch_list("6.1;9.9").unwrap_err();
-        assert!(matches!(err, ArchError::Unknown { ref token, .. } if token == "9.9"));
-        assert!(err.to_string().contains("9.9"));
+        // Open world: archs newer toolkits bring, or none has yet.
+        assert_eq!(parse_arch_token("sm_107").unwrap(), Arch::new(10, 7));
+        assert_eq!(parse_arch_token("13.0").unwrap(), Arch::new(13, 0));
+        assert_eq!(parse_arch_token("compute_1000").unwrap(), Arch::new(100, 0));
         assert_eq!(parse_arch_list(" ; ,"), Err(ArchError::Empty));
+        let long = "x".repeat(10_000);
+        assert!(parse_arch_token(&long).unwrap_err().to_string().len() < 200);
+    }
+
+    #[test]
+    fn targets_parse_with_variants_and_round_trip() {
+        for t in ["sm_90a", "sm_100f", "sm_107", "sm_130", "compute_121a"] {
+            let g: GpuTarget = t.parse().unwrap();
+            assert_eq!(g.to_string(), t.replace("compute_", "sm_"));
+            let json = serde_json::to_string(&g).unwrap();
+            assert_eq!(serde_json::from_str::<GpuTarget>(&json).unwrap(), g);
+        }
+        for bad in ["90a", "sm_", "sm_90x", "sm_90af"] {
+            assert!(bad.parse::<GpuTarget>().is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -456,42 +575,120 @@ mod tests {
         let mixed = [Arch::new(6, 1), Arch::new(12, 0)];
         assert!(check_archs_for_cuda(&mixed, CudaVersion::new(12, 8)).is_ok());
         let e = check_archs_for_cuda(&mixed, CudaVersion::new(12, 4)).unwrap_err();
-        assert_eq!(e.arch, Arch::new(12, 0));
+        assert_eq!(e.arch(), Arch::new(12, 0));
         assert!(e.to_string().contains("CUDA 12.8 or newer"), "{e}");
         let e = check_archs_for_cuda(&mixed, CudaVersion::new(13, 0)).unwrap_err();
-        assert_eq!(e.arch, Arch::new(6, 1));
+        assert_eq!(e.arch(), Arch::new(6, 1));
         assert!(e.to_string().contains("CUDA 8.0 to 12.9"), "{e}");
         assert!(check_archs_for_cuda(&[Arch::new(11, 0)], CudaVersion::new(12, 9)).is_err());
         assert!(check_archs_for_cuda(&[Arch::new(10, 1)], CudaVersion::new(13, 0)).is_err());
+        // An arch the table has never heard of is not waved through.
+        let e = check_archs_for_cuda(&[Arch::new(10, 7)], CudaVersion::new(13, 5)).unwrap_err();
+        assert_eq!(
+            e,
+            ArchCudaError::Unknown {
+                arch: Arch::new(10, 7)
+            }
+        );
+        assert!(e.to_string().contains("--backend native"), "{e}");
+        assert!(e.to_string().contains("--base-image"), "{e}");
     }
 
+    fn t(s: &str) -> GpuTarget {
+        s.parse().unwrap()
+    }
+
+    /// Plain SASS: same major, equal or higher minor. Plain PTX: any equal or newer GPU.
     #[test]
-    fn coverage_rules() {
-        let sm86 = GpuTarget::generic(Arch::new(8, 6));
+    fn coverage_rule_plain() {
+        let sm86 = t("sm_86");
         assert!(sm86.sass_runs_on(Arch::new(8, 9)));
         assert!(!sm86.sass_runs_on(Arch::new(8, 0)));
         assert!(!sm86.sass_runs_on(Arch::new(9, 0)));
         assert!(sm86.ptx_runs_on(Arch::new(12, 0)));
-        let sm90a = GpuTarget {
-            arch: Arch::new(9, 0),
-            variant: Variant::Specific,
-        };
-        assert!(sm90a.sass_runs_on(Arch::new(9, 0)));
-        assert_eq!(sm90a.to_string(), "sm_90a");
-        let sm100f = GpuTarget {
-            arch: Arch::new(10, 0),
-            variant: Variant::Family,
-        };
+        assert!(!sm86.ptx_runs_on(Arch::new(8, 0)));
+    }
+
+    /// `a`: this arch only, SASS and PTX alike. An sm_100a-only library does not cover an
+    /// sm_103 GPU, though a plain sm_100 one does.
+    #[test]
+    fn coverage_rule_arch_specific() {
+        let sm100a = t("sm_100a");
+        assert!(sm100a.sass_runs_on(Arch::new(10, 0)));
+        assert!(!sm100a.sass_runs_on(Arch::new(10, 3)));
+        assert!(t("sm_100").sass_runs_on(Arch::new(10, 3)));
+        assert!(!t("compute_90a").ptx_runs_on(Arch::new(10, 0)));
+        assert!(t("compute_90a").ptx_runs_on(Arch::new(9, 0)));
+    }
+
+    /// `f`: this major, minor at least as high — for SASS and PTX.
+    #[test]
+    fn coverage_rule_family() {
+        let sm100f = t("sm_100f");
         assert!(sm100f.sass_runs_on(Arch::new(10, 3)));
+        assert!(sm100f.sass_runs_on(Arch::new(10, 0)));
         assert!(!sm100f.sass_runs_on(Arch::new(12, 0)));
+        assert!(!t("sm_103f").sass_runs_on(Arch::new(10, 0)));
+        assert!(t("compute_100f").ptx_runs_on(Arch::new(10, 3)));
+        assert!(!t("compute_100f").ptx_runs_on(Arch::new(12, 0)));
     }
 
     #[test]
     fn images_for_known_releases() {
-        let img = cuda_image(CudaVersion::new(12, 8)).unwrap();
-        assert_eq!(img.reference(), "nvidia/cuda:12.8.1-devel-ubuntu22.04");
-        let pinned = cuda_image("12.8.0".parse().unwrap()).unwrap();
-        assert_eq!(pinned.cuda_version, "12.8.0");
-        assert!(cuda_image(CudaVersion::new(12, 7)).is_err());
+        let sm80 = [Arch::new(8, 0)];
+        let img = choose_image(CudaVersion::new(12, 8), &sm80).unwrap();
+        assert_eq!(
+            img.image.reference(),
+            "nvidia/cuda:12.8.1-devel-ubuntu22.04"
+        );
+        assert_eq!(img.note, None);
+        let pinned = choose_image("12.8.0".parse().unwrap(), &sm80).unwrap();
+        assert_eq!(pinned.image.cuda_version, "12.8.0");
+    }
+
+    /// A release newer than the table (torch 2.15's NCCL says CUDA 13.3) is planned with
+    /// the newest known image of its major that compiles the archs, and says so.
+    #[test]
+    fn newer_releases_take_the_newest_fitting_image_of_their_major() {
+        let img = choose_image(CudaVersion::new(13, 3), &[Arch::new(8, 0)]).unwrap();
+        assert_eq!(
+            img.image.reference(),
+            "nvidia/cuda:13.2.0-devel-ubuntu24.04"
+        );
+        assert_eq!(img.cuda.to_string(), "13.2.0");
+        let note = img.note.unwrap();
+        assert!(
+            note.contains("CUDA 13.3") && note.contains("no newer driver"),
+            "{note}"
+        );
+        // 12.7 has no image, and 12.6 cannot compile sm_120: nothing older fits.
+        let e = choose_image(
+            CudaVersion::new(12, 7),
+            &[Arch::new(6, 1), Arch::new(12, 0)],
+        )
+        .unwrap_err();
+        assert!(matches!(e, ImageError::NoImage { .. }), "{e}");
+        assert!(e.to_string().contains("--cuda 12.8 or 12.9"), "{e}");
+        // Pascal under any CUDA 13: no 13.x image compiles it.
+        let e = choose_image(
+            CudaVersion::new(13, 3),
+            &[Arch::new(6, 1), Arch::new(12, 0)],
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("--cuda 12.8 or 12.9") && e.to_string().contains("--base-image"),
+            "{e}"
+        );
+        // The wanted release's own image that cannot compile an arch is a conflict.
+        let e = choose_image(CudaVersion::new(13, 0), &[Arch::new(6, 1)]).unwrap_err();
+        assert!(
+            matches!(e, ImageError::Arch(ArchCudaError::Conflict { .. })),
+            "{e}"
+        );
+        let e = choose_image(CudaVersion::new(13, 5), &[Arch::new(10, 7)]).unwrap_err();
+        assert!(
+            matches!(e, ImageError::Arch(ArchCudaError::Unknown { .. })),
+            "{e}"
+        );
     }
 }

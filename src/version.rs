@@ -7,12 +7,12 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A CUDA toolkit version, `major.minor` with an optional patch (`12.8` or `12.8.1`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// In JSON it is a string, as pip and cargo write versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CudaVersion {
     pub major: u32,
     pub minor: u32,
     /// Only present when the user named a full release, e.g. `--cuda 12.8.1`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patch: Option<u32>,
 }
 
@@ -70,12 +70,12 @@ impl FromStr for CudaVersion {
 }
 
 /// An NCCL release number `X.Y.Z` with the optional suffix NCCL appends in pre-releases.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// In JSON it is a string (`"2.30.7"`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NcclVersion {
     pub major: u32,
     pub minor: u32,
     pub patch: u32,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub suffix: String,
 }
 
@@ -125,9 +125,86 @@ impl FromStr for NcclVersion {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match parse_dotted(s.trim()).as_deref() {
-            Some([x, y, z]) => Ok(NcclVersion::new(*x, *y, *z)),
+        let t = s.trim();
+        // A pre-release suffix (`2.30.7a0`) follows the patch digits; Display writes it so.
+        let digits_end = t
+            .rfind('.')
+            .map(|dot| dot + 1 + t[dot + 1..].bytes().take_while(u8::is_ascii_digit).count())
+            .unwrap_or(t.len());
+        let (numbers, suffix) = t.split_at(digits_end);
+        let suffix_ok = suffix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-+_.".contains(&b));
+        match (parse_dotted(numbers).as_deref(), suffix_ok) {
+            (Some([x, y, z]), true) => Ok(NcclVersion {
+                suffix: suffix.to_string(),
+                ..NcclVersion::new(*x, *y, *z)
+            }),
             _ => Err(format!("invalid NCCL version '{s}': expected X.Y.Z")),
+        }
+    }
+}
+
+/// Versions are written as strings. Manifests of fdl 0.1 (schema 1) wrote them as
+/// objects (`{"major": 12, "minor": 8}`), so reading accepts both.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum VersionRepr {
+    Text(String),
+    Parts {
+        major: u32,
+        minor: u32,
+        patch: Option<u32>,
+        #[serde(default)]
+        suffix: String,
+    },
+}
+
+impl Serialize for CudaVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for CudaVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match VersionRepr::deserialize(d)? {
+            VersionRepr::Text(t) => t.parse().map_err(serde::de::Error::custom),
+            VersionRepr::Parts {
+                major,
+                minor,
+                patch,
+                ..
+            } => Ok(CudaVersion {
+                major,
+                minor,
+                patch,
+            }),
+        }
+    }
+}
+
+impl Serialize for NcclVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for NcclVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match VersionRepr::deserialize(d)? {
+            VersionRepr::Text(t) => t.parse().map_err(serde::de::Error::custom),
+            VersionRepr::Parts {
+                major,
+                minor,
+                patch,
+                suffix,
+            } => Ok(NcclVersion {
+                major,
+                minor,
+                patch: patch.unwrap_or(0),
+                suffix,
+            }),
         }
     }
 }
@@ -160,6 +237,36 @@ mod tests {
         assert_eq!(full.to_string(), "12.8.1");
         for bad in ["", "12", "12.", "a.b", "12.8.1.0", "-12.8", "12.+8"] {
             assert!(bad.parse::<CudaVersion>().is_err(), "{bad}");
+        }
+    }
+
+    /// JSON writes strings; manifests of schema 1 wrote objects, which still read.
+    #[test]
+    fn versions_are_json_strings_and_read_the_old_objects() {
+        let cuda: CudaVersion = "13.3".parse().unwrap();
+        assert_eq!(serde_json::to_string(&cuda).unwrap(), r#""13.3""#);
+        let full: CudaVersion = "12.8.1".parse().unwrap();
+        assert_eq!(serde_json::to_string(&full).unwrap(), r#""12.8.1""#);
+        let nccl = NcclVersion::new(2, 30, 7);
+        assert_eq!(serde_json::to_string(&nccl).unwrap(), r#""2.30.7""#);
+        for (text, want) in [
+            (r#""12.8.1""#, full),
+            (r#"{"major": 12, "minor": 8, "patch": 1}"#, full),
+            (r#"{"major": 13, "minor": 3}"#, cuda),
+        ] {
+            assert_eq!(serde_json::from_str::<CudaVersion>(text).unwrap(), want);
+        }
+        for text in [r#""2.30.7""#, r#"{"major": 2, "minor": 30, "patch": 7}"#] {
+            assert_eq!(serde_json::from_str::<NcclVersion>(text).unwrap(), nccl);
+        }
+        let pre: NcclVersion = "2.30.7a0".parse().unwrap();
+        assert_eq!(pre.suffix, "a0");
+        assert_eq!(
+            serde_json::from_str::<NcclVersion>(&serde_json::to_string(&pre).unwrap()).unwrap(),
+            pre
+        );
+        for bad in [r#""2.30""#, r#""x""#, r#""2.30.7 x""#, "7"] {
+            assert!(serde_json::from_str::<NcclVersion>(bad).is_err(), "{bad}");
         }
     }
 

@@ -55,7 +55,7 @@ fn explicit_inputs_make_the_documented_names() {
     assert_eq!(plan["name"], "v2.27.5-sm61-sm120");
     assert_eq!(plan["tag"], "v2.27.5-1");
     assert_eq!(plan["tag_origin"]["from"], "flag");
-    assert_eq!(plan["cuda"]["major"], 12);
+    assert_eq!(plan["cuda"], "12.8");
     assert_eq!(plan["cuda_origin"], "default");
     assert_eq!(plan["archs"], serde_json::json!(["sm_61", "sm_120"]));
     assert_eq!(
@@ -109,11 +109,44 @@ fn tag_and_cuda_are_inferred_from_the_active_libtorch() {
     assert_eq!(plan["tag"], "v2.27.5-1");
     assert_eq!(plan["tag_origin"]["from"], "libtorch");
     assert_eq!(plan["tag_origin"]["variant"], "precompiled/cu129");
-    assert_eq!(plan["cuda"]["minor"], 9);
+    assert_eq!(plan["cuda"], "12.9");
     assert_eq!(plan["cuda_origin"], "libtorch");
     // --cuda wins over the libtorch's.
     let plan = json_plan(&["--archs", "8.6", "--cuda", "12.8"], p.root());
     assert_eq!(plan["cuda_origin"], "flag");
+}
+
+/// torch 2.15's pip NCCL is 2.30.7 built with CUDA 13.3, newer than any nvidia/cuda image
+/// fdl knows: the plan still forms, on the newest 13.x image, and says why. A mix that
+/// no 13.x image compiles still shows its plan in a dry run, with the problem and the way
+/// out, and exits 0; the build itself refuses before touching anything.
+#[test]
+fn a_libtorch_newer_than_the_image_table_still_plans() {
+    let src = format!("{}{}", floors(), nccl_like_source((2, 30, 7), "13.3"));
+    let p = ProjectFixture::empty()
+        .with_compiled_variant("precompiled/pip-cu132", &src)
+        .activate("precompiled/pip-cu132\n");
+    let plan = json_plan(&["--archs", "8.0", "--backend", "docker"], p.root());
+    assert_eq!(plan["tag"], "v2.30.7-1");
+    assert_eq!(plan["nccl_version"], "2.30.7");
+    assert_eq!(plan["cuda"], "13.2.0");
+    assert!(
+        plan["cuda_note"].as_str().unwrap().contains("CUDA 13.3"),
+        "{plan}"
+    );
+    assert_eq!(
+        plan["docker"]["base_image"],
+        "nvidia/cuda:13.2.0-devel-ubuntu24.04"
+    );
+
+    let plan = json_plan(&["--archs", "6.1;12.0", "--backend", "docker"], p.root());
+    let problems = plan["problems"].to_string();
+    assert!(problems.contains("--cuda 12.8 or 12.9"), "{problems}");
+    fails_cleanly(
+        p.root(),
+        &["--archs", "6.1;12.0", "--backend", "docker"],
+        "the plan cannot run",
+    );
 }
 
 #[test]
@@ -209,8 +242,25 @@ fn bad_archs_are_named() {
     fails_cleanly(
         p.root(),
         &["--tag", "v2.27.5-1", "--archs", "6.1;9.9", "--dry-run"],
-        "unknown compute capability '9.9'",
+        "fdl's table does not say which CUDA releases compile sm_99",
     );
+    // An arch newer than the table is a request the Docker backend cannot judge; the
+    // message says which backend or flag can.
+    for needle in ["--backend native", "--base-image"] {
+        fails_cleanly(
+            p.root(),
+            &[
+                "--tag",
+                "v2.32.3-1",
+                "--archs",
+                "10.7",
+                "--backend",
+                "docker",
+                "--dry-run",
+            ],
+            needle,
+        );
+    }
     fails_cleanly(
         p.root(),
         &["--tag", "v2.27.5-1", "--archs", ";", "--dry-run"],

@@ -206,7 +206,7 @@ fn builds_from_a_source_tree_without_touching_it() {
         plan["native"]["source"]["path"],
         tree.canonicalize().unwrap().display().to_string()
     );
-    assert_eq!(plan["native"]["toolkit"]["cuda"]["patch"], 93);
+    assert_eq!(plan["native"]["toolkit"]["cuda"], "12.8.93");
     assert_eq!(
         plan["native"]["toolkit"]["lib_dir"],
         env.cuda_home().join("lib64").display().to_string()

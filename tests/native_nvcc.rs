@@ -96,7 +96,7 @@ fn real_nvcc_from_the_pypi_wheel() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let planned = &v["plan"]["native"]["toolkit"];
-    assert_eq!(planned["cuda"]["minor"], toolkit.cuda.minor);
+    assert_eq!(planned["cuda"], toolkit.cuda.to_string());
     assert_eq!(planned["lib_dir"], home.join("lib").display().to_string());
     let commands = v["commands"].to_string();
     assert!(

@@ -48,6 +48,10 @@ pub struct BuildArgs {
     /// Docker: build with this Dockerfile instead of the embedded one
     #[arg(long, value_name = "PATH")]
     pub dockerfile: Option<PathBuf>,
+    /// Docker: start from this image (local, mirrored or `docker load`ed) instead of the
+    /// nvidia/cuda devel image fdl picks for the CUDA version
+    #[arg(long, value_name = "IMAGE")]
+    pub base_image: Option<String>,
     /// Native: the CUDA toolkit to use (default: $CUDA_HOME, else nvcc on PATH)
     #[arg(long, value_name = "DIR")]
     pub cuda_home: Option<PathBuf>,
@@ -109,14 +113,27 @@ enum Chosen {
 /// Picks the backend for `tag` as `--backend` says; `auto` asks the Docker daemon first.
 fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)> {
     let native_flag = args.wants_native();
-    if let (Some(flag), Some(_)) = (native_flag, &args.dockerfile) {
-        bail!("--dockerfile is for the Docker backend and {flag} for the native one: give one of them");
+    let docker_flag = if args.dockerfile.is_some() {
+        Some("--dockerfile")
+    } else if args.base_image.is_some() {
+        Some("--base-image")
+    } else {
+        None
+    };
+    if let (Some(flag), Some(dflag)) = (native_flag, docker_flag) {
+        bail!("{dflag} is for the Docker backend and {flag} for the native one: give one of them");
+    }
+    if let Some(img) = &args.base_image {
+        docker::check_image_reference(img)?;
     }
     let docker =
         |engine: Option<Engine>, reason: String| -> Result<(BackendInputs, String, Chosen)> {
             let (spec, text) = docker::dockerfile_spec(args.dockerfile.as_deref())?;
             Ok((
-                BackendInputs::Docker { dockerfile: spec },
+                BackendInputs::Docker {
+                    dockerfile: spec,
+                    base_image: args.base_image.clone(),
+                },
                 reason,
                 Chosen::Docker {
                     engine,
@@ -151,8 +168,8 @@ fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)
             docker(None, "--backend docker".into())
         }
         BackendFlag::Native => {
-            if args.dockerfile.is_some() {
-                bail!("--dockerfile is for the Docker backend, but --backend native was given");
+            if let Some(flag) = docker_flag {
+                bail!("{flag} is for the Docker backend, but --backend native was given");
             }
             native(discover(), "--backend native".into())
         }
@@ -168,9 +185,14 @@ fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)
                     );
                     docker(Some(engine), reason)
                 }
-                Err(docker_err) if args.dockerfile.is_some() => Err(docker_err.into()),
-                Err(docker_err) => {
-                    let report = discover();
+                Err(docker_err) => match docker_flag {
+                    Some(flag) if args.dry_run => docker(
+                        None,
+                        format!("auto: {flag} given; planned for Docker, whose daemon does not answer here ({docker_err})"),
+                    ),
+                    Some(_) => Err(docker_err.into()),
+                    None => {
+                        let report = discover();
                     if report.is_complete() {
                         let why = format!(
                             "auto: no Docker ({docker_err}); the native toolchain is complete"
@@ -187,7 +209,8 @@ fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)
                             report.missing.join("; ")
                         )
                     }
-                }
+                    }
+                },
             }
         }
     }
@@ -221,6 +244,12 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
         Ok((inputs, reason))
     })?;
     let commands = plan_commands(&plan);
+    if !args.dry_run && !plan.problems.is_empty() {
+        bail!(
+            "the plan cannot run (see it with --dry-run):\n  {}",
+            plan.problems.join("\n  ")
+        );
+    }
     if args.dry_run {
         if args.json {
             print_json(&json!({ "dry_run": true, "plan": plan, "commands": commands }));
@@ -360,6 +389,9 @@ fn render_plan(plan: &BuildPlan, cmds: &[Vec<String>]) -> String {
             .map_or("(not a release tag)".to_string(), |v| v.to_string()),
     );
     row("CUDA", format!("{}  ({cuda_from})", plan.cuda));
+    if let Some(note) = &plan.cuda_note {
+        row("", note.clone());
+    }
     row("archs", format!("{archs}  ({archs_from})"));
     row("gencode", plan.gencode.clone());
     row("jobs", format!("{}  ({})", plan.jobs, plan.jobs_reason));
@@ -422,6 +454,15 @@ fn render_plan(plan: &BuildPlan, cmds: &[Vec<String>]) -> String {
     s.push_str("Commands:\n");
     for c in cmds {
         s.push_str(&format!("  {}\n", shell_words(c)));
+    }
+    if !plan.problems.is_empty() {
+        s.push_str(&paint(
+            "Problems (the build will not start until they are solved):\n",
+            Color::Red,
+        ));
+        for p in &plan.problems {
+            s.push_str(&format!("  {p}\n"));
+        }
     }
     s
 }

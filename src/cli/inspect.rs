@@ -307,16 +307,12 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                 };
                 verify::verify(name, &store.path_of(name), &manifest.plan, &against)
             }
-            Entry::Partial { name, what } | Entry::Broken { name, why: what } => Report {
-                build: name.clone(),
-                dir: store.path_of(name),
-                checks: vec![verify::Check {
-                    check: "build".into(),
-                    status: Status::Fail,
-                    detail: format!("not a complete build: {what}"),
-                }],
-                checked: None,
-            },
+            Entry::Partial { name, what } | Entry::Broken { name, why: what } => {
+                failed_report(&store, name, format!("not a complete build: {what}"))
+            }
+            Entry::Unreadable { name, why } => {
+                failed_report(&store, name, format!("its manifest cannot be read: {why}"))
+            }
         };
         reports.push(report);
     }
@@ -361,4 +357,18 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
 pub(super) fn probe_cmd(lib: &Path) -> Result<()> {
     println!("{}", verify::probe_in_process(lib)?);
     Ok(())
+}
+
+/// A report of one failed check for an entry that cannot be verified at all.
+fn failed_report(store: &BuildStore, name: &str, detail: String) -> Report {
+    Report {
+        build: name.to_string(),
+        dir: store.path_of(name),
+        checks: vec![verify::Check {
+            check: "build".into(),
+            status: Status::Fail,
+            detail,
+        }],
+        checked: None,
+    }
 }

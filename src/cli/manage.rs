@@ -71,6 +71,13 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
                 name.clone(),
                 paint(&format!("partial: {what}"), Color::Yellow),
             )),
+            Entry::Unreadable { name, why } => notes.push((
+                name.clone(),
+                paint(
+                    &format!("unreadable: {why} (remove it with `fdl nccl remove {name}`, or rebuild with --force)"),
+                    Color::Red,
+                ),
+            )),
             Entry::Broken { name, why } => {
                 notes.push((name.clone(), paint(&format!("broken: {why}"), Color::Red)))
             }
@@ -139,7 +146,7 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
     for name in names {
         check_build_name(name)?;
         match store.existing(name)? {
-            Some(Existing::Build(_)) => {}
+            Some(Existing::Build(_) | Existing::Unreadable(_)) => {}
             Some(Existing::NotABuild(why)) => bail!(
                 "{} is not an fdl build ({why}); nothing was removed",
                 store.path_of(name).display()
@@ -195,6 +202,9 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
             check_build_name(name)?;
             match store.existing(name)? {
                 Some(Existing::Build(m)) => (name.to_string(), *m, "named".to_string()),
+                Some(Existing::Unreadable(why)) => bail!(
+                    "the manifest of build '{name}' cannot be read ({why}); rebuild it with `fdl nccl build --force`"
+                ),
                 Some(Existing::NotABuild(why)) => bail!(
                     "{} is not an fdl build ({why})",
                     store.path_of(name).display()

@@ -180,10 +180,19 @@ pub fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// The shape of every `--json` output, documented in README.md ("JSON output"). Raised
+/// when a field changes meaning or goes away; new fields may appear in any version.
+pub const JSON_SCHEMA: u32 = 1;
+
+/// Prints one JSON object, stamped with [`JSON_SCHEMA`].
 pub(crate) fn print_json(value: &serde_json::Value) {
+    let mut value = value.clone();
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert("schema".into(), JSON_SCHEMA.into());
+    }
     println!(
         "{}",
-        serde_json::to_string_pretty(value).expect("JSON values serialize")
+        serde_json::to_string_pretty(&value).expect("JSON values serialize")
     );
 }
 

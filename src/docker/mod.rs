@@ -117,6 +117,23 @@ fn argv_command(engine: &Engine, argv: &[String]) -> Command {
 
 /// The Dockerfile to build with — the embedded one, or the user's `--dockerfile` —
 /// and its digest for the plan.
+/// `--base-image` reaches `docker build` as one argument, never a shell; it is still
+/// held to what an image reference can be (`registry:5000/repo/name:tag@sha256:…`), so a
+/// typo fails here, plainly, rather than deep in the engine.
+pub fn check_image_reference(image: &str) -> Result<()> {
+    let ok = !image.is_empty()
+        && image.len() <= 255
+        && !image.starts_with(['-', '.', ':', '/', '@'])
+        && image
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/:@".contains(&b));
+    if !ok {
+        let shown: String = image.chars().take(80).collect();
+        anyhow::bail!("'{shown}' is not an image reference: give one like nvidia/cuda:13.2.0-devel-ubuntu24.04 or mirror.local:5000/cuda:13.2-devel (letters, digits and . _ - / : @)");
+    }
+    Ok(())
+}
+
 pub fn dockerfile_spec(path: Option<&Path>) -> Result<(DockerfileSpec, String)> {
     Ok(match path {
         None => (

@@ -94,7 +94,9 @@ pub fn plan(
         Some(a) => (a, ArchOrigin::Flag),
         None => {
             let gpus = (src.gpus)()?;
-            (archs_of_gpus(&gpus)?, ArchOrigin::Gpus { gpus })
+            // Any capability the driver reports is planned; whether a toolkit can compile
+            // it is the plan's question, not nvidia-smi's.
+            (gpu::distinct_archs(&gpus), ArchOrigin::Gpus { gpus })
         }
     };
 
@@ -164,19 +166,6 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>)>
         },
         Some(found.cuda),
     ))
-}
-
-fn archs_of_gpus(gpus: &[Gpu]) -> Result<Vec<Arch>> {
-    let archs = gpu::distinct_archs(gpus);
-    for a in &archs {
-        if !a.is_known() {
-            bail!(
-                "GPU compute capability {} (from nvidia-smi) is not one fdl knows how to build for; name the architectures with --archs",
-                a.capability()
-            );
-        }
-    }
-    Ok(archs)
 }
 
 /// Parallel nvcc jobs: one per core, but no more than one per ~2 GiB of available memory
@@ -250,6 +239,9 @@ pub fn execute(
     store: &BuildStore,
     opts: &ExecOptions,
 ) -> Result<Outcome> {
+    if !plan.problems.is_empty() {
+        bail!("the plan cannot run:\n  {}", plan.problems.join("\n  "));
+    }
     let dir = store.path_of(&plan.name);
     let _lock = lock::acquire(&opts.cache, &store.dir, &plan.name, opts.wait, &|msg| {
         eprintln!("{msg}")
@@ -276,6 +268,11 @@ pub fn execute(
                 diff.join("\n  ")
             );
         }
+        Some(Existing::Unreadable(why)) if !opts.force => bail!(
+            "{} holds an fdl build whose manifest cannot be read ({why}). Pass --force to replace it once the new build succeeds, or remove it with `fdl nccl remove {}`",
+            dir.display(),
+            plan.name
+        ),
         Some(Existing::NotABuild(why)) if !opts.force => bail!(
             "{} exists but is not an fdl build ({why}). Move it away, or pass --force to replace it once the new build succeeds",
             dir.display()

@@ -5,7 +5,7 @@
 //! combinations that cannot work. `--dry-run` prints it; the manifest saves it; a
 //! backend executes it. Where each value came from is part of the plan.
 
-use crate::arch::{self, Arch, CudaImage};
+use crate::arch::{self, Arch, ImageError};
 use crate::gpu::Gpu;
 use crate::nccl::tag::Tag;
 use crate::version::{CudaVersion, NcclVersion};
@@ -121,6 +121,8 @@ pub struct NativePlan {
 pub enum BackendInputs {
     Docker {
         dockerfile: DockerfileSpec,
+        /// `--base-image`: the user's image instead of the chosen `nvidia/cuda` one.
+        base_image: Option<String>,
     },
     Native {
         toolkit: Toolkit,
@@ -188,8 +190,12 @@ pub struct BuildPlan {
     pub tag_origin: TagOrigin,
     /// The release the tag names, when it names one (`master` does not).
     pub nccl_version: Option<NcclVersion>,
+    /// The CUDA the build compiles with.
     pub cuda: CudaVersion,
     pub cuda_origin: CudaOrigin,
+    /// Why the build's CUDA differs from the one asked for, when it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_note: Option<String>,
     pub archs: Vec<Arch>,
     pub arch_origin: ArchOrigin,
     pub gencode: String,
@@ -207,6 +213,10 @@ pub struct BuildPlan {
     pub docker: Option<DockerPlan>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub native: Option<NativePlan>,
+    /// What stops this plan from running. A dry run shows the plan with them; a build
+    /// refuses to start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 /// `-ptx` and `-only-<digest>` mark builds that differ from a plain full build, so such a
@@ -245,18 +255,53 @@ impl BuildPlan {
             inputs.only_funcs.as_deref(),
         );
         let gencode = arch::gencode(&inputs.archs, inputs.ptx);
+        let mut cuda = cuda;
+        let mut cuda_note = None;
+        let mut problems = Vec::new();
         let (backend, docker, native) = match inputs.backend {
-            BackendInputs::Docker { dockerfile } => {
-                arch::check_archs_for_cuda(&inputs.archs, cuda)?;
+            BackendInputs::Docker {
+                dockerfile,
+                base_image,
+            } => {
+                // CUDA_VERSION names the image's full release when fdl chose the image.
+                let mut cuda_arg = cuda.to_string();
+                let image = match base_image {
+                    Some(img) => {
+                        cuda_note = Some(format!(
+                            "the CUDA inside --base-image {img} is not checked before the build; the built library's self-id names it"
+                        ));
+                        Some(img)
+                    }
+                    None => match arch::choose_image(cuda, &inputs.archs) {
+                        Ok(choice) => {
+                            if choice.note.is_some() {
+                                cuda = choice.cuda;
+                                cuda_note = choice.note;
+                            }
+                            cuda_arg = choice.image.cuda_version.clone();
+                            Some(choice.image.reference())
+                        }
+                        Err(ImageError::Arch(e)) => return Err(e.into()),
+                        // A user's own Dockerfile may start from any image.
+                        Err(e @ ImageError::NoImage { .. }) => {
+                            if let DockerfileSpec::Embedded { .. } = dockerfile {
+                                problems.push(e.to_string());
+                            }
+                            None
+                        }
+                    },
+                };
                 let plan = docker_plan(
                     &inputs.tag,
                     &name,
                     cuda,
+                    cuda_arg,
                     &gencode,
                     inputs.jobs,
                     inputs.only_funcs.as_deref(),
                     dockerfile,
-                )?;
+                    image,
+                );
                 (BackendKind::Docker, Some(plan), None)
             }
             BackendInputs::Native {
@@ -299,6 +344,7 @@ impl BuildPlan {
             tag_origin: inputs.tag_origin,
             cuda,
             cuda_origin,
+            cuda_note,
             archs: inputs.archs,
             arch_origin: inputs.arch_origin,
             gencode,
@@ -311,6 +357,7 @@ impl BuildPlan {
             backend_reason: inputs.backend_reason,
             docker,
             native,
+            problems,
         })
     }
 
@@ -419,47 +466,36 @@ impl BuildPlan {
 }
 
 /// The Docker half of a plan: image name, base image and build arguments.
+#[allow(clippy::too_many_arguments)]
 fn docker_plan(
     tag: &Tag,
     name: &str,
     cuda: CudaVersion,
+    cuda_arg: String,
     gencode: &str,
     jobs: u32,
     only_funcs: Option<&str>,
     dockerfile: DockerfileSpec,
-) -> Result<DockerPlan> {
-    // The embedded Dockerfile needs a published base image; a user's own Dockerfile
-    // may use any base, so an unknown release only matters for the embedded one.
-    let base: Option<CudaImage> = match (&dockerfile, arch::cuda_image(cuda)) {
-        (DockerfileSpec::Embedded { .. }, Err(e)) => return Err(e.into()),
-        (_, Ok(img)) => Some(img),
-        (DockerfileSpec::File { .. }, Err(_)) => None,
-    };
-    let cuda_arg = base
-        .as_ref()
-        .map(|b| b.cuda_version.clone())
-        .unwrap_or_else(|| cuda.to_string());
+    base_image: Option<String>,
+) -> DockerPlan {
     let mut build_args = vec![
         ("NCCL_VERSION".to_string(), tag.to_string()),
         ("NVCC_GENCODE".to_string(), gencode.to_string()),
         ("MAX_JOBS".to_string(), jobs.to_string()),
         ("CUDA_VERSION".to_string(), cuda_arg),
     ];
-    if let Some(b) = &base {
-        build_args.push(("BASE_OS".to_string(), b.os.clone()));
+    if let Some(img) = &base_image {
+        build_args.push(("BASE_IMAGE".to_string(), img.clone()));
     }
     if let Some(expr) = only_funcs {
         build_args.push(("ONLY_FUNCS".to_string(), expr.to_string()));
     }
-    Ok(DockerPlan {
+    DockerPlan {
         image: format!("{IMAGE_REPO}:{name}-cuda{cuda}"),
-        base_image: match &dockerfile {
-            DockerfileSpec::Embedded { .. } => base.map(|b| b.reference()),
-            DockerfileSpec::File { .. } => None,
-        },
+        base_image,
         dockerfile,
         build_args,
-    })
+    }
 }
 
 /// The native backend compiles with the host's toolkit: its CUDA must be the one asked
@@ -537,6 +573,7 @@ mod tests {
                 dockerfile: DockerfileSpec::Embedded {
                     sha256: "abc".into(),
                 },
+                base_image: None,
             },
             backend_reason: "test".into(),
             ptx: false,
@@ -592,6 +629,7 @@ mod tests {
         assert_eq!(args["NCCL_VERSION"], "v2.27.5-1");
         assert_eq!(args["MAX_JOBS"], "4");
         assert_eq!(args["CUDA_VERSION"], "12.8.1");
+        assert_eq!(args["BASE_IMAGE"], "nvidia/cuda:12.8.1-devel-ubuntu22.04");
         assert_eq!(
             args["NVCC_GENCODE"],
             "-gencode=arch=compute_61,code=sm_61 -gencode=arch=compute_120,code=sm_120"
@@ -609,12 +647,53 @@ mod tests {
         i.cuda_flag = Some(CudaVersion::new(13, 0));
         let err = BuildPlan::new(i).unwrap_err().to_string();
         assert!(err.contains("sm_61") && err.contains("12.9"), "{err}");
-        let mut i = inputs("v2.27.5-1", &[Arch::new(8, 6)]);
-        i.cuda_flag = Some(CudaVersion::new(12, 7));
-        assert!(BuildPlan::new(i)
-            .unwrap_err()
-            .to_string()
-            .contains("no nvidia/cuda devel image"));
+    }
+
+    /// A CUDA without a known image still plans: with the newest older image of its
+    /// major that fits, or, when none does, as a plan whose problem names the way out.
+    #[test]
+    fn cuda_without_a_known_image_still_plans() {
+        let mut i = inputs("v2.30.7-1", &[Arch::new(8, 0)]);
+        i.cuda_from_libtorch = Some(CudaVersion::new(13, 3));
+        let p = BuildPlan::new(i.clone()).unwrap();
+        assert_eq!(p.cuda.to_string(), "13.2.0");
+        assert!(p.cuda_note.as_deref().unwrap().contains("CUDA 13.3"));
+        assert!(p.problems.is_empty());
+        let args = docker_args(&p);
+        assert_eq!(args["BASE_IMAGE"], "nvidia/cuda:13.2.0-devel-ubuntu24.04");
+        assert_eq!(args["CUDA_VERSION"], "13.2.0");
+
+        // --base-image overrides the choice; its CUDA is the one asked for.
+        if let BackendInputs::Docker { base_image, .. } = &mut i.backend {
+            *base_image = Some("mirror.local:5000/cuda:13.3-devel".into());
+        }
+        let p = BuildPlan::new(i).unwrap();
+        assert_eq!(p.cuda.to_string(), "13.3");
+        assert_eq!(
+            docker_args(&p)["BASE_IMAGE"],
+            "mirror.local:5000/cuda:13.3-devel"
+        );
+
+        // Nothing fits Pascal under CUDA 13: a plan, with the problem and the fix.
+        let mut i = inputs("v2.30.7-1", &MIXED);
+        i.cuda_from_libtorch = Some(CudaVersion::new(13, 3));
+        let p = BuildPlan::new(i.clone()).unwrap();
+        assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+        assert!(
+            p.problems[0].contains("--cuda 12.8 or 12.9"),
+            "{:?}",
+            p.problems
+        );
+        assert!(!docker_args(&p).contains_key("BASE_IMAGE"));
+        // A user's own Dockerfile picks its own base: no problem to report.
+        i.backend = BackendInputs::Docker {
+            dockerfile: DockerfileSpec::File {
+                path: PathBuf::from("/d/Dockerfile"),
+                sha256: "abc".into(),
+            },
+            base_image: None,
+        };
+        assert!(BuildPlan::new(i).unwrap().problems.is_empty());
     }
 
     #[test]

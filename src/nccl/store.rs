@@ -16,6 +16,10 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 pub const MANIFEST: &str = "fdl-build.json";
+/// The manifest format this fdl writes. 1: fdl 0.1 (no `schema` field, versions as
+/// objects); 2: versions as strings, `schema` present. Reading takes any schema whose
+/// fields this fdl understands, and ignores fields it does not know.
+pub const MANIFEST_SCHEMA: u32 = 2;
 const STAGING_PREFIX: &str = ".staging-";
 const REPLACED_PREFIX: &str = ".replaced-";
 const REMOVING_PREFIX: &str = ".removing-";
@@ -31,7 +35,10 @@ pub enum Entry {
     },
     /// A staging or set-aside directory: a build in progress, or left by a killed one.
     Partial { name: String, what: String },
-    /// Something at a build's place that is not a readable build.
+    /// An fdl build (it has a manifest) whose manifest cannot be read: damaged, or
+    /// written by a newer fdl. It can be removed, or replaced with `--force`.
+    Unreadable { name: String, why: String },
+    /// Something at a build's place that is not an fdl build.
     Broken { name: String, why: String },
 }
 
@@ -40,6 +47,7 @@ impl Entry {
         match self {
             Entry::Build { name, .. }
             | Entry::Partial { name, .. }
+            | Entry::Unreadable { name, .. }
             | Entry::Broken { name, .. } => name,
         }
     }
@@ -61,6 +69,9 @@ pub fn check_build_name(name: &str) -> Result<()> {
 /// What is saved with every build: the plan that made it and what the check found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
+    /// Absent in schema 1.
+    #[serde(default = "schema_1")]
+    pub schema: u32,
     pub fdl_version: String,
     /// RFC 3339, UTC.
     pub built_at: String,
@@ -82,11 +93,37 @@ pub struct CheckedTree {
     pub embedded_version: NcclVersion,
 }
 
+fn schema_1() -> u32 {
+    1
+}
+
 #[derive(Debug)]
 pub enum Existing {
     Build(Box<Manifest>),
-    /// A directory is there but holds no readable manifest.
+    /// An fdl build whose manifest cannot be read.
+    Unreadable(String),
+    /// Something is there, but not an fdl build (no manifest).
     NotABuild(String),
+}
+
+/// What a build directory holds, as far as its manifest tells.
+enum Read {
+    Build(Manifest),
+    Unreadable(String),
+    NotABuild(String),
+}
+
+fn read_build(dir: &Path) -> Read {
+    let path = dir.join(MANIFEST);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.file_type().is_file() => {}
+        Ok(_) => return Read::Unreadable(format!("{} is not a regular file", path.display())),
+        Err(_) => return Read::NotABuild(format!("it has no {MANIFEST}")),
+    }
+    match read_manifest(dir) {
+        Ok(m) => Read::Build(m),
+        Err(e) => Read::Unreadable(format!("{e:#}")),
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -109,9 +146,13 @@ impl BuildStore {
         if std::fs::symlink_metadata(&dir).is_err() {
             return Ok(None);
         }
-        Ok(Some(match read_manifest(&dir) {
-            Ok(m) => Existing::Build(Box::new(m)),
-            Err(e) => Existing::NotABuild(format!("{e:#}")),
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            return Ok(Some(Existing::NotABuild("not a directory".into())));
+        }
+        Ok(Some(match read_build(&dir) {
+            Read::Build(m) => Existing::Build(Box::new(m)),
+            Read::Unreadable(why) => Existing::Unreadable(why),
+            Read::NotABuild(why) => Existing::NotABuild(why),
         }))
     }
 
@@ -134,37 +175,37 @@ impl BuildStore {
                 });
                 continue;
             }
-            if !path.is_dir() {
+            // file_type() describes the entry itself: a symlink is never followed.
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 out.push(Entry::Broken {
                     name,
                     why: "not a directory".into(),
                 });
                 continue;
             }
-            match read_manifest(&path) {
-                Ok(m) => out.push(Entry::Build {
+            out.push(match read_build(&path) {
+                Read::Build(m) => Entry::Build {
                     name,
                     manifest: Box::new(m),
                     size_bytes: dir_size(&path),
-                }),
-                Err(e) => out.push(Entry::Broken {
-                    name,
-                    why: format!("{e:#}"),
-                }),
-            }
+                },
+                Read::Unreadable(why) => Entry::Unreadable { name, why },
+                Read::NotABuild(why) => Entry::Broken { name, why },
+            });
         }
         out.sort_by(|a, b| a.name().cmp(b.name()));
         Ok(out)
     }
 
-    /// Removes build `name`: it must be a build (a readable manifest). The directory is
+    /// Removes build `name`: it must be an fdl build (it has a manifest, readable or not:
+    /// a damaged or too-new manifest must not make a build impossible to remove). The directory is
     /// renamed away first so it disappears at once, then deleted. The caller holds the
     /// build's lock.
     pub fn remove(&self, name: &str) -> Result<PathBuf> {
         check_build_name(name)?;
         let dir = self.path_of(name);
         match self.existing(name)? {
-            Some(Existing::Build(_)) => {}
+            Some(Existing::Build(_) | Existing::Unreadable(_)) => {}
             Some(Existing::NotABuild(why)) => bail!(
                 "{} is not an fdl build ({why}); fdl removes only builds it made. Delete it by hand if you are sure",
                 dir.display()
@@ -249,12 +290,41 @@ impl BuildStore {
     }
 }
 
+/// Manifests are small; anything larger is not one, and is not read into memory.
+const MANIFEST_MAX_BYTES: u64 = 4 << 20;
+
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    use std::io::Read as _;
     let path = dir.join(MANIFEST);
-    let text = std::fs::read_to_string(&path)
+    let mut text = String::new();
+    std::fs::File::open(&path)
+        .and_then(|f| f.take(MANIFEST_MAX_BYTES + 1).read_to_string(&mut text))
         .with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a valid fdl manifest", path.display()))
+    if text.len() as u64 > MANIFEST_MAX_BYTES {
+        bail!("{} is larger than any fdl manifest", path.display());
+    }
+    parse_manifest(&text).with_context(|| format!("{} cannot be read", path.display()))
+}
+
+/// Parses a manifest of any schema. Unknown fields are ignored; when a newer schema
+/// changed a field this fdl needs, the error says the manifest is from a newer fdl.
+pub fn parse_manifest(text: &str) -> Result<Manifest> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).context("it is not valid JSON (damaged or truncated)")?;
+    let schema = match value.get("schema") {
+        None => 1,
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| anyhow!("its schema is not a number: {v}"))?,
+    };
+    serde_json::from_value(value).map_err(|e| {
+        if schema > MANIFEST_SCHEMA {
+            anyhow!("it was written by a newer fdl (manifest schema {schema}; this fdl reads up to {MANIFEST_SCHEMA}) and has a field this fdl cannot read: {e}. Upgrade fdl, or rebuild with --force")
+        } else {
+            anyhow!("it is not a valid fdl manifest (schema {schema}): {e}")
+        }
+    })
 }
 
 /// An uncommitted build. Dropping it removes the staging directory and any parent
@@ -283,6 +353,7 @@ impl Staging {
     ) -> Result<Manifest> {
         rewrite_pc_prefix(&self.path.join("lib/pkgconfig/nccl.pc"), &self.target)?;
         let manifest = Manifest {
+            schema: MANIFEST_SCHEMA,
             fdl_version: env!("CARGO_PKG_VERSION").to_string(),
             built_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             plan: plan.clone(),

@@ -278,6 +278,7 @@ pub fn install_build(
             dockerfile: DockerfileSpec::Embedded {
                 sha256: "test".into(),
             },
+            base_image: None,
         },
         backend_reason: "test".into(),
         ptx: false,
