@@ -108,7 +108,7 @@ pub enum Existing {
 
 /// What a build directory holds, as far as its manifest tells.
 enum Read {
-    Build(Manifest),
+    Build(Box<Manifest>),
     Unreadable(String),
     NotABuild(String),
 }
@@ -121,7 +121,7 @@ fn read_build(dir: &Path) -> Read {
         Err(_) => return Read::NotABuild(format!("it has no {MANIFEST}")),
     }
     match read_manifest(dir) {
-        Ok(m) => Read::Build(m),
+        Ok(m) => Read::Build(Box::new(m)),
         Err(e) => Read::Unreadable(format!("{e:#}")),
     }
 }
@@ -150,7 +150,7 @@ impl BuildStore {
             return Ok(Some(Existing::NotABuild("not a directory".into())));
         }
         Ok(Some(match read_build(&dir) {
-            Read::Build(m) => Existing::Build(Box::new(m)),
+            Read::Build(m) => Existing::Build(m),
             Read::Unreadable(why) => Existing::Unreadable(why),
             Read::NotABuild(why) => Existing::NotABuild(why),
         }))
@@ -184,9 +184,9 @@ impl BuildStore {
                 continue;
             }
             out.push(match read_build(&path) {
-                Read::Build(m) => Entry::Build {
+                Read::Build(manifest) => Entry::Build {
                     name,
-                    manifest: Box::new(m),
+                    manifest,
                     size_bytes: dir_size(&path),
                 },
                 Read::Unreadable(why) => Entry::Unreadable { name, why },
