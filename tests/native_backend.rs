@@ -823,3 +823,107 @@ fn quiet_normal_and_verbose_show_what_they_promise() {
     );
     assert!(stdout_of(&out).contains("Rebuilt and replaced"));
 }
+
+/// nvcc 13.5 lists sm_107, which no table of fdl's knew: a build with such a toolkit
+/// (recording its list in the manifest), and one *for* sm_107, must read back as builds
+/// that list, env, verify, rebuild and remove handle like any other.
+#[test]
+fn a_toolkit_with_archs_newer_than_fdls_table_makes_ordinary_builds() {
+    let env = Env::new();
+    fake_cuda_home(
+        &env.cuda_home(),
+        "13.5",
+        "V13.5.37",
+        &[75, 80, 86, 87, 88, 89, 90, 100, 110, 103, 120, 121, 107],
+        "lib",
+    );
+    let tree = env.tree("nccl", (2, 27, 5));
+    let fdl = |args: &[&str]| {
+        let mut cmd = fdl_in(env.root());
+        cmd.env("XDG_CACHE_HOME", env.cache.path()).args(args);
+        cmd.output().unwrap()
+    };
+    for (archs, name) in [("8.6", "v2.27.5-sm86"), ("8.6;10.7", "v2.27.5-sm86-sm107")] {
+        let out = env
+            .build(archs, &["--cuda", "13.5", "--json", "--source"])
+            .arg(&tree)
+            .output()
+            .unwrap();
+        assert_eq!(json_of(&out)["status"], "built");
+        let dir = env.builds().join(name);
+        let manifest = manifest_of(&dir);
+        assert_eq!(manifest["schema"], 2);
+        assert!(
+            manifest["plan"]["native"]["toolkit"]["gpu_archs"]
+                .as_array()
+                .unwrap()
+                .contains(&serde_json::json!("sm_107")),
+            "{manifest}"
+        );
+
+        let list = json_of(&fdl(&["nccl", "list", "--json"]));
+        let entry = list["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not listed: {list}"))
+            .clone();
+        assert_eq!(entry["state"], "build", "{entry}");
+        let text = stdout_of(&fdl(&["nccl", "list"]));
+        assert!(
+            !text.contains("broken") && !text.contains("unreadable"),
+            "{text}"
+        );
+
+        let verify = json_of(&fdl(&["nccl", "verify", name, "--json"]));
+        assert_eq!(verify["passed"], true, "{verify}");
+        let envs = fdl(&["nccl", "env", name]);
+        assert!(envs.status.success(), "{}", stderr_of(&envs));
+        assert!(stdout_of(&envs).contains(&dir.join("lib/libnccl.so.2").display().to_string()));
+
+        // Same plan again: nothing to do; --force rebuilds it in place.
+        let again = env
+            .build(archs, &["--cuda", "13.5", "--json", "--source"])
+            .arg(&tree)
+            .output()
+            .unwrap();
+        assert_eq!(json_of(&again)["status"], "already_built");
+        let forced = env
+            .build(archs, &["--cuda", "13.5", "--json", "--force", "--source"])
+            .arg(&tree)
+            .output()
+            .unwrap();
+        assert_eq!(json_of(&forced)["status"], "replaced");
+    }
+    let sass = stdout_of(&fdl(&["nccl", "list"]));
+    assert!(sass.contains("sm_86,sm_107"), "{sass}");
+
+    // A build whose manifest was damaged: refused without --force, replaced with it.
+    let manifest = env.builds().join("v2.27.5-sm86/fdl-build.json");
+    std::fs::write(&manifest, "{\"schema\": 2, \"plan\": ").unwrap();
+    let out = env
+        .build("8.6", &["--cuda", "13.5", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr_of(&out).contains("manifest cannot be read"),
+        "{}",
+        stderr_of(&out)
+    );
+    let out = env
+        .build("8.6", &["--cuda", "13.5", "--json", "--force", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert_eq!(json_of(&out)["status"], "replaced");
+    assert_eq!(manifest_of(&env.builds().join("v2.27.5-sm86"))["schema"], 2);
+    for name in ["v2.27.5-sm86", "v2.27.5-sm86-sm107"] {
+        let out = fdl(&["nccl", "remove", "--yes", name]);
+        assert!(out.status.success(), "{}", stderr_of(&out));
+    }
+    assert!(env.stray_entries().is_empty());
+    assert_eq!(std::fs::read_dir(env.builds()).unwrap().count(), 0);
+}

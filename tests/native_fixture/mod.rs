@@ -119,8 +119,13 @@ pub fn standin_tree(dir: &Path, version: (u32, u32, u32)) {
     )
     .unwrap();
     std::fs::create_dir_all(dir.join("src/fatbin")).unwrap();
-    for row in fdl::arch::ARCH_TABLE {
-        let n = row.arch.number();
+    // Every arch of fdl's table, and archs newer than it (nvcc 13.5 brought sm_107).
+    let newer = [107, 130];
+    let archs = fdl::arch::ARCH_TABLE
+        .iter()
+        .map(|row| row.arch.number())
+        .chain(newer);
+    for n in archs {
         std::fs::write(
             dir.join(format!("src/fatbin/sm_{n}.c")),
             crate::common::fatbin_c_source(&[n], &format!("fdl_fatbin_sm_{n}")),
