@@ -540,7 +540,15 @@ fn check_toolkit(
             }
             Ok(())
         }
-        None => Ok(arch::check_archs_for_cuda(archs, toolkit.cuda)?),
+        // Only toolkits older than CUDA 11 cannot list their archs; then the table judges.
+        None => arch::check_archs_for_cuda(archs, toolkit.cuda).map_err(|e| match e {
+            arch::ArchCudaError::Unknown { arch } => anyhow::anyhow!(
+                "nvcc at {} (CUDA {}) does not answer --list-gpu-arch, and fdl's table does not know {arch}: point --cuda-home at a toolkit whose `nvcc --list-gpu-arch` lists {arch}",
+                toolkit.nvcc.display(),
+                toolkit.cuda
+            ),
+            conflict => conflict.into(),
+        }),
     }
 }
 
@@ -790,5 +798,22 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("cannot compile sm_61"), "{err}");
         assert!(err.to_string().contains("sm_75 sm_120"), "{err}");
+
+        // The toolkit's own list admits archs fdl's table has never heard of.
+        let sm107 = [Arch::new(8, 6), Arch::new(10, 7)];
+        let offered = [Arch::new(8, 6), Arch::new(10, 7), Arch::new(12, 0)];
+        let p = BuildPlan::new(native_inputs(
+            "v2.32.3-1",
+            &sm107,
+            "12.8.93",
+            Some(&offered),
+        ))
+        .unwrap();
+        assert_eq!(p.archs, sm107);
+        let err = BuildPlan::new(native_inputs("v2.32.3-1", &sm107, "12.8.93", None)).unwrap_err();
+        assert!(
+            err.to_string().contains("does not answer --list-gpu-arch"),
+            "{err}"
+        );
     }
 }

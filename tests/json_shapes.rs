@@ -1,0 +1,175 @@
+//! Every `--json` output against README.md's "JSON output" section: each documented
+//! command is run on a fixture project, and its object's top-level keys must be exactly
+//! the documented ones, stamped with the documented schema, with versions as strings.
+
+mod common;
+mod native_fixture;
+use common::*;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// README's table rows: `| \`fdl …\` | \`key\`, \`key\` |` → command → keys.
+fn documented() -> BTreeMap<String, BTreeSet<String>> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("\n## JSON output\n")
+        .nth(1)
+        .expect("README.md has a '## JSON output' section");
+    let section = section.split("\n## ").next().unwrap();
+    let mut out = BTreeMap::new();
+    for line in section.lines().filter(|l| l.starts_with("| `fdl ")) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let command = cells[0].trim_matches('`').to_string();
+        let keys = cells[1]
+            .split(',')
+            .map(|k| k.trim().trim_matches('`').to_string())
+            .collect();
+        out.insert(command, keys);
+    }
+    out
+}
+
+/// Whether every version-like field in `v` is a string: the keys fdl writes versions under.
+fn versions_are_strings(v: &Value, path: &str, bad: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let here = format!("{path}.{k}");
+                let versionish = k == "cuda" || k.ends_with("_version") || k == "version";
+                if versionish
+                    && !(x.is_string()
+                        || x.is_null()
+                        || x.is_object() && k == "cuda" && x.get("error").is_some())
+                {
+                    bad.push(format!("{here} = {x}"));
+                }
+                versions_are_strings(x, &here, bad);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| versions_are_strings(x, path, bad)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_json_output_matches_the_readme() {
+    let doc = documented();
+    assert!(doc.len() >= 11, "too few documented commands: {doc:?}");
+
+    // A project with a pip-style libtorch (its NCCL beside it), one installed build, and
+    // a stand-in nvidia-smi with two GPUs.
+    let f = BuildsFixture::new(
+        ProjectFixture::empty()
+            .with_compiled_variant("precompiled/cu128", &nccl_like_source((2, 27, 5), "12.8"))
+            .activate("precompiled/cu128\n"),
+    );
+    let tree = f.tree("nccl", (2, 27, 5), &[61, 120]);
+    let build = f.install(&tree, "v2.27.5-1", "6.1;12.0").unwrap();
+    let smi = fake_nvidia_smi(
+        "0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n1, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n",
+        0,
+    );
+    // For a real build through the native backend: a stand-in toolkit and NCCL tree.
+    let work = tempfile::tempdir().unwrap();
+    let cuda_home = work.path().join("cuda");
+    native_fixture::cuda_12_8(&cuda_home);
+    let source = work.path().join("nccl");
+    native_fixture::standin_tree(&source, (2, 27, 5));
+    let (cuda_home, source) = (cuda_home.to_str().unwrap(), source.to_str().unwrap());
+    let lib = f.project.variant_lib("precompiled/cu128");
+    let lib = lib.to_str().unwrap();
+    let torch_dir = lib.trim_end_matches("/lib/libtorch_cuda.so");
+
+    let runs: Vec<(&str, Vec<&str>)> = vec![
+        ("fdl gpus --json", vec!["gpus", "--json"]),
+        ("fdl inspect --json", vec!["inspect", lib, "--json"]),
+        ("fdl nccl detect --json", vec!["nccl", "detect", "--json"]),
+        (
+            "fdl nccl verify --json",
+            vec!["nccl", "verify", &build, "--json"],
+        ),
+        ("fdl nccl list --json", vec!["nccl", "list", "--json"]),
+        (
+            "fdl nccl env --format json",
+            vec!["nccl", "env", &build, "--format", "json"],
+        ),
+        (
+            "fdl nccl build --dry-run --json",
+            vec![
+                "nccl",
+                "build",
+                "--tag",
+                "v2.27.5-1",
+                "--archs",
+                "6.1;12.0",
+                "--dry-run",
+                "--json",
+            ],
+        ),
+        (
+            "fdl nccl build --json",
+            vec![
+                "nccl",
+                "build",
+                "--backend",
+                "native",
+                "--cuda-home",
+                cuda_home,
+                "--source",
+                source,
+                "--tag",
+                "v2.27.5-1",
+                "--archs",
+                "8.6",
+                "--json",
+            ],
+        ),
+        (
+            "fdl libtorch list --json",
+            vec!["libtorch", "list", "--json"],
+        ),
+        (
+            "fdl libtorch info --json",
+            vec!["libtorch", "info", "--json"],
+        ),
+        (
+            "fdl libtorch add --json",
+            vec!["libtorch", "add", "copy", torch_dir, "--json"],
+        ),
+    ];
+    let mut seen = BTreeSet::new();
+    for (command, args) in runs {
+        let out = f
+            .fdl()
+            .env("PATH", path_with(smi.path()))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{command}: not one JSON object ({e})"));
+        let keys: BTreeSet<String> = v.as_object().unwrap().keys().cloned().collect();
+        let want = doc
+            .get(command)
+            .unwrap_or_else(|| panic!("{command} is not documented in README.md"));
+        assert_eq!(&keys, want, "{command}: keys differ from README.md");
+        assert_eq!(v["schema"], 1, "{command}");
+        let mut bad = Vec::new();
+        versions_are_strings(&v, "", &mut bad);
+        assert!(
+            bad.is_empty(),
+            "{command}: versions that are not strings: {bad:?}"
+        );
+        seen.insert(command.to_string());
+    }
+    let untested: Vec<&String> = doc.keys().filter(|c| !seen.contains(*c)).collect();
+    assert!(
+        untested.is_empty(),
+        "documented but not checked: {untested:?}"
+    );
+}
