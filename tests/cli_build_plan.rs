@@ -526,3 +526,26 @@ fn embedded_dockerfile_is_printed_and_classic_builder_safe() {
     // The clone layer comes before the per-arch arguments, so it is shared across archs.
     assert!(text.find("git clone").unwrap() < text.find("ARG NVCC_GENCODE").unwrap());
 }
+
+/// NCCL's Makefile hands ONLY_FUNCS to a shell: payloads are refused before a plan
+/// forms, and nothing they name runs, in a dry run or a real one.
+#[test]
+fn only_funcs_payloads_are_refused_before_anything_runs() {
+    let p = ProjectFixture::empty();
+    let marker = p.root().join("pwned");
+    let m = marker.display();
+    for payload in [
+        format!("x\"; touch {m}; \""),
+        format!("$(shell touch {m})"),
+        format!("AllReduce `touch {m}`"),
+    ] {
+        for dry in [true, false] {
+            let mut args = vec!["--tag", "v2.27.5-1", "--archs", "8.6", "--only-funcs", &payload];
+            if dry {
+                args.push("--dry-run");
+            }
+            fails_cleanly(p.root(), &args, "--only-funcs may hold only NCCL names");
+        }
+    }
+    assert!(!marker.exists());
+}

@@ -204,7 +204,7 @@ fn env_defaults_to_the_newest_build_matching_the_active_libtorch() {
         .assert()
         .success()
         .stdout(predicate::str::contains(format!(
-            "export LD_PRELOAD=\"{}${{LD_PRELOAD:+:$LD_PRELOAD}}\"",
+            "export LD_PRELOAD='{}'\"${{LD_PRELOAD:+:$LD_PRELOAD}}\"",
             newest.display()
         )));
     f.fdl()
@@ -212,7 +212,7 @@ fn env_defaults_to_the_newest_build_matching_the_active_libtorch() {
         .assert()
         .success()
         .stdout(predicate::str::contains(format!(
-            "env:\n  LD_PRELOAD: {}",
+            "env:\n  LD_PRELOAD: \"{}\"",
             f.builds()
                 .join(&f.names[2])
                 .join("lib/libnccl.so.2")
@@ -260,4 +260,64 @@ fn completions_for_each_shell() {
             .stdout(predicate::str::contains("nccl"));
     }
     fdl().args(["completions", "tcsh"]).assert().failure();
+}
+
+/// `eval "$(fdl nccl env)"` in sh and bash, for project roots holding spaces, quotes,
+/// `$(…)`, backticks and a newline: LD_PRELOAD equals the path (appended to what was
+/// there), and nothing in the path runs. The YAML form parses back to the same path.
+#[test]
+fn env_output_is_quoted_for_eval_whatever_the_root_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let tree = tmp.path().join("tree");
+    write_nccl_tree(&tree, (2, 27, 5), &[86]);
+    let shells: Vec<&str> = ["sh", "bash"]
+        .into_iter()
+        .filter(|s| std::process::Command::new(s).arg("-c").arg("true").status().is_ok())
+        .collect();
+    assert!(shells.contains(&"sh"), "no sh on this machine");
+    for (i, name) in [
+        "with space",
+        "it's \"quoted\"",
+        "$(touch ran1)",
+        "`touch ran2`",
+        "line\nbreak $HOME",
+        "a'$(touch ran3)'b",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let root = tmp.path().join(format!("p{i} {name}"));
+        std::fs::create_dir_all(&root).unwrap();
+        let build = install_build(&root, cache.path(), &tree, "v2.27.5-1", "8.6").unwrap();
+        let want = root.join("libtorch/nccl/builds").join(&build).join("lib/libnccl.so.2");
+        let want = want.to_str().unwrap();
+
+        let out = fdl_in(&root).args(["nccl", "env", &build]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let script = String::from_utf8(out.stdout).unwrap();
+        for shell in &shells {
+            let run = std::process::Command::new(shell)
+                .arg("-c")
+                .arg(format!("{script}\nprintf %s \"$LD_PRELOAD\""))
+                .env("LD_PRELOAD", "/first.so")
+                .current_dir(tmp.path())
+                .output()
+                .unwrap();
+            assert!(run.status.success(), "{shell}: {}", String::from_utf8_lossy(&run.stderr));
+            assert_eq!(String::from_utf8_lossy(&run.stdout), format!("{want}:/first.so"), "{shell} on {name:?}");
+        }
+        let yaml = fdl_in(&root)
+            .args(["nccl", "env", &build, "--format", "yaml"])
+            .output()
+            .unwrap();
+        let yaml = String::from_utf8(yaml.stdout).unwrap();
+        let value = yaml.split("LD_PRELOAD: ").nth(1).unwrap().trim_end();
+        // A YAML double-quoted scalar holding only JSON escapes reads as JSON does.
+        assert_eq!(serde_json::from_str::<String>(value).unwrap(), want, "{yaml}");
+        assert_eq!(yaml.lines().count(), 3, "one comment, `env:` and the value: {yaml}");
+    }
+    for marker in ["ran1", "ran2", "ran3"] {
+        assert!(!tmp.path().join(marker).exists(), "{marker}: the path ran");
+    }
 }

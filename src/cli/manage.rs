@@ -218,17 +218,29 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
         None => default_build(project, &store)?,
     };
     let preload: PathBuf = store.path_of(&name).join("lib").join("libnccl.so.2");
+    // This output is `eval`ed or pasted: the path is quoted for its format, never
+    // interpolated raw, whatever the project root holds.
+    let path = preload.to_str().ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} is not valid UTF-8, so it cannot be written as a shell or YAML value; move the project to a UTF-8 path",
+            preload.display()
+        )
+    })?;
+    let comment = comment_text(&format!(
+        "{name}: NCCL {} ({why})",
+        manifest.checked.header_version
+    ));
     match format {
         EnvFormat::Shell => {
-            println!("# {name}: NCCL {} ({why})", manifest.checked.header_version);
+            println!("# {comment}");
             println!(
-                "export LD_PRELOAD=\"{}${{LD_PRELOAD:+:$LD_PRELOAD}}\"",
-                preload.display()
+                "export LD_PRELOAD={}\"${{LD_PRELOAD:+:$LD_PRELOAD}}\"",
+                shell_quote(path)
             );
         }
         EnvFormat::Yaml => {
-            println!("# {name}: NCCL {} ({why})", manifest.checked.header_version);
-            println!("env:\n  LD_PRELOAD: {}", preload.display());
+            println!("# {comment}");
+            println!("env:\n  LD_PRELOAD: {}", yaml_quote(path));
         }
         EnvFormat::Json => print_json(&json!({
             "build": name,
@@ -238,6 +250,26 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
         })),
     }
     Ok(())
+}
+
+/// One POSIX shell word: single quotes, each `'` written as `'\''`. Nothing inside
+/// single quotes is expanded, newlines included.
+pub(crate) fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// A YAML double-quoted scalar. YAML's double-quoted escapes are a superset of JSON's, so
+/// a JSON string literal is one.
+fn yaml_quote(s: &str) -> String {
+    serde_json::to_string(s).expect("strings serialize")
+}
+
+/// Text for a `#` comment line: control characters (a newline would end the comment and
+/// make the rest a command) become spaces.
+fn comment_text(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 fn candidates(store: &BuildStore) -> Result<String> {

@@ -62,6 +62,9 @@ pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
         .as_deref()
         .map(str::parse::<CudaVersion>)
         .transpose()?;
+    if let Some(expr) = &req.only_funcs {
+        crate::nccl::only_funcs::check(expr)?;
+    }
     if req.jobs == Some(0) {
         bail!("--jobs must be at least 1");
     }

@@ -244,9 +244,7 @@ impl BuildPlan {
             (None, None) => (arch::DEFAULT_CUDA, CudaOrigin::Default),
         };
         if let Some(expr) = &inputs.only_funcs {
-            if expr.trim().is_empty() {
-                anyhow::bail!("--only-funcs is empty: give an NCCL ONLY_FUNCS expression, e.g. \"AllReduce Sum f32 RING SIMPLE\"");
-            }
+            crate::nccl::only_funcs::check(expr)?;
         }
         let name = build_name(
             &inputs.tag,
