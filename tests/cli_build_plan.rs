@@ -540,7 +540,14 @@ fn only_funcs_payloads_are_refused_before_anything_runs() {
         format!("AllReduce `touch {m}`"),
     ] {
         for dry in [true, false] {
-            let mut args = vec!["--tag", "v2.27.5-1", "--archs", "8.6", "--only-funcs", &payload];
+            let mut args = vec![
+                "--tag",
+                "v2.27.5-1",
+                "--archs",
+                "8.6",
+                "--only-funcs",
+                &payload,
+            ];
             if dry {
                 args.push("--dry-run");
             }

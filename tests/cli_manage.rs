@@ -273,7 +273,13 @@ fn env_output_is_quoted_for_eval_whatever_the_root_holds() {
     write_nccl_tree(&tree, (2, 27, 5), &[86]);
     let shells: Vec<&str> = ["sh", "bash"]
         .into_iter()
-        .filter(|s| std::process::Command::new(s).arg("-c").arg("true").status().is_ok())
+        .filter(|s| {
+            std::process::Command::new(s)
+                .arg("-c")
+                .arg("true")
+                .status()
+                .is_ok()
+        })
         .collect();
     assert!(shells.contains(&"sh"), "no sh on this machine");
     for (i, name) in [
@@ -290,11 +296,21 @@ fn env_output_is_quoted_for_eval_whatever_the_root_holds() {
         let root = tmp.path().join(format!("p{i} {name}"));
         std::fs::create_dir_all(&root).unwrap();
         let build = install_build(&root, cache.path(), &tree, "v2.27.5-1", "8.6").unwrap();
-        let want = root.join("libtorch/nccl/builds").join(&build).join("lib/libnccl.so.2");
+        let want = root
+            .join("libtorch/nccl/builds")
+            .join(&build)
+            .join("lib/libnccl.so.2");
         let want = want.to_str().unwrap();
 
-        let out = fdl_in(&root).args(["nccl", "env", &build]).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = fdl_in(&root)
+            .args(["nccl", "env", &build])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let script = String::from_utf8(out.stdout).unwrap();
         for shell in &shells {
             let run = std::process::Command::new(shell)
@@ -304,8 +320,16 @@ fn env_output_is_quoted_for_eval_whatever_the_root_holds() {
                 .current_dir(tmp.path())
                 .output()
                 .unwrap();
-            assert!(run.status.success(), "{shell}: {}", String::from_utf8_lossy(&run.stderr));
-            assert_eq!(String::from_utf8_lossy(&run.stdout), format!("{want}:/first.so"), "{shell} on {name:?}");
+            assert!(
+                run.status.success(),
+                "{shell}: {}",
+                String::from_utf8_lossy(&run.stderr)
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&run.stdout),
+                format!("{want}:/first.so"),
+                "{shell} on {name:?}"
+            );
         }
         let yaml = fdl_in(&root)
             .args(["nccl", "env", &build, "--format", "yaml"])
@@ -314,8 +338,16 @@ fn env_output_is_quoted_for_eval_whatever_the_root_holds() {
         let yaml = String::from_utf8(yaml.stdout).unwrap();
         let value = yaml.split("LD_PRELOAD: ").nth(1).unwrap().trim_end();
         // A YAML double-quoted scalar holding only JSON escapes reads as JSON does.
-        assert_eq!(serde_json::from_str::<String>(value).unwrap(), want, "{yaml}");
-        assert_eq!(yaml.lines().count(), 3, "one comment, `env:` and the value: {yaml}");
+        assert_eq!(
+            serde_json::from_str::<String>(value).unwrap(),
+            want,
+            "{yaml}"
+        );
+        assert_eq!(
+            yaml.lines().count(),
+            3,
+            "one comment, `env:` and the value: {yaml}"
+        );
     }
     for marker in ["ran1", "ran2", "ran3"] {
         assert!(!tmp.path().join(marker).exists(), "{marker}: the path ran");

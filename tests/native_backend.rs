@@ -927,3 +927,56 @@ fn a_toolkit_with_archs_newer_than_fdls_table_makes_ordinary_builds() {
     assert!(env.stray_entries().is_empty());
     assert_eq!(std::fs::read_dir(env.builds()).unwrap().count(), 0);
 }
+
+/// NCCL's Makefiles (and the stand-in's) put BUILDDIR, PREFIX and CUDA_HOME into shell
+/// recipes unquoted. A project root, a --source tree and a --cuda-home whose paths hold
+/// spaces, quotes, `$(…)` and backticks still build — through plain aliases in fdl's
+/// cache, gone afterwards — nothing in the paths runs, and the source tree is untouched.
+#[test]
+fn paths_a_shell_would_split_or_expand_build_and_run_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let odd = "p q'\"$(touch ran1)`touch ran2`";
+    let root = tmp.path().join(format!("root {odd}"));
+    let tree = tmp.path().join(format!("src {odd}"));
+    let cuda = tmp.path().join(format!("cuda {odd}"));
+    std::fs::create_dir_all(&root).unwrap();
+    standin_tree(&tree, (2, 27, 5));
+    cuda_12_8(&cuda);
+    let before = snapshot(&tree);
+    let out = Std::new(assert_cmd::cargo::cargo_bin("fdl"))
+        .env_remove("CUDA_HOME")
+        .env_remove("MAKEFLAGS")
+        .env("XDG_CACHE_HOME", cache.path())
+        .current_dir(tmp.path())
+        .arg("--root")
+        .arg(&root)
+        .args(["nccl", "build", "--backend", "native", "--tag", TAG, "--archs", "8.6;12.0", "--json"])
+        .arg("--cuda-home")
+        .arg(&cuda)
+        .arg("--source")
+        .arg(&tree)
+        .output()
+        .unwrap();
+    let result = json_of(&out);
+    assert_eq!(result["status"], "built");
+    let dir = root.join("libtorch/nccl/builds/v2.27.5-sm86-sm120");
+    assert_installed(
+        &dir,
+        "-gencode=arch=compute_86,code=sm_86 -gencode=arch=compute_120,code=sm_120",
+    );
+    for marker in ["ran1", "ran2"] {
+        for place in [tmp.path(), root.as_path(), tree.as_path()] {
+            assert!(!place.join(marker).exists(), "{marker} ran in {}", place.display());
+        }
+    }
+    assert_eq!(before, snapshot(&tree), "the --source tree was changed");
+    let aliases = cache.path().join("fdl/paths");
+    let left: Vec<_> = std::fs::read_dir(&aliases)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "aliases left behind: {left:?}");
+    // The build log says which aliases make saw.
+    let log = std::fs::read_to_string(dir.join("build.log")).unwrap();
+    assert!(log.contains("make sees"), "{log}");
+}

@@ -307,6 +307,9 @@ fn plan_commands(plan: &BuildPlan) -> Vec<Vec<String>> {
             Path::new("<source>"),
             Path::new("<build-dir>"),
             Path::new("<staging>"),
+            plan.native
+                .as_ref()
+                .map_or(Path::new("<cuda-home>"), |n| n.toolkit.cuda_home.as_path()),
         ),
     }
 }

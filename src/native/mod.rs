@@ -7,6 +7,7 @@
 //! `install` target (`PREFIX`) into the staging directory, which the pipeline then
 //! checks and moves into place.
 
+mod plain;
 mod source;
 mod toolchain;
 
@@ -40,21 +41,30 @@ impl ToolchainReport {
 }
 
 /// NCCL's makefiles find the CUDA libraries at `$(CUDA_HOME)/lib64` unless `CUDA_LIB`
-/// says otherwise; a toolkit in the wheels' `lib/` layout needs it said.
-fn cuda_lib_var(toolkit: &Toolkit) -> Option<String> {
-    (toolkit.lib_dir != toolkit.cuda_home.join("lib64"))
-        .then(|| format!("CUDA_LIB={}", toolkit.lib_dir.display()))
+/// says otherwise; a toolkit in the wheels' `lib/` layout needs it said. `cuda_home` is
+/// the toolkit's home as make will see it (see [`plain`]).
+fn cuda_lib_var(toolkit: &Toolkit, cuda_home: &Path) -> Option<String> {
+    if toolkit.lib_dir == toolkit.cuda_home.join("lib64") {
+        return None;
+    }
+    let lib = match toolkit.lib_dir.strip_prefix(&toolkit.cuda_home) {
+        Ok(rel) => cuda_home.join(rel),
+        Err(_) => toolkit.lib_dir.clone(),
+    };
+    Some(format!("CUDA_LIB={}", lib.display()))
 }
 
 /// The make command lines a native build runs: `src.build` then `install`, with the
 /// plan's make variables, the out-of-tree `BUILDDIR` and `PREFIX` set to `staging`.
 /// NCCL's `install` depends on its build, so it gets the same variables — otherwise it
-/// would rebuild for its default archs. Empty for plans of another backend.
+/// would rebuild for its default archs. Empty for plans of another backend. The paths
+/// are given as make will see them: a build passes plain aliases ([`plain`]).
 pub fn make_commands(
     plan: &BuildPlan,
     source: &Path,
     build_dir: &Path,
     staging: &Path,
+    cuda_home: &Path,
 ) -> Vec<Vec<String>> {
     let Some(native) = &plan.native else {
         return Vec::new();
@@ -62,8 +72,11 @@ pub fn make_commands(
     let vars: Vec<String> = native
         .make_vars
         .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .chain(cuda_lib_var(&native.toolkit))
+        .map(|(k, v)| match k.as_str() {
+            "CUDA_HOME" => format!("{k}={}", cuda_home.display()),
+            _ => format!("{k}={v}"),
+        })
+        .chain(cuda_lib_var(&native.toolkit, cuda_home))
         .collect();
     let make = |target: &str, extra: &[String]| -> Vec<String> {
         let mut argv = vec![
@@ -167,7 +180,23 @@ impl Backend for NativeBackend {
         };
 
         let work = WorkDir::create(builds_dir, &plan.name)?;
-        let commands = make_commands(plan, &source, &work.0, &staging);
+        // Every path make puts into a recipe is a plain word, whatever the project root,
+        // the source or the toolkit are called.
+        let mut aliases = plain::Aliases::new(&crate::cache::cache_dir())?;
+        let commands = make_commands(
+            plan,
+            &aliases.plain(&source)?,
+            &aliases.plain(&work.0)?,
+            &aliases.plain(&staging)?,
+            &aliases.plain(&native.toolkit.cuda_home)?,
+        );
+        for (old, new) in aliases.made() {
+            progress.output(&format!(
+                "==> fdl: make sees {} as {}",
+                old.display(),
+                new.display()
+            ));
+        }
         let env = make_env(native);
 
         progress.phase(Phase::Compile);
@@ -364,6 +393,7 @@ mod tests {
             Path::new("/src"),
             Path::new("/w"),
             Path::new("/s"),
+            Path::new("/opt/cuda"),
         );
         let gencode = "NVCC_GENCODE=-gencode=arch=compute_86,code=sm_86";
         assert_eq!(
@@ -403,10 +433,21 @@ mod tests {
             Path::new("/src"),
             Path::new("/w"),
             Path::new("/s"),
+            Path::new("/opt/cuda"),
         );
         for c in &cmds {
             assert_eq!(c.last().unwrap(), "CUDA_LIB=/opt/cuda/lib");
         }
+        // As make sees it through a plain alias of the toolkit's home.
+        let aliased = make_commands(
+            &plan("lib", None),
+            Path::new("/src"),
+            Path::new("/w"),
+            Path::new("/s"),
+            Path::new("/c/paths/abc"),
+        );
+        assert!(aliased[0].contains(&"CUDA_HOME=/c/paths/abc".to_string()));
+        assert_eq!(aliased[0].last().unwrap(), "CUDA_LIB=/c/paths/abc/lib");
     }
 
     #[test]
