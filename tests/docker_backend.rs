@@ -452,3 +452,78 @@ fn an_interrupted_build_leaves_nothing_behind() {
         "the interrupted build left files"
     );
 }
+
+/// The staged tree is hostile: an image whose NCCL tree plants `build.log`,
+/// `fdl-build.json` and `lib/pkgconfig/nccl.pc` as absolute links to files outside
+/// (`docker cp` keeps them) is refused by verification, naming the link, and the files
+/// the links point at are unchanged; nothing is installed.
+#[test]
+fn planted_links_in_an_images_tree_write_nothing_outside() {
+    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    if !engine_available() {
+        return;
+    }
+    let unique = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let mut images = Images(vec!["flodl-nccl-build:v2.27.5-sm86-cuda12.8".into()]);
+    let work = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let project = ProjectFixture::empty();
+    let builds = project.root().join("libtorch/nccl/builds");
+    for (plant, victim_name) in [
+        ("lib/pkgconfig/nccl.pc", "victim.pc"),
+        ("build.log", "victim.log"),
+        ("fdl-build.json", "victim.json"),
+    ] {
+        let victim = outside.path().join(victim_name);
+        std::fs::write(&victim, "prefix=/usr/local/nccl\nkeep me\n").unwrap();
+        let tree = work.path().join(format!("tree-{victim_name}"));
+        write_nccl_tree(&tree, (2, 27, 5), &[86]);
+        let at = tree.join(plant);
+        let _ = std::fs::remove_file(&at);
+        std::os::unix::fs::symlink(&victim, &at).unwrap();
+        let base = format!(
+            "fdl-test-planted-{}:{unique}",
+            victim_name.replace('.', "-")
+        );
+        base_image(&base, Some(&tree), &mut images);
+        let dockerfile =
+            user_dockerfile(work.path(), &format!("{victim_name}.Dockerfile"), &base, "");
+        let cache = tempfile::tempdir().unwrap();
+        let out = fdl_in(project.root())
+            .env("XDG_CACHE_HOME", cache.path())
+            .args([
+                "nccl",
+                "build",
+                "--tag",
+                "v2.27.5-1",
+                "--archs",
+                "8.6",
+                "--dockerfile",
+            ])
+            .arg(&dockerfile)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{plant}: the build was accepted");
+        assert!(stderr.contains(plant), "{plant}: {stderr}");
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "prefix=/usr/local/nccl\nkeep me\n",
+            "{plant}: a file outside the project was changed"
+        );
+        assert!(!builds.join("v2.27.5-sm86").exists());
+        assert!(
+            stray_entries(&builds).is_empty(),
+            "{:?}",
+            stray_entries(&builds)
+        );
+    }
+    assert!(fdl_containers().is_empty());
+}

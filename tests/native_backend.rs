@@ -951,7 +951,17 @@ fn paths_a_shell_would_split_or_expand_build_and_run_nothing() {
         .current_dir(tmp.path())
         .arg("--root")
         .arg(&root)
-        .args(["nccl", "build", "--backend", "native", "--tag", TAG, "--archs", "8.6;12.0", "--json"])
+        .args([
+            "nccl",
+            "build",
+            "--backend",
+            "native",
+            "--tag",
+            TAG,
+            "--archs",
+            "8.6;12.0",
+            "--json",
+        ])
         .arg("--cuda-home")
         .arg(&cuda)
         .arg("--source")
@@ -967,7 +977,11 @@ fn paths_a_shell_would_split_or_expand_build_and_run_nothing() {
     );
     for marker in ["ran1", "ran2"] {
         for place in [tmp.path(), root.as_path(), tree.as_path()] {
-            assert!(!place.join(marker).exists(), "{marker} ran in {}", place.display());
+            assert!(
+                !place.join(marker).exists(),
+                "{marker} ran in {}",
+                place.display()
+            );
         }
     }
     assert_eq!(before, snapshot(&tree), "the --source tree was changed");

@@ -301,7 +301,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
         let report = match entry {
             Entry::Build { name, manifest, .. } => {
                 let against = Against {
-                    manifest: Some(manifest),
+                    recorded: Some(&manifest.checked),
                     gpus: gpus.as_deref().map_or(LocalGpus::Unknown, LocalGpus::Known),
                     probe: Some(&probe),
                 };

@@ -297,7 +297,7 @@ pub fn execute(
         backend.build(plan, staging.path(), &progress)?;
         progress.phase(Phase::Verify);
         let against = verify::Against {
-            manifest: None,
+            recorded: None,
             // The build may be meant for another host: only the planned archs must be there.
             gpus: verify::LocalGpus::NotChecked,
             probe: opts.probe,
@@ -350,7 +350,11 @@ pub fn execute(
     };
     progress.finish();
     // The log travels with the build; the copy in the cache is only for failures.
-    std::fs::copy(&log_path, staging.path().join(BUILD_LOG))
+    std::fs::File::open(&log_path)
+        .map_err(anyhow::Error::from)
+        .and_then(|mut log| {
+            crate::nccl::tree::create_new(&staging.path().join(BUILD_LOG), &mut log)
+        })
         .with_context(|| format!("cannot keep the build log in {}", staging.path().display()))?;
     staging.commit(existing.is_some())?;
     let _ = std::fs::remove_file(&log_path);

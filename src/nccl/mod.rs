@@ -5,4 +5,5 @@ pub mod only_funcs;
 pub mod plan;
 pub mod store;
 pub mod tag;
+pub mod tree;
 pub mod verify;

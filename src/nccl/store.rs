@@ -7,10 +7,9 @@
 //! directory that looks like a build, and never touches an existing one. Like rustup's
 //! install transaction, [`Staging`] rolls everything back on `Drop` unless committed.
 
-use crate::inspect;
 use crate::nccl::plan::BuildPlan;
+use crate::nccl::tree::{self, CheckedTree};
 use crate::nccl::verify::Check;
-use crate::version::NcclVersion;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -80,17 +79,6 @@ pub struct Manifest {
     /// What `fdl nccl verify` found on the staged build before it was installed.
     #[serde(default)]
     pub verification: Vec<Check>,
-}
-
-/// Facts established by [`check_tree`] about an installed NCCL tree.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CheckedTree {
-    /// `libnccl.so.2.27.5`: the real file at the end of the symlink chain.
-    pub library: String,
-    /// NCCL_MAJOR/MINOR/PATCH from `include/nccl.h`.
-    pub header_version: NcclVersion,
-    /// The version in the library's self-id string.
-    pub embedded_version: NcclVersion,
 }
 
 fn schema_1() -> u32 {
@@ -351,7 +339,7 @@ impl Staging {
         checked: CheckedTree,
         verification: Vec<Check>,
     ) -> Result<Manifest> {
-        rewrite_pc_prefix(&self.path.join("lib/pkgconfig/nccl.pc"), &self.target)?;
+        tree::rewrite_pc_prefix(&self.path.join("lib/pkgconfig/nccl.pc"), &self.target)?;
         let manifest = Manifest {
             schema: MANIFEST_SCHEMA,
             fdl_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -361,8 +349,8 @@ impl Staging {
             verification,
         };
         let text = serde_json::to_string_pretty(&manifest)?;
-        std::fs::write(self.path.join(MANIFEST), text + "\n")
-            .with_context(|| format!("cannot write the manifest in {}", self.path.display()))?;
+        tree::create_new(&self.path.join(MANIFEST), &mut (text + "\n").as_bytes())
+            .context("cannot write the build's manifest")?;
         Ok(manifest)
     }
 
@@ -469,164 +457,9 @@ fn remove_created(created: &[PathBuf]) {
     }
 }
 
-/// Checks an installed NCCL tree: the symlink chain `lib/libnccl.so → libnccl.so.2 →
-/// libnccl.so.X.Y.Z` ends in a real file inside `lib/`, the static library, pkg-config
-/// file and header exist, and header, file name and embedded self-id agree with each
-/// other and with the tag when the tag names a release.
-pub fn check_tree(dir: &Path, plan: &BuildPlan) -> Result<CheckedTree> {
-    let lib = dir.join("lib");
-    let header = parse_header_version(&dir.join("include/nccl.h"))?;
-    let real = follow_chain(&lib, "libnccl.so")?;
-    let expected_file = format!(
-        "libnccl.so.{}.{}.{}",
-        header.major, header.minor, header.patch
-    );
-    if real != expected_file {
-        bail!("the library chain ends in lib/{real}, but nccl.h says {header}: expected lib/{expected_file}");
-    }
-    for required in ["libnccl_static.a", "pkgconfig/nccl.pc"] {
-        let p = lib.join(required);
-        if !p.is_file() {
-            bail!("the build has no lib/{required}: NCCL's install target was incomplete");
-        }
-    }
-    let embedded = inspect::find_nccl_self_id(&lib.join(&real))?
-        .ok_or_else(|| {
-            anyhow!("lib/{real} carries no NCCL self-id string: it is not an NCCL library")
-        })?
-        .nccl;
-    let same = |a: &NcclVersion, b: &NcclVersion| {
-        (a.major, a.minor, a.patch) == (b.major, b.minor, b.patch)
-    };
-    if !same(&embedded, &header) {
-        bail!("lib/{real} identifies as NCCL {embedded} but nccl.h says {header}");
-    }
-    if let Some(want) = &plan.nccl_version {
-        if !same(want, &header) {
-            bail!(
-                "tag {} asks for NCCL {want}, but the build produced NCCL {header}",
-                plan.tag
-            );
-        }
-    }
-    Ok(CheckedTree {
-        library: real,
-        header_version: header,
-        embedded_version: embedded,
-    })
-}
-
-/// Follows symlinks from `lib/<start>` within `lib/` to a regular file; returns its name.
-fn follow_chain(lib: &Path, start: &str) -> Result<String> {
-    let mut name = start.to_string();
-    for _ in 0..8 {
-        let p = lib.join(&name);
-        let meta =
-            std::fs::symlink_metadata(&p).map_err(|_| anyhow!("the build has no lib/{name}"))?;
-        if meta.file_type().is_file() {
-            return Ok(name);
-        }
-        if !meta.file_type().is_symlink() {
-            bail!("lib/{name} is neither a file nor a symlink");
-        }
-        let target = std::fs::read_link(&p)?;
-        let next = target.to_str().unwrap_or("");
-        if next.is_empty() || next.contains('/') || next == "." || next == ".." {
-            bail!(
-                "lib/{name} points to '{}', outside lib/: the build would break once moved",
-                target.display()
-            );
-        }
-        name = next.to_string();
-    }
-    bail!("lib/{start} is a symlink loop")
-}
-
-/// Reads `#define NCCL_MAJOR 2` etc. from `nccl.h`.
-pub fn parse_header_version(path: &Path) -> Result<NcclVersion> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|_| anyhow!("the build has no readable include/nccl.h"))?;
-    let get = |key: &str| -> Result<u32> {
-        text.lines()
-            .filter_map(|l| l.trim().strip_prefix("#define"))
-            .filter_map(|l| l.trim().strip_prefix(key))
-            .filter(|rest| rest.starts_with(char::is_whitespace))
-            .find_map(|rest| rest.trim().parse().ok())
-            .ok_or_else(|| anyhow!("include/nccl.h does not define {key}"))
-    };
-    Ok(NcclVersion::new(
-        get("NCCL_MAJOR")?,
-        get("NCCL_MINOR")?,
-        get("NCCL_PATCH")?,
-    ))
-}
-
-/// NCCL writes its install prefix (e.g. /usr/local/nccl) into `nccl.pc`; point it at
-/// the build's final directory so `pkg-config` works on the host.
-pub fn rewrite_pc_prefix(pc: &Path, prefix: &Path) -> Result<()> {
-    let text =
-        std::fs::read_to_string(pc).with_context(|| format!("cannot read {}", pc.display()))?;
-    let old = text
-        .lines()
-        .find_map(|l| l.strip_prefix("prefix="))
-        .map(str::trim)
-        .ok_or_else(|| anyhow!("{} has no prefix= line", pc.display()))?
-        .to_string();
-    let new = prefix.display().to_string();
-    let mut out = String::with_capacity(text.len() + new.len());
-    for line in text.lines() {
-        if line.starts_with("prefix=") {
-            out.push_str(&format!("prefix={new}"));
-        } else if !old.is_empty() && line.contains('=') && !line.contains(':') {
-            // Variable lines that spelled the old prefix out instead of ${prefix}.
-            out.push_str(&line.replace(&old, &new));
-        } else {
-            out.push_str(line);
-        }
-        out.push('\n');
-    }
-    std::fs::write(pc, out).with_context(|| format!("cannot write {}", pc.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pc_prefix_is_rewritten() {
-        let t = tempfile::tempdir().unwrap();
-        let pc = t.path().join("nccl.pc");
-        std::fs::write(
-            &pc,
-            "prefix=/usr/local/nccl\nexec_prefix=${prefix}\nlibdir=/usr/local/nccl/lib\n\nName: nccl\nLibs: -L${libdir} -lnccl\n",
-        )
-        .unwrap();
-        rewrite_pc_prefix(&pc, Path::new("/p/builds/v2")).unwrap();
-        let text = std::fs::read_to_string(&pc).unwrap();
-        assert!(
-            text.starts_with(
-                "prefix=/p/builds/v2\nexec_prefix=${prefix}\nlibdir=/p/builds/v2/lib\n"
-            ),
-            "{text}"
-        );
-        assert!(!text.contains("/usr/local/nccl"));
-    }
-
-    #[test]
-    fn header_version() {
-        let t = tempfile::tempdir().unwrap();
-        let h = t.path().join("nccl.h");
-        std::fs::write(&h, "#define NCCL_MAJOR 2\n#define NCCL_MINOR 27\n#define NCCL_PATCH 5\n#define NCCL_SUFFIX \"\"\n").unwrap();
-        assert_eq!(
-            parse_header_version(&h).unwrap(),
-            NcclVersion::new(2, 27, 5)
-        );
-        std::fs::write(&h, "#define NCCL_MAJOR 2\n").unwrap();
-        assert!(parse_header_version(&h)
-            .unwrap_err()
-            .to_string()
-            .contains("NCCL_MINOR"));
-    }
 
     #[test]
     fn failed_transaction_leaves_nothing() {

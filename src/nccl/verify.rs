@@ -1,7 +1,7 @@
 //! `fdl nccl verify`: is an installed (or staged) NCCL build what its manifest says, and
 //! will it run here?
 //!
-//! Checks the layout and versions ([`store::check_tree`]), that the library holds SASS for
+//! Checks the layout and versions ([`tree::check_tree`]), that the library holds SASS for
 //! every arch of the plan and each local GPU (read from its fatbin headers), and that the
 //! library really loads and `ncclGetVersion` answers the expected number. Loading happens
 //! in a child process, so a library that crashes on load cannot take fdl down; no GPU is
@@ -11,7 +11,7 @@ use crate::arch::Arch;
 use crate::gpu::Gpu;
 use crate::inspect::{self, Verdict};
 use crate::nccl::plan::BuildPlan;
-use crate::nccl::store::{self, CheckedTree, Manifest};
+use crate::nccl::tree::{self, CheckedTree};
 use crate::version::NcclVersion;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -94,8 +94,8 @@ pub enum LocalGpus<'a> {
 
 /// What to check a build against beyond its own plan.
 pub struct Against<'a> {
-    /// The manifest the build was installed with, when verifying an installed build.
-    pub manifest: Option<&'a Manifest>,
+    /// What the build's manifest recorded of its tree, when verifying an installed build.
+    pub recorded: Option<&'a CheckedTree>,
     pub gpus: LocalGpus<'a>,
     /// How to load the library; `None` reports the load check as skipped.
     pub probe: Option<Probe<'a>>,
@@ -109,7 +109,12 @@ pub fn verify(name: &str, dir: &Path, plan: &BuildPlan, against: &Against) -> Re
         checks: Vec::new(),
         checked: None,
     };
-    let checked = match store::check_tree(dir, plan) {
+    // A manifest's record means an installed build; without one the tree is staged.
+    let stage = match against.recorded {
+        Some(_) => tree::Stage::Installed,
+        None => tree::Stage::Staged,
+    };
+    let checked = match tree::check_tree(dir, plan, stage) {
         Ok(c) => {
             r.push(
                 "layout",
@@ -126,8 +131,8 @@ pub fn verify(name: &str, dir: &Path, plan: &BuildPlan, against: &Against) -> Re
             return r;
         }
     };
-    if let Some(m) = against.manifest {
-        if m.checked == checked {
+    if let Some(recorded) = against.recorded {
+        if *recorded == checked {
             r.push(
                 "manifest",
                 Status::Pass,
@@ -142,7 +147,7 @@ pub fn verify(name: &str, dir: &Path, plan: &BuildPlan, against: &Against) -> Re
                 Status::Fail,
                 format!(
                     "the manifest recorded NCCL {} in {}, the files now say NCCL {} in {}: the build was changed after install",
-                    m.checked.header_version, m.checked.library, checked.header_version, checked.library
+                    recorded.header_version, recorded.library, checked.header_version, checked.library
                 ),
             );
         }
