@@ -83,7 +83,13 @@ pub fn parse(csv: &str) -> Result<Vec<Gpu>, GpuError> {
             .parse()
             .map_err(|_| bad("index is not a number"))?;
         let n = fields.len();
-        let name = fields[1..n - 2].join(",");
+        // A driver's name string reaches terminals and JSON: control characters (an ANSI
+        // escape, say) are shown as U+FFFD, never passed through.
+        let name: String = fields[1..n - 2]
+            .join(",")
+            .chars()
+            .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+            .collect();
         let cap = fields[n - 2];
         let compute_cap = match cap.split_once('.') {
             Some((maj, min)) => match (maj.parse(), min.parse::<u32>()) {
@@ -170,5 +176,15 @@ mod tests {
             parse("0, X, [N/A], 100"),
             Err(GpuError::Unparsable { .. })
         ));
+    }
+
+    /// Open world: a capability no table knows yet is a GPU like any other; a name's
+    /// terminal escapes never reach the terminal.
+    #[test]
+    fn new_archs_and_hostile_names() {
+        let gpus = parse("0, NVIDIA Future \x1b[31mRED\x1b[0m, 13.0, 98304\n").unwrap();
+        assert_eq!(gpus[0].compute_cap, Arch::new(13, 0));
+        assert!(!gpus[0].name.contains('\x1b'), "{:?}", gpus[0].name);
+        assert!(gpus[0].name.contains("RED"));
     }
 }

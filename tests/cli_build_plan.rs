@@ -556,3 +556,21 @@ fn only_funcs_payloads_are_refused_before_anything_runs() {
     }
     assert!(!marker.exists());
 }
+
+#[test]
+fn absurd_job_counts_are_refused() {
+    let p = ProjectFixture::empty();
+    fails_cleanly(
+        p.root(),
+        &[
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "8.6",
+            "--jobs",
+            "99999",
+            "--dry-run",
+        ],
+        "--jobs 99999 is more than any machine can run",
+    );
+}

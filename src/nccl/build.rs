@@ -68,6 +68,9 @@ pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
     if req.jobs == Some(0) {
         bail!("--jobs must be at least 1");
     }
+    if let Some(j) = req.jobs.filter(|&j| j > MAX_JOBS) {
+        bail!("--jobs {j} is more than any machine can run ({MAX_JOBS} at most); each nvcc job of NCCL takes up to ~2 GiB. Leave --jobs out to size it to this machine");
+    }
     Ok(CheckedFlags { tag, archs, cuda })
 }
 
@@ -170,6 +173,9 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>)>
         Some(found.cuda),
     ))
 }
+
+/// The most `--jobs` fdl accepts: 1,024 nvcc jobs would want ~2 TiB of memory.
+pub const MAX_JOBS: u32 = 1024;
 
 /// Parallel nvcc jobs: one per core, but no more than one per ~2 GiB of available memory
 /// (NCCL's device code compiles take up to that each).

@@ -26,8 +26,24 @@ pub enum TagError {
     TooLong(String),
 }
 
+/// How much of a bad tag an error shows: enough to recognise it, not a 10,000-character
+/// echo.
+fn shown(s: &str) -> String {
+    const MAX: usize = 64;
+    if s.chars().count() <= MAX {
+        s.to_string()
+    } else {
+        format!(
+            "{}… ({} characters)",
+            s.chars().take(MAX).collect::<String>(),
+            s.chars().count()
+        )
+    }
+}
+
 impl Tag {
     pub fn parse(s: &str) -> Result<Tag, TagError> {
+        let tag = shown(s);
         if s.trim().is_empty() {
             return Err(TagError::Blank);
         }
@@ -35,22 +51,19 @@ impl Tag {
             .chars()
             .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
         {
-            return Err(TagError::BadChar {
-                tag: s.to_string(),
-                ch,
-            });
+            return Err(TagError::BadChar { tag, ch });
         }
         if s.starts_with('-') {
-            return Err(TagError::LeadingDash(s.to_string()));
+            return Err(TagError::LeadingDash(tag));
         }
         if s.starts_with('.') {
-            return Err(TagError::LeadingDot(s.to_string()));
+            return Err(TagError::LeadingDot(tag));
         }
         if s.contains("..") {
-            return Err(TagError::DotDot(s.to_string()));
+            return Err(TagError::DotDot(tag));
         }
         if s.len() > 64 {
-            return Err(TagError::TooLong(s.to_string()));
+            return Err(TagError::TooLong(tag));
         }
         Ok(Tag(s.to_string()))
     }
@@ -71,17 +84,12 @@ impl Tag {
         ver.parse().ok()
     }
 
-    /// The version part of a build's name: a numeric package revision is dropped
-    /// (`v2.27.5-1` → `v2.27.5`); anything else (`v2.27.5-rc1`, `master`) stays whole.
+    /// The version part of a build's name: NVIDIA's usual package revision `-1` is dropped
+    /// (`v2.27.5-1` → `v2.27.5`); any other (`v2.27.5-2`, `v2.27.5-rc1`, `master`) stays,
+    /// so two different tags never share a build directory or an image.
     pub fn version_part(&self) -> &str {
-        match self.0.rsplit_once('-') {
-            Some((head, rev))
-                if self.version().is_some()
-                    && !rev.is_empty()
-                    && rev.bytes().all(|b| b.is_ascii_digit()) =>
-            {
-                head
-            }
+        match self.0.strip_suffix("-1") {
+            Some(head) if self.version().is_some() && !head.contains('-') => head,
             _ => &self.0,
         }
     }
@@ -122,6 +130,8 @@ mod tests {
         assert_eq!(Tag::parse("master").unwrap().version_part(), "master");
         assert_eq!(Tag::parse("master").unwrap().version(), None);
         assert_eq!(Tag::parse("release-1").unwrap().version_part(), "release-1");
+        // Two revisions of one release are two builds.
+        assert_eq!(Tag::parse("v2.27.5-2").unwrap().version_part(), "v2.27.5-2");
         assert_eq!(
             Tag::for_release(&NcclVersion::new(2, 21, 5)).as_str(),
             "v2.21.5-1"
@@ -158,5 +168,12 @@ mod tests {
             Tag::parse(&"a".repeat(65)),
             Err(TagError::TooLong(_))
         ));
+        // A huge tag is not echoed whole.
+        let e = Tag::parse(&"a".repeat(10_000)).unwrap_err().to_string();
+        assert!(e.len() < 250 && e.contains("10000 characters"), "{e}");
+        let e = Tag::parse(&format!("{}$", "b".repeat(10_000)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 250, "{e}");
     }
 }
