@@ -60,8 +60,13 @@ impl Env {
         dir
     }
 
+    /// Where the clone of TAG from the stand-in repository is cached.
     fn src_cache(&self) -> PathBuf {
-        self.cache.path().join("fdl/nccl-src").join(TAG)
+        self.cache
+            .path()
+            .join("fdl/nccl-src")
+            .join(fdl::native::repo_key(&self.repo().display().to_string()))
+            .join(TAG)
     }
 
     /// `fdl --root P nccl build --backend native --tag TAG --archs ARCHS --cuda-home H`,
@@ -312,13 +317,16 @@ fn clones_the_tag_once_and_reuses_the_cache() {
     );
     let cache_before = snapshot(&cached);
 
-    // Another arch of the same tag: no second clone — the repository is not even
-    // reachable now — and the cached tree is untouched.
+    // Another arch of the same tag from the same repository: no second clone — the
+    // repository is not even reachable now — and the cached tree is untouched.
+    let away = env.work.path().join("repo-away");
+    std::fs::rename(&repo, &away).unwrap();
     let out = env
         .build("9.0", &["--json"])
-        .env("FDL_NCCL_REPO", env.work.path().join("gone"))
+        .env("FDL_NCCL_REPO", &repo)
         .output()
         .unwrap();
+    std::fs::rename(&away, &repo).unwrap();
     assert_eq!(json_of(&out)["status"], "built");
     let second = env.builds().join("v2.27.5-sm90");
     assert_installed(&second, "-gencode=arch=compute_90,code=sm_90");
@@ -330,6 +338,31 @@ fn clones_the_tag_once_and_reuses_the_cache() {
     assert!(log.contains("Using the cached NCCL source"), "{log}");
     assert_eq!(snapshot(&cached), cache_before);
     assert!(env.stray_entries().is_empty(), "{:?}", env.stray_entries());
+
+    // The same tag from another repository is never served from that cache: it is
+    // cloned from where it was asked for, and the record names that repository's clone.
+    let fork = env.work.path().join("fork");
+    tagged_repo(&fork, (2, 27, 5), TAG);
+    let out = env
+        .build("8.0", &["--json"])
+        .env("FDL_NCCL_REPO", &fork)
+        .output()
+        .unwrap();
+    assert_eq!(json_of(&out)["status"], "built");
+    let third = env.builds().join("v2.27.5-sm80");
+    assert!(log_of(&third).contains("==> fdl: phase clone"));
+    let source = &manifest_of(&third)["plan"]["native"]["source"];
+    assert_eq!(source["repo"], fork.display().to_string());
+    let fork_cache = source["cache_dir"].as_str().unwrap();
+    assert_ne!(fork_cache, cached.display().to_string());
+    assert_eq!(
+        git(
+            Path::new(fork_cache),
+            &["config", "--get", "remote.origin.url"]
+        ),
+        fork.display().to_string()
+    );
+    assert_eq!(snapshot(&cached), cache_before);
 }
 
 #[test]

@@ -11,7 +11,7 @@ mod plain;
 mod source;
 mod toolchain;
 
-pub use source::{check_source_dir, parse_version_mk, source_for, NCCL_REPO, REPO_ENV};
+pub use source::{check_source_dir, parse_version_mk, repo_key, source_for, NCCL_REPO, REPO_ENV};
 pub use toolchain::{discover, parse_gpu_archs, parse_nvcc_version};
 
 use crate::nccl::build::Backend;

@@ -78,14 +78,50 @@ pub fn source_for(source_dir: Option<&Path>, tag: &Tag, cache_root: &Path) -> Re
             let (path, version) = check_source_dir(dir, tag)?;
             Ok(NativeSource::Dir { path, version })
         }
-        None => Ok(NativeSource::Clone {
-            repo: std::env::var(REPO_ENV)
+        None => {
+            let repo = std::env::var(REPO_ENV)
                 .ok()
                 .filter(|r| !r.trim().is_empty())
-                .unwrap_or_else(|| NCCL_REPO.to_string()),
-            cache_dir: cache_root.join("nccl-src").join(tag.as_str()),
-        }),
+                .unwrap_or_else(|| NCCL_REPO.to_string());
+            Ok(NativeSource::Clone {
+                cache_dir: cache_root
+                    .join("nccl-src")
+                    .join(repo_key(&repo))
+                    .join(tag.as_str()),
+                repo,
+            })
+        }
     }
+}
+
+/// The cache directory of one repository: a readable slug of its URL and a digest of
+/// the whole URL, so clones of the same tag from two repositories never mix, and the
+/// record of a build names the clone it was really made from.
+pub fn repo_key(repo: &str) -> String {
+    let slug: String = repo
+        .trim_end_matches('/')
+        .trim_end_matches(".git")
+        .rsplit(['/', ':'])
+        .take(2)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("-")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(48)
+        .collect();
+    format!(
+        "{slug}-{}",
+        &crate::cache::sha256_hex(repo.as_bytes())[..12]
+    )
 }
 
 /// Checks a `--source` tree: it exists, is NCCL, and is the release the tag names.
@@ -119,7 +155,7 @@ pub fn check_source_dir(dir: &Path, tag: &Tag) -> Result<(PathBuf, NcclVersion)>
 }
 
 /// Why the cache entry at `dir` cannot be used for `tag`, or `None` when it can.
-fn cache_entry_problem(dir: &Path, tag: &Tag, git: &Path) -> Option<String> {
+fn cache_entry_problem(dir: &Path, repo: &str, tag: &Tag, git: &Path) -> Option<String> {
     if !dir.is_dir() {
         return Some("it is not a directory".into());
     }
@@ -146,6 +182,12 @@ fn cache_entry_problem(dir: &Path, tag: &Tag, git: &Path) -> Option<String> {
         )
         .map(|s| s.trim().to_string())
     };
+    // The entry's key comes from the URL, but a clone moved or copied by hand would not.
+    match git_out(&["config", "--get", "remote.origin.url"]) {
+        Ok(origin) if origin == repo => {}
+        Ok(origin) => return Some(format!("it was cloned from {origin}, not {repo}")),
+        Err(_) => return Some("it names no origin".into()),
+    }
     let head = match git_out(&["rev-parse", "--verify", "HEAD^{commit}"]) {
         Ok(h) => h,
         Err(e) => return Some(format!("git cannot read it ({e:#})")),
@@ -198,7 +240,7 @@ pub fn ensure_clone(
     }
 
     if std::fs::symlink_metadata(cache_dir).is_ok() {
-        match cache_entry_problem(cache_dir, tag, git) {
+        match cache_entry_problem(cache_dir, repo, tag, git) {
             None => {
                 progress.note(&format!(
                     "Using the cached NCCL source at {}",
@@ -239,7 +281,7 @@ pub fn ensure_clone(
         &format!("git clone of {repo} at {tag}"),
         &mut |l| progress.output(l),
     )?;
-    if let Some(why) = cache_entry_problem(partial.path(), tag, git) {
+    if let Some(why) = cache_entry_problem(partial.path(), repo, tag, git) {
         bail!("the clone of {repo} at {tag} cannot be built: {why}");
     }
     let done = partial.keep();
@@ -364,13 +406,30 @@ mod tests {
     fn clone_goes_to_the_cache() {
         let tag = Tag::parse("v2.27.5-1").unwrap();
         match source_for(None, &tag, Path::new("/home/u/.cache/fdl")).unwrap() {
-            NativeSource::Clone { cache_dir, .. } => {
-                assert_eq!(
-                    cache_dir,
-                    Path::new("/home/u/.cache/fdl/nccl-src/v2.27.5-1")
-                )
-            }
+            NativeSource::Clone { cache_dir, repo } => assert_eq!(
+                cache_dir,
+                Path::new("/home/u/.cache/fdl/nccl-src")
+                    .join(repo_key(&repo))
+                    .join("v2.27.5-1")
+            ),
             other => panic!("{other:?}"),
+        }
+    }
+
+    /// Clones of one tag from two repositories live apart; keys are plain names.
+    #[test]
+    fn repositories_have_keys_of_their_own() {
+        let a = repo_key(NCCL_REPO);
+        assert!(a.starts_with("NVIDIA-nccl-"), "{a}");
+        let b = repo_key("git@example.org:fork/nccl.git");
+        let c = repo_key("/srv/mirror/nccl $(x)");
+        assert!(a != b && b != c && a != c);
+        for k in [&a, &b, &c] {
+            assert!(
+                k.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b)),
+                "{k}"
+            );
         }
     }
 }
