@@ -158,15 +158,52 @@ fn coverage_verdicts() {
 }
 
 /// Every prefix of a valid library: never a panic, and never a count from cut entries.
+/// Once the ELF header is whole, every prefix is reported as truncated (the section
+/// table is the file's last bytes), never read as a library without NCCL or GPU code.
 #[test]
 fn truncations_never_panic() {
     let bytes = synth::to_vec(&sample_spec(true));
     let full = inspect::inspect_bytes(&bytes).unwrap();
-    for len in (0..bytes.len()).step_by(7) {
-        if let Ok(ins) = inspect::inspect_bytes(&bytes[..len]) {
-            assert!(ins.gpu_code.sass_total() <= full.gpu_code.sass_total());
+    for len in (0..bytes.len()).step_by(7).chain([bytes.len() - 1]) {
+        match inspect::inspect_bytes(&bytes[..len]) {
+            Ok(ins) => {
+                assert!(len < 64, "{len} bytes read as a whole file");
+                assert!(ins.gpu_code.sass_total() <= full.gpu_code.sass_total());
+            }
+            Err(e) if len >= 64 => {
+                let t = e
+                    .downcast_ref::<inspect::TruncatedElf>()
+                    .unwrap_or_else(|| panic!("{len} bytes: {e:#}"));
+                assert_eq!(t.len, len as u64);
+                assert!(e.to_string().contains("is truncated"), "{e}");
+            }
+            Err(_) => {}
         }
     }
+}
+
+/// Without a section table, the loadable segments say where the file must reach: a file
+/// ending inside one is truncated, and its self-id is not searched for in what is left.
+#[test]
+fn truncated_segments_without_a_section_table_are_reported() {
+    let mut bytes = synth::to_vec(&sample_spec(false));
+    bytes[40..48].fill(0); // e_shoff
+    bytes[60..64].fill(0); // e_shnum, e_shstrndx
+    let whole = inspect::inspect_bytes(&bytes).unwrap();
+    assert!(whole.nccl.is_some());
+    // The writable segment (.dynamic) is the last one; cut inside it.
+    let (_, dyn_off, dyn_size) = section_header(&synth::to_vec(&sample_spec(false)), 4);
+    let cut = (dyn_off + dyn_size / 2) as usize;
+    let e = inspect::inspect_bytes(&bytes[..cut]).unwrap_err();
+    let t = e
+        .downcast_ref::<inspect::TruncatedElf>()
+        .unwrap_or_else(|| panic!("{e:#}"));
+    assert_eq!((t.end, t.len), (dyn_off + dyn_size, cut as u64));
+    assert!(
+        e.to_string()
+            .contains("its program headers say a loadable segment's bytes end at byte"),
+        "{e}"
+    );
 }
 
 fn le64_at(b: &mut [u8], at: usize, v: u64) {

@@ -17,10 +17,11 @@ pub mod synth;
 
 use crate::arch::{Arch, GpuTarget, Variant};
 use crate::version::{CudaVersion, NcclVersion};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
+pub use elf::TruncatedElf;
 pub use fatbin::{CodeEntry, GpuCode};
 pub use resolve::{LoaderEnv, ResolveRule};
 pub use selfid::SelfId;
@@ -529,7 +530,14 @@ fn dynamic_nccl(
             searched,
         }
         .into()),
-        resolve::Resolution::Found(hit) => match find_nccl_self_id(&hit.path)? {
+        resolve::Resolution::Found(hit) => match find_nccl_self_id(&hit.path).with_context(|| {
+            format!(
+                "{} needs {needed}, which resolves to {} (via {})",
+                path.display(),
+                hit.path.display(),
+                hit.via
+            )
+        })? {
             Some(id) => Ok(Some(NcclDetection {
                 version: id.nccl,
                 cuda: id.cuda,
