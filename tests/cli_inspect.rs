@@ -206,6 +206,46 @@ fn detect_follows_a_pip_torch_to_its_libnccl() {
         );
 }
 
+/// A library missing its last 100 bytes (its section table) is an error naming the
+/// truncation, with a non-zero exit, from `fdl inspect` and `fdl nccl detect` alike;
+/// never "No NCCL".
+#[test]
+fn a_truncated_library_is_reported_as_truncated() {
+    let t = tempfile::tempdir().unwrap();
+    let lib = lib_with(t.path(), "libnccl.so.2", (2, 27, 5), &[61]);
+    fdl()
+        .args(["nccl", "detect"])
+        .arg(&lib)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("2.27.5"));
+    let full = std::fs::read(&lib).unwrap();
+    let kept = full.len() - 100;
+    std::fs::write(&lib, &full[..kept]).unwrap();
+    let want = format!(
+        "{} is truncated: its ELF header says the section headers end at byte {} but the file has {kept} bytes; re-download or re-copy it",
+        lib.display(),
+        full.len()
+    );
+    let runs: [&[&str]; 4] = [
+        &["inspect", "--archs", "8.6"],
+        &["inspect", "--archs", "8.6", "--json"],
+        &["nccl", "detect"],
+        &["nccl", "detect", "--json"],
+    ];
+    for args in runs {
+        let (cmd, rest) = args.split_at(if args[0] == "nccl" { 2 } else { 1 });
+        fdl()
+            .args(cmd)
+            .arg(&lib)
+            .args(rest)
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains(&want))
+            .stdout(predicate::str::contains("No NCCL").not());
+    }
+}
+
 #[test]
 fn detect_says_plainly_when_there_is_no_nccl() {
     let t = tempfile::tempdir().unwrap();
@@ -332,6 +372,20 @@ fn verify_catches_a_tampered_build_and_a_crashing_library() {
         .assert()
         .failure()
         .stderr(predicate::str::contains("no build named 'nope'"));
+    // Cut short by 100 bytes: verify fails and says the library is truncated.
+    let full = std::fs::read(&lib).unwrap();
+    std::fs::write(&lib, &full[..full.len() - 100]).unwrap();
+    let out = b.fdl().args(["nccl", "verify", &name]).output().unwrap();
+    assert!(!out.status.success());
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("libnccl.so.2.27.5 is truncated") && text.contains("re-download"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -158,15 +158,52 @@ fn coverage_verdicts() {
 }
 
 /// Every prefix of a valid library: never a panic, and never a count from cut entries.
+/// Once the ELF header is whole, every prefix is reported as truncated (the section
+/// table is the file's last bytes), never read as a library without NCCL or GPU code.
 #[test]
 fn truncations_never_panic() {
     let bytes = synth::to_vec(&sample_spec(true));
     let full = inspect::inspect_bytes(&bytes).unwrap();
-    for len in (0..bytes.len()).step_by(7) {
-        if let Ok(ins) = inspect::inspect_bytes(&bytes[..len]) {
-            assert!(ins.gpu_code.sass_total() <= full.gpu_code.sass_total());
+    for len in (0..bytes.len()).step_by(7).chain([bytes.len() - 1]) {
+        match inspect::inspect_bytes(&bytes[..len]) {
+            Ok(ins) => {
+                assert!(len < 64, "{len} bytes read as a whole file");
+                assert!(ins.gpu_code.sass_total() <= full.gpu_code.sass_total());
+            }
+            Err(e) if len >= 64 => {
+                let t = e
+                    .downcast_ref::<inspect::TruncatedElf>()
+                    .unwrap_or_else(|| panic!("{len} bytes: {e:#}"));
+                assert_eq!(t.len, len as u64);
+                assert!(e.to_string().contains("is truncated"), "{e}");
+            }
+            Err(_) => {}
         }
     }
+}
+
+/// Without a section table, the loadable segments say where the file must reach: a file
+/// ending inside one is truncated, and its self-id is not searched for in what is left.
+#[test]
+fn truncated_segments_without_a_section_table_are_reported() {
+    let mut bytes = synth::to_vec(&sample_spec(false));
+    bytes[40..48].fill(0); // e_shoff
+    bytes[60..64].fill(0); // e_shnum, e_shstrndx
+    let whole = inspect::inspect_bytes(&bytes).unwrap();
+    assert!(whole.nccl.is_some());
+    // The writable segment (.dynamic) is the last one; cut inside it.
+    let (_, dyn_off, dyn_size) = section_header(&synth::to_vec(&sample_spec(false)), 4);
+    let cut = (dyn_off + dyn_size / 2) as usize;
+    let e = inspect::inspect_bytes(&bytes[..cut]).unwrap_err();
+    let t = e
+        .downcast_ref::<inspect::TruncatedElf>()
+        .unwrap_or_else(|| panic!("{e:#}"));
+    assert_eq!((t.end, t.len), (dyn_off + dyn_size, cut as u64));
+    assert!(
+        e.to_string()
+            .contains("its program headers say a loadable segment's bytes end at byte"),
+        "{e}"
+    );
 }
 
 fn le64_at(b: &mut [u8], at: usize, v: u64) {
@@ -177,6 +214,179 @@ fn le64_at(b: &mut [u8], at: usize, v: u64) {
 fn shdr_of(bytes: &[u8], index: usize) -> usize {
     let shoff = u64::from_le_bytes(bytes[40..48].try_into().unwrap()) as usize;
     shoff + index * 64
+}
+
+/// `bytes` (an ELF64 synth file) with its section header table moved to the end and
+/// `extra` headers appended to it: what a hostile or broken linker could write.
+fn with_extra_section_headers(bytes: &[u8], extra: &[[u8; 64]]) -> Vec<u8> {
+    let shoff = u64::from_le_bytes(bytes[40..48].try_into().unwrap()) as usize;
+    let shnum = u16::from_le_bytes(bytes[60..62].try_into().unwrap()) as usize;
+    let count = shnum + extra.len();
+    assert!(
+        count < 0xff00,
+        "more headers need e_shnum 0 and sh_size of header 0"
+    );
+    let mut out = bytes.to_vec();
+    out.resize(out.len().div_ceil(8) * 8, 0);
+    let new_shoff = out.len() as u64;
+    out.extend_from_slice(&bytes[shoff..shoff + shnum * 64]);
+    for h in extra {
+        out.extend_from_slice(h);
+    }
+    out[40..48].copy_from_slice(&new_shoff.to_le_bytes());
+    out[60..62].copy_from_slice(&(count as u16).to_le_bytes());
+    out
+}
+
+/// Section header `index` of a synth file, and its (sh_offset, sh_size).
+fn section_header(bytes: &[u8], index: usize) -> ([u8; 64], u64, u64) {
+    let at = shdr_of(bytes, index);
+    let h: [u8; 64] = bytes[at..at + 64].try_into().unwrap();
+    let field = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap());
+    (h, field(24), field(32))
+}
+
+/// A copy of section header `h` describing `size` bytes at `offset`.
+fn moved(h: &[u8; 64], offset: u64, size: u64) -> [u8; 64] {
+    let mut h = *h;
+    h[24..32].copy_from_slice(&offset.to_le_bytes());
+    h[32..40].copy_from_slice(&size.to_le_bytes());
+    h
+}
+
+/// Synth section indexes (see `synth::write_to`).
+const RODATA: usize = 2;
+const NV_FATBIN: usize = 3;
+
+/// The synth file `good` with `count` more read-only data headers over its self-id,
+/// each starting `k` bytes into `.rodata` and running to its end, and `count` copies of
+/// its `.nv_fatbin` header.
+fn overlapping_headers_file(good: &[u8], count: u64) -> Vec<u8> {
+    let (ro, ro_off, ro_size) = section_header(good, RODATA);
+    let (fb, _, _) = section_header(good, NV_FATBIN);
+    assert!(count < ro_size);
+    let mut extra: Vec<[u8; 64]> = (0..count)
+        .map(|k| moved(&ro, ro_off + k, ro_size - k))
+        .collect();
+    extra.extend((0..count).map(|_| fb));
+    with_extra_section_headers(good, &extra)
+}
+
+/// Thousands of overlapping string-region headers are scanned as their union: the
+/// self-id is reported once, and no byte of `.rodata` is searched twice.
+#[test]
+fn overlapping_string_regions_are_scanned_once() {
+    let good = synth::to_vec(&sample_spec(false));
+    let (ro, ro_off, ro_size) = section_header(&good, RODATA);
+    let single = inspect::inspect_bytes(&good).unwrap();
+    assert_eq!(single.work().string_regions, 1);
+    assert_eq!(single.work().string_bytes, ro_size);
+    let extra: Vec<[u8; 64]> = (0..5000)
+        .map(|k| moved(&ro, ro_off + k, ro_size - k))
+        .collect();
+    let bytes = with_extra_section_headers(&good, &extra);
+    let ins = inspect::inspect_bytes(&bytes).unwrap();
+    assert_eq!(ins.self_ids.len(), 1, "{:?}", ins.self_ids);
+    assert_eq!(
+        ins.nccl.as_ref().expect("self-id").version,
+        NcclVersion::new(2, 27, 5)
+    );
+    let work = ins.work();
+    assert_eq!(work.string_regions, 1);
+    assert_eq!(work.string_bytes, ro_size);
+    assert!(work.string_bytes <= bytes.len() as u64);
+    assert_eq!(ins.gpu_code, single.gpu_code);
+}
+
+/// A duplicated `.nv_fatbin` header, and ranges nested in or partly overlapping it, are
+/// walked once: the counts are those of the file with a single header.
+#[test]
+fn duplicated_fatbin_headers_count_each_cubin_once() {
+    for compressed in [false, true] {
+        let good = synth::to_vec(&sample_spec(compressed));
+        let (fb, fb_off, fb_size) = section_header(&good, NV_FATBIN);
+        let single = inspect::inspect_bytes(&good).unwrap();
+        assert_eq!(single.gpu_code.sass_total(), 12);
+        assert_eq!(single.work().fatbin_ranges, 1);
+        assert_eq!(single.work().fatbin_bytes, fb_size);
+        // The second container's offset: a range starting there is nested in the section.
+        let magic = 0xBA55_ED50u32.to_le_bytes();
+        let second = fb_off as usize
+            + 1
+            + good[fb_off as usize + 1..]
+                .windows(4)
+                .position(|w| w == magic)
+                .unwrap();
+        let cases: Vec<(&str, Vec<[u8; 64]>)> = vec![
+            ("one duplicate", vec![fb]),
+            ("a thousand duplicates", vec![fb; 1000]),
+            (
+                "nested from the second container",
+                vec![moved(&fb, second as u64, fb_off + fb_size - second as u64)],
+            ),
+            (
+                "the first half, cutting a container",
+                vec![moved(&fb, fb_off, fb_size / 2)],
+            ),
+            (
+                "overlapping the second half",
+                vec![moved(&fb, fb_off + fb_size / 3, fb_size - fb_size / 3)],
+            ),
+        ];
+        for (what, extra) in cases {
+            let ins = inspect::inspect_bytes(&with_extra_section_headers(&good, &extra)).unwrap();
+            assert_eq!(
+                listed(&ins.gpu_code.sass),
+                listed(&single.gpu_code.sass),
+                "{what}"
+            );
+            assert_eq!(ins.gpu_code, single.gpu_code, "{what}");
+            assert_eq!(ins.work().fatbin_ranges, 1, "{what}");
+            assert_eq!(ins.work().fatbin_bytes, fb_size, "{what}");
+        }
+    }
+}
+
+/// The work is linear in the file's size, however many headers describe the same bytes:
+/// the bytes searched for self-ids and walked for fatbins are each at most the file's
+/// size, while the headers claim far more (reading each would be quadratic).
+#[test]
+fn inspection_work_is_bounded_by_the_file_size() {
+    let good = synth::to_vec(&sample_spec(false));
+    for count in [500u64, 2000, 8000] {
+        let bytes = overlapping_headers_file(&good, count);
+        let size = bytes.len() as u64;
+        let claimed: u64 = {
+            let shoff = u64::from_le_bytes(bytes[40..48].try_into().unwrap()) as usize;
+            let shnum = u16::from_le_bytes(bytes[60..62].try_into().unwrap()) as usize;
+            (0..shnum)
+                .map(|i| {
+                    let h = &bytes[shoff + i * 64..shoff + i * 64 + 64];
+                    u64::from_le_bytes(h[32..40].try_into().unwrap())
+                })
+                .sum()
+        };
+        assert!(
+            claimed > 20 * size,
+            "{count}: the headers claim {claimed} bytes"
+        );
+        let ins = inspect::inspect_bytes(&bytes).unwrap();
+        assert_eq!(ins.self_ids.len(), 1);
+        assert_eq!(ins.gpu_code.sass_total(), 12);
+        let work = ins.work();
+        assert!(
+            work.string_bytes <= size && work.fatbin_bytes <= size,
+            "{count} headers: {work:?} for a {size}-byte file"
+        );
+        assert_eq!((work.string_regions, work.fatbin_ranges), (1, 1));
+    }
+    // The committed fuzz seed of this shape stays bounded too.
+    let seed = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/seeds/inspect_elf/regress-overlapping-headers.so");
+    let bytes = std::fs::read(&seed).unwrap();
+    let ins = inspect::inspect_bytes(&bytes).unwrap();
+    assert_eq!(ins.self_ids.len(), 1);
+    assert!(ins.work().string_bytes + ins.work().fatbin_bytes <= bytes.len() as u64);
 }
 
 #[test]
@@ -364,6 +574,13 @@ fn write_fuzz_seeds() {
     small.entries.iter_mut().for_each(|e| e.payload_size = 1500);
     std::fs::write(dir.join("synth_lz4_long.so"), synth::to_vec(&small)).unwrap();
     std::fs::write(dir.join("raw_zstd.fatbin"), zstd_fatbin()).unwrap();
+    // Overlapping string regions and duplicated fatbin headers (kept small: the
+    // regression tests above use thousands).
+    std::fs::write(
+        dir.join("regress-overlapping-headers.so"),
+        overlapping_headers_file(&plain, 64),
+    )
+    .unwrap();
 }
 
 /// A raw fatbin of zstd-compressed cubins, as CUDA 13 writes them: one whole frame, one

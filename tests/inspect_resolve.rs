@@ -2,7 +2,7 @@
 //! (`torch/lib/libtorch_cuda.so` with RUNPATH `$ORIGIN/../../nvidia/nccl/lib`), RPATH vs
 //! RUNPATH precedence around LD_LIBRARY_PATH, the cache, and the unresolved case.
 
-use fdl::inspect::{self, Linkage, LoaderEnv, ResolveRule, UnresolvedNccl};
+use fdl::inspect::{self, Linkage, LoaderEnv, ResolveRule, TruncatedElf, UnresolvedNccl};
 use fdl::version::NcclVersion;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -66,6 +66,72 @@ fn consumer(dir: &Path, name: &str, link_dir: &Path, path_flags: &[&str]) -> Pat
     cc(&args);
     std::fs::remove_file(&c).unwrap();
     so
+}
+
+/// A libnccl.so.2 missing its last 100 bytes still holds its self-id (in a segment that is
+/// whole), but its section table, at the end, is gone: every way of asking is an error
+/// that says the file is truncated, never a quiet "no NCCL".
+#[test]
+fn truncated_libnccl_is_reported_as_truncated() {
+    let root = tempfile::tempdir().unwrap();
+    let sp = root.path().join("site-packages");
+    let nccl = stub_nccl(&sp.join("nvidia/nccl/lib"), "2.27.5");
+    let torch = consumer(
+        &sp.join("torch/lib"),
+        "libtorch_cuda.so",
+        nccl.parent().unwrap(),
+        &["-Wl,--enable-new-dtags,-rpath,$ORIGIN/../../nvidia/nccl/lib"],
+    );
+    let full = std::fs::read(&nccl).unwrap();
+    let kept = full.len() - 100;
+    let at = full
+        .windows(13)
+        .position(|w| w == b"NCCL version ")
+        .unwrap();
+    assert!(at + 30 < kept, "the self-id must lie in the bytes kept");
+    std::fs::write(&nccl, &full[..kept]).unwrap();
+    let env = LoaderEnv::bare();
+    let said = format!(
+        "libnccl.so.2 is truncated: its ELF header says the section headers end at byte {} but the file has {kept} bytes; re-download or re-copy it",
+        full.len()
+    );
+    // `starts` is how the message begins: the file, or the library that loads it.
+    let is_truncated = |what: &str, e: anyhow::Error, starts: &str| {
+        let msg = format!("{e:#}");
+        let t = e
+            .downcast_ref::<TruncatedElf>()
+            .unwrap_or_else(|| panic!("{what}: not a TruncatedElf: {msg}"));
+        assert_eq!((t.end, t.len), (full.len() as u64, kept as u64), "{what}");
+        assert!(
+            msg.starts_with(starts) && msg.ends_with(&said),
+            "{what}: {msg}"
+        );
+    };
+    let direct = format!("{} is truncated", nccl.display());
+    let loaded = format!("{} needs libnccl.so.2, which resolves to ", torch.display());
+    is_truncated("inspect", inspect::inspect(&nccl).unwrap_err(), &direct);
+    is_truncated(
+        "find_nccl_self_id",
+        inspect::find_nccl_self_id(&nccl).unwrap_err(),
+        &direct,
+    );
+    is_truncated(
+        "detect_nccl",
+        inspect::detect_nccl(&nccl, &env).unwrap_err(),
+        &direct,
+    );
+    // Through the library that loads it, read whole or already inspected.
+    is_truncated(
+        "detect_nccl via RUNPATH",
+        inspect::detect_nccl(&torch, &env).unwrap_err(),
+        &loaded,
+    );
+    let ins = inspect::inspect(&torch).unwrap();
+    is_truncated(
+        "detect_nccl_in via RUNPATH",
+        inspect::detect_nccl_in(&ins, &env).unwrap_err(),
+        &loaded,
+    );
 }
 
 #[test]

@@ -97,6 +97,22 @@ impl ElfInfo {
     }
 }
 
+/// The file ends before the bytes its own ELF header or program headers place in it:
+/// a download or copy that stopped short. Such a file must not be read as "no NCCL, no
+/// GPU code" (its section table, at the end, is the first thing lost), so inspection
+/// stops with this error. Distinguishable with `err.downcast_ref::<TruncatedElf>()`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{} is truncated: its {claim} end at byte {end} but the file has {len} bytes; re-download or re-copy it", .path.display())]
+pub struct TruncatedElf {
+    pub path: std::path::PathBuf,
+    /// What says the file goes on, e.g. "ELF header says the section headers".
+    pub claim: String,
+    /// The byte offset that claim ends at.
+    pub end: u64,
+    /// The file's size.
+    pub len: u64,
+}
+
 /// Whether the data starts like an ELF file.
 pub fn is_elf(head: &[u8]) -> bool {
     head.starts_with(&elf::ELFMAG)
@@ -128,6 +144,7 @@ fn parse_as<Elf: FileHeader<Endian = Endianness>>(src: &Source<'_>) -> Result<El
     let data = src.bytes(0, src.len())?;
     let header = Elf::parse(data).map_err(|e| bad("bad ELF header", e))?;
     let endian = header.endian().map_err(|e| bad("bad ELF byte order", e))?;
+    check_complete(src, header, endian, data)?;
     let mut warnings = Vec::new();
 
     let mut sections = Vec::new();
@@ -193,6 +210,73 @@ fn parse_as<Elf: FileHeader<Endian = Endianness>>(src: &Source<'_>) -> Result<El
             .push(format!("dynamic table unreadable: {e:#}")),
     }
     Ok(info)
+}
+
+/// Fails with [`TruncatedElf`] when the tables the ELF header places in the file, or
+/// the loadable segments the program headers place there, end past its end. Offsets so
+/// large that the end overflows are corruption, not truncation, and are left to the
+/// readers' own checks (which fall back to the program headers, with a warning).
+fn check_complete<Elf: FileHeader<Endian = Endianness>>(
+    src: &Source<'_>,
+    header: &Elf,
+    endian: Endianness,
+    data: &[u8],
+) -> Result<()> {
+    let len = data.len() as u64;
+    let past_end = |claim: &str, end: Option<u64>| match end {
+        Some(end) if end > len => Err(TruncatedElf {
+            path: src.name().to_path_buf(),
+            claim: claim.to_string(),
+            end,
+            len,
+        }),
+        _ => Ok(()),
+    };
+    let table_end = |off: u64, count: u64, entry: usize| {
+        count
+            .checked_mul(entry as u64)
+            .and_then(|n| off.checked_add(n))
+    };
+    // The section headers, usually the last bytes of the file. With e_shnum 0 the count
+    // is the first header's sh_size (more than 65,279 sections); if even that header is
+    // missing, the table needs at least it.
+    let shoff: u64 = header.e_shoff(endian).into();
+    if shoff != 0 {
+        let count = match header.e_shnum(endian) {
+            0 => match header.section_0(endian, data) {
+                Ok(Some(s0)) => s0.sh_size(endian).into(),
+                _ => 1,
+            },
+            n => u64::from(n),
+        };
+        past_end(
+            "ELF header says the section headers",
+            table_end(shoff, count, std::mem::size_of::<Elf::SectionHeader>()),
+        )?;
+    }
+    let phoff: u64 = header.e_phoff(endian).into();
+    if phoff != 0 {
+        let count = header
+            .phnum(endian, data)
+            .map_or(u64::from(header.e_phnum(endian)), |n| n as u64);
+        past_end(
+            "ELF header says the program headers",
+            table_end(phoff, count, std::mem::size_of::<Elf::ProgramHeader>()),
+        )?;
+        // What the loader maps must be there; a file without a section table (stripped
+        // of it) is otherwise complete as far as anything says.
+        if let Ok(phdrs) = header.program_headers(endian, data) {
+            for ph in phdrs.iter().filter(|ph| ph.p_type(endian) == elf::PT_LOAD) {
+                let off: u64 = ph.p_offset(endian).into();
+                let size: u64 = ph.p_filesz(endian).into();
+                past_end(
+                    "program headers say a loadable segment's bytes",
+                    off.checked_add(size),
+                )?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn read_dynamic<Elf: FileHeader<Endian = Endianness>>(

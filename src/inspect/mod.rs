@@ -17,10 +17,11 @@ pub mod synth;
 
 use crate::arch::{Arch, GpuTarget, Variant};
 use crate::version::{CudaVersion, NcclVersion};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
+pub use elf::TruncatedElf;
 pub use fatbin::{CodeEntry, GpuCode};
 pub use resolve::{LoaderEnv, ResolveRule};
 pub use selfid::SelfId;
@@ -61,6 +62,33 @@ pub struct Inspection {
     /// ELF class and machine, which decide which libraries the loader would accept.
     #[serde(skip)]
     loader_key: Option<(bool, u16)>,
+    #[serde(skip)]
+    work: Work,
+}
+
+impl Inspection {
+    /// How much of the file the inspection read in bulk (for tests that bound it).
+    #[doc(hidden)]
+    pub fn work(&self) -> Work {
+        self.work
+    }
+}
+
+/// The bulk reading an inspection did, which a hostile file must not be able to inflate
+/// beyond its own size: each byte of the string regions is searched once however many
+/// section headers describe it, and each `.nv_fatbin` byte is walked at most once.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Work {
+    /// String regions searched, after overlapping and adjacent ones were merged.
+    pub string_regions: usize,
+    /// Bytes handed to the self-id search. Beyond the regions' union, only the few bytes
+    /// a 16 MiB scan piece reads past its end to complete a self-id straddling it.
+    pub string_bytes: u64,
+    /// `.nv_fatbin` byte ranges walked, after overlapping ones were merged.
+    pub fatbin_ranges: usize,
+    /// Bytes of those ranges.
+    pub fatbin_bytes: u64,
 }
 
 /// Which NCCL a library uses and how.
@@ -137,6 +165,7 @@ pub fn inspect_source(src: &Source<'_>) -> Result<Inspection> {
         gpu_code: GpuCode::default(),
         warnings: Vec::new(),
         loader_key: None,
+        work: Work::default(),
     };
     let mut collector = fatbin::Collector::default();
     if ins.elf {
@@ -150,12 +179,21 @@ pub fn inspect_source(src: &Source<'_>) -> Result<Inspection> {
         // cuobjdump lists `.nv_fatbin` only; `__nv_relfatbin` holds relocatable device
         // code for device linking, which never runs as is. The walk runs while the other
         // thread scans strings, then joins the scan.
-        let (ids, walked) = scan_self_ids_while(src, &readable_string_regions(src, &info), || {
-            info.sections
-                .iter()
-                .filter(|s| s.name == ".nv_fatbin" && s.has_file_bytes())
-                .try_for_each(|s| collector.walk(src, s.offset, s.size, ".nv_fatbin"))
-        });
+        let (outside, fatbins) = fatbin_ranges(src, &info);
+        ins.work.fatbin_ranges = fatbins.len();
+        ins.work.fatbin_bytes = fatbins.iter().map(|&(_, len)| len).sum();
+        let (ids, walked) = scan_self_ids_while(
+            src,
+            &readable_string_regions(src, &info),
+            &mut ins.work,
+            || {
+                // Ranges past the end of the file are not read; walking them only warns.
+                outside
+                    .iter()
+                    .chain(&fatbins)
+                    .try_for_each(|&(off, len)| collector.walk(src, off, len, ".nv_fatbin"))
+            },
+        );
         walked?;
         ins.self_ids = ids?;
         if info.sections.is_empty() {
@@ -172,7 +210,8 @@ pub fn inspect_source(src: &Source<'_>) -> Result<Inspection> {
         {
             collector.walk(src, 0, src.len(), "fatbin")?;
         }
-        ins.self_ids = scan_self_ids(src, &[(0, src.len())])?;
+        let (ids, ()) = scan_self_ids_while(src, &[(0, src.len())], &mut ins.work, || ());
+        ins.self_ids = ids?;
     }
     ins.gpu_code = collector.finish();
     match ins.self_ids.as_slice() {
@@ -232,13 +271,66 @@ fn readable_string_regions(src: &Source<'_>, info: &elf::ElfInfo) -> Vec<(u64, u
         .collect()
 }
 
+/// A byte range of the file: (offset, length).
+type Span = (u64, u64);
+
+/// The `.nv_fatbin` byte ranges to walk: those lying (partly) past the end of the file,
+/// each once (walking one only warns), and the union of those inside it.
+///
+/// A walk follows a chain of containers from its range's start, each container header
+/// saying where the next one begins. Sections of a sound file never overlap, so overlap
+/// comes only from duplicated or hostile section headers, and each choice was weighed by
+/// what it does to the counts:
+/// - walking every header's range counts the shared bytes' cubins once per header (and
+///   lets 65,536 headers make one file walked 65,536 times);
+/// - cutting overlapping ranges into disjoint pieces cuts containers at arbitrary offsets
+///   and loses the entries of every cut one;
+/// - walking the union once passes every container of each range's chain (a range nested
+///   in another starts on a container of the outer chain, or is found again from the next
+///   magic), so each is counted once, as a single header would count it.
+///
+/// Ranges that only touch are not joined: two real sections each end their chain at their
+/// own end, and joined, a container claiming more than its section holds would swallow
+/// the next section's first container.
+fn fatbin_ranges(src: &Source<'_>, info: &elf::ElfInfo) -> (Vec<Span>, Vec<Span>) {
+    let (inside, mut outside): (Vec<Span>, Vec<Span>) = info
+        .sections
+        .iter()
+        .filter(|s| s.name == ".nv_fatbin" && s.has_file_bytes())
+        .map(|s| (s.offset, s.size))
+        .partition(|&(off, len)| off.checked_add(len).is_some_and(|e| e <= src.len()));
+    outside.sort_unstable();
+    outside.dedup();
+    (outside, union_of(inside, false))
+}
+
+/// The sorted, disjoint ranges covering the bytes of `ranges` (offset, length): ranges
+/// that overlap are merged, and so are ranges that touch when `touching` is set. Empty
+/// ranges and ranges whose end overflows are dropped (callers keep ranges in the file).
+fn union_of(mut ranges: Vec<Span>, touching: bool) -> Vec<Span> {
+    ranges.retain(|&(off, len)| len > 0 && off.checked_add(len).is_some());
+    ranges.sort_unstable();
+    let mut out: Vec<Span> = Vec::with_capacity(ranges.len());
+    for (off, len) in ranges {
+        if let Some(last) = out.last_mut() {
+            let last_end = last.0 + last.1;
+            if off < last_end || (touching && off == last_end) {
+                last.1 = last_end.max(off + len) - last.0;
+                continue;
+            }
+        }
+        out.push((off, len));
+    }
+    out
+}
+
 fn self_ids_in_elf(src: &Source<'_>, info: &elf::ElfInfo) -> Result<Vec<SelfId>> {
     scan_self_ids(src, &readable_string_regions(src, info))
 }
 
 /// Every distinct self-id in the regions, in order of first appearance.
 fn scan_self_ids(src: &Source<'_>, regions: &[(u64, u64)]) -> Result<Vec<SelfId>> {
-    scan_self_ids_while(src, regions, || ()).0
+    scan_self_ids_while(src, regions, &mut Work::default(), || ()).0
 }
 
 /// Scan pieces: large enough that the per-piece overhead vanishes, small enough that two
@@ -251,14 +343,22 @@ const MAX_SELF_IDS: usize = 16;
 /// [`scan_self_ids`] on two threads: one scans from the start while this one runs
 /// `first`, then both take the remaining pieces. Scanning is bound by memory traffic, and
 /// on a 2-core machine the second core halves it — or hides the fatbin walk (`first`).
+/// `work` gets the number of regions searched and of bytes handed to the search.
 fn scan_self_ids_while<R: Send>(
     src: &Source<'_>,
     regions: &[(u64, u64)],
+    work: &mut Work,
     first: impl FnOnce() -> R + Send,
 ) -> (Result<Vec<SelfId>>, R) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    // Regions of a hostile file may overlap (up to 65,536 section headers over the same
+    // bytes): their union is searched, so each byte is searched once. Touching regions
+    // are joined too, which lets a self-id straddling them be read whole, as it is in the
+    // file; distinct self-ids are kept apart by the NUL that ends each string.
+    let regions = union_of(regions.to_vec(), true);
+    work.string_regions = regions.len();
     // (start, length, end of its region): a piece may read past its end into its own
-    // region, never into another (regions of a hostile file may overlap).
+    // region, never past it.
     let pieces: Vec<(u64, u64, u64)> = regions
         .iter()
         .flat_map(|&(off, len)| {
@@ -269,6 +369,7 @@ fn scan_self_ids_while<R: Send>(
         })
         .collect();
     let next = AtomicUsize::new(0);
+    let scanned = AtomicU64::new(0);
     let worker = || -> Result<Vec<(u64, SelfId)>> {
         let mut hits: Vec<(u64, SelfId)> = Vec::new();
         let reach = (selfid::NEEDLE.len() + 64) as u64;
@@ -280,6 +381,7 @@ fn scan_self_ids_while<R: Send>(
             // Overlap into the next piece (within the region) so that a self-id crossing
             // the boundary is read whole; it counts for the piece it starts in.
             let scan_len = (len + reach).min(region_end - start);
+            scanned.fetch_add(scan_len, Ordering::Relaxed);
             src.find_iter(start, scan_len, selfid::NEEDLE, 64, |at, rest| {
                 if at < start + len {
                     if let Some(id) = rest
@@ -299,7 +401,7 @@ fn scan_self_ids_while<R: Send>(
         }
         Ok(hits)
     };
-    std::thread::scope(|scope| {
+    let out = std::thread::scope(|scope| {
         let other = scope.spawn(worker);
         let r = first();
         let mine = worker();
@@ -319,7 +421,9 @@ fn scan_self_ids_while<R: Send>(
             Ok(ids)
         });
         (merged, r)
-    })
+    });
+    work.string_bytes = scanned.into_inner();
+    out
 }
 
 /// Finds the NCCL self-id in a file. `Ok(None)` when the file holds none.
@@ -426,7 +530,14 @@ fn dynamic_nccl(
             searched,
         }
         .into()),
-        resolve::Resolution::Found(hit) => match find_nccl_self_id(&hit.path)? {
+        resolve::Resolution::Found(hit) => match find_nccl_self_id(&hit.path).with_context(|| {
+            format!(
+                "{} needs {needed}, which resolves to {} (via {})",
+                path.display(),
+                hit.path.display(),
+                hit.via
+            )
+        })? {
             Some(id) => Ok(Some(NcclDetection {
                 version: id.nccl,
                 cuda: id.cuda,
@@ -514,12 +625,55 @@ mod tests {
         data[end..].copy_from_slice(id_b);
         data[piece * 2 + 10..piece * 2 + 10 + id_a.len()].copy_from_slice(id_a);
         let src = Source::from_bytes(&data);
-        let (ids, ()) = scan_self_ids_while(&src, &[(0, data.len() as u64)], || ());
+        let (ids, ()) =
+            scan_self_ids_while(&src, &[(0, data.len() as u64)], &mut Work::default(), || ());
         let ids = ids.unwrap();
         let names: Vec<String> = ids.iter().map(|i| i.nccl.to_string()).collect();
         assert_eq!(names, ["2.27.5", "2.21.5"]);
         // A region ending inside a self-id does not read past it.
-        let (ids, ()) = scan_self_ids_while(&src, &[(0, piece as u64 - 1)], || ());
+        let (ids, ()) =
+            scan_self_ids_while(&src, &[(0, piece as u64 - 1)], &mut Work::default(), || ());
         assert!(ids.unwrap().is_empty());
+    }
+
+    #[test]
+    fn ranges_are_merged_into_their_union() {
+        // Identical, nested, overlapping, touching, disjoint, empty and overflowing.
+        let ranges = vec![
+            (100, 50),
+            (0, 10),
+            (100, 50),
+            (110, 10),
+            (140, 30),
+            (170, 5),
+            (200, 0),
+            (300, 1),
+            (u64::MAX, 2),
+        ];
+        assert_eq!(
+            union_of(ranges.clone(), true),
+            [(0, 10), (100, 75), (300, 1)]
+        );
+        assert_eq!(
+            union_of(ranges, false),
+            [(0, 10), (100, 70), (170, 5), (300, 1)]
+        );
+        assert!(union_of(Vec::new(), true).is_empty());
+    }
+
+    /// Thousands of overlapping regions are searched as their union: once per byte, and
+    /// the self-id they all hold is reported once.
+    #[test]
+    fn overlapping_regions_are_searched_once() {
+        let mut data = vec![b'x'; 100_000];
+        let id = b"\0NCCL version 2.27.5+cuda12.9\0";
+        data[90_000..90_000 + id.len()].copy_from_slice(id);
+        let src = Source::from_bytes(&data);
+        let regions: Vec<(u64, u64)> = (0..5000).map(|k| (k * 7, 100_000 - k * 7)).collect();
+        let mut work = Work::default();
+        let (ids, ()) = scan_self_ids_while(&src, &regions, &mut work, || ());
+        assert_eq!(ids.unwrap().len(), 1);
+        assert_eq!(work.string_regions, 1);
+        assert_eq!(work.string_bytes, 100_000);
     }
 }
