@@ -7,6 +7,8 @@
 //! * `FDL_TEST_TORCH_LIB`, `FDL_TEST_TORCH_LIB_CU13`: real `libtorch_cuda.so` files from
 //!   the torch 2.8.0 (CUDA 12.8) and torch 2.15.0 (CUDA 13.2) wheels, the latter laid out
 //!   as pip installs it, beside the nvidia-nccl-cu13 it requires;
+//! * `FDL_TEST_CUDA_HOME_NEWEST`: the newest nvcc (CUDA 13.5), to compile fatbins for
+//!   every kind of target, an oracle that owes nothing to fdl or to any library's build;
 //! * `FDL_TEST_CUOBJDUMP`: a `cuobjdump` binary (nvidia-cuda-cuobjdump 13.5).
 //!
 //! Our SASS/PTX lists must equal `cuobjdump --list-elf` / `--list-ptx` exactly, and our
@@ -15,7 +17,7 @@
 //! under `.ci/run` (`FDL_REQUIRE_ORACLES=1`) it fails instead.
 
 mod common;
-use common::oracle::{assert_lists_like_cuobjdump, nccl_get_version};
+use common::oracle::{assert_lists_like_cuobjdump, cuobjdump_mismatch, listing, nccl_get_version};
 use common::oracle_input;
 use fdl::arch::{GpuTarget, Variant};
 use fdl::inspect::{self, synth, Linkage, NcclDetection, ResolveRule};
@@ -268,4 +270,194 @@ fn real_libtorch_matches(
 
 fn same_file(a: &Path, b: &Path) -> bool {
     matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}
+
+/// A kernel for nvcc to compile: small, but real device code for every target.
+const KERNEL: &str = r#"extern "C" __global__ void fdl_scale(float *x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= a;
+}
+"#;
+
+/// One nvcc output to hold against cuobjdump: a name, nvcc's arguments, and the SASS and
+/// PTX lists expected, spelled as cuobjdump spells them (an `f` cubin lists as plain
+/// `sm_100`, `f` PTX as `sm_100f`).
+struct NvccCase {
+    name: String,
+    args: Vec<String>,
+    sass: Vec<&'static str>,
+    ptx: Vec<&'static str>,
+}
+
+fn gencode(spec: &str) -> String {
+    format!("-gencode=arch={spec}")
+}
+
+/// What the newest nvcc writes for each kind of target, compiled here: `a` and `f` cubins
+/// and PTX, plain ones, and one multi-target fatbin in each compression nvcc offers. fdl's
+/// lists must be cuobjdump's, and the ones nvcc was asked for.
+#[test]
+fn nvcc_fatbins_list_like_cuobjdump() {
+    let (Some(home), Some(cuobjdump)) = (
+        oracle_input("FDL_TEST_CUDA_HOME_NEWEST"),
+        oracle_input("FDL_TEST_CUOBJDUMP"),
+    ) else {
+        return;
+    };
+    let single = [
+        ("compute_90a,code=sm_90a", vec!["sm_90a"], vec![]),
+        ("compute_100a,code=sm_100a", vec!["sm_100a"], vec![]),
+        ("compute_100f,code=sm_100f", vec!["sm_100"], vec![]),
+        ("compute_103f,code=sm_103f", vec!["sm_103"], vec![]),
+        ("compute_110f,code=sm_110f", vec!["sm_110"], vec![]),
+        ("compute_121a,code=sm_121a", vec!["sm_121a"], vec![]),
+        ("compute_100,code=sm_100", vec!["sm_100"], vec![]),
+        ("compute_120,code=sm_120", vec!["sm_120"], vec![]),
+        // New in CUDA 13.5's --list-gpu-arch.
+        ("compute_88,code=sm_88", vec!["sm_88"], vec![]),
+        ("compute_107,code=sm_107", vec!["sm_107"], vec![]),
+        ("compute_100f,code=compute_100f", vec![], vec!["sm_100f"]),
+        ("compute_100a,code=compute_100a", vec![], vec!["sm_100a"]),
+        (
+            "compute_120,code=[sm_120,compute_120]",
+            vec!["sm_120"],
+            vec!["sm_120"],
+        ),
+    ];
+    let mut cases: Vec<NvccCase> = single
+        .into_iter()
+        .map(|(spec, sass, ptx)| NvccCase {
+            name: spec.replace(['=', ',', '[', ']'], "_"),
+            args: vec![gencode(spec)],
+            sass,
+            ptx,
+        })
+        .collect();
+    for (name, flags) in [
+        ("default", &[][..]),
+        ("compress-all", &["-Xfatbin", "-compress-all"][..]),
+        ("mode-default", &["--compress-mode=default"][..]),
+        ("mode-size", &["--compress-mode=size"][..]),
+        ("mode-speed", &["--compress-mode=speed"][..]),
+        ("mode-balance", &["--compress-mode=balance"][..]),
+        ("mode-none", &["--compress-mode=none"][..]),
+        ("no-compress", &["--no-compress"][..]),
+    ] {
+        cases.push(multi_target(&format!("multi-{name}"), flags));
+    }
+    let failures = check_nvcc_cases(&home, &cuobjdump, &cases);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// CUDA 13.5's `nvcc --concat` ("concatenated fatbin entries for improved compression of
+/// multi-architecture builds") stores several entries behind one header of a new kind;
+/// cuobjdump lists each of them, so fdl must too.
+#[test]
+fn nvcc_concat_fatbins_list_like_cuobjdump() {
+    let (Some(home), Some(cuobjdump)) = (
+        oracle_input("FDL_TEST_CUDA_HOME_NEWEST"),
+        oracle_input("FDL_TEST_CUOBJDUMP"),
+    ) else {
+        return;
+    };
+    let cases = [
+        multi_target("concat", &["--concat"]),
+        multi_target(
+            "concat-compress-all",
+            &["--concat", "-Xfatbin", "-compress-all"],
+        ),
+        multi_target("concat-mode-size", &["--concat", "--compress-mode=size"]),
+    ];
+    let failures = check_nvcc_cases(&home, &cuobjdump, &cases);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// One fatbin for seven targets — `a`, `f` and plain cubins, `a` and plain PTX — with
+/// nvcc's `flags` (compression) added.
+fn multi_target(name: &str, flags: &[&str]) -> NvccCase {
+    let mut args: Vec<String> = [
+        "compute_75,code=sm_75",
+        "compute_90a,code=sm_90a",
+        "compute_100f,code=sm_100f",
+        "compute_103f,code=sm_103f",
+        "compute_120,code=sm_120",
+        "compute_100a,code=compute_100a",
+        "compute_120,code=compute_120",
+    ]
+    .iter()
+    .map(|s| gencode(s))
+    .collect();
+    args.extend(flags.iter().map(|f| f.to_string()));
+    NvccCase {
+        name: name.to_string(),
+        args,
+        sass: vec!["sm_75", "sm_90a", "sm_100", "sm_103", "sm_120"],
+        ptx: vec!["sm_100a", "sm_120"],
+    }
+}
+
+/// Compiles each case with nvcc to a fatbin and, for multi-target cases, also to a shared
+/// library (the `.nv_fatbin` section of an ELF file); returns what went wrong, per file.
+fn check_nvcc_cases(home: &Path, cuobjdump: &Path, cases: &[NvccCase]) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let cu = dir.path().join("kernel.cu");
+    std::fs::write(&cu, KERNEL).unwrap();
+    let mut failures = Vec::new();
+    for case in cases {
+        let mut outputs = vec![(dir.path().join(format!("{}.fatbin", case.name)), "-fatbin")];
+        if case.args.len() > 1 {
+            outputs.push((dir.path().join(format!("lib{}.so", case.name)), "-shared"));
+        }
+        for (out, mode) in outputs {
+            let run = Command::new(home.join("bin/nvcc"))
+                .arg(mode)
+                .args(["-Xcompiler", "-fPIC"])
+                .args(&case.args)
+                .arg("-o")
+                .arg(&out)
+                .arg(&cu)
+                .output()
+                .expect("run nvcc");
+            assert!(
+                run.status.success(),
+                "nvcc {mode} {:?}: {}",
+                case.args,
+                String::from_utf8_lossy(&run.stderr)
+            );
+            let ins = inspect::inspect(&out).unwrap();
+            let code = &ins.gpu_code;
+            // `nvcc -shared` device-links too: a second cubin per SASS target, from nvlink.
+            let cubins = if mode == "-shared" { 2 } else { 1 };
+            let want = |v: &[&str], n: usize| -> BTreeMap<String, usize> {
+                v.iter().map(|s| (s.to_string(), n)).collect()
+            };
+            eprintln!(
+                "{} ({} bytes): SASS {:?}, PTX {:?}, {} compressed, {} other",
+                out.file_name().unwrap().to_string_lossy(),
+                std::fs::metadata(&out).unwrap().len(),
+                listing(&code.sass),
+                listing(&code.ptx),
+                code.compressed,
+                code.other
+            );
+            if let Some(diff) = cuobjdump_mismatch(cuobjdump, &out, code) {
+                failures.push(format!("{}: differs from cuobjdump: {diff}", case.name));
+            } else if (listing(&code.sass), listing(&code.ptx))
+                != (want(&case.sass, cubins), want(&case.ptx, 1))
+            {
+                failures.push(format!(
+                    "{}: fdl and cuobjdump agree on SASS {:?} PTX {:?}, but nvcc was asked for SASS {:?} PTX {:?}",
+                    out.display(),
+                    listing(&code.sass),
+                    listing(&code.ptx),
+                    case.sass,
+                    case.ptx
+                ));
+            }
+            if !code.warnings.is_empty() {
+                failures.push(format!("{}: warnings {:?}", out.display(), code.warnings));
+            }
+        }
+    }
+    failures
 }
