@@ -3,7 +3,8 @@
 //! `cuobjdump --list-elf` when it is present.
 //!
 //! Run with `cargo bench --bench inspect` (full: 0.5 and 2 GB inputs) or
-//! `FDL_BENCH_QUICK=1 cargo bench --bench inspect` (64 MB inputs, a smoke run). See
+//! `FDL_BENCH_QUICK=1 cargo bench --bench inspect` (64 MB inputs, a smoke run), or with
+//! `FDL_BENCH_REAL_ONLY=1` on the real libraries alone. See
 //! BENCHMARKS.md for the environment variables and the recorded results.
 //!
 //! Every contender runs as a child process; wall time is taken around spawn..reap and
@@ -748,14 +749,34 @@ fn oracle_dir() -> Option<PathBuf> {
         .map(|d| d.join("unpacked"))
 }
 
-const CUOBJDUMP_WHEEL: &str = "cuobjdump-13.4.92/nvidia/cu13/bin/cuobjdump";
-/// The real libraries `.ci/fetch-oracles` unpacks: torch 2.8.0's libtorch_cuda.so (LZ4
-/// fatbin, NCCL loaded from the pip NCCL), NCCL's CUDA 12 build (LZ4) and CUDA 13 build
-/// (zstd).
-const REAL_WHEELS: [&str; 3] = [
-    "torch-2.8.0/torch/lib/libtorch_cuda.so",
-    "nccl-2.27.5/nvidia/nccl/lib/libnccl.so.2",
-    "nccl-cu13-2.28.9/nvidia/nccl/lib/libnccl.so.2",
+const CUOBJDUMP_WHEEL: &str = "cuobjdump-13.5.37/nvidia/cu13/bin/cuobjdump";
+/// The real libraries `.ci/fetch-oracles` provides: the variable it exports each one in,
+/// and where it unpacks it (under [`oracle_dir`]) for a run without its variables.
+/// torch 2.8.0's libtorch_cuda.so (CUDA 12.8, LZ4 fatbin, NCCL loaded from the pip NCCL),
+/// torch 2.15.0's (CUDA 13.2, 2,981 cubins) and the NCCL 2.30.7 pip put beside it, NCCL's
+/// CUDA 12 build (LZ4) and CUDA 13 builds (zstd), 2.28.9 and the newest, 2.32.3.
+const REAL_WHEELS: [(&str, &str); 6] = [
+    (
+        "FDL_TEST_TORCH_LIB",
+        "torch-2.8.0/torch/lib/libtorch_cuda.so",
+    ),
+    (
+        "FDL_TEST_TORCH_LIB_CU13",
+        "torch-2.15.0/torch/lib/libtorch_cuda.so",
+    ),
+    ("", "torch-2.15.0/nvidia/nccl/lib/libnccl.so.2"),
+    (
+        "FDL_TEST_NCCL_LIB",
+        "nccl-2.27.5/nvidia/nccl/lib/libnccl.so.2",
+    ),
+    (
+        "FDL_TEST_NCCL_LIB_CU13",
+        "nccl-cu13-2.28.9/nvidia/nccl/lib/libnccl.so.2",
+    ),
+    (
+        "FDL_TEST_NCCL_LIB_CU13_NEWEST",
+        "nccl-cu13-2.32.3/nvidia/nccl/lib/libnccl.so.2",
+    ),
 ];
 
 fn is_executable(p: &Path) -> bool {
@@ -790,12 +811,16 @@ fn real_libraries() -> Vec<PathBuf> {
                 .collect()
         })
         .unwrap_or_default();
-    for wheel in oracle_dir()
-        .iter()
-        .flat_map(|d| REAL_WHEELS.map(|w| d.join(w)))
-    {
-        if wheel.is_file() && !v.iter().any(|p| same_file(p, &wheel)) {
-            v.push(wheel);
+    let dir = oracle_dir();
+    for (var, wheel) in REAL_WHEELS {
+        let from_env = std::env::var_os(var)
+            .filter(|p| !var.is_empty() && !p.is_empty())
+            .map(PathBuf::from);
+        let path = from_env.or_else(|| dir.as_ref().map(|d| d.join(wheel)));
+        if let Some(path) = path.filter(|p| p.is_file()) {
+            if !v.iter().any(|p| same_file(p, &path)) {
+                v.push(path);
+            }
         }
     }
     v
@@ -973,7 +998,10 @@ fn print_ratios(r: &Ratios) {
 }
 
 fn run() -> Res<bool> {
-    let quick = std::env::var_os("FDL_BENCH_QUICK").is_some_and(|v| !v.is_empty() && v != "0");
+    let flag = |var: &str| std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0");
+    let quick = flag("FDL_BENCH_QUICK");
+    // Only the real libraries: no generated inputs (and so no verdict on target 1).
+    let real_only = flag("FDL_BENCH_REAL_ONLY");
     let fdl = PathBuf::from(env!("CARGO_BIN_EXE_fdl"));
     let cuobjdump = find_cuobjdump();
     let dir = cache_dir();
@@ -983,7 +1011,13 @@ fn run() -> Res<bool> {
 
     println!(
         "fdl inspection benchmark ({} mode)",
-        if quick { "QUICK" } else { "full" }
+        if real_only {
+            "REAL-ONLY"
+        } else if quick {
+            "QUICK"
+        } else {
+            "full"
+        }
     );
     println!("  date       {}", utc_now());
     println!(
@@ -1025,7 +1059,9 @@ fn run() -> Res<bool> {
          first); caches are not dropped, so disk speed is not measured"
     );
 
-    let specs: Vec<(SynthSpec, bool)> = if quick {
+    let specs: Vec<(SynthSpec, bool)> = if real_only {
+        Vec::new()
+    } else if quick {
         vec![
             (torch_like(64 << 20, 32, true), false),
             (torch_like(64 << 20, 32, false), false),
@@ -1149,7 +1185,13 @@ fn run() -> Res<bool> {
             text,
             "  1. NCCL detection on the 2 GB library < {:.0}% of grep's time: NOT EVALUATED (no 2 GB input{})",
             DETECT_OVER_GREP_MAX * 100.0,
-            if quick { " in quick mode" } else { "" }
+            if real_only {
+                " with FDL_BENCH_REAL_ONLY"
+            } else if quick {
+                " in quick mode"
+            } else {
+                ""
+            }
         ),
     }
     .ok();

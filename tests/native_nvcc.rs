@@ -4,11 +4,19 @@
 //! and `--list-gpu-arch` need no GPU, and `--dry-run` compiles nothing.
 //!
 //! Without `FDL_TEST_CUDA_HOME` the test says SKIPPED loudly and returns.
+//!
+//! The newest toolkit (`FDL_TEST_CUDA_HOME_NEWEST`: CUDA 13.5's nvcc, cicc, headers and
+//! cudart from their wheels, as one CUDA_HOME) really compiles: a whole native build of a
+//! stand-in NCCL whose kernel nvcc compiles for the planned archs, then every command
+//! that manages builds, on it. nvcc needs no GPU, nor does loading the library.
 
 mod common;
 mod native_fixture;
+use common::oracle::{assert_lists_like_cuobjdump, listing, nccl_get_version};
 use common::*;
 use fdl::arch::Arch;
+use std::collections::BTreeMap;
+use std::process::Output;
 
 #[test]
 fn real_nvcc_from_the_pypi_wheel() {
@@ -134,4 +142,142 @@ fn real_nvcc_from_the_pypi_wheel() {
 
     // A dry run writes nothing.
     assert_eq!(std::fs::read_dir(project.root()).unwrap().count(), 0);
+}
+
+/// `fdl nccl build --backend native` with the real newest nvcc, for two archs from its
+/// `--list-gpu-arch`, then `list` (text and JSON), `env`, `verify`, the same build again
+/// (a no-op), `--force`, and `remove`: each must succeed on the build it made, whose
+/// library holds SASS for exactly the planned archs, as fdl and cuobjdump read it.
+#[test]
+fn real_native_build_with_the_newest_nvcc() {
+    let (Some(home), Some(cuobjdump)) = (
+        oracle_input("FDL_TEST_CUDA_HOME_NEWEST"),
+        oracle_input("FDL_TEST_CUOBJDUMP"),
+    ) else {
+        return;
+    };
+    let toolkit = fdl::native::discover(Some(&home), false)
+        .toolkit
+        .unwrap_or_else(|| panic!("no toolkit found at {}", home.display()));
+    let offered = toolkit.gpu_archs.clone().expect("nvcc --list-gpu-arch");
+    eprintln!(
+        "newest nvcc: CUDA {}; --list-gpu-arch: {}",
+        toolkit.cuda,
+        offered
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for a in [Arch::new(8, 6), Arch::new(12, 0)] {
+        assert!(offered.contains(&a), "{a} is not in {offered:?}");
+    }
+    let cuda = format!("{}.{}", toolkit.cuda.major, toolkit.cuda.minor);
+
+    let project = ProjectFixture::empty();
+    let cache = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("nccl");
+    native_fixture::nvcc_tree(&tree, (2, 27, 5));
+    let fdl = |args: &[&str]| -> Output {
+        let mut cmd = fdl_in(project.root());
+        for var in ["CUDA_HOME", "CXX", "MAKEFLAGS", "FDL_NCCL_REPO"] {
+            cmd.env_remove(var);
+        }
+        cmd.env("XDG_CACHE_HOME", cache.path());
+        cmd.args(args).output().unwrap()
+    };
+    let ok = |what: &str, out: &Output| -> String {
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "fdl {what} failed:\nstdout: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let build = |extra: &[&str]| -> Output {
+        let (home, tree) = (home.display().to_string(), tree.display().to_string());
+        let mut args = vec![
+            "nccl",
+            "build",
+            "--backend",
+            "native",
+            "--cuda-home",
+            &home,
+            "--source",
+            &tree,
+            "--tag",
+            "v2.27.5-1",
+            "--cuda",
+            &cuda,
+            "--archs",
+            "8.6;12.0",
+        ];
+        args.extend_from_slice(extra);
+        fdl(&args)
+    };
+
+    let v: serde_json::Value =
+        serde_json::from_str(&ok("nccl build", &build(&["--json"]))).unwrap();
+    assert_eq!(v["status"], "built", "{v}");
+    let name = "v2.27.5-sm86-sm120";
+    let dir = project.root().join("libtorch/nccl/builds").join(name);
+    assert_eq!(v["build_dir"], dir.display().to_string());
+    let check_library = || {
+        let lib = dir.join("lib/libnccl.so.2.27.5");
+        let ins = fdl::inspect::inspect(&lib).unwrap();
+        let want: BTreeMap<String, usize> =
+            [("sm_86".to_string(), 1), ("sm_120".to_string(), 1)].into();
+        assert_eq!(
+            listing(&ins.gpu_code.sass),
+            want,
+            "SASS of {}",
+            lib.display()
+        );
+        assert!(ins.gpu_code.ptx.is_empty(), "{:?}", ins.gpu_code.ptx);
+        assert_lists_like_cuobjdump(&cuobjdump, &lib, &ins.gpu_code);
+        let id = ins.nccl.expect("self-id");
+        assert_eq!(
+            (id.version.to_string(), id.cuda.to_string()),
+            ("2.27.5".to_string(), cuda.clone())
+        );
+        assert_eq!(nccl_get_version(&lib), 22705);
+    };
+    check_library();
+
+    let text = ok("nccl list", &fdl(&["nccl", "list"]));
+    assert!(
+        text.contains(name) && text.contains("sm_86") && text.contains("sm_120"),
+        "{text}"
+    );
+    assert!(!text.contains("broken"), "{text}");
+    let v: serde_json::Value =
+        serde_json::from_str(&ok("nccl list --json", &fdl(&["nccl", "list", "--json"]))).unwrap();
+    let states: Vec<(&str, &str)> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(states, [(name, "build")], "{v}");
+
+    let text = ok("nccl env", &fdl(&["nccl", "env", name]));
+    assert!(
+        text.contains(&dir.join("lib/libnccl.so.2").display().to_string()),
+        "{text}"
+    );
+    let text = ok("nccl verify", &fdl(&["nccl", "verify", name]));
+    assert!(text.contains("load") && !text.contains("FAIL"), "{text}");
+
+    // The same plan again: nothing to do. Forced: built anew, replacing it, and as right.
+    let text = ok("nccl build (again)", &build(&[]));
+    assert!(text.contains("Already built"), "{text}");
+    let v: serde_json::Value =
+        serde_json::from_str(&ok("nccl build --force", &build(&["--json", "--force"]))).unwrap();
+    assert_eq!(v["status"], "replaced", "{v}");
+    check_library();
+
+    ok("nccl remove", &fdl(&["nccl", "remove", "--yes", name]));
+    assert!(!dir.exists(), "{} is still there", dir.display());
 }

@@ -3,6 +3,8 @@
 //! a failed command wrote nothing.
 #![allow(dead_code)]
 
+pub mod oracle;
+
 use assert_cmd::Command;
 use fdl::arch::parse_arch_list;
 use fdl::lock::Wait;

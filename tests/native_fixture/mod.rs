@@ -1,7 +1,8 @@
 //! Stand-ins for the native backend's tests: an NCCL source tree whose Makefile has
-//! NCCL's targets and variables but compiles a small C++ library, a CUDA_HOME whose
-//! `nvcc` answers `--version` and `--list-gpu-arch` like the real one (and compiles
-//! nothing), and a local git repository to clone from.
+//! NCCL's targets and variables but compiles a small C++ library (with prepared GPU code,
+//! or with a real kernel the toolkit's nvcc compiles), a CUDA_HOME whose `nvcc` answers
+//! `--version` and `--list-gpu-arch` like the real one (and compiles nothing), and a
+//! local git repository to clone from.
 #![allow(dead_code)]
 
 use std::os::unix::fs::PermissionsExt;
@@ -12,7 +13,8 @@ use std::process::Command;
 /// `PREFIX`, `CUDA_HOME`, `NVCC_GENCODE`, `ONLY_FUNCS`), its progress lines
 /// (`Compiling`, `Linking`) and its install layout. Like NCCL it asks the nvcc on PATH
 /// for the CUDA release, which goes into the library's self-id. Everything it makes is
-/// under BUILDDIR until `install` copies it to PREFIX.
+/// under BUILDDIR until `install` copies it to PREFIX. Its GPU code (`@GPU_CODE@`) is
+/// [`GPU_PREPARED`] or [`GPU_NVCC`].
 ///
 /// `FDL_TEST_STALL=<file>` makes the compile of init.cc touch that file and sleep
 /// `FDL_TEST_STALL_SECS` (default 60) first, so a test can act while a build runs.
@@ -33,16 +35,13 @@ LIBDIR := $(BUILDDIR)/lib
 PKGDIR := $(LIBDIR)/pkgconfig
 LIBTARGET := libnccl.so.$(NCCL_MAJOR).$(NCCL_MINOR).$(NCCL_PATCH)
 LIBSONAME := libnccl.so.$(NCCL_MAJOR)
-# SASS for each `code=sm_XX` of NVCC_GENCODE, as nvcc would embed: one prepared
-# .nv_fatbin per arch (src/fatbin/sm_XX.c).
-comma := ,
-SASS := $(patsubst code=sm_%,%,$(filter code=sm_%,$(subst $(comma), ,$(NVCC_GENCODE))))
-FATBIN_OBJS := $(patsubst %,$(OBJDIR)/fatbin_sm_%.o,$(SASS))
-OBJS := $(OBJDIR)/init.o $(OBJDIR)/collectives.o $(OBJDIR)/buildinfo.o $(FATBIN_OBJS)
 
 .PHONY: src.build install
 
 src.build: $(LIBDIR)/$(LIBTARGET) $(LIBDIR)/libnccl_static.a $(INCDIR)/nccl.h $(PKGDIR)/nccl.pc
+
+@GPU_CODE@
+OBJS := $(OBJDIR)/init.o $(OBJDIR)/collectives.o $(OBJDIR)/buildinfo.o $(GPU_OBJS)
 
 $(INCDIR)/nccl.h: src/nccl.h.in makefiles/version.mk
 	@printf "Generating %-35s > %s\n" $< $@
@@ -59,11 +58,6 @@ $(OBJDIR)/buildinfo.o: $(OBJDIR)/buildinfo.cc
 	@printf "Compiling  %-35s > %s\n" buildinfo.cc $@
 	$(CXX) -fPIC -O1 -c $< -o $@
 
-$(OBJDIR)/fatbin_sm_%.o: src/fatbin/sm_%.c
-	@printf "Compiling  %-35s > %s\n" $< $@
-	@mkdir -p $(OBJDIR)
-	$(CC) -fPIC -c $< -o $@
-
 $(OBJDIR)/%.o: src/%.cc
 	@printf "Compiling  %-35s > %s\n" $< $@
 	@mkdir -p $(OBJDIR)
@@ -73,7 +67,7 @@ $(OBJDIR)/%.o: src/%.cc
 $(LIBDIR)/$(LIBTARGET): $(OBJS)
 	@printf "Linking    %-35s > %s\n" $(LIBTARGET) $@
 	@mkdir -p $(LIBDIR)
-	$(CXX) -shared -fPIC -Wl,-soname,$(LIBSONAME) -o $@ $(OBJS)
+	$(CXX) -shared -fPIC -Wl,-soname,$(LIBSONAME) -o $@ $(OBJS) $(GPU_LIBS)
 	ln -sf $(LIBTARGET) $(LIBDIR)/$(LIBSONAME)
 	ln -sf $(LIBSONAME) $(LIBDIR)/libnccl.so
 
@@ -93,16 +87,79 @@ install: src.build
 	cp $(INCDIR)/nccl.h $(PREFIX)/include/
 "#;
 
+/// The stand-in's GPU code: SASS for each `code=sm_XX` of NVCC_GENCODE, as nvcc would
+/// embed it: one prepared .nv_fatbin per arch (src/fatbin/sm_XX.c), compiled with cc.
+const GPU_PREPARED: &str = r#"comma := ,
+SASS := $(patsubst code=sm_%,%,$(filter code=sm_%,$(subst $(comma), ,$(NVCC_GENCODE))))
+GPU_OBJS := $(patsubst %,$(OBJDIR)/fatbin_sm_%.o,$(SASS))
+GPU_LIBS :=
+
+$(OBJDIR)/fatbin_sm_%.o: src/fatbin/sm_%.c
+	@printf "Compiling  %-35s > %s\n" $< $@
+	@mkdir -p $(OBJDIR)
+	$(CC) -fPIC -c $< -o $@
+"#;
+
+/// Real GPU code: a kernel (src/kernels.cu) the toolkit's nvcc compiles for
+/// NVCC_GENCODE, linked with its static cudart as NCCL links it (CUDA_LIB, as NCCL's
+/// makefiles name the library directory).
+const GPU_NVCC: &str = r#"CUDA_LIB ?= $(CUDA_HOME)/lib64
+GPU_OBJS := $(OBJDIR)/kernels.o
+GPU_LIBS := -L$(CUDA_LIB) -lcudart_static -lpthread -ldl -lrt
+
+$(OBJDIR)/kernels.o: src/kernels.cu
+	@printf "Compiling  %-35s > %s\n" $< $@
+	@mkdir -p $(OBJDIR)
+	$(CUDA_HOME)/bin/nvcc $(NVCC_GENCODE) -Xcompiler -fPIC -O1 -c $< -o $@
+"#;
+
+const KERNELS_CU: &str = r#"// Device code for every arch of NVCC_GENCODE, so the library carries nvcc's own fatbin.
+extern "C" __global__ void ncclStandinKernel(float *x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= a;
+}
+"#;
+
 const NCCL_H_IN: &str = "#ifndef NCCL_H_\n#define NCCL_H_\n#define NCCL_MAJOR @MAJOR@\n#define NCCL_MINOR @MINOR@\n#define NCCL_PATCH @PATCH@\n#define NCCL_SUFFIX \"\"\nint ncclGetVersion(int *version);\n#endif\n";
 
 const NCCL_PC_IN: &str = "prefix=@PREFIX@\nexec_prefix=${prefix}\nlibdir=${exec_prefix}/lib\nincludedir=${prefix}/include\n\nName: nccl\nDescription: Optimized primitives for collective multi-GPU communication\nVersion: @VERSION@\nLibs: -L${libdir} -lnccl\nCflags: -I${includedir}\n";
 
-/// Writes the stand-in NCCL tree of `version` at `dir`.
+/// Writes the stand-in NCCL tree of `version` at `dir`, its GPU code prepared (no
+/// toolkit needed).
 pub fn standin_tree(dir: &Path, version: (u32, u32, u32)) {
+    write_tree(dir, version, GPU_PREPARED);
+    std::fs::create_dir_all(dir.join("src/fatbin")).unwrap();
+    // Every arch of fdl's table, and archs newer than it (nvcc 13.5 brought sm_107).
+    let newer = [107, 130];
+    let archs = fdl::arch::ARCH_TABLE
+        .iter()
+        .map(|row| row.arch.number())
+        .chain(newer);
+    for n in archs {
+        std::fs::write(
+            dir.join(format!("src/fatbin/sm_{n}.c")),
+            crate::common::fatbin_c_source(&[n], &format!("fdl_fatbin_sm_{n}")),
+        )
+        .unwrap();
+    }
+}
+
+/// Writes a stand-in NCCL tree of `version` at `dir` whose GPU code a real nvcc compiles
+/// (`$(CUDA_HOME)/bin/nvcc $(NVCC_GENCODE)`): its library carries a real `.nv_fatbin`.
+pub fn nvcc_tree(dir: &Path, version: (u32, u32, u32)) {
+    write_tree(dir, version, GPU_NVCC);
+    std::fs::write(dir.join("src/kernels.cu"), KERNELS_CU).unwrap();
+}
+
+fn write_tree(dir: &Path, version: (u32, u32, u32), gpu_code: &str) {
     let (x, y, z) = version;
     std::fs::create_dir_all(dir.join("makefiles")).unwrap();
     std::fs::create_dir_all(dir.join("src")).unwrap();
-    std::fs::write(dir.join("Makefile"), MAKEFILE).unwrap();
+    std::fs::write(
+        dir.join("Makefile"),
+        MAKEFILE.replace("@GPU_CODE@", gpu_code),
+    )
+    .unwrap();
     std::fs::write(
         dir.join("makefiles/version.mk"),
         format!("##### version\nNCCL_MAJOR   := {x}\nNCCL_MINOR   := {y}\nNCCL_PATCH   := {z}\nNCCL_SUFFIX  :=\nPKG_REVISION := 1\n"),
@@ -118,20 +175,6 @@ pub fn standin_tree(dir: &Path, version: (u32, u32, u32)) {
         ),
     )
     .unwrap();
-    std::fs::create_dir_all(dir.join("src/fatbin")).unwrap();
-    // Every arch of fdl's table, and archs newer than it (nvcc 13.5 brought sm_107).
-    let newer = [107, 130];
-    let archs = fdl::arch::ARCH_TABLE
-        .iter()
-        .map(|row| row.arch.number())
-        .chain(newer);
-    for n in archs {
-        std::fs::write(
-            dir.join(format!("src/fatbin/sm_{n}.c")),
-            crate::common::fatbin_c_source(&[n], &format!("fdl_fatbin_sm_{n}")),
-        )
-        .unwrap();
-    }
     std::fs::write(
         dir.join("src/collectives.cc"),
         "extern \"C\" int ncclAllReduce() { return 0; }\n",
