@@ -55,7 +55,8 @@ fn real_nccl_from(var: &str, cuda_major: u32) {
 /// from its self-id is the one its `ncclGetVersion` returns. Returns that detection.
 fn real_nccl_matches(lib: &Path, cuobjdump: &Path, cuda_major: u32) -> NcclDetection {
     let t = std::time::Instant::now();
-    let ins = inspect::inspect(lib).expect("inspect real libnccl");
+    let ins = inspect::inspect_cross_checking_zstd(lib).expect("inspect real libnccl");
+    zstd_decoders_agree(&ins);
     eprintln!("inspect of {} took {:?}", lib.display(), t.elapsed());
     assert!(ins.warnings.is_empty(), "{:?}", ins.warnings);
     assert!(
@@ -235,7 +236,8 @@ fn real_libtorch_matches(
     nccl: &str,
     cuda_major: u32,
 ) -> NcclDetection {
-    let ins = inspect::inspect(torch).unwrap();
+    let ins = inspect::inspect_cross_checking_zstd(torch).unwrap();
+    zstd_decoders_agree(&ins);
     assert!(ins.gpu_code.sass_total() > 1000, "{:?}", ins.gpu_code.sass);
     assert!(
         ins.gpu_code.warnings.is_empty(),
@@ -460,4 +462,23 @@ fn check_nvcc_cases(home: &Path, cuobjdump: &Path, cases: &[NvccCase]) -> Vec<St
         }
     }
     failures
+}
+
+/// fdl decodes a zstd cubin's ELF header from the front of its first block, without
+/// libzstd; on a real library every such decode must equal libzstd's, and the fallback
+/// to libzstd must be the exception.
+fn zstd_decoders_agree(ins: &inspect::Inspection) {
+    let z = ins.work().zstd;
+    eprintln!(
+        "zstd cubins: {} decoded from the block front, {} by libzstd",
+        z.head, z.libzstd
+    );
+    assert_eq!(
+        z.mismatches, 0,
+        "the front decoder disagreed with libzstd: {z:?}"
+    );
+    assert!(
+        z.libzstd * 10 <= z.head,
+        "too many fallbacks to libzstd: {z:?}"
+    );
 }

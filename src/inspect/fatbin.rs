@@ -38,6 +38,7 @@
 //! header's arch number is never trusted, since cuobjdump does not trust it either.
 
 use super::source::Source;
+use super::zstd_head;
 use crate::arch::{Arch, GpuTarget, Variant};
 use anyhow::Result;
 use serde::Serialize;
@@ -120,11 +121,28 @@ pub struct Collector {
     zstd_cubins: Vec<ZstdCubin>,
     /// Cubins whose ELF header could not be decoded, named from their fatbin header.
     undecoded: usize,
+    /// Also decode every zstd cubin with libzstd and count disagreements (tests).
+    pub(crate) cross_check: bool,
+    pub(crate) zstd: ZstdStats,
+}
+
+/// How the zstd cubins' first bytes were decoded.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZstdStats {
+    /// From the front of the block ([`zstd_head`]).
+    pub head: usize,
+    /// By libzstd, where the front decoder bowed out.
+    pub libzstd: usize,
+    /// With `cross_check`: cubins whose two decodes differ.
+    pub mismatches: usize,
 }
 
 /// A cubin whose ELF header is inside a zstd frame.
 struct ZstdCubin {
     payload: u64,
+    /// The frame's stored length.
+    stored: u64,
     /// Bytes to read: through the end of the first block when its header was at hand.
     len: u64,
     /// The fatbin header's arch number and flags.
@@ -245,31 +263,69 @@ impl Collector {
         // Frames differ in cost (one small block, or a full 128 KiB first block), so the
         // threads take the next cubin from a shared counter rather than fixed halves.
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let name = || -> Vec<Result<GpuTarget, GpuTarget>> {
+        let cross_check = self.cross_check;
+        let name = || -> (Vec<Result<GpuTarget, GpuTarget>>, ZstdStats) {
             let mut zstd = ZstdPrefix::default();
+            let mut stats = ZstdStats::default();
             let mut named = Vec::new();
             while let Some(j) = jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
                 let mut head = [0u8; 64];
-                let elf = match zstd.decode(src, j.payload, j.len, &mut head) {
+                // The first bytes from the front of the block, in microseconds; libzstd's
+                // whole-block decode only where that decoder bows out.
+                let read = |off: u64, len: usize| -> Option<Vec<u8>> {
+                    let end = off.checked_add(len as u64).filter(|&e| e <= j.stored)?;
+                    let mut buf = vec![0u8; len];
+                    let got = src.read_at(j.payload + off, &mut buf).ok()?;
+                    (got as u64 == end - off).then_some(buf)
+                };
+                let got = match zstd_head::decode_prefix(&read, j.stored, &mut head) {
+                    Some(n) if n >= 52 => {
+                        stats.head += 1;
+                        if cross_check {
+                            let mut other = [0u8; 64];
+                            let m = zstd.decode(src, j.payload, j.len, &mut other);
+                            if m.is_none_or(|m| other[..m.min(n)] != head[..m.min(n)]) {
+                                stats.mismatches += 1;
+                            }
+                        }
+                        Some(n)
+                    }
+                    _ => {
+                        stats.libzstd += 1;
+                        zstd.decode(src, j.payload, j.len, &mut head)
+                    }
+                };
+                let elf = match got {
                     Some(n) if n >= 52 => cubin_target_from_elf_header(&head),
                     _ => None,
                 };
                 named.push(sass_target(elf, j.arch_number, j.flags));
             }
-            named
+            (named, stats)
         };
+        let mut stats = ZstdStats::default();
         let targets: Vec<Result<GpuTarget, GpuTarget>> = std::thread::scope(|scope| {
             let others: Vec<_> = (1..threads).map(|_| scope.spawn(name)).collect();
-            let mut all = name();
+            let mut all = Vec::new();
+            let mut add = |(t, s): (Vec<_>, ZstdStats)| {
+                all.extend(t);
+                stats.head += s.head;
+                stats.libzstd += s.libzstd;
+                stats.mismatches += s.mismatches;
+            };
+            add(name());
             for h in others {
                 // A decoder that panicked leaves its entries out; the count then shows it.
                 match h.join() {
-                    Ok(t) => all.extend(t),
+                    Ok(t) => add(t),
                     Err(_) => self.warn("a zstd-compressed cubin could not be read".into()),
                 }
             }
             all
         });
+        self.zstd.head += stats.head;
+        self.zstd.libzstd += stats.libzstd;
+        self.zstd.mismatches += stats.mismatches;
         for t in targets {
             self.undecoded += usize::from(t.is_err());
             *self.sass.entry(t.unwrap_or_else(|f| f)).or_default() += 1;
@@ -322,6 +378,7 @@ impl Collector {
                                 .min(stored);
                             self.zstd_cubins.push(ZstdCubin {
                                 payload,
+                                stored,
                                 len,
                                 arch_number,
                                 flags,

@@ -14,6 +14,7 @@ pub mod selfid;
 pub mod source;
 #[doc(hidden)]
 pub mod synth;
+pub(crate) mod zstd_head;
 
 use crate::arch::{Arch, GpuTarget, Variant};
 use crate::version::{CudaVersion, NcclVersion};
@@ -89,6 +90,8 @@ pub struct Work {
     pub fatbin_ranges: usize,
     /// Bytes of those ranges.
     pub fatbin_bytes: u64,
+    /// How zstd cubins were decoded.
+    pub zstd: fatbin::ZstdStats,
 }
 
 /// Which NCCL a library uses and how.
@@ -141,8 +144,19 @@ pub fn inspect_bytes(data: &[u8]) -> Result<Inspection> {
     inspect_source(&Source::from_bytes(data))
 }
 
+/// Inspects `path` while decoding every zstd cubin twice, from the front of its block
+/// and with libzstd, counting disagreements in [`Inspection::work`] (the oracle tests).
+#[doc(hidden)]
+pub fn inspect_cross_checking_zstd(path: &Path) -> Result<Inspection> {
+    inspect_with(&Source::open(path)?, true)
+}
+
 /// Inspects whatever `src` holds.
 pub fn inspect_source(src: &Source<'_>) -> Result<Inspection> {
+    inspect_with(src, false)
+}
+
+fn inspect_with(src: &Source<'_>, cross_check: bool) -> Result<Inspection> {
     if src.is_empty() {
         bail!(
             "{} is empty (0 bytes), not a shared library: the download or copy was probably interrupted; fetch it again",
@@ -168,6 +182,7 @@ pub fn inspect_source(src: &Source<'_>) -> Result<Inspection> {
         work: Work::default(),
     };
     let mut collector = fatbin::Collector::default();
+    collector.cross_check = cross_check;
     if ins.elf {
         let info = elf::parse(src)?;
         ins.soname = info.dynamic.soname.clone();
@@ -213,6 +228,7 @@ pub fn inspect_source(src: &Source<'_>) -> Result<Inspection> {
         let (ids, ()) = scan_self_ids_while(src, &[(0, src.len())], &mut ins.work, || ());
         ins.self_ids = ids?;
     }
+    ins.work.zstd = collector.zstd;
     ins.gpu_code = collector.finish();
     match ins.self_ids.as_slice() {
         [one] => {
