@@ -50,6 +50,9 @@ pub const ENTRY_HEADER_MIN: u64 = 64;
 
 pub const KIND_PTX: u16 = 1;
 pub const KIND_ELF: u16 = 2;
+/// nvcc 13.5's `--concat`: one header listing several PTX/cubin members that share one
+/// (compressed) payload; see [`Collector::concat_entry`].
+pub const KIND_CONCAT: u16 = 0x100;
 
 pub const FLAG_64BIT: u64 = 0x1;
 pub const FLAG_LINUX: u64 = 0x10;
@@ -121,6 +124,8 @@ pub struct Collector {
     zstd_cubins: Vec<ZstdCubin>,
     /// Cubins whose ELF header could not be decoded, named from their fatbin header.
     undecoded: usize,
+    /// Entry kinds other than PTX, cubin and concatenated ones.
+    unknown_kinds: std::collections::BTreeSet<u16>,
     /// Also decode every zstd cubin with libzstd and count disagreements (tests).
     pub(crate) cross_check: bool,
     pub(crate) zstd: ZstdStats,
@@ -162,6 +167,18 @@ impl Collector {
     }
 
     pub fn finish(mut self) -> GpuCode {
+        if !self.unknown_kinds.is_empty() {
+            let kinds: Vec<String> = self
+                .unknown_kinds
+                .iter()
+                .map(|k| format!("{k:#x}"))
+                .collect();
+            self.warn(format!(
+                "{} fatbin entries are of kinds fdl does not know ({}): a newer toolkit wrote them, and the GPU code they carry is not listed",
+                self.code.other,
+                kinds.join(", ")
+            ));
+        }
         if self.undecoded > 0 {
             self.warn(format!(
                 "{} cubin(s) could not be decoded and are named from their fatbin header, which cuobjdump does not trust",
@@ -397,12 +414,194 @@ impl Collector {
                             .entry(header_target(arch_number, flags))
                             .or_default() += 1;
                     }
-                    _ => self.code.other += 1,
+                    KIND_CONCAT => {
+                        let stored = compressed_size.min(payload_size);
+                        self.concat_entry(src, q, header_size, payload, stored, flags, what)?;
+                    }
+                    _ => {
+                        self.code.other += 1;
+                        self.unknown_kinds.insert(kind);
+                    }
                 }
             }
             q = next;
         }
         Ok(())
+    }
+
+    /// A `--concat` entry (nvcc 13.5): after the usual 64 header bytes, a u32 member
+    /// count and a u32 byte count of the rest of the header, then one header per member.
+    /// A member header has the usual layout (kind, arch, flags) except that offset 4
+    /// holds where the member starts in the decoded payload and offset 8 its size; it is
+    /// 64 bytes, or longer when it carries the `.nv.compat` attributes (an offset/length
+    /// pair at 64 pointing inside it), as 80–120-byte entry headers do. All members share
+    /// the entry's payload, so a cubin's ELF header is found by decoding the payload up
+    /// to its offset; members are checked to follow each other in the payload.
+    #[allow(clippy::too_many_arguments)]
+    fn concat_entry(
+        &mut self,
+        src: &Source<'_>,
+        at: u64,
+        header_size: u64,
+        payload: u64,
+        stored: u64,
+        flags: u64,
+        what: &str,
+    ) -> Result<()> {
+        let bad = |why: &str| {
+            format!("{what}: the concatenated entry at offset {at:#x} {why}; its members are not counted")
+        };
+        let Some(header) = src
+            .bytes(at, header_size)
+            .ok()
+            .filter(|_| header_size <= 1 << 20)
+        else {
+            self.warn(bad("has a header that cannot be read"));
+            return Ok(());
+        };
+        let count = le32(header, 64) as usize;
+        let mut members = Vec::new();
+        let mut p = 72usize;
+        let mut expect_offset = 0u64;
+        while members.len() < count {
+            let Some(m) = header.get(p..p + 64) else {
+                self.warn(bad("lists more members than its header holds"));
+                return Ok(());
+            };
+            let (kind, offset, size) = (le16(m, 0), u64::from(le32(m, 4)), le64(m, 8));
+            if offset != expect_offset {
+                self.warn(bad(
+                    "has members that do not follow each other in its payload",
+                ));
+                return Ok(());
+            }
+            expect_offset = offset.saturating_add(size);
+            members.push((kind, offset, le32(m, 28), le64(m, 40)));
+            // An attribute block at 64: it ends the member, padded to 8 bytes past a
+            // terminating byte, as the 104/112/120-byte entry headers are.
+            let ext_at = le32(header, p + 64) as usize;
+            let ext_len = le32(header, p + 68) as usize;
+            p += if members.len() < count && ext_at == 72 && ext_len < 4096 {
+                (ext_at + ext_len + 1).div_ceil(8) * 8
+            } else if members.len() == count {
+                0
+            } else {
+                64
+            };
+        }
+        let elf_offsets: Vec<u64> = members
+            .iter()
+            .filter(|m| m.0 == KIND_ELF)
+            .map(|m| m.1)
+            .collect();
+        let heads = concat_heads(src, payload, stored, flags, &elf_offsets);
+        let mut heads = heads.into_iter();
+        for (kind, _, arch, member_flags) in members {
+            if flags & FLAG_COMPRESSED_ANY != 0 {
+                self.code.compressed += 1;
+            }
+            match kind {
+                KIND_ELF => {
+                    let elf = heads
+                        .next()
+                        .flatten()
+                        .and_then(|h| cubin_target_from_elf_header(&h));
+                    let named = sass_target(elf, arch, member_flags);
+                    self.undecoded += usize::from(named.is_err());
+                    *self.sass.entry(named.unwrap_or_else(|f| f)).or_default() += 1;
+                }
+                KIND_PTX => {
+                    *self
+                        .ptx
+                        .entry(header_target(arch, member_flags))
+                        .or_default() += 1
+                }
+                other => {
+                    self.code.other += 1;
+                    self.unknown_kinds.insert(other);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The 64-byte ELF headers at `offsets` (ascending) of the payload of a concatenated
+/// entry, decoding it as far as the last one and no further.
+fn concat_heads(
+    src: &Source<'_>,
+    payload: u64,
+    stored: u64,
+    flags: u64,
+    offsets: &[u64],
+) -> Vec<Option<[u8; 64]>> {
+    let mut heads = vec![None; offsets.len()];
+    let Some(&last) = offsets.last() else {
+        return heads;
+    };
+    let reader = SourceReader {
+        src,
+        pos: payload,
+        end: payload + stored,
+    };
+    let mut input: Box<dyn std::io::Read> = match flags & FLAG_COMPRESSED_ANY {
+        0 => Box::new(reader),
+        FLAG_COMPRESS_ZSTD => match zstd::stream::read::Decoder::new(reader) {
+            Ok(d) => Box::new(d),
+            Err(_) => return heads,
+        },
+        // LZ4 and the old scheme: no concatenated entry seen with them.
+        _ => return heads,
+    };
+    let mut pos = 0u64;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut pending: Vec<(usize, [u8; 64], usize)> = Vec::new();
+    let mut next = 0usize;
+    while pos < last + 64 {
+        let n = match input.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let chunk = &buf[..n];
+        // Headers starting in this chunk, and those begun in an earlier one.
+        while next < offsets.len() && offsets[next] < pos + n as u64 {
+            pending.push((next, [0u8; 64], 0));
+            next += 1;
+        }
+        pending.retain_mut(|(i, h, filled)| {
+            let start = offsets[*i] + *filled as u64;
+            let from = start.saturating_sub(pos) as usize;
+            let take = (64 - *filled).min(n.saturating_sub(from));
+            h[*filled..*filled + take].copy_from_slice(&chunk[from..from + take]);
+            *filled += take;
+            if *filled == 64 {
+                heads[*i] = Some(*h);
+                false
+            } else {
+                true
+            }
+        });
+        pos += n as u64;
+    }
+    heads
+}
+
+/// Reads `[pos, end)` of a [`Source`] as a stream.
+struct SourceReader<'s, 'a> {
+    src: &'s Source<'a>,
+    pos: u64,
+    end: u64,
+}
+
+impl std::io::Read for SourceReader<'_, '_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = (self.end - self.pos).min(buf.len() as u64) as usize;
+        let got = self
+            .src
+            .read_at(self.pos, &mut buf[..n])
+            .map_err(std::io::Error::other)?;
+        self.pos += got as u64;
+        Ok(got)
     }
 }
 
@@ -879,6 +1078,78 @@ mod tests {
         );
         assert!(
             code.warnings[0].starts_with("5 cubin(s) could not be decoded"),
+            "{:?}",
+            code.warnings
+        );
+    }
+    /// nvcc 13.5's `--concat` entry with a plain payload: a cubin member, a PTX member
+    /// with an (empty) attribute block, and a second cubin; then an entry of a kind no
+    /// toolkit wrote yet, which is counted and warned about, never silently dropped.
+    #[test]
+    fn concatenated_members_and_unknown_kinds() {
+        let elf_a = cubin(0x0600_6402, 256); // sm_100
+        let elf_b = cubin(0x0600_7802, 128); // sm_120
+        let ptx = b"//ptx".to_vec();
+        let payload = [elf_a.clone(), ptx.clone(), elf_b.clone()].concat();
+        let member = |kind: u16, off: usize, len: usize, arch: u32, flags: u64, ext: bool| {
+            let mut m = vec![0u8; 64];
+            m[0..2].copy_from_slice(&kind.to_le_bytes());
+            m[4..8].copy_from_slice(&(off as u32).to_le_bytes());
+            m[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+            m[28..32].copy_from_slice(&arch.to_le_bytes());
+            m[40..48].copy_from_slice(&flags.to_le_bytes());
+            if ext {
+                m.extend_from_slice(&72u32.to_le_bytes());
+                m.extend_from_slice(&0u32.to_le_bytes());
+                m.resize(80, 0);
+            }
+            m
+        };
+        let members = [
+            member(KIND_ELF, 0, elf_a.len(), 100, FLAG_ARCH_SPECIFIC, false),
+            member(KIND_PTX, elf_a.len(), ptx.len(), 100, FLAG_FAMILY, true),
+            member(
+                KIND_ELF,
+                elf_a.len() + ptx.len(),
+                elf_b.len(),
+                120,
+                0,
+                false,
+            ),
+        ]
+        .concat();
+        let mut h = vec![0u8; 72];
+        h[0..2].copy_from_slice(&KIND_CONCAT.to_le_bytes());
+        h[64..68].copy_from_slice(&3u32.to_le_bytes());
+        h.extend_from_slice(&members);
+        let header_size = h.len() as u32;
+        h[68..72].copy_from_slice(&(header_size - 64).to_le_bytes());
+        h[4..8].copy_from_slice(&header_size.to_le_bytes());
+        h[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        h[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        let mut unknown = vec![0u8; 64];
+        unknown[0..2].copy_from_slice(&0x0200u16.to_le_bytes());
+        unknown[4..8].copy_from_slice(&64u32.to_le_bytes());
+        let body = [h, payload, unknown].concat();
+        let mut c = MAGIC.to_le_bytes().to_vec();
+        c.extend_from_slice(&1u16.to_le_bytes());
+        c.extend_from_slice(&16u16.to_le_bytes());
+        c.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        c.extend_from_slice(&body);
+        let code = walk(&c);
+        let sass: Vec<String> = code
+            .sass
+            .iter()
+            .map(|e| format!("{}x{}", e.target, e.count))
+            .collect();
+        assert_eq!(sass, ["sm_100ax1", "sm_120x1"]);
+        assert_eq!(code.ptx.len(), 1);
+        assert_eq!(code.ptx[0].target.to_string(), "sm_100f");
+        assert_eq!(code.other, 1);
+        assert!(
+            code.warnings
+                .iter()
+                .any(|w| w.contains("kinds fdl does not know (0x200)")),
             "{:?}",
             code.warnings
         );
