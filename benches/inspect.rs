@@ -566,19 +566,13 @@ fn check(input: &Input, rows: &[Row]) -> (bool, Vec<String>) {
     (ok, lines)
 }
 
-/// `{"version": {"major": 2, "minor": 27, "patch": 5}, "cuda": {"major": 12, "minor": 9}}`
-/// → `2.27.5+cuda12.9`; `None` when there is no detection.
+/// `{"version": "2.27.5", "cuda": "12.9"}` → `2.27.5+cuda12.9` (JSON writes versions
+/// as strings); `None` when there is no detection.
 fn json_self_id(d: &serde_json::Value) -> Option<String> {
-    let n = |v: &serde_json::Value, k: &str| v[k].as_u64();
-    let (ver, cuda) = (&d["version"], &d["cuda"]);
     Some(format!(
-        "{}.{}.{}{}+cuda{}.{}",
-        n(ver, "major")?,
-        n(ver, "minor")?,
-        n(ver, "patch")?,
-        ver["suffix"].as_str().unwrap_or(""),
-        n(cuda, "major")?,
-        n(cuda, "minor")?
+        "{}+cuda{}",
+        d["version"].as_str()?,
+        d["cuda"].as_str()?
     ))
 }
 

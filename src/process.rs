@@ -16,6 +16,18 @@ pub fn install_interrupt_handler() {
     let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
 }
 
+/// A point where a test may have fdl kill itself: with `FDL_TEST_KILL_AT` naming it,
+/// the process sends itself SIGKILL there, as a power cut or an OOM kill would stop it,
+/// so tests can show that every step of an install leaves a usable store behind.
+pub fn kill_point(name: &str) {
+    if std::env::var_os("FDL_TEST_KILL_AT").is_some_and(|v| v == name) {
+        // SAFETY: kill(2) on our own pid; SIGKILL cannot be caught.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
@@ -27,7 +39,8 @@ pub struct Interrupted;
 /// Runs `cmd` to completion with its output going where `cmd` says, polling for an
 /// interrupt. `what` names the step in errors.
 pub fn run(cmd: &mut Command, what: &str) -> Result<()> {
-    let status = wait(spawn(cmd).with_context(|| spawn_error(cmd, what))?)?;
+    let (child, _watch) = spawn(cmd).with_context(|| spawn_error(cmd, what))?;
+    let status = wait(child)?;
     if !status.success() {
         bail!("{what} failed ({status})");
     }
@@ -36,9 +49,96 @@ pub fn run(cmd: &mut Command, what: &str) -> Result<()> {
 
 /// Starts `cmd` as the leader of its own process group, so an interrupt can end the
 /// whole tree it starts (make's compilers, docker's helpers), not just the child.
-fn spawn(cmd: &mut Command) -> std::io::Result<Child> {
+/// Starts `cmd` in a process group of its own (the terminal's Ctrl-C reaches fdl alone,
+/// which then ends the group in order), tied to fdl's life: if fdl dies, even by SIGKILL,
+/// the kernel sends the child SIGTERM (`PR_SET_PDEATHSIG`) and a [`Watchdog`] in the
+/// group kills the whole group. Without that, a killed fdl left make's jobs compiling on
+/// as orphans, recreating directories fdl had cleaned up.
+fn spawn(cmd: &mut Command) -> std::io::Result<(Child, Watchdog)> {
     use std::os::unix::process::CommandExt;
-    cmd.process_group(0).spawn()
+    // SAFETY: getpid is async-signal-safe.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+    // functions (prctl, getppid, _exit).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // fdl may have died between fork and prctl: then nobody would signal us.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.process_group(0).spawn()?;
+    let watch = Watchdog::start(child.id() as libc::pid_t);
+    Ok((child, watch))
+}
+
+/// A forked process in a child's process group that kills the group once fdl is gone.
+/// It blocks reading a pipe whose only write end fdl holds: the read returns when fdl
+/// exits for any reason, SIGKILL included. When the child ends normally fdl kills the
+/// watchdog first (on drop), so it never outlives its use.
+struct Watchdog {
+    pid: libc::pid_t,
+    write_end: libc::c_int,
+}
+
+impl Watchdog {
+    /// `None`-like (pid 0) when it cannot be started: the child then runs unwatched.
+    fn start(group: libc::pid_t) -> Watchdog {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: plain syscalls; after fork the child calls only async-signal-safe
+        // functions (close, setpgid, read, kill, _exit), as a forked multi-threaded
+        // process must.
+        unsafe {
+            if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                return Watchdog {
+                    pid: 0,
+                    write_end: -1,
+                };
+            }
+            let pid = libc::fork();
+            if pid == 0 {
+                libc::close(fds[1]);
+                libc::setpgid(0, group);
+                let mut byte = 0u8;
+                while libc::read(fds[0], (&mut byte as *mut u8).cast(), 1) < 0 {}
+                libc::kill(-group, libc::SIGKILL);
+                libc::_exit(0);
+            }
+            libc::close(fds[0]);
+            if pid < 0 {
+                libc::close(fds[1]);
+                return Watchdog {
+                    pid: 0,
+                    write_end: -1,
+                };
+            }
+            Watchdog {
+                pid,
+                write_end: fds[1],
+            }
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if self.pid > 0 {
+            // SAFETY: our own child; reaping it keeps no zombie behind.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+                libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+            }
+        }
+        if self.write_end >= 0 {
+            // SAFETY: the descriptor is ours and closed once.
+            unsafe { libc::close(self.write_end) };
+        }
+    }
 }
 
 /// Ends `child` and everything in its process group: SIGTERM first so tools can clean
@@ -67,7 +167,8 @@ pub fn capture(cmd: &mut Command, what: &str) -> Result<String> {
     let mut out = tempfile::tempfile().context("cannot create a temporary file")?;
     let mut err = tempfile::tempfile().context("cannot create a temporary file")?;
     cmd.stdout(out.try_clone()?).stderr(err.try_clone()?);
-    let status = wait(spawn(cmd).with_context(|| spawn_error(cmd, what))?)?;
+    let (child, _watch) = spawn(cmd).with_context(|| spawn_error(cmd, what))?;
+    let status = wait(child)?;
     let read = |f: &mut std::fs::File| -> Result<String> {
         let mut buf = Vec::new();
         f.rewind()?;
@@ -91,7 +192,7 @@ pub fn stream(cmd: &mut Command, what: &str, on_line: &mut dyn FnMut(&str)) -> R
     // The Command still holds the pipe's write ends; without replacing them the reader
     // would never see the end of the output.
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
-    let mut child = spawned.with_context(|| spawn_error(cmd, what))?;
+    let (mut child, _watch) = spawned.with_context(|| spawn_error(cmd, what))?;
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let reader_thread = std::thread::spawn(move || {
         let mut reader = std::io::BufReader::new(reader);

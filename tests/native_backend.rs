@@ -1027,3 +1027,153 @@ fn paths_a_shell_would_split_or_expand_build_and_run_nothing() {
     let log = std::fs::read_to_string(dir.join("build.log")).unwrap();
     assert!(log.contains("make sees"), "{log}");
 }
+
+/// fdl killed (SIGKILL, through its `FDL_TEST_KILL_AT` hook) at every step of a first
+/// install and of a `--force` replace, by exchange and by the journalled rename: the next
+/// run leaves exactly one valid build — the old one or the new one, never neither — and
+/// nothing else.
+#[test]
+fn a_kill_at_any_install_step_leaves_one_valid_build() {
+    use std::os::unix::process::ExitStatusExt;
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    let dir = env.builds().join("v2.27.5-sm86");
+    let run = |extra: &[&str], kill_at: Option<&str>, no_exchange: bool| {
+        let mut cmd = env.std_build("8.6", &[extra, &["--json", "--source"][..]].concat());
+        cmd.arg(&tree);
+        if let Some(point) = kill_at {
+            cmd.env("FDL_TEST_KILL_AT", point);
+        }
+        if no_exchange {
+            cmd.env("FDL_TEST_NO_EXCHANGE", "1");
+        }
+        cmd.output().unwrap()
+    };
+    let one_valid_build = |when: &str| {
+        let out = run(&[], None, false);
+        let status = json_of(&out)["status"].clone();
+        assert!(
+            status == "already_built" || status == "built",
+            "{when}: {status}"
+        );
+        let verify = fdl_in(env.root())
+            .env("XDG_CACHE_HOME", env.cache.path())
+            .args(["nccl", "verify", "v2.27.5-sm86", "--json"])
+            .output()
+            .unwrap();
+        assert_eq!(json_of(&verify)["passed"], true, "{when}");
+        assert!(
+            env.stray_entries().is_empty(),
+            "{when}: {:?}",
+            env.stray_entries()
+        );
+        assert_eq!(
+            std::fs::read_dir(env.builds()).unwrap().count(),
+            1,
+            "{when}"
+        );
+    };
+    for point in ["install:before-rename", "install:after-rename"] {
+        let out = run(&[], Some(point), false);
+        assert_eq!(
+            out.status.signal(),
+            Some(9),
+            "{point}: not killed: {}",
+            stderr_of(&out)
+        );
+        one_valid_build(point);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    assert_eq!(json_of(&run(&[], None, false))["status"], "built");
+    for (point, no_exchange) in [
+        ("replace:before", false),
+        ("replace:exchanged", false),
+        ("replace:before", true),
+        ("replace:set-aside", true),
+        ("replace:renamed", true),
+    ] {
+        let out = run(&["--force"], Some(point), no_exchange);
+        assert_eq!(
+            out.status.signal(),
+            Some(9),
+            "{point}: not killed: {}",
+            stderr_of(&out)
+        );
+        if point == "replace:set-aside" {
+            // The one moment the target is missing: the old build waits beside it.
+            assert!(!dir.exists());
+            assert_eq!(env.stray_entries().len(), 2, "{:?}", env.stray_entries());
+        }
+        one_valid_build(point);
+    }
+}
+
+/// The processes whose command line mentions `needle`: (pid, process group).
+fn processes_mentioning(needle: &str) -> Vec<(i32, i32)> {
+    all_processes()
+        .into_iter()
+        .filter(|&(pid, _)| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(needle)
+            })
+        })
+        .collect()
+}
+
+/// Every process: (pid, process group), from /proc/PID/stat.
+fn all_processes() -> Vec<(i32, i32)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // pid (comm) state ppid pgrp …: comm may hold spaces, so split after ')'.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let pgrp = rest.split_whitespace().nth(2)?.parse().ok()?;
+            Some((pid, pgrp))
+        })
+        .collect()
+}
+
+/// SIGKILL to fdl alone (not its group) mid-compile: make and every job it runs (the
+/// stalled recipe's shell and its `sleep` here) go too, instead of running on as orphans.
+#[test]
+fn build_children_die_with_fdl() {
+    let env = Env::new();
+    let tree = env.tree("nccl-orphans", (2, 27, 5));
+    let marker = env.work.path().join("compiling");
+    let mut cmd = env.std_build("8.6", &["--source"]);
+    cmd.arg(&tree)
+        .env("FDL_TEST_STALL", &marker)
+        .env("FDL_TEST_STALL_SECS", "60")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut fdl = cmd.spawn().unwrap();
+    wait_for_marker(&marker, &mut fdl);
+    let make = processes_mentioning(&format!("make -C {}", tree.display()));
+    let &[(_, group)] = make.as_slice() else {
+        panic!("expected one make: {make:?}");
+    };
+    let in_group = || -> Vec<i32> {
+        all_processes()
+            .into_iter()
+            .filter(|p| p.1 == group)
+            .map(|p| p.0)
+            .collect()
+    };
+    assert!(in_group().len() > 1, "make runs no job: {:?}", in_group());
+    fdl.kill().unwrap();
+    fdl.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !in_group().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        in_group().is_empty(),
+        "still running after fdl died: {:?}",
+        in_group()
+    );
+}

@@ -255,11 +255,8 @@ pub fn execute(
     let _lock = lock::acquire(&opts.cache, &store.dir, &plan.name, opts.wait, &|msg| {
         eprintln!("{msg}")
     })?;
-    for left in store.sweep_leftovers(&plan.name) {
-        eprintln!(
-            "removed {}, left by an earlier run that was killed",
-            left.display()
-        );
+    for done in store.sweep_leftovers(&plan.name) {
+        eprintln!("{done}");
     }
     let existing = store.existing(&plan.name)?;
     match &existing {

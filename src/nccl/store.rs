@@ -216,31 +216,48 @@ impl BuildStore {
         Ok(dir)
     }
 
-    /// Deletes what killed runs left for build `name` (staging, set-aside and removal
-    /// directories). Only safe while holding that build's lock, which proves no live run
-    /// owns them.
-    pub fn sweep_leftovers(&self, name: &str) -> Vec<PathBuf> {
-        let mut swept = Vec::new();
+    /// Cleans up after killed runs of build `name`: staging and removal directories are
+    /// deleted; an old build set aside by an interrupted replace is renamed back when the
+    /// target is missing (it is then the only build there is), deleted otherwise. Only
+    /// safe while holding that build's lock, which proves no live run owns them.
+    pub fn sweep_leftovers(&self, name: &str) -> Vec<String> {
+        let mut done = Vec::new();
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
-            return swept;
+            return done;
         };
+        let target = self.path_of(name);
         for entry in rd.flatten() {
             let file_name = entry.file_name().to_string_lossy().into_owned();
-            let ours = [STAGING_PREFIX, REPLACED_PREFIX, REMOVING_PREFIX]
-                .iter()
-                .any(|p| {
+            let Some(prefix) = [STAGING_PREFIX, REPLACED_PREFIX, REMOVING_PREFIX]
+                .into_iter()
+                .find(|p| {
                     file_name
                         .strip_prefix(p)
                         .and_then(|rest| rest.strip_prefix(name))
                         .and_then(|rest| rest.strip_prefix('-'))
                         // tempfile's random suffix never holds '-', so this is not a longer name.
                         .is_some_and(|suffix| !suffix.contains('-'))
-                });
-            if ours && std::fs::remove_dir_all(entry.path()).is_ok() {
-                swept.push(entry.path());
+                })
+            else {
+                continue;
+            };
+            let path = entry.path();
+            if prefix == REPLACED_PREFIX && std::fs::symlink_metadata(&target).is_err() {
+                if std::fs::rename(&path, &target).is_ok() {
+                    done.push(format!(
+                        "restored {} from {}, where a killed replace had left it",
+                        target.display(),
+                        path.display()
+                    ));
+                }
+            } else if std::fs::remove_dir_all(&path).is_ok() {
+                done.push(format!(
+                    "removed {}, left by an earlier run that was killed",
+                    path.display()
+                ));
             }
         }
-        swept
+        done
     }
 
     /// Opens a transaction for build `name`: a fresh staging directory beside the target.
@@ -354,9 +371,15 @@ impl Staging {
         Ok(manifest)
     }
 
-    /// Moves the staged build into place. With `replace`, an existing directory at the
-    /// target is swapped out first and removed only once the new build is in place; if
-    /// the final rename fails it is put back.
+    /// Moves the staged build into place. With `replace`, an existing build at the target
+    /// is swapped out so that, whenever fdl is killed, the target holds the old build or
+    /// the new one, never neither:
+    /// - where the filesystem has it, one `renameat2(RENAME_EXCHANGE)` swaps the two
+    ///   directories atomically; the old build then sits at the staging path and is
+    ///   deleted (a kill before that leaves it there, and the next run sweeps it);
+    /// - elsewhere the old build is renamed to `.replaced-<name>-…` first; a kill before
+    ///   the second rename leaves the target missing, and the next run's
+    ///   [`BuildStore::sweep_leftovers`] renames the old build back rather than delete it.
     pub fn commit(mut self, replace: bool) -> Result<()> {
         let parent = self
             .target
@@ -368,40 +391,82 @@ impl Staging {
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned();
-        let mut set_aside = None;
-        if std::fs::symlink_metadata(&self.target).is_ok() {
-            if !replace {
-                bail!(
-                    "{} appeared while building; nothing was changed",
-                    self.target.display()
-                );
-            }
-            let aside = tempfile::Builder::new()
-                .prefix(&format!("{REPLACED_PREFIX}{name}-"))
-                .tempdir_in(parent)?
-                .keep();
-            std::fs::remove_dir(&aside)?;
-            std::fs::rename(&self.target, &aside)
-                .with_context(|| format!("cannot move {} aside", self.target.display()))?;
-            set_aside = Some(aside);
+        if std::fs::symlink_metadata(&self.target).is_err() {
+            crate::process::kill_point("install:before-rename");
+            std::fs::rename(&self.path, &self.target)
+                .with_context(|| format!("cannot move the build into {}", self.target.display()))?;
+            self.committed = true;
+            crate::process::kill_point("install:after-rename");
+            return Ok(());
         }
+        if !replace {
+            bail!(
+                "{} appeared while building; nothing was changed",
+                self.target.display()
+            );
+        }
+        crate::process::kill_point("replace:before");
+        if exchange(&self.path, &self.target)? {
+            self.committed = true;
+            crate::process::kill_point("replace:exchanged");
+            // The staging path now holds the old build.
+            return std::fs::remove_dir_all(&self.path).with_context(|| {
+                format!(
+                    "new build installed, but cannot remove the old one at {}",
+                    self.path.display()
+                )
+            });
+        }
+        let aside = tempfile::Builder::new()
+            .prefix(&format!("{REPLACED_PREFIX}{name}-"))
+            .tempdir_in(parent)?
+            .keep();
+        std::fs::remove_dir(&aside)?;
+        std::fs::rename(&self.target, &aside)
+            .with_context(|| format!("cannot move {} aside", self.target.display()))?;
+        crate::process::kill_point("replace:set-aside");
         if let Err(e) = std::fs::rename(&self.path, &self.target) {
-            if let Some(aside) = &set_aside {
-                let _ = std::fs::rename(aside, &self.target);
-            }
+            let _ = std::fs::rename(&aside, &self.target);
             return Err(e)
                 .with_context(|| format!("cannot move the build into {}", self.target.display()));
         }
         self.committed = true;
-        if let Some(aside) = set_aside {
-            std::fs::remove_dir_all(&aside).with_context(|| {
-                format!(
-                    "new build installed, but cannot remove the old one at {}",
-                    aside.display()
-                )
-            })?;
-        }
-        Ok(())
+        crate::process::kill_point("replace:renamed");
+        std::fs::remove_dir_all(&aside).with_context(|| {
+            format!(
+                "new build installed, but cannot remove the old one at {}",
+                aside.display()
+            )
+        })
+    }
+}
+
+/// Swaps two directories atomically with `renameat2(RENAME_EXCHANGE)`; `Ok(false)` where
+/// the filesystem (or kernel) cannot, so the caller takes the journalled way.
+fn exchange(a: &Path, b: &Path) -> Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    if std::env::var_os("FDL_TEST_NO_EXCHANGE").is_some() {
+        return Ok(false);
+    }
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes());
+    let (ca, cb) = (c(a)?, c(b)?);
+    // SAFETY: both are valid NUL-terminated paths; AT_FDCWD resolves them as given.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => Ok(false),
+        _ => Err(err).with_context(|| format!("cannot swap {} into {}", a.display(), b.display())),
     }
 }
 
@@ -426,7 +491,7 @@ fn partial_kind(name: &str) -> Option<&'static str> {
     if name.starts_with(STAGING_PREFIX) {
         Some("staging: a build in progress, or left by one that was killed")
     } else if name.starts_with(REPLACED_PREFIX) {
-        Some("an old build being replaced")
+        Some("an old build set aside by a replace; the next build of it puts it back if the new one never arrived")
     } else if name.starts_with(REMOVING_PREFIX) {
         Some("a build being removed")
     } else if name.starts_with('.') {
