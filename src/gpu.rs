@@ -19,8 +19,13 @@ pub struct Gpu {
     pub memory_mib: u64,
 }
 
+/// nvidia-smi answers in well under a second; a driver that hangs it must not hang fdl.
+pub const NVIDIA_SMI_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
+    #[error("nvidia-smi did not answer within {0} s and was stopped: the NVIDIA driver may be hung. Check `nvidia-smi` by hand, or name the architectures yourself with --archs")]
+    Hung(u64),
     #[error("nvidia-smi was not found on PATH, so the local GPUs cannot be read. Install the NVIDIA driver, or name the architectures yourself, e.g. --archs \"6.1;12.0\"")]
     NoNvidiaSmi,
     #[error("nvidia-smi failed ({status}): {stderr}. Check the NVIDIA driver, or name the architectures yourself with --archs")]
@@ -37,8 +42,11 @@ pub enum GpuError {
 
 /// Runs `nvidia-smi` from PATH and parses its answer.
 pub fn query() -> Result<Vec<Gpu>, GpuError> {
-    let out = match Command::new("nvidia-smi").args(NVIDIA_SMI_ARGS).output() {
-        Ok(out) => out,
+    let mut cmd = Command::new("nvidia-smi");
+    cmd.args(NVIDIA_SMI_ARGS);
+    let out = match crate::process::output_within(&mut cmd, NVIDIA_SMI_TIMEOUT) {
+        Ok(Some(out)) => out,
+        Ok(None) => return Err(GpuError::Hung(NVIDIA_SMI_TIMEOUT.as_secs())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(GpuError::NoNvidiaSmi),
         Err(e) => {
             return Err(GpuError::Failed {

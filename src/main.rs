@@ -3,6 +3,12 @@ use fdl::cli::{paint_err, Color};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // A closed stdout (`fdl nccl list | head -1`) ends fdl quietly, as it ends any Unix
+    // tool, instead of a panic in println!.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = fdl::cli::Cli::parse();
     fdl::process::install_interrupt_handler();
     match fdl::cli::run(cli) {

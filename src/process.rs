@@ -5,15 +5,47 @@
 
 use anyhow::{bail, Context, Result};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
+/// How many [`Critical`] sections are open: steps that leave something to undo.
+static CRITICAL: AtomicUsize = AtomicUsize::new(0);
+
 /// Installs the SIGINT/SIGTERM handler. Called once by the binary.
+///
+/// Outside a [`Critical`] section nothing needs undoing, so fdl exits at once (130),
+/// whatever it is waiting for. Inside one, the flag is set and the section's waits —
+/// which all poll it at least every 50 ms — end their child and unwind through the
+/// `Drop` guards that roll back.
 pub fn install_interrupt_handler() {
     // Failing to install only loses graceful cleanup on Ctrl-C; not worth refusing to run.
-    let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
+    let _ = ctrlc::set_handler(|| {
+        INTERRUPTED.store(true, Ordering::SeqCst);
+        if CRITICAL.load(Ordering::SeqCst) == 0 {
+            eprintln!("error: {Interrupted}");
+            std::process::exit(130);
+        }
+    });
+}
+
+/// While alive, an interrupt is handled by the code that holds it (see
+/// [`install_interrupt_handler`]) instead of ending fdl on the spot.
+#[derive(Debug)]
+pub struct Critical(());
+
+impl Critical {
+    pub fn enter() -> Critical {
+        CRITICAL.fetch_add(1, Ordering::SeqCst);
+        Critical(())
+    }
+}
+
+impl Drop for Critical {
+    fn drop(&mut self) {
+        CRITICAL.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A point where a test may have fdl kill itself: with `FDL_TEST_KILL_AT` naming it,
@@ -35,17 +67,6 @@ pub fn interrupted() -> bool {
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted; everything this run started was cleaned up")]
 pub struct Interrupted;
-
-/// Runs `cmd` to completion with its output going where `cmd` says, polling for an
-/// interrupt. `what` names the step in errors.
-pub fn run(cmd: &mut Command, what: &str) -> Result<()> {
-    let (child, _watch) = spawn(cmd).with_context(|| spawn_error(cmd, what))?;
-    let status = wait(child)?;
-    if !status.success() {
-        bail!("{what} failed ({status})");
-    }
-    Ok(())
-}
 
 /// Starts `cmd` as the leader of its own process group, so an interrupt can end the
 /// whole tree it starts (make's compilers, docker's helpers), not just the child.
@@ -159,7 +180,47 @@ fn end_tree(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Like [`run`] but captures stdout and stderr; returns stdout, or an error holding stderr.
+/// Runs `cmd` and collects its output, giving up after `timeout` (the child is killed
+/// and `Ok(None)` returned) or on an interrupt. For quick queries that must not hang fdl
+/// when the tool does (a hung driver's nvidia-smi).
+pub fn output_within(
+    cmd: &mut Command,
+    timeout: Duration,
+) -> std::io::Result<Option<std::process::Output>> {
+    use std::io::{Read, Seek};
+    let mut out = tempfile::tempfile()?;
+    let mut err = tempfile::tempfile()?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(err.try_clone()?)
+        .spawn()?;
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if start.elapsed() > timeout || interrupted() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let read = |f: &mut std::fs::File| -> std::io::Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        f.rewind()?;
+        f.take(1 << 20).read_to_end(&mut buf)?;
+        Ok(buf)
+    };
+    Ok(Some(std::process::Output {
+        status,
+        stdout: read(&mut out)?,
+        stderr: read(&mut err)?,
+    }))
+}
+
+/// Runs `cmd` to completion, capturing stdout and stderr; returns stdout, or an error holding stderr.
 /// Output goes to unnamed temporary files rather than pipes, so the wait can keep polling
 /// for an interrupt without a reader thread.
 pub fn capture(cmd: &mut Command, what: &str) -> Result<String> {
@@ -269,12 +330,3 @@ fn wait(mut child: Child) -> Result<ExitStatus> {
     }
 }
 
-/// A `Stdio` that writes to fdl's stderr, so a child's output streams to the terminal
-/// without mixing into `--json` on stdout.
-pub fn stderr_stdio() -> Stdio {
-    use std::os::fd::AsFd;
-    match std::io::stderr().as_fd().try_clone_to_owned() {
-        Ok(fd) => Stdio::from(fd),
-        Err(_) => Stdio::inherit(),
-    }
-}

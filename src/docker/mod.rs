@@ -115,8 +115,6 @@ fn argv_command(engine: &Engine, argv: &[String]) -> Command {
     cmd
 }
 
-/// The Dockerfile to build with — the embedded one, or the user's `--dockerfile` —
-/// and its digest for the plan.
 /// `--base-image` reaches `docker build` as one argument, never a shell; it is still
 /// held to what an image reference can be (`registry:5000/repo/name:tag@sha256:…`), so a
 /// typo fails here, plainly, rather than deep in the engine.
@@ -134,6 +132,12 @@ pub fn check_image_reference(image: &str) -> Result<()> {
     Ok(())
 }
 
+/// A Dockerfile is text of a few KiB; anything past this is not one.
+const DOCKERFILE_MAX: u64 = 1 << 20;
+
+/// The Dockerfile to build with — the embedded one, or the user's `--dockerfile` —
+/// and its digest for the plan. A `--dockerfile` must be a regular file of sane size: a
+/// FIFO would hang the read, `/dev/zero` would fill memory.
 pub fn dockerfile_spec(path: Option<&Path>) -> Result<(DockerfileSpec, String)> {
     Ok(match path {
         None => (
@@ -143,6 +147,25 @@ pub fn dockerfile_spec(path: Option<&Path>) -> Result<(DockerfileSpec, String)> 
             EMBEDDED_DOCKERFILE.to_string(),
         ),
         Some(path) => {
+            let meta = std::fs::metadata(path).with_context(|| {
+                format!(
+                    "cannot read --dockerfile {}: give the path of a readable Dockerfile",
+                    path.display()
+                )
+            })?;
+            if !meta.is_file() {
+                bail!(
+                    "--dockerfile {} is not a regular file (a directory, FIFO or device): give the path of a Dockerfile",
+                    path.display()
+                );
+            }
+            if meta.len() > DOCKERFILE_MAX {
+                bail!(
+                    "--dockerfile {} is {} bytes, far more than any Dockerfile: give the path of a Dockerfile",
+                    path.display(),
+                    meta.len()
+                );
+            }
             let text = std::fs::read_to_string(path).with_context(|| {
                 format!(
                     "cannot read --dockerfile {}: give the path of a readable Dockerfile",

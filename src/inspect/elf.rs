@@ -69,10 +69,6 @@ pub struct ElfInfo {
 }
 
 impl ElfInfo {
-    pub fn section(&self, name: &str) -> Option<&Section> {
-        self.sections.iter().find(|s| s.name == name)
-    }
-
     /// File offset of virtual address `addr` with `len` bytes available there, via the
     /// PT_LOAD segments (what the loader maps), else via the section table.
     pub fn vaddr_to_offset(&self, addr: u64, len: u64) -> Option<u64> {

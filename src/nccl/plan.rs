@@ -457,10 +457,6 @@ impl BuildPlan {
         ]
     }
 
-    /// `LD_PRELOAD` value for workers.
-    pub fn preload_path(&self) -> PathBuf {
-        self.output_dir.join("lib").join("libnccl.so.2")
-    }
 }
 
 /// The Docker half of a plan: image name, base image and build arguments.

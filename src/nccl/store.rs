@@ -262,6 +262,7 @@ impl BuildStore {
 
     /// Opens a transaction for build `name`: a fresh staging directory beside the target.
     pub fn begin(&self, name: &str) -> Result<Staging> {
+        let critical = crate::process::Critical::enter();
         let mut created = Vec::new();
         // Record which parents we create so a rollback leaves the tree as it found it.
         let mut missing: Vec<&Path> = self.dir.ancestors().take_while(|p| !p.exists()).collect();
@@ -291,6 +292,7 @@ impl BuildStore {
             target: self.path_of(name),
             created,
             committed: false,
+            _critical: critical,
         })
     }
 }
@@ -340,6 +342,9 @@ pub struct Staging {
     target: PathBuf,
     created: Vec<PathBuf>,
     committed: bool,
+    /// From the first directory made to the commit or rollback, an interrupt unwinds
+    /// through this transaction instead of ending fdl on the spot.
+    _critical: crate::process::Critical,
 }
 
 impl Staging {

@@ -292,6 +292,11 @@ pub fn probe_in_child(exe: &Path, lib: &Path) -> Result<i64> {
         if let Some(s) = child.try_wait()? {
             break s;
         }
+        if crate::process::interrupted() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(crate::process::Interrupted.into());
+        }
         if start.elapsed() > PROBE_TIMEOUT {
             let _ = child.kill();
             let _ = child.wait();

@@ -1,0 +1,153 @@
+//! fdl at the edges of a Unix process's life: a closed stdout, Ctrl-C or SIGTERM while
+//! it waits on a tool that hangs, a tool that never answers, and files given as flags
+//! that are not files.
+
+mod common;
+use common::*;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A stand-in nvidia-smi that hangs, as one on a wedged driver does.
+fn hanging_nvidia_smi() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("nvidia-smi");
+    std::fs::write(&script, "#!/bin/sh\nexec sleep 120\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// A closed stdout ends fdl quietly (SIGPIPE, as for any Unix tool), never a panic.
+#[test]
+fn a_closed_stdout_ends_fdl_quietly() {
+    let p = ProjectFixture::empty();
+    for args in [
+        &["completions", "bash"][..],
+        &["nccl", "dockerfile"],
+        &["nccl", "list"],
+    ] {
+        let mut child = Command::new(assert_cmd::cargo::cargo_bin("fdl"))
+            .arg("--root")
+            .arg(p.root())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader is gone before fdl writes
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert!(
+            status.success() || status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: {status:?}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+/// Ctrl-C and SIGTERM end fdl within a second even while it waits on a hung tool.
+#[test]
+fn interrupts_end_fdl_within_a_second_anywhere() {
+    let smi = hanging_nvidia_smi();
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let mut child = Command::new(assert_cmd::cargo::cargo_bin("fdl"))
+            .arg("gpus")
+            .env("PATH", path_with(smi.path()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let sent = Instant::now();
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let deadline = sent + Duration::from_secs(5);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "fdl ignored signal {signal}");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let took = sent.elapsed();
+        assert_eq!(status.code(), Some(130), "signal {signal}");
+        assert!(
+            took < Duration::from_secs(1),
+            "signal {signal}: took {took:?}"
+        );
+    }
+}
+
+/// A hung nvidia-smi is stopped after its timeout and named, not waited on forever.
+#[test]
+fn a_hung_nvidia_smi_is_named_not_waited_on() {
+    let smi = hanging_nvidia_smi();
+    let start = Instant::now();
+    let out = Command::new(assert_cmd::cargo::cargo_bin("fdl"))
+        .arg("gpus")
+        .env("PATH", path_with(smi.path()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nvidia-smi did not answer within"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(30));
+}
+
+/// --dockerfile must be a regular file of sane size: a FIFO would hang the read and
+/// /dev/zero would fill memory.
+#[test]
+fn flag_files_that_are_not_files_are_refused_at_once() {
+    let p = ProjectFixture::empty();
+    let fifo = p.root().join("Dockerfile.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for (file, needle) in [
+        (fifo.to_str().unwrap(), "is not a regular file"),
+        ("/dev/zero", "is not a regular file"),
+        (p.root().to_str().unwrap(), "is not a regular file"),
+    ] {
+        let start = Instant::now();
+        let out = fdl_in(p.root())
+            .args([
+                "nccl",
+                "build",
+                "--tag",
+                "v2.27.5-1",
+                "--archs",
+                "8.6",
+                "--dry-run",
+            ])
+            .args(["--backend", "docker", "--dockerfile", file])
+            .timeout(Duration::from_secs(20))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{file}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{file}: {err}");
+        assert!(start.elapsed() < Duration::from_secs(5), "{file}");
+    }
+    let big = p.root().join("Dockerfile.big");
+    std::fs::write(&big, vec![b'#'; 2 << 20]).unwrap();
+    fdl_in(p.root())
+        .args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "8.6",
+            "--dry-run",
+        ])
+        .args(["--backend", "docker", "--dockerfile"])
+        .arg(&big)
+        .assert()
+        .failure()
+        .stderr(predicates::str::contains("far more than any Dockerfile"));
+}
