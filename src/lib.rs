@@ -17,4 +17,5 @@ pub mod nccl;
 pub mod process;
 pub mod progress;
 pub mod project;
+pub mod step;
 pub mod version;

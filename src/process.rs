@@ -329,4 +329,3 @@ fn wait(mut child: Child) -> Result<ExitStatus> {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
-

@@ -393,9 +393,9 @@ fn dry_run_needs_no_docker_and_writes_nothing() {
                 "docker build --tag flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8",
             )
             .and(predicate::str::contains(
-                "docker cp <container>:/usr/local/nccl/. <staging>",
+                "docker cp '<container>:/usr/local/nccl/.' '<staging>'",
             ))
-            .and(predicate::str::contains("docker rm --force <container>"))
+            .and(predicate::str::contains("docker rm --force '<container>'"))
             .and(predicate::str::contains("Dry run: nothing was built")),
         );
     assert_eq!(before, snapshot(p.root()));

@@ -7,6 +7,7 @@
 
 mod common;
 use common::*;
+use fdl::nccl::plan::{BackendPlan, BuildPlan, NativePlan};
 use fdl::nccl::store::parse_manifest;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,13 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/manifests")
         .join(name)
+}
+
+fn native(plan: &BuildPlan) -> &NativePlan {
+    match &plan.backend {
+        BackendPlan::Native(n) => n,
+        other => panic!("not a native plan: {other:?}"),
+    }
 }
 
 fn text(name: &str) -> String {
@@ -28,24 +36,13 @@ fn current_old_and_compatible_future_manifests_read() {
     assert_eq!(m.plan.cuda.to_string(), "13.5");
     let archs: Vec<String> = m.plan.archs.iter().map(|a| a.to_string()).collect();
     assert_eq!(archs, ["sm_86", "sm_107"]);
-    let offered = m
-        .plan
-        .native
-        .as_ref()
-        .unwrap()
-        .toolkit
-        .gpu_archs
-        .as_ref()
-        .unwrap();
+    let offered = native(&m.plan).toolkit.gpu_archs.as_ref().unwrap();
     assert!(offered.iter().any(|a| a.to_string() == "sm_107"));
 
     let old = parse_manifest(&text("schema1-fdl-0.1.json")).unwrap();
     assert_eq!(old.schema, 1, "a manifest without `schema` is schema 1");
     assert_eq!(old.plan.cuda.to_string(), "12.8");
-    assert_eq!(
-        old.plan.native.as_ref().unwrap().toolkit.cuda.to_string(),
-        "12.8.93"
-    );
+    assert_eq!(native(&old.plan).toolkit.cuda.to_string(), "12.8.93");
     assert_eq!(old.checked.header_version.to_string(), "2.27.5");
 
     let future = parse_manifest(&text("schema3-future-compatible.json")).unwrap();

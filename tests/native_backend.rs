@@ -1177,3 +1177,82 @@ fn build_children_die_with_fdl() {
         in_group()
     );
 }
+
+/// The steps `--dry-run` shows are the steps a build runs: the run logs the private
+/// paths it used (`<staging> = …`) and each step it executed, and with those paths put
+/// in for the placeholders, the dry run's lines are exactly the run's.
+#[test]
+fn the_steps_a_dry_run_shows_are_the_steps_that_run() {
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    let dry = env
+        .build("8.6", &["--dry-run", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert!(dry.status.success(), "{}", stderr_of(&dry));
+    let shown: Vec<String> = stdout_of(&dry)
+        .lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .map(|l| l.trim().to_string())
+        .collect();
+    assert_eq!(shown.len(), 3, "count, build, install: {shown:?}");
+
+    let out = env
+        .build("8.6", &["--json", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    assert_eq!(json_of(&out)["status"], "built");
+    let log = log_of(&env.builds().join("v2.27.5-sm86"));
+    let paths = log
+        .lines()
+        .find_map(|l| l.strip_prefix("==> fdl: paths: "))
+        .expect("the run names its paths");
+    let ran: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("==> fdl: step: "))
+        .collect();
+    // Word by word, each placeholder put back to the path the run used.
+    let pairs: Vec<(&str, &str)> = paths
+        .split(", ")
+        .map(|p| p.split_once(" = ").unwrap())
+        .collect();
+    let expected: Vec<Vec<String>> = shown
+        .iter()
+        .map(|l| {
+            words(l)
+                .into_iter()
+                .map(|w| pairs.iter().fold(w, |w, (ph, real)| w.replace(ph, real)))
+                .collect()
+        })
+        .collect();
+    let ran: Vec<Vec<String>> = ran.iter().map(|l| words(l)).collect();
+    // The counting dry run (`make -n`) is logged as its count; the other two verbatim.
+    assert!(expected[0].contains(&"-n".to_string()), "{:?}", expected[0]);
+    assert_eq!(ran, expected[1..], "shown:\n{}", shown.join("\n"));
+}
+
+/// A rendered shell line's words, single quotes undone.
+fn words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    for c in line.chars() {
+        match c {
+            '\'' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !word.is_empty() {
+                    out.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
+}

@@ -7,14 +7,15 @@ use crate::lock::Wait;
 use crate::native;
 use crate::nccl::build::{self, Backend, BuildRequest, ExecOptions, Outcome, Sources};
 use crate::nccl::plan::{
-    ArchOrigin, BackendInputs, BackendKind, BuildPlan, CudaOrigin, DockerfileSpec, NativeSource,
-    TagOrigin,
+    ArchOrigin, BackendInputs, BackendPlan, BuildPlan, CudaOrigin, DockerSteps, DockerfileSpec,
+    NativeSource, TagOrigin,
 };
 use crate::nccl::store::BuildStore;
 use crate::nccl::tag::Tag;
 use crate::nccl::verify;
 use crate::progress::Verbosity;
 use crate::project::Project;
+use crate::step::{Paths, Step};
 use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
@@ -237,13 +238,11 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
             Ok(gpus)
         },
     };
-    let chosen = std::cell::RefCell::new(None);
-    let plan = build::plan(&req, flags, &sources, &|tag| {
-        let (inputs, reason, backend) = choose(&args, tag)?;
-        *chosen.borrow_mut() = Some(backend);
-        Ok((inputs, reason))
-    })?;
-    let commands = plan_commands(&plan);
+    let inferred = build::infer(flags, &sources)?;
+    let (inputs, reason, chosen) = choose(&args, &inferred.tag)?;
+    let plan = build::plan(&req, inferred, project.nccl_builds_dir(), inputs, reason)?;
+    let steps = plan_steps(&plan);
+    let commands: Vec<String> = steps.iter().map(Step::render).collect();
     if !args.dry_run && !plan.problems.is_empty() {
         bail!(
             "the plan cannot run (see it with --dry-run):\n  {}",
@@ -259,16 +258,15 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let backend: Box<dyn Backend> = match chosen.into_inner() {
-        Some(Chosen::Docker { engine, dockerfile }) => Box::new(DockerBackend {
+    let backend: Box<dyn Backend> = match chosen {
+        Chosen::Docker { engine, dockerfile } => Box::new(DockerBackend {
             engine: match engine {
                 Some(e) => e,
                 None => Engine::probe()?,
             },
             dockerfile,
         }),
-        Some(Chosen::Native) => Box::new(native::NativeBackend),
-        None => bail!("no backend was chosen"),
+        Chosen::Native => Box::new(native::NativeBackend),
     };
     if !args.json && !args.quiet {
         eprint!("{}", render_plan(&plan, &commands));
@@ -294,23 +292,31 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
     Ok(())
 }
 
-/// The commands the plan will run, with placeholders for private paths.
-fn plan_commands(plan: &BuildPlan) -> Vec<Vec<String>> {
-    match plan.backend {
-        BackendKind::Docker => plan.docker_commands(
-            Path::new("<build-context>"),
-            Path::new("<staging>"),
-            "<container>",
-        ),
-        BackendKind::Native => native::make_commands(
-            plan,
-            Path::new("<source>"),
-            Path::new("<build-dir>"),
-            Path::new("<staging>"),
-            plan.native
-                .as_ref()
-                .map_or(Path::new("<cuda-home>"), |n| n.toolkit.cuda_home.as_path()),
-        ),
+/// The steps the plan will run, with placeholders for the private paths a run makes
+/// (`<staging>`): the same values a run executes, rendered.
+fn plan_steps(plan: &BuildPlan) -> Vec<Step> {
+    match &plan.backend {
+        BackendPlan::Docker(d) => {
+            let paths = Paths::placeholders(DockerSteps::PATHS);
+            DockerSteps::new(d, &paths)
+                .all()
+                .into_iter()
+                .cloned()
+                .collect()
+        }
+        BackendPlan::Native(n) => {
+            let mut paths = Paths::placeholders(native::NativeSteps::PATHS);
+            // The toolkit is known now; only its plain alias, if it needs one, is not.
+            paths.entries.retain(|(k, _)| *k != "cuda-home");
+            paths
+                .entries
+                .push(("cuda-home", n.toolkit.cuda_home.clone()));
+            native::NativeSteps::new(n, plan.jobs, &paths)
+                .all()
+                .into_iter()
+                .cloned()
+                .collect()
+        }
     }
 }
 
@@ -356,7 +362,7 @@ fn report(outcome: &Outcome, json_out: bool) {
     );
 }
 
-fn render_plan(plan: &BuildPlan, cmds: &[Vec<String>]) -> String {
+fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
     let tag_from = match &plan.tag_origin {
         TagOrigin::Flag => "from --tag".to_string(),
         TagOrigin::Libtorch {
@@ -413,9 +419,9 @@ fn render_plan(plan: &BuildPlan, cmds: &[Vec<String>]) -> String {
     }
     row(
         "backend",
-        format!("{}  ({})", plan.backend, plan.backend_reason),
+        format!("{}  ({})", plan.backend.kind(), plan.backend_reason),
     );
-    if let Some(docker) = &plan.docker {
+    if let BackendPlan::Docker(docker) = &plan.backend {
         row("image", docker.image.clone());
         if let Some(base) = &docker.base_image {
             row("base image", base.clone());
@@ -432,7 +438,7 @@ fn render_plan(plan: &BuildPlan, cmds: &[Vec<String>]) -> String {
             },
         );
     }
-    if let Some(native) = &plan.native {
+    if let BackendPlan::Native(native) = &plan.backend {
         row(
             "toolkit",
             format!(
@@ -456,7 +462,7 @@ fn render_plan(plan: &BuildPlan, cmds: &[Vec<String>]) -> String {
     }
     s.push_str("Commands:\n");
     for c in cmds {
-        s.push_str(&format!("  {}\n", shell_words(c)));
+        s.push_str(&format!("  {c}\n"));
     }
     if !plan.problems.is_empty() {
         s.push_str(&paint(
@@ -468,21 +474,4 @@ fn render_plan(plan: &BuildPlan, cmds: &[Vec<String>]) -> String {
         }
     }
     s
-}
-
-/// Joins argv for display, quoting what a shell would split.
-fn shell_words(argv: &[String]) -> String {
-    argv.iter()
-        .map(|a| {
-            if !a.is_empty()
-                && a.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_=.,:/<>@+".contains(&b))
-            {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }

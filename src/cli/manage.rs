@@ -62,7 +62,7 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
                     plan.cuda.without_patch().to_string(),
                     sass,
                     ptx,
-                    plan.backend.to_string(),
+                    plan.backend.kind().to_string(),
                     human_size(*size_bytes),
                     manifest.built_at.clone(),
                 ]);

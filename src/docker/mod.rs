@@ -7,9 +7,10 @@
 
 use crate::cache::sha256_hex;
 use crate::nccl::build::Backend;
-use crate::nccl::plan::{BuildPlan, DockerfileSpec};
+use crate::nccl::plan::{BackendPlan, BuildPlan, DockerSteps, DockerfileSpec};
 use crate::process;
 use crate::progress::{Phase, Progress};
+use crate::step::{Paths, Step};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::process::Command;
@@ -72,6 +73,13 @@ impl Engine {
         cmd.env("DOCKER_BUILDKIT", if self.buildkit { "1" } else { "0" });
         cmd
     }
+
+    /// A plan's step, run against this engine (which adds only the builder choice).
+    fn step(&self, step: &Step) -> Command {
+        let mut cmd = step.command();
+        cmd.env("DOCKER_BUILDKIT", if self.buildkit { "1" } else { "0" });
+        cmd
+    }
 }
 
 pub struct DockerBackend {
@@ -107,12 +115,6 @@ impl Drop for ContainerGuard<'_> {
             Err(e) => eprintln!("warning: could not remove container {}: {e}", self.name),
         }
     }
-}
-
-fn argv_command(engine: &Engine, argv: &[String]) -> Command {
-    let mut cmd = engine.command();
-    cmd.args(&argv[1..]);
-    cmd
 }
 
 /// `--base-image` reaches `docker build` as one argument, never a shell; it is still
@@ -204,14 +206,21 @@ impl Backend for DockerBackend {
                 .unwrap_or("x")
         )
         .to_ascii_lowercase();
-        let cmds = plan.docker_commands(context.path(), staging, &container);
-        let [build, create, copy, _remove] = cmds.as_slice() else {
+        let BackendPlan::Docker(docker) = &plan.backend else {
             bail!(
-                "the plan has no docker commands: it was made for the {} backend",
-                plan.backend
-            )
+                "the Docker backend was given a plan for {}",
+                plan.backend.kind()
+            );
         };
-
+        let paths = Paths {
+            entries: vec![
+                ("context", context.path().to_path_buf()),
+                ("staging", staging.to_path_buf()),
+                ("container", container.clone().into()),
+            ],
+        };
+        progress.output(&format!("==> fdl: paths: {}", paths.describe()));
+        let steps = DockerSteps::new(docker, &paths);
         progress.note(&format!(
             "==> docker build ({} builder) {}",
             if self.engine.buildkit {
@@ -219,8 +228,9 @@ impl Backend for DockerBackend {
             } else {
                 "classic"
             },
-            build[3]
+            docker.image
         ));
+        progress.output(&format!("==> fdl: step: {}", steps.build.render()));
         // Image steps stand in for phases: the clone, compile and install all happen in
         // RUN steps whose output is the build's.
         progress.phase(Phase::Compile);
@@ -235,8 +245,8 @@ impl Backend for DockerBackend {
             }
         };
         let built = process::stream(
-            &mut argv_command(&self.engine, build),
-            "docker build",
+            &mut self.engine.step(&steps.build),
+            &steps.build.what,
             &mut on_line,
         );
         if let Err(e) = built {
@@ -259,13 +269,16 @@ impl Backend for DockerBackend {
             name: container.clone(),
         };
         progress.phase(Phase::Install);
-        process::capture(&mut argv_command(&self.engine, create), "docker create")?;
+        for step in [&steps.create, &steps.copy] {
+            progress.output(&format!("==> fdl: step: {}", step.render()));
+        }
+        process::capture(&mut self.engine.step(&steps.create), &steps.create.what)?;
         progress.note(&format!(
             "==> docker cp {}:{} → staging",
             container,
             crate::nccl::plan::IMAGE_INSTALL_DIR
         ));
-        process::capture(&mut argv_command(&self.engine, copy), "docker cp").context(
+        process::capture(&mut self.engine.step(&steps.copy), &steps.copy.what).context(
             "could not copy the NCCL install tree out of the image; does the Dockerfile install into /usr/local/nccl?",
         )?;
         Ok(())

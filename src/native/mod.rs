@@ -15,14 +15,13 @@ pub use source::{check_source_dir, parse_version_mk, repo_key, source_for, NCCL_
 pub use toolchain::{discover, parse_gpu_archs, parse_nvcc_version};
 
 use crate::nccl::build::Backend;
-use crate::nccl::plan::{BuildPlan, NativePlan, NativeSource, Toolkit};
+use crate::nccl::plan::{BackendPlan, BuildPlan, NativePlan, NativeSource, Toolkit};
 use crate::process;
 use crate::progress::{self, Phase, Progress};
-use anyhow::{anyhow, Context, Result};
+use crate::step::{EnvChange, Paths, Step};
+use anyhow::{anyhow, bail, Context, Result};
 use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// What the host offers for a native build, and what it lacks.
 #[derive(Debug, Clone, Default)]
@@ -43,58 +42,83 @@ impl ToolchainReport {
 /// NCCL's makefiles find the CUDA libraries at `$(CUDA_HOME)/lib64` unless `CUDA_LIB`
 /// says otherwise; a toolkit in the wheels' `lib/` layout needs it said. `cuda_home` is
 /// the toolkit's home as make will see it (see [`plain`]).
-fn cuda_lib_var(toolkit: &Toolkit, cuda_home: &Path) -> Option<String> {
+fn cuda_lib(toolkit: &Toolkit, cuda_home: &Path) -> Option<PathBuf> {
     if toolkit.lib_dir == toolkit.cuda_home.join("lib64") {
         return None;
     }
-    let lib = match toolkit.lib_dir.strip_prefix(&toolkit.cuda_home) {
+    Some(match toolkit.lib_dir.strip_prefix(&toolkit.cuda_home) {
         Ok(rel) => cuda_home.join(rel),
         Err(_) => toolkit.lib_dir.clone(),
-    };
-    Some(format!("CUDA_LIB={}", lib.display()))
+    })
 }
 
-/// The make command lines a native build runs: `src.build` then `install`, with the
-/// plan's make variables, the out-of-tree `BUILDDIR` and `PREFIX` set to `staging`.
-/// NCCL's `install` depends on its build, so it gets the same variables — otherwise it
-/// would rebuild for its default archs. Empty for plans of another backend. The paths
-/// are given as make will see them: a build passes plain aliases ([`plain`]).
-pub fn make_commands(
-    plan: &BuildPlan,
-    source: &Path,
-    build_dir: &Path,
-    staging: &Path,
-    cuda_home: &Path,
-) -> Vec<Vec<String>> {
-    let Some(native) = &plan.native else {
-        return Vec::new();
-    };
-    let vars: Vec<String> = native
-        .make_vars
-        .iter()
-        .map(|(k, v)| match k.as_str() {
-            "CUDA_HOME" => format!("{k}={}", cuda_home.display()),
-            _ => format!("{k}={v}"),
-        })
-        .chain(cuda_lib_var(&native.toolkit, cuda_home))
-        .collect();
-    let make = |target: &str, extra: &[String]| -> Vec<String> {
-        let mut argv = vec![
-            "make".to_string(),
-            "-C".into(),
-            source.display().to_string(),
-            format!("-j{}", plan.jobs),
-            target.into(),
-            format!("BUILDDIR={}", build_dir.display()),
-        ];
-        argv.extend_from_slice(extra);
-        argv.extend(vars.iter().cloned());
-        argv
-    };
-    vec![
-        make("src.build", &[]),
-        make("install", &[format!("PREFIX={}", staging.display())]),
-    ]
+/// The native backend's steps, by name: a dry run of `src.build` that counts the files
+/// to compile (for progress), `src.build`, then `install`. NCCL's `install` depends on
+/// its build, so both get the same variables — otherwise `install` would rebuild for its
+/// default archs. `paths` holds `source`, `build-dir` (NCCL's out-of-tree `BUILDDIR`),
+/// `staging` (`PREFIX`) and `cuda-home`, as make will see them (see [`plain`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NativeSteps {
+    pub count: Step,
+    pub build: Step,
+    pub install: Step,
+}
+
+impl NativeSteps {
+    pub const PATHS: &'static [&'static str] = &["source", "build-dir", "staging", "cuda-home"];
+
+    pub fn new(native: &NativePlan, jobs: u32, paths: &Paths) -> NativeSteps {
+        let cuda_home = paths.get("cuda-home");
+        let make = |what: &str, produces: &str, dry: bool, target: &str| {
+            let mut step = Step::new(what, tool(native, "make"), produces)
+                .arg("-C")
+                .arg(paths.get("source"));
+            if dry {
+                step = step.arg("-n");
+            }
+            step = step
+                .arg(format!("-j{jobs}"))
+                .arg(target)
+                .assign("BUILDDIR", paths.get("build-dir"));
+            if target == "install" {
+                step = step.assign("PREFIX", paths.get("staging"));
+            }
+            for (k, v) in &native.make_vars {
+                step = match k.as_str() {
+                    "CUDA_HOME" => step.assign(k, cuda_home),
+                    _ => step.assign(k, v),
+                };
+            }
+            if let Some(lib) = cuda_lib(&native.toolkit, cuda_home) {
+                step = step.assign("CUDA_LIB", lib);
+            }
+            make_env(native, step)
+        };
+        NativeSteps {
+            count: make(
+                "make -n src.build",
+                "nothing: it counts the files to compile",
+                true,
+                "src.build",
+            ),
+            build: make(
+                "make src.build (compiling NCCL)",
+                "NCCL compiled in <build-dir>",
+                false,
+                "src.build",
+            ),
+            install: make(
+                "make install",
+                "the NCCL install tree in <staging>",
+                false,
+                "install",
+            ),
+        }
+    }
+
+    pub fn all(&self) -> [&Step; 3] {
+        [&self.count, &self.build, &self.install]
+    }
 }
 
 /// Prefix of the work directories (NCCL's `BUILDDIR`) made beside the staging directory.
@@ -157,10 +181,12 @@ pub struct NativeBackend;
 
 impl Backend for NativeBackend {
     fn build(&self, plan: &BuildPlan, staging: &Path, progress: &Progress) -> Result<()> {
-        let native = plan
-            .native
-            .as_ref()
-            .ok_or_else(|| anyhow!("the native backend was given a plan for {}", plan.backend))?;
+        let BackendPlan::Native(native) = &plan.backend else {
+            bail!(
+                "the native backend was given a plan for {}",
+                plan.backend.kind()
+            );
+        };
         // make runs in the source tree: every path it gets must be absolute.
         let staging = std::path::absolute(staging)?;
         let builds_dir = staging
@@ -183,13 +209,14 @@ impl Backend for NativeBackend {
         // Every path make puts into a recipe is a plain word, whatever the project root,
         // the source or the toolkit are called.
         let mut aliases = plain::Aliases::new(&crate::cache::cache_dir())?;
-        let commands = make_commands(
-            plan,
-            &aliases.plain(&source)?,
-            &aliases.plain(&work.0)?,
-            &aliases.plain(&staging)?,
-            &aliases.plain(&native.toolkit.cuda_home)?,
-        );
+        let paths = Paths {
+            entries: vec![
+                ("source", aliases.plain(&source)?),
+                ("build-dir", aliases.plain(&work.0)?),
+                ("staging", aliases.plain(&staging)?),
+                ("cuda-home", aliases.plain(&native.toolkit.cuda_home)?),
+            ],
+        };
         for (old, new) in aliases.made() {
             progress.output(&format!(
                 "==> fdl: make sees {} as {}",
@@ -197,23 +224,17 @@ impl Backend for NativeBackend {
                 new.display()
             ));
         }
-        let env = make_env(native);
+        progress.output(&format!("==> fdl: paths: {}", paths.describe()));
+        let steps = NativeSteps::new(native, plan.jobs, &paths);
 
         progress.phase(Phase::Compile);
-        let total = count_compiles(native, &commands[0], &env, progress);
+        let total = count_compiles(&steps.count, progress);
         if let Some(total) = total {
             progress.set_total(total);
         }
-        run_make(
-            native,
-            &commands[0],
-            &env,
-            progress,
-            total,
-            "make src.build (compiling NCCL)",
-        )?;
+        run_make(&steps.build, progress, total)?;
         progress.phase(Phase::Install);
-        run_make(native, &commands[1], &env, progress, None, "make install")?;
+        run_make(&steps.install, progress, None)?;
         Ok(())
     }
 }
@@ -231,43 +252,21 @@ fn tool(native: &NativePlan, name: &str) -> PathBuf {
 /// so NCCL's own `$(shell nvcc ...)` probes see the same toolkit the plan checked; the
 /// C++ compiler discovery found as `CXX`; and no `MAKEFLAGS` of an outer make, whose
 /// flags (`-n`, `-k`, a jobserver) would change what this build does.
-fn make_env(native: &NativePlan) -> Vec<(OsString, Option<OsString>)> {
-    let mut path: Vec<PathBuf> = native
-        .toolkit
-        .nvcc
-        .parent()
-        .map(Path::to_path_buf)
-        .into_iter()
-        .collect();
-    if let Some(current) = std::env::var_os("PATH") {
-        path.extend(std::env::split_paths(&current));
+fn make_env(native: &NativePlan, mut step: Step) -> Step {
+    if let Some(bin) = native.toolkit.nvcc.parent() {
+        step = step.env("PATH", EnvChange::PrependPath(bin.to_path_buf()));
     }
-    let mut env = vec![
-        (OsString::from("PATH"), std::env::join_paths(path).ok()),
-        (
-            "CUDA_HOME".into(),
-            Some(native.toolkit.cuda_home.clone().into_os_string()),
-        ),
-        ("MAKEFLAGS".into(), None),
-        ("MFLAGS".into(), None),
-        ("MAKELEVEL".into(), None),
-    ];
+    step = step.env(
+        "CUDA_HOME",
+        EnvChange::Set(native.toolkit.cuda_home.clone().into_os_string()),
+    );
+    for var in ["MAKEFLAGS", "MFLAGS", "MAKELEVEL"] {
+        step = step.env(var, EnvChange::Unset);
+    }
     if let Some(cxx) = native.tools.get("c++") {
-        env.push(("CXX".into(), Some(cxx.clone().into_os_string())));
+        step = step.env("CXX", EnvChange::Set(cxx.clone().into_os_string()));
     }
-    env
-}
-
-fn command(native: &NativePlan, argv: &[String], env: &[(OsString, Option<OsString>)]) -> Command {
-    let mut cmd = Command::new(tool(native, "make"));
-    cmd.args(&argv[1..]);
-    for (k, v) in env {
-        match v {
-            Some(v) => cmd.env(k, v),
-            None => cmd.env_remove(k),
-        };
-    }
-    cmd
+    step
 }
 
 /// How many files `src.build` will compile, from a dry run (`make -n`) counting NCCL's
@@ -276,17 +275,10 @@ fn command(native: &NativePlan, argv: &[String], env: &[(OsString, Option<OsStri
 /// total as files go by, so the display never reads "120/100". (Under `-n`, make still
 /// remakes included makefiles, such as NCCL's generated kernel lists — into the work
 /// directory, where the real build then reuses them.)
-fn count_compiles(
-    native: &NativePlan,
-    build: &[String],
-    env: &[(OsString, Option<OsString>)],
-    progress: &Progress,
-) -> Option<u64> {
-    let mut argv = build.to_vec();
-    argv.insert(1, "-n".into());
-    let mut cmd = command(native, &argv, env);
+fn count_compiles(count: &Step, progress: &Progress) -> Option<u64> {
+    let mut cmd = count.command();
     cmd.stdin(std::process::Stdio::null());
-    match process::capture(&mut cmd, "make -n src.build") {
+    match process::capture(&mut cmd, &count.what) {
         Ok(text) => {
             let n = text
                 .lines()
@@ -309,20 +301,13 @@ fn count_compiles(
 
 /// Runs one make command, its output to the log (and the terminal when verbose), its
 /// `Compiling`/`Linking` lines to the progress.
-fn run_make(
-    native: &NativePlan,
-    argv: &[String],
-    env: &[(OsString, Option<OsString>)],
-    progress: &Progress,
-    mut total: Option<u64>,
-    what: &str,
-) -> Result<()> {
-    progress.output(&format!("==> fdl: {}", argv.join(" ")));
-    let mut cmd = command(native, argv, env);
+fn run_make(step: &Step, progress: &Progress, mut total: Option<u64>) -> Result<()> {
+    progress.output(&format!("==> fdl: step: {}", step.render()));
+    let mut cmd = step.command();
     cmd.stdin(std::process::Stdio::null());
     let mut linking = false;
     let mut compiled = 0u64;
-    process::stream(&mut cmd, what, &mut |line| {
+    process::stream(&mut cmd, &step.what, &mut |line| {
         progress.output(line);
         match progress::nccl_make_event(line) {
             Some((Phase::Compile, file)) if !linking => {
@@ -386,68 +371,78 @@ mod tests {
         .unwrap()
     }
 
+    /// The make steps' words, as strings.
+    fn argv(plan: &BuildPlan, cuda_home: &str) -> Vec<Vec<String>> {
+        let BackendPlan::Native(native) = &plan.backend else {
+            panic!("not native")
+        };
+        let paths = Paths {
+            entries: vec![
+                ("source", "/src".into()),
+                ("build-dir", "/w".into()),
+                ("staging", "/s".into()),
+                ("cuda-home", cuda_home.into()),
+            ],
+        };
+        NativeSteps::new(native, plan.jobs, &paths)
+            .all()
+            .iter()
+            .map(|s| {
+                std::iter::once(&s.program)
+                    .chain(&s.args)
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect()
+            })
+            .collect()
+    }
+
     #[test]
-    fn make_commands_build_then_install_with_the_same_variables() {
-        let cmds = make_commands(
-            &plan("lib64", Some("AllReduce Sum f32")),
-            Path::new("/src"),
-            Path::new("/w"),
-            Path::new("/s"),
-            Path::new("/opt/cuda"),
-        );
+    fn make_steps_count_build_then_install_with_the_same_variables() {
+        let cmds = argv(&plan("lib64", Some("AllReduce Sum f32")), "/opt/cuda");
         let gencode = "NVCC_GENCODE=-gencode=arch=compute_86,code=sm_86";
+        let vars = [
+            gencode,
+            "CUDA_HOME=/opt/cuda",
+            "ONLY_FUNCS=AllReduce Sum f32",
+        ];
+        let step = |head: &[&str]| -> Vec<String> {
+            head.iter().chain(&vars).map(|s| s.to_string()).collect()
+        };
         assert_eq!(
             cmds,
             vec![
-                vec![
+                step(&[
                     "make",
                     "-C",
                     "/src",
+                    "-n",
                     "-j3",
                     "src.build",
-                    "BUILDDIR=/w",
-                    gencode,
-                    "CUDA_HOME=/opt/cuda",
-                    "ONLY_FUNCS=AllReduce Sum f32"
-                ],
-                vec![
+                    "BUILDDIR=/w"
+                ]),
+                step(&["make", "-C", "/src", "-j3", "src.build", "BUILDDIR=/w"]),
+                step(&[
                     "make",
                     "-C",
                     "/src",
                     "-j3",
                     "install",
                     "BUILDDIR=/w",
-                    "PREFIX=/s",
-                    gencode,
-                    "CUDA_HOME=/opt/cuda",
-                    "ONLY_FUNCS=AllReduce Sum f32"
-                ],
+                    "PREFIX=/s"
+                ]),
             ]
         );
     }
 
     #[test]
     fn wheel_layout_names_its_lib_dir() {
-        let cmds = make_commands(
-            &plan("lib", None),
-            Path::new("/src"),
-            Path::new("/w"),
-            Path::new("/s"),
-            Path::new("/opt/cuda"),
-        );
-        for c in &cmds {
+        for c in argv(&plan("lib", None), "/opt/cuda") {
             assert_eq!(c.last().unwrap(), "CUDA_LIB=/opt/cuda/lib");
         }
         // As make sees it through a plain alias of the toolkit's home.
-        let aliased = make_commands(
-            &plan("lib", None),
-            Path::new("/src"),
-            Path::new("/w"),
-            Path::new("/s"),
-            Path::new("/c/paths/abc"),
-        );
-        assert!(aliased[0].contains(&"CUDA_HOME=/c/paths/abc".to_string()));
-        assert_eq!(aliased[0].last().unwrap(), "CUDA_LIB=/c/paths/abc/lib");
+        let aliased = argv(&plan("lib", None), "/c/paths/abc");
+        assert!(aliased[1].contains(&"CUDA_HOME=/c/paths/abc".to_string()));
+        assert_eq!(aliased[1].last().unwrap(), "CUDA_LIB=/c/paths/abc/lib");
     }
 
     #[test]

@@ -74,18 +74,20 @@ pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
     Ok(CheckedFlags { tag, archs, cuda })
 }
 
-/// Decides the backend once the tag is known (a native source tree is checked against
-/// it); returns the backend's inputs and why it was chosen.
-pub type ChooseBackend<'a> = &'a dyn Fn(&Tag) -> Result<(BackendInputs, String)>;
+/// What the flags, the active libtorch and the GPUs say, before a backend is chosen
+/// (choosing one needs the tag: a native source tree is checked against it).
+pub struct Inferred {
+    pub tag: Tag,
+    tag_origin: TagOrigin,
+    cuda_flag: Option<CudaVersion>,
+    cuda_from_libtorch: Option<CudaVersion>,
+    archs: Vec<Arch>,
+    arch_origin: ArchOrigin,
+}
 
-/// Infers what the flags leave open and returns the plan. The backend is chosen by the
-/// caller, which knows which engines and toolkits exist.
-pub fn plan(
-    req: &BuildRequest,
-    flags: CheckedFlags,
-    src: &Sources,
-    backend: ChooseBackend,
-) -> Result<BuildPlan> {
+/// Infers what the flags leave open: the tag (and CUDA) from the active libtorch, the
+/// archs from the GPUs.
+pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
     let CheckedFlags {
         tag: tag_flag,
         archs: archs_flag,
@@ -95,7 +97,6 @@ pub fn plan(
         Some(t) => (t, TagOrigin::Flag, None),
         None => infer_tag(src.project)?,
     };
-
     let (archs, arch_origin) = match archs_flag {
         Some(a) => (a, ArchOrigin::Flag),
         None => {
@@ -105,24 +106,38 @@ pub fn plan(
             (gpu::distinct_archs(&gpus), ArchOrigin::Gpus { gpus })
         }
     };
-
-    let (backend, backend_reason) = backend(&tag)?;
-
-    let (jobs, jobs_reason) = match req.jobs {
-        Some(j) => (j, "from --jobs".to_string()),
-        None => default_jobs(),
-    };
-
-    BuildPlan::new(PlanInputs {
+    Ok(Inferred {
         tag,
         tag_origin,
         cuda_flag,
         cuda_from_libtorch,
         archs,
         arch_origin,
+    })
+}
+
+/// The plan, from what was inferred and the chosen backend's inputs.
+pub fn plan(
+    req: &BuildRequest,
+    inferred: Inferred,
+    builds_dir: std::path::PathBuf,
+    backend: BackendInputs,
+    backend_reason: String,
+) -> Result<BuildPlan> {
+    let (jobs, jobs_reason) = match req.jobs {
+        Some(j) => (j, "from --jobs".to_string()),
+        None => default_jobs(),
+    };
+    BuildPlan::new(PlanInputs {
+        tag: inferred.tag,
+        tag_origin: inferred.tag_origin,
+        cuda_flag: inferred.cuda_flag,
+        cuda_from_libtorch: inferred.cuda_from_libtorch,
+        archs: inferred.archs,
+        arch_origin: inferred.arch_origin,
         jobs,
         jobs_reason,
-        builds_dir: src.project.nccl_builds_dir(),
+        builds_dir,
         backend,
         backend_reason,
         ptx: req.ptx,

@@ -8,12 +8,13 @@
 use crate::arch::{self, Arch, ImageError};
 use crate::gpu::Gpu;
 use crate::nccl::tag::Tag;
+use crate::step::{Paths, Step};
 use crate::version::{CudaVersion, NcclVersion};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// The prefix of every image fdl builds, so users can find and prune them.
 pub const IMAGE_REPO: &str = "flodl-nccl-build";
@@ -78,6 +79,63 @@ impl std::fmt::Display for BackendKind {
             BackendKind::Docker => "docker",
             BackendKind::Native => "native",
         })
+    }
+}
+
+/// The backend half of a plan. In JSON it is `"backend": "docker"` beside a `"docker"`
+/// object (or `"native"` and `"native"`), the shape manifests have always had.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "BackendRepr", into = "BackendRepr")]
+pub enum BackendPlan {
+    Docker(DockerPlan),
+    Native(NativePlan),
+}
+
+impl BackendPlan {
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            BackendPlan::Docker(_) => BackendKind::Docker,
+            BackendPlan::Native(_) => BackendKind::Native,
+        }
+    }
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+struct BackendRepr {
+    backend: BackendKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    docker: Option<DockerPlan>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    native: Option<NativePlan>,
+}
+
+impl TryFrom<BackendRepr> for BackendPlan {
+    type Error = String;
+    fn try_from(r: BackendRepr) -> Result<Self, String> {
+        match (r.backend, r.docker, r.native) {
+            (BackendKind::Docker, Some(d), None) => Ok(BackendPlan::Docker(d)),
+            (BackendKind::Native, None, Some(n)) => Ok(BackendPlan::Native(n)),
+            (kind, _, _) => Err(format!(
+                "a {kind} plan must carry exactly its own `{kind}` section"
+            )),
+        }
+    }
+}
+
+impl From<BackendPlan> for BackendRepr {
+    fn from(b: BackendPlan) -> Self {
+        match b {
+            BackendPlan::Docker(d) => BackendRepr {
+                backend: BackendKind::Docker,
+                docker: Some(d),
+                native: None,
+            },
+            BackendPlan::Native(n) => BackendRepr {
+                backend: BackendKind::Native,
+                docker: None,
+                native: Some(n),
+            },
+        }
     }
 }
 
@@ -207,12 +265,10 @@ pub struct BuildPlan {
     /// `v2.27.5-sm61-sm120`: the build's directory name.
     pub name: String,
     pub output_dir: PathBuf,
-    pub backend: BackendKind,
+    /// Which backend, and what it will do: one or the other, never both or neither.
+    #[serde(flatten)]
+    pub backend: BackendPlan,
     pub backend_reason: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub docker: Option<DockerPlan>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub native: Option<NativePlan>,
     /// What stops this plan from running. A dry run shows the plan with them; a build
     /// refuses to start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -256,7 +312,7 @@ impl BuildPlan {
         let mut cuda = cuda;
         let mut cuda_note = None;
         let mut problems = Vec::new();
-        let (backend, docker, native) = match inputs.backend {
+        let backend = match inputs.backend {
             BackendInputs::Docker {
                 dockerfile,
                 base_image,
@@ -300,7 +356,7 @@ impl BuildPlan {
                     dockerfile,
                     image,
                 );
-                (BackendKind::Docker, Some(plan), None)
+                BackendPlan::Docker(plan)
             }
             BackendInputs::Native {
                 toolkit,
@@ -332,7 +388,7 @@ impl BuildPlan {
                     make_vars,
                     allow_cuda_mismatch,
                 };
-                (BackendKind::Native, None, Some(plan))
+                BackendPlan::Native(plan)
             }
         };
         Ok(BuildPlan {
@@ -353,8 +409,6 @@ impl BuildPlan {
             name,
             backend,
             backend_reason: inputs.backend_reason,
-            docker,
-            native,
             problems,
         })
     }
@@ -368,30 +422,32 @@ impl BuildPlan {
             ("archs", arch::archs_slug(&self.archs)),
             ("gencode", self.gencode.clone()),
             ("only_funcs", self.only_funcs.clone().unwrap_or_default()),
-            ("backend", self.backend.to_string()),
+            ("backend", self.backend.kind().to_string()),
         ]);
-        if let Some(d) = &self.docker {
-            id.insert("image", d.image.clone());
-            id.insert("dockerfile", d.dockerfile.sha256().to_string());
-        }
-        if let Some(n) = &self.native {
-            id.insert(
-                "toolkit",
-                format!(
-                    "CUDA {} at {}",
-                    n.toolkit.cuda,
-                    n.toolkit.cuda_home.display()
-                ),
-            );
-            id.insert(
-                "source",
-                match &n.source {
-                    NativeSource::Dir { path, version } => {
-                        format!("{} (NCCL {version})", path.display())
-                    }
-                    NativeSource::Clone { repo, .. } => repo.clone(),
-                },
-            );
+        match &self.backend {
+            BackendPlan::Docker(d) => {
+                id.insert("image", d.image.clone());
+                id.insert("dockerfile", d.dockerfile.sha256().to_string());
+            }
+            BackendPlan::Native(n) => {
+                id.insert(
+                    "toolkit",
+                    format!(
+                        "CUDA {} at {}",
+                        n.toolkit.cuda,
+                        n.toolkit.cuda_home.display()
+                    ),
+                );
+                id.insert(
+                    "source",
+                    match &n.source {
+                        NativeSource::Dir { path, version } => {
+                            format!("{} (NCCL {version})", path.display())
+                        }
+                        NativeSource::Clone { repo, .. } => repo.clone(),
+                    },
+                );
+            }
         }
         id
     }
@@ -407,56 +463,67 @@ impl BuildPlan {
             })
             .collect()
     }
+}
 
-    /// The docker command lines the backend runs, with the private paths given; empty for
-    /// plans of another backend.
-    pub fn docker_commands(
-        &self,
-        context: &Path,
-        staging: &Path,
-        container: &str,
-    ) -> Vec<Vec<String>> {
-        let Some(docker) = &self.docker else {
-            return Vec::new();
-        };
-        let mut build = vec![
-            "docker".to_string(),
-            "build".into(),
-            "--tag".into(),
-            docker.image.clone(),
-        ];
+/// The Docker backend's steps, by name. `paths` holds `context` (the private build
+/// context, holding only the Dockerfile), `staging` and `container` (its name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DockerSteps {
+    pub build: Step,
+    pub create: Step,
+    pub copy: Step,
+    pub remove: Step,
+}
+
+impl DockerSteps {
+    pub const PATHS: &'static [&'static str] = &["context", "staging", "container"];
+
+    pub fn new(docker: &DockerPlan, paths: &Paths) -> DockerSteps {
+        let context = paths.get("context");
+        let container = paths.get("container").as_os_str();
+        let mut build = Step::new(
+            "docker build",
+            "docker",
+            &format!("the image {}", docker.image),
+        )
+        .arg("build")
+        .arg("--tag")
+        .arg(&docker.image);
         for (k, v) in &docker.build_args {
-            build.push("--build-arg".into());
-            build.push(format!("{k}={v}"));
+            build = build.arg("--build-arg").assign(k, v);
         }
-        build.push("--file".into());
-        build.push(context.join("Dockerfile").display().to_string());
-        build.push(context.display().to_string());
-        vec![
+        let build = build
+            .arg("--file")
+            .arg(context.join("Dockerfile"))
+            .arg(context);
+        let mut from = container.to_os_string();
+        from.push(format!(":{IMAGE_INSTALL_DIR}/."));
+        DockerSteps {
             build,
-            vec![
-                "docker".into(),
-                "create".into(),
-                "--name".into(),
-                container.to_string(),
-                docker.image.clone(),
-                "fdl-extract".into(),
-            ],
-            vec![
-                "docker".into(),
-                "cp".into(),
-                format!("{container}:{IMAGE_INSTALL_DIR}/."),
-                staging.display().to_string(),
-            ],
-            vec![
-                "docker".into(),
-                "rm".into(),
-                "--force".into(),
-                container.to_string(),
-            ],
-        ]
+            create: Step::new(
+                "docker create",
+                "docker",
+                "a stopped container of the image",
+            )
+            .arg("create")
+            .arg("--name")
+            .arg(container)
+            .arg(&docker.image)
+            .arg("fdl-extract"),
+            copy: Step::new("docker cp", "docker", "the NCCL install tree in staging")
+                .arg("cp")
+                .arg(from)
+                .arg(paths.get("staging")),
+            remove: Step::new("docker rm", "docker", "nothing: the container is gone")
+                .arg("rm")
+                .arg("--force")
+                .arg(container),
+        }
     }
 
+    pub fn all(&self) -> [&Step; 4] {
+        [&self.build, &self.create, &self.copy, &self.remove]
+    }
 }
 
 /// The Docker half of a plan: image name, base image and build arguments.
@@ -550,14 +617,22 @@ fn check_toolkit(
 mod tests {
     use super::*;
 
+    fn docker(p: &BuildPlan) -> &DockerPlan {
+        match &p.backend {
+            BackendPlan::Docker(d) => d,
+            other => panic!("not a Docker plan: {other:?}"),
+        }
+    }
+
+    fn native(p: &BuildPlan) -> &NativePlan {
+        match &p.backend {
+            BackendPlan::Native(n) => n,
+            other => panic!("not a native plan: {other:?}"),
+        }
+    }
+
     fn docker_args(p: &BuildPlan) -> BTreeMap<String, String> {
-        p.docker
-            .as_ref()
-            .unwrap()
-            .build_args
-            .iter()
-            .cloned()
-            .collect()
+        docker(p).build_args.iter().cloned().collect()
     }
 
     pub(crate) fn inputs(tag: &str, archs: &[Arch]) -> PlanInputs {
@@ -619,12 +694,12 @@ mod tests {
             PathBuf::from("/p/libtorch/nccl/builds/v2.27.5-sm61-sm120")
         );
         assert_eq!(
-            p.docker.as_ref().unwrap().image,
+            docker(&p).image,
             "flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8"
         );
         assert_eq!(p.cuda_origin, CudaOrigin::Default);
         assert_eq!(
-            p.docker.as_ref().unwrap().base_image.as_deref(),
+            docker(&p).base_image.as_deref(),
             Some("nvidia/cuda:12.8.1-devel-ubuntu22.04")
         );
         let args = docker_args(&p);
@@ -711,6 +786,18 @@ mod tests {
         assert!(d.iter().any(|s| s.starts_with("cuda:")), "{d:?}");
     }
 
+    /// The JSON keeps the manifests' shape (`backend` beside its section), and a plan
+    /// naming one backend with the other's section, or both, does not read.
+    #[test]
+    fn backend_sections_read_only_when_they_agree() {
+        let p = BuildPlan::new(inputs("v2.27.5-1", &MIXED)).unwrap();
+        let mut v = serde_json::to_value(&p).unwrap();
+        assert_eq!(v["backend"], "docker");
+        assert!(v["docker"].is_object() && v.get("native").is_none());
+        v["backend"] = "native".into();
+        assert!(serde_json::from_value::<BuildPlan>(v).is_err());
+    }
+
     #[test]
     fn plan_round_trips_through_json() {
         let p = BuildPlan::new(inputs("master", &MIXED)).unwrap();
@@ -750,21 +837,9 @@ mod tests {
     #[test]
     fn native_toolkit_must_match_and_compile_every_arch() {
         let p = BuildPlan::new(native_inputs("v2.27.5-1", &MIXED, "12.8.93", None)).unwrap();
-        assert_eq!(p.backend, BackendKind::Native);
-        let vars: BTreeMap<_, _> = p
-            .native
-            .as_ref()
-            .unwrap()
-            .make_vars
-            .iter()
-            .cloned()
-            .collect();
+        assert_eq!(p.backend.kind(), BackendKind::Native);
+        let vars: BTreeMap<_, _> = native(&p).make_vars.iter().cloned().collect();
         assert_eq!(vars["CUDA_HOME"], "/opt/cuda");
-        assert!(
-            p.docker.is_none()
-                && p.docker_commands(Path::new("c"), Path::new("s"), "x")
-                    .is_empty()
-        );
 
         let err = BuildPlan::new(native_inputs("v2.27.5-1", &MIXED, "12.9.1", None)).unwrap_err();
         assert!(
