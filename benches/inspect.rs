@@ -15,7 +15,7 @@
 //! non-zero only when a contender gives a wrong answer.
 
 use fdl::arch::{Arch, GpuTarget, Variant};
-use fdl::inspect::synth;
+use fdl_synth as synth;
 use std::fmt::Write as _;
 use std::fs::File;
 use std::hint::black_box;

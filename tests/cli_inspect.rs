@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use fdl::arch::{Arch, GpuTarget};
-use fdl::inspect::synth::{self, Entry, Kind, Spec};
+use fdl_synth::{self as synth, Entry, Kind, Spec};
 use predicates::prelude::*;
 use serde_json::Value;
 use std::path::Path;

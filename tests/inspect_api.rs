@@ -2,8 +2,9 @@
 //! verdicts, and hostile inputs (truncations, bad offsets, odd file types).
 
 use fdl::arch::{Arch, GpuTarget, Variant};
-use fdl::inspect::{self, coverage, synth, Verdict};
+use fdl::inspect::{self, coverage, Verdict};
 use fdl::version::{CudaVersion, NcclVersion};
+use fdl_synth as synth;
 use std::path::Path;
 
 fn t(n: u32, variant: Variant) -> GpuTarget {

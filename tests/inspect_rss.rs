@@ -4,7 +4,8 @@
 //! Set FDL_SKIP_LARGE=1 to skip on machines short of disk.
 
 use fdl::arch::{Arch, GpuTarget, Variant};
-use fdl::inspect::{self, synth};
+use fdl::inspect;
+use fdl_synth as synth;
 
 fn vm_hwm_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -13,7 +13,6 @@ pub mod resolve;
 pub mod selfid;
 pub mod source;
 #[doc(hidden)]
-pub mod synth;
 pub(crate) mod zstd_head;
 
 use crate::arch::{Arch, GpuTarget, Variant};

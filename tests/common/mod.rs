@@ -63,7 +63,7 @@ int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}
 /// compiled from it carries GPU code fdl's inspection finds, as nvcc-built ones do.
 pub fn fatbin_c_source(archs: &[u32], symbol: &str) -> String {
     use fdl::arch::{Arch, GpuTarget};
-    use fdl::inspect::synth::{self, Entry, Kind, Spec};
+    use fdl_synth::{self as synth, Entry, Kind, Spec};
     use object::{Object, ObjectSection};
     let spec = Spec {
         entries: archs

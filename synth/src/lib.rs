@@ -8,15 +8,23 @@
 //! ELF header (the arch in `e_flags`, as nvcc writes it) and compressed entries hold a
 //! valid LZ4 block, so `readelf` and `cuobjdump --list-elf/--list-ptx` read the output.
 
-use crate::arch::{GpuTarget, Variant};
 use anyhow::{Context, Result};
+use fdl::arch::{GpuTarget, Variant};
 use std::io::{self, Write};
 use std::path::Path;
 
-use super::fatbin::{
-    FLAG_64BIT, FLAG_ARCH_SPECIFIC, FLAG_COMPRESS_LZ4, FLAG_FAMILY, FLAG_LINUX, KIND_ELF, KIND_PTX,
-    MAGIC,
-};
+// The fatbin format as this writer knows it, written down here rather than taken from
+// fdl's reader, so that a mistake in one is not silently shared by the other. The
+// community's reverse-engineered layout; cuobjdump reading what this crate writes is the
+// check (`tests/inspect_oracle.rs`).
+const MAGIC: u32 = 0xBA55_ED50;
+const KIND_PTX: u16 = 1;
+const KIND_ELF: u16 = 2;
+const FLAG_64BIT: u64 = 0x1;
+const FLAG_LINUX: u64 = 0x10;
+const FLAG_COMPRESS_LZ4: u64 = 0x2000;
+const FLAG_ARCH_SPECIFIC: u64 = 0x10_0000;
+const FLAG_FAMILY: u64 = 0x20_0000;
 
 /// What an entry holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -789,8 +797,8 @@ pub fn to_vec(spec: &Spec) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::Arch;
-    use crate::inspect::fatbin::lz4_prefix;
+    use fdl::arch::Arch;
+    use fdl::inspect::fatbin::lz4_prefix;
 
     /// Every shape of block — literal-only, one match, many, PTX with its NUL — decodes
     /// (with the reader's own LZ4 decoder) to the plain bytes, at the predicted length.
