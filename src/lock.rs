@@ -17,6 +17,9 @@ use std::path::{Path, PathBuf};
 pub struct BuildLock {
     _file: File,
     pub path: PathBuf,
+    /// Whose lock it is: the build's name and the builds directory it lives in.
+    pub name: String,
+    pub builds_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +104,12 @@ pub fn acquire(
         std::env::args().collect::<Vec<_>>().join(" ")
     );
     let _ = file.flush();
-    Ok(BuildLock { _file: file, path })
+    Ok(BuildLock {
+        _file: file,
+        path,
+        name: name.to_string(),
+        builds_dir: builds_dir.to_path_buf(),
+    })
 }
 
 /// Polls so an interrupt can end the wait; a blocking `lock()` could not be interrupted.

@@ -276,7 +276,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
     let entries = store.list()?;
     let chosen: Vec<&Entry> = match build {
         Some(name) => {
-            crate::nccl::store::check_build_name(name)?;
+            crate::nccl::store::BuildName::parse(name)?;
             match entries.iter().find(|e| e.name() == name) {
                 Some(e) => vec![e],
                 None => bail!(

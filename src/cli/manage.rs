@@ -2,8 +2,8 @@
 
 use super::{paint, print_json, Color};
 use crate::libtorch::Libtorch;
-use crate::lock::{self, Wait};
-use crate::nccl::store::{check_build_name, BuildStore, Entry, Existing, Manifest};
+use crate::lock::Wait;
+use crate::nccl::store::{BuildName, BuildStore, Entry, Existing, Manifest};
 use crate::project::Project;
 use anyhow::{bail, Result};
 use clap::ValueEnum;
@@ -143,8 +143,9 @@ fn human_size(bytes: u64) -> String {
 pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bool) -> Result<()> {
     let store = BuildStore::new(project.nccl_builds_dir());
     // Check every name before deleting any, so a typo removes nothing.
+    let mut parsed = Vec::new();
     for name in names {
-        check_build_name(name)?;
+        parsed.push(BuildName::parse(name)?);
         match store.existing(name)? {
             Some(Existing::Build(_) | Existing::Unreadable(_)) => {}
             Some(Existing::NotABuild(why)) => bail!(
@@ -170,17 +171,19 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
         let mut answer = String::new();
         std::io::stdin().lock().read_line(&mut answer)?;
         if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            bail!("nothing was removed");
+            // Declining is an answer, not an error.
+            eprintln!("Nothing was removed.");
+            return Ok(());
         }
     }
     let wait = if no_wait { Wait::No } else { Wait::Yes };
-    for name in names {
+    for name in &parsed {
         // The same lock as a build of this target: never delete one being (re)built.
-        let _lock = lock::acquire(&crate::cache::cache_dir(), &store.dir, name, wait, &|msg| {
+        let lock = store.lock(name, &crate::cache::cache_dir(), wait, &|msg| {
             eprintln!("{msg}")
         })?;
-        let dir = store.remove(name)?;
-        store.sweep_leftovers(name);
+        let dir = store.remove(&lock)?;
+        store.sweep_leftovers(&lock);
         println!("Removed {}", dir.display());
     }
     Ok(())
@@ -199,7 +202,7 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
     let store = BuildStore::new(project.nccl_builds_dir());
     let (name, manifest, why) = match build {
         Some(name) => {
-            check_build_name(name)?;
+            BuildName::parse(name)?;
             match store.existing(name)? {
                 Some(Existing::Build(m)) => (name.to_string(), *m, "named".to_string()),
                 Some(Existing::Unreadable(why)) => bail!(

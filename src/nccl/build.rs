@@ -7,7 +7,7 @@ use crate::inspect;
 use crate::libtorch::Libtorch;
 use crate::lock;
 use crate::nccl::plan::{ArchOrigin, BackendInputs, BuildPlan, PlanInputs, TagOrigin};
-use crate::nccl::store::{BuildStore, Existing, Manifest};
+use crate::nccl::store::{BuildName, BuildStore, Existing, Manifest};
 use crate::nccl::tag::Tag;
 use crate::nccl::verify;
 use crate::process;
@@ -267,10 +267,9 @@ pub fn execute(
         bail!("the plan cannot run:\n  {}", plan.problems.join("\n  "));
     }
     let dir = store.path_of(&plan.name);
-    let _lock = lock::acquire(&opts.cache, &store.dir, &plan.name, opts.wait, &|msg| {
-        eprintln!("{msg}")
-    })?;
-    for done in store.sweep_leftovers(&plan.name) {
+    let name = BuildName::parse(&plan.name)?;
+    let lock = store.lock(&name, &opts.cache, opts.wait, &|msg| eprintln!("{msg}"))?;
+    for done in store.sweep_leftovers(&lock) {
         eprintln!("{done}");
     }
     let existing = store.existing(&plan.name)?;
@@ -301,7 +300,7 @@ pub fn execute(
         _ => {}
     }
     // Staging first: if it cannot be made, no log file is left behind either.
-    let staging = store.begin(&plan.name)?;
+    let staging = store.begin(&lock)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

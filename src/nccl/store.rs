@@ -7,6 +7,7 @@
 //! directory that looks like a build, and never touches an existing one. Like rustup's
 //! install transaction, [`Staging`] rolls everything back on `Drop` unless committed.
 
+use crate::lock::{self, BuildLock};
 use crate::nccl::plan::BuildPlan;
 use crate::nccl::tree::{self, CheckedTree};
 use crate::nccl::verify::Check;
@@ -52,17 +53,35 @@ impl Entry {
     }
 }
 
-/// Names a user can give to a build: a plain directory name, never a path.
-pub fn check_build_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if !ok {
-        bail!("'{name}' is not a build name: give a directory name under libtorch/nccl/builds/ as `fdl nccl list` shows it");
+/// A build's name: a plain directory name under the builds directory, never a path,
+/// checked once when it comes in (from the user or a plan).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BuildName(String);
+
+impl BuildName {
+    pub fn parse(name: &str) -> Result<BuildName> {
+        let ok = !name.is_empty()
+            && name.len() <= 255
+            && !name.starts_with('.')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !ok {
+            let shown: String = name.chars().take(80).collect();
+            bail!("'{shown}' is not a build name: give a directory name under libtorch/nccl/builds/ as `fdl nccl list` shows it");
+        }
+        Ok(BuildName(name.to_string()))
     }
-    Ok(())
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for BuildName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// What is saved with every build: the plan that made it and what the check found.
@@ -128,6 +147,32 @@ impl BuildStore {
         self.dir.join(name)
     }
 
+    /// Takes the lock of build `name`: the one thing that lets a caller change what is
+    /// at its place ([`BuildStore::begin`], [`BuildStore::remove`],
+    /// [`BuildStore::sweep_leftovers`] all take the guard).
+    pub fn lock(
+        &self,
+        name: &BuildName,
+        cache: &Path,
+        wait: lock::Wait,
+        on_wait: &dyn Fn(&str),
+    ) -> Result<BuildLock> {
+        lock::acquire(cache, &self.dir, name.as_str(), wait, on_wait)
+    }
+
+    /// The build a lock guards, checked to be one of this store's.
+    fn locked<'l>(&self, lock: &'l BuildLock) -> Result<&'l str> {
+        if lock.builds_dir != self.dir {
+            bail!(
+                "the lock of {} guards {}, not {}",
+                lock.name,
+                lock.builds_dir.display(),
+                self.dir.display()
+            );
+        }
+        Ok(&lock.name)
+    }
+
     /// What is at the place of build `name`, if anything.
     pub fn existing(&self, name: &str) -> Result<Option<Existing>> {
         let dir = self.path_of(name);
@@ -187,10 +232,9 @@ impl BuildStore {
 
     /// Removes build `name`: it must be an fdl build (it has a manifest, readable or not:
     /// a damaged or too-new manifest must not make a build impossible to remove). The directory is
-    /// renamed away first so it disappears at once, then deleted. The caller holds the
-    /// build's lock.
-    pub fn remove(&self, name: &str) -> Result<PathBuf> {
-        check_build_name(name)?;
+    /// renamed away first so it disappears at once, then deleted.
+    pub fn remove(&self, lock: &BuildLock) -> Result<PathBuf> {
+        let name = self.locked(lock)?;
         let dir = self.path_of(name);
         match self.existing(name)? {
             Some(Existing::Build(_) | Existing::Unreadable(_)) => {}
@@ -218,10 +262,13 @@ impl BuildStore {
 
     /// Cleans up after killed runs of build `name`: staging and removal directories are
     /// deleted; an old build set aside by an interrupted replace is renamed back when the
-    /// target is missing (it is then the only build there is), deleted otherwise. Only
-    /// safe while holding that build's lock, which proves no live run owns them.
-    pub fn sweep_leftovers(&self, name: &str) -> Vec<String> {
+    /// target is missing (it is then the only build there is), deleted otherwise. The
+    /// lock proves no live run owns them.
+    pub fn sweep_leftovers(&self, lock: &BuildLock) -> Vec<String> {
         let mut done = Vec::new();
+        let Ok(name) = self.locked(lock) else {
+            return done;
+        };
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
             return done;
         };
@@ -260,8 +307,9 @@ impl BuildStore {
         done
     }
 
-    /// Opens a transaction for build `name`: a fresh staging directory beside the target.
-    pub fn begin(&self, name: &str) -> Result<Staging> {
+    /// Opens a transaction for the locked build: a fresh staging directory beside it.
+    pub fn begin(&self, lock: &BuildLock) -> Result<Staging> {
+        let name = self.locked(lock)?;
         let critical = crate::process::Critical::enter();
         let mut created = Vec::new();
         // Record which parents we create so a rollback leaves the tree as it found it.
@@ -535,9 +583,14 @@ mod tests {
     fn failed_transaction_leaves_nothing() {
         let t = tempfile::tempdir().unwrap();
         let store = BuildStore::new(t.path().join("libtorch/nccl/builds"));
-        let staging = store.begin("v2.27.5-sm61").unwrap();
+        let name = BuildName::parse("v2.27.5-sm61").unwrap();
+        let lock = store
+            .lock(&name, &t.path().join("cache"), lock::Wait::No, &|_| {})
+            .unwrap();
+        let staging = store.begin(&lock).unwrap();
         std::fs::write(staging.path().join("x"), "partial").unwrap();
         drop(staging);
         assert!(!t.path().join("libtorch").exists());
+        assert!(BuildName::parse("../etc").is_err() && BuildName::parse(".x").is_err());
     }
 }
