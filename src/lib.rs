@@ -18,4 +18,5 @@ pub mod process;
 pub mod progress;
 pub mod project;
 pub mod step;
+pub mod txn;
 pub mod version;

@@ -174,3 +174,51 @@ fn bad_names_and_paths_write_nothing() {
         .stderr(predicate::str::contains("already exists"));
     assert_eq!(snapshot(p.root()), before);
 }
+
+/// fdl killed (SIGKILL) before and after `libtorch add` renames its variant into place:
+/// the next run leaves exactly one complete variant and nothing beside it.
+#[test]
+fn a_kill_during_add_leaves_one_variant_or_none_to_redo() {
+    use std::os::unix::process::ExitStatusExt;
+    let src = tempfile::tempdir().unwrap();
+    archive(src.path());
+    let cache = tempfile::tempdir().unwrap();
+    for point in ["variant:before-rename", "variant:after-rename"] {
+        let p = ProjectFixture::empty();
+        let precompiled = p.root().join("libtorch/precompiled");
+        let add = |kill: Option<&str>| {
+            let mut cmd = fdl_in(p.root());
+            cmd.env("XDG_CACHE_HOME", cache.path())
+                .args(["libtorch", "add", "cu128"])
+                .arg(src.path());
+            if let Some(k) = kill {
+                cmd.env("FDL_TEST_KILL_AT", k);
+            }
+            cmd.output().unwrap()
+        };
+        let out = add(Some(point));
+        assert_eq!(out.status.signal(), Some(9), "{point}: not killed");
+        let out = add(None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if point == "variant:before-rename" {
+            assert!(out.status.success(), "{point}: {err}");
+            assert!(
+                err.contains("left by an earlier run that was killed"),
+                "{err}"
+            );
+        } else {
+            assert!(err.contains("already exists"), "{point}: {err}");
+        }
+        let names: Vec<String> = std::fs::read_dir(&precompiled)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["cu128"], "{point}");
+        let arch = std::fs::read_to_string(precompiled.join("cu128/.arch")).unwrap();
+        assert!(arch.contains("nccl=2.27.3"), "{point}: {arch}");
+        assert!(
+            precompiled.join("cu128/lib/libtorch_cuda.so").is_file(),
+            "{point}"
+        );
+    }
+}

@@ -4,14 +4,15 @@
 //!
 //! The variant is a directory of symlinks to PATH's entries plus an `.arch` of our own,
 //! written from the binaries — so nothing is written into the user's torch install. It is
-//! assembled in a hidden directory and renamed into place, so a failure leaves nothing.
+//! assembled in a [`Transaction`] and renamed into place, so a failure leaves nothing.
 
 use crate::arch::Arch;
 use crate::inspect::{self, Linkage, LoaderEnv};
 use crate::libtorch::{Libtorch, Variant};
+use crate::txn::Transaction;
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// What `.arch` will say, in the order it is written.
 pub type ArchFile = Vec<(&'static str, String)>;
@@ -48,53 +49,60 @@ pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)
     let arch = describe(&source, &lib)?;
 
     let parent = lt.dir.join("precompiled");
-    let mut created = Vec::new();
-    for dir in [&lt.dir, &parent] {
-        if !dir.exists() {
-            std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            created.push(dir.clone());
+    // One add of a name at a time; a killed one's staging directory is ours to remove.
+    let _lock = crate::lock::acquire(
+        &crate::cache::cache_dir(),
+        &parent,
+        &format!("variant-{name}"),
+        crate::lock::Wait::Yes,
+        &|msg| eprintln!("{msg}"),
+    )?;
+    let prefix = format!("{ADDING_PREFIX}{name}-");
+    if let Ok(rd) = std::fs::read_dir(&parent) {
+        for e in rd.flatten() {
+            let leftover = e
+                .file_name()
+                .to_string_lossy()
+                .strip_prefix(&prefix)
+                .is_some_and(|rest| !rest.contains('-'));
+            if leftover {
+                if let Some(what) = crate::txn::restore_or_remove(&e.path(), &target) {
+                    eprintln!("{what}");
+                }
+            }
         }
     }
-    let staged = (|| -> Result<PathBuf> {
-        let staging = tempfile::Builder::new()
-            .prefix(&format!(".adding-{name}-"))
-            .tempdir_in(&parent)?;
+    let registered = (|| -> Result<()> {
+        let txn = Transaction::begin(target.clone(), &prefix, "variant")?;
         for entry in std::fs::read_dir(&source)? {
             let entry = entry?;
             let file_name = entry.file_name();
             if file_name == ".arch" {
                 continue;
             }
-            std::os::unix::fs::symlink(entry.path(), staging.path().join(&file_name))?;
+            std::os::unix::fs::symlink(entry.path(), txn.path().join(&file_name))?;
         }
         let text: String = arch.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
-        std::fs::write(staging.path().join(".arch"), text)?;
-        let staging = staging.keep();
-        if let Err(e) = std::fs::rename(&staging, &target) {
-            let _ = std::fs::remove_dir_all(&staging);
-            return Err(e.into());
-        }
-        Ok(target.clone())
+        crate::nccl::tree::create_new(&txn.path().join(".arch"), &mut text.as_bytes())?;
+        txn.commit()
     })();
-    match staged {
-        Ok(dir) => Ok((
+    match registered {
+        Ok(()) => Ok((
             Variant {
                 name: format!("precompiled/{name}"),
-                dir,
+                dir: target,
             },
             arch,
         )),
-        Err(e) => {
-            for dir in created.iter().rev() {
-                let _ = std::fs::remove_dir(dir);
-            }
-            Err(e.context(format!(
-                "cannot register {} as precompiled/{name}",
-                source.display()
-            )))
-        }
+        Err(e) => Err(e.context(format!(
+            "cannot register {} as precompiled/{name}",
+            source.display()
+        ))),
     }
 }
+
+/// Prefix of a variant being assembled.
+const ADDING_PREFIX: &str = ".adding-";
 
 fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()

@@ -12,6 +12,7 @@ use crate::nccl::plan::NativeSource;
 use crate::nccl::tag::Tag;
 use crate::process;
 use crate::progress::{Phase, Progress};
+use crate::txn::Transaction;
 use crate::version::NcclVersion;
 use anyhow::{anyhow, bail, Context, Result};
 use std::fs::{File, OpenOptions, TryLockError};
@@ -259,18 +260,15 @@ pub fn ensure_clone(
     }
 
     progress.phase(Phase::Clone);
-    // Removed on drop, so a failed or interrupted clone leaves nothing behind.
-    let partial = tempfile::Builder::new()
-        .prefix(&prefix)
-        .tempdir_in(parent)
-        .with_context(|| format!("cannot create a directory in {}", parent.display()))?;
+    // Rolled back on drop, so a failed or interrupted clone leaves nothing behind.
+    let txn = Transaction::begin(cache_dir.to_path_buf(), &prefix, "clone")?;
     let mut cmd = Command::new(git);
     cmd.args(["-c", "advice.detachedHead=false", "clone", "--depth", "1"])
         .arg("--branch")
         .arg(tag.as_str())
         .arg("--")
         .arg(repo)
-        .arg(partial.path())
+        .arg(txn.path())
         // A wrong URL must fail, not wait for a password nobody will type.
         .env("GIT_TERMINAL_PROMPT", "0");
     progress.output(&format!(
@@ -281,15 +279,11 @@ pub fn ensure_clone(
         &format!("git clone of {repo} at {tag}"),
         &mut |l| progress.output(l),
     )?;
-    if let Some(why) = cache_entry_problem(partial.path(), repo, tag, git) {
+    if let Some(why) = cache_entry_problem(txn.path(), repo, tag, git) {
         bail!("the clone of {repo} at {tag} cannot be built: {why}");
     }
-    let done = partial.keep();
-    if let Err(e) = std::fs::rename(&done, cache_dir) {
-        let _ = std::fs::remove_dir_all(&done);
-        return Err(e)
-            .with_context(|| format!("cannot move the clone into {}", cache_dir.display()));
-    }
+    txn.commit()
+        .with_context(|| format!("cannot move the clone into {}", cache_dir.display()))?;
     Ok(cache_dir.to_path_buf())
 }
 

@@ -11,6 +11,7 @@ use crate::lock::{self, BuildLock};
 use crate::nccl::plan::BuildPlan;
 use crate::nccl::tree::{self, CheckedTree};
 use crate::nccl::verify::Check;
+use crate::txn::{self, Transaction, REPLACED_PREFIX};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -21,7 +22,6 @@ pub const MANIFEST: &str = "fdl-build.json";
 /// fields this fdl understands, and ignores fields it does not know.
 pub const MANIFEST_SCHEMA: u32 = 2;
 const STAGING_PREFIX: &str = ".staging-";
-const REPLACED_PREFIX: &str = ".replaced-";
 const REMOVING_PREFIX: &str = ".removing-";
 
 /// One entry of the builds directory, as `fdl nccl list` shows it.
@@ -275,33 +275,21 @@ impl BuildStore {
         let target = self.path_of(name);
         for entry in rd.flatten() {
             let file_name = entry.file_name().to_string_lossy().into_owned();
-            let Some(prefix) = [STAGING_PREFIX, REPLACED_PREFIX, REMOVING_PREFIX]
+            let ours = [STAGING_PREFIX, REPLACED_PREFIX, REMOVING_PREFIX]
                 .into_iter()
-                .find(|p| {
+                .any(|p| {
                     file_name
                         .strip_prefix(p)
                         .and_then(|rest| rest.strip_prefix(name))
                         .and_then(|rest| rest.strip_prefix('-'))
                         // tempfile's random suffix never holds '-', so this is not a longer name.
                         .is_some_and(|suffix| !suffix.contains('-'))
-                })
-            else {
+                });
+            if !ours {
                 continue;
-            };
-            let path = entry.path();
-            if prefix == REPLACED_PREFIX && std::fs::symlink_metadata(&target).is_err() {
-                if std::fs::rename(&path, &target).is_ok() {
-                    done.push(format!(
-                        "restored {} from {}, where a killed replace had left it",
-                        target.display(),
-                        path.display()
-                    ));
-                }
-            } else if std::fs::remove_dir_all(&path).is_ok() {
-                done.push(format!(
-                    "removed {}, left by an earlier run that was killed",
-                    path.display()
-                ));
+            }
+            if let Some(what) = txn::restore_or_remove(&entry.path(), &target) {
+                done.push(what);
             }
         }
         done
@@ -310,38 +298,12 @@ impl BuildStore {
     /// Opens a transaction for the locked build: a fresh staging directory beside it.
     pub fn begin(&self, lock: &BuildLock) -> Result<Staging> {
         let name = self.locked(lock)?;
-        let critical = crate::process::Critical::enter();
-        let mut created = Vec::new();
-        // Record which parents we create so a rollback leaves the tree as it found it.
-        let mut missing: Vec<&Path> = self.dir.ancestors().take_while(|p| !p.exists()).collect();
-        missing.reverse();
-        for dir in missing {
-            std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            created.push(dir.to_path_buf());
-        }
-        let staging = tempfile::Builder::new()
-            .prefix(&format!("{STAGING_PREFIX}{name}-"))
-            .tempdir_in(&self.dir)
-            .with_context(|| {
-                format!(
-                    "cannot create a staging directory in {}",
-                    self.dir.display()
-                )
-            });
-        let staging = match staging {
-            Ok(s) => s.keep(),
-            Err(e) => {
-                remove_created(&created);
-                return Err(e);
-            }
-        };
-        Ok(Staging {
-            path: staging,
-            target: self.path_of(name),
-            created,
-            committed: false,
-            _critical: critical,
-        })
+        let txn = Transaction::begin(
+            self.path_of(name),
+            &format!("{STAGING_PREFIX}{name}-"),
+            "install",
+        )?;
+        Ok(Staging { txn })
     }
 }
 
@@ -382,22 +344,16 @@ pub fn parse_manifest(text: &str) -> Result<Manifest> {
     })
 }
 
-/// An uncommitted build. Dropping it removes the staging directory and any parent
-/// directories the transaction created.
+/// An uncommitted build: a [`Transaction`] whose staging directory the backend fills.
+/// Dropping it rolls everything back.
 #[derive(Debug)]
 pub struct Staging {
-    path: PathBuf,
-    target: PathBuf,
-    created: Vec<PathBuf>,
-    committed: bool,
-    /// From the first directory made to the commit or rollback, an interrupt unwinds
-    /// through this transaction instead of ending fdl on the spot.
-    _critical: crate::process::Critical,
+    txn: Transaction,
 }
 
 impl Staging {
     pub fn path(&self) -> &Path {
-        &self.path
+        self.txn.path()
     }
 
     /// Points `nccl.pc` at the final directory and writes the manifest: the plan, what
@@ -409,7 +365,10 @@ impl Staging {
         checked: CheckedTree,
         verification: Vec<Check>,
     ) -> Result<Manifest> {
-        tree::rewrite_pc_prefix(&self.path.join("lib/pkgconfig/nccl.pc"), &self.target)?;
+        tree::rewrite_pc_prefix(
+            &self.path().join("lib/pkgconfig/nccl.pc"),
+            self.txn.target(),
+        )?;
         let manifest = Manifest {
             schema: MANIFEST_SCHEMA,
             fdl_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -419,124 +378,19 @@ impl Staging {
             verification,
         };
         let text = serde_json::to_string_pretty(&manifest)?;
-        tree::create_new(&self.path.join(MANIFEST), &mut (text + "\n").as_bytes())
+        tree::create_new(&self.path().join(MANIFEST), &mut (text + "\n").as_bytes())
             .context("cannot write the build's manifest")?;
         Ok(manifest)
     }
 
-    /// Moves the staged build into place. With `replace`, an existing build at the target
-    /// is swapped out so that, whenever fdl is killed, the target holds the old build or
-    /// the new one, never neither:
-    /// - where the filesystem has it, one `renameat2(RENAME_EXCHANGE)` swaps the two
-    ///   directories atomically; the old build then sits at the staging path and is
-    ///   deleted (a kill before that leaves it there, and the next run sweeps it);
-    /// - elsewhere the old build is renamed to `.replaced-<name>-…` first; a kill before
-    ///   the second rename leaves the target missing, and the next run's
-    ///   [`BuildStore::sweep_leftovers`] renames the old build back rather than delete it.
-    pub fn commit(mut self, replace: bool) -> Result<()> {
-        let parent = self
-            .target
-            .parent()
-            .ok_or_else(|| anyhow!("build target has no parent"))?;
-        let name = self
-            .target
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        if std::fs::symlink_metadata(&self.target).is_err() {
-            crate::process::kill_point("install:before-rename");
-            std::fs::rename(&self.path, &self.target)
-                .with_context(|| format!("cannot move the build into {}", self.target.display()))?;
-            self.committed = true;
-            crate::process::kill_point("install:after-rename");
-            return Ok(());
+    /// Moves the staged build into place; with `replace`, over an existing build, crash-
+    /// safely ([`Transaction::commit_replacing`]).
+    pub fn commit(self, replace: bool) -> Result<()> {
+        if replace {
+            self.txn.commit_replacing()
+        } else {
+            self.txn.commit()
         }
-        if !replace {
-            bail!(
-                "{} appeared while building; nothing was changed",
-                self.target.display()
-            );
-        }
-        crate::process::kill_point("replace:before");
-        if exchange(&self.path, &self.target)? {
-            self.committed = true;
-            crate::process::kill_point("replace:exchanged");
-            // The staging path now holds the old build.
-            return std::fs::remove_dir_all(&self.path).with_context(|| {
-                format!(
-                    "new build installed, but cannot remove the old one at {}",
-                    self.path.display()
-                )
-            });
-        }
-        let aside = tempfile::Builder::new()
-            .prefix(&format!("{REPLACED_PREFIX}{name}-"))
-            .tempdir_in(parent)?
-            .keep();
-        std::fs::remove_dir(&aside)?;
-        std::fs::rename(&self.target, &aside)
-            .with_context(|| format!("cannot move {} aside", self.target.display()))?;
-        crate::process::kill_point("replace:set-aside");
-        if let Err(e) = std::fs::rename(&self.path, &self.target) {
-            let _ = std::fs::rename(&aside, &self.target);
-            return Err(e)
-                .with_context(|| format!("cannot move the build into {}", self.target.display()));
-        }
-        self.committed = true;
-        crate::process::kill_point("replace:renamed");
-        std::fs::remove_dir_all(&aside).with_context(|| {
-            format!(
-                "new build installed, but cannot remove the old one at {}",
-                aside.display()
-            )
-        })
-    }
-}
-
-/// Swaps two directories atomically with `renameat2(RENAME_EXCHANGE)`; `Ok(false)` where
-/// the filesystem (or kernel) cannot, so the caller takes the journalled way.
-fn exchange(a: &Path, b: &Path) -> Result<bool> {
-    use std::os::unix::ffi::OsStrExt;
-    if std::env::var_os("FDL_TEST_NO_EXCHANGE").is_some() {
-        return Ok(false);
-    }
-    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes());
-    let (ca, cb) = (c(a)?, c(b)?);
-    // SAFETY: both are valid NUL-terminated paths; AT_FDCWD resolves them as given.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            ca.as_ptr(),
-            libc::AT_FDCWD,
-            cb.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let err = std::io::Error::last_os_error();
-    match err.raw_os_error() {
-        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => Ok(false),
-        _ => Err(err).with_context(|| format!("cannot swap {} into {}", a.display(), b.display())),
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        if self.committed {
-            return;
-        }
-        if let Err(e) = std::fs::remove_dir_all(&self.path) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                eprintln!(
-                    "warning: could not remove staging directory {}: {e}",
-                    self.path.display()
-                );
-            }
-        }
-        remove_created(&self.created);
     }
 }
 
@@ -566,13 +420,6 @@ pub fn dir_size(dir: &Path) -> u64 {
             _ => 0,
         })
         .sum()
-}
-
-fn remove_created(created: &[PathBuf]) {
-    for dir in created.iter().rev() {
-        // Only empty directories: something else may have been put there meanwhile.
-        let _ = std::fs::remove_dir(dir);
-    }
 }
 
 #[cfg(test)]
