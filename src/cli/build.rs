@@ -397,9 +397,12 @@ fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
             .as_ref()
             .map_or("(not a release tag)".to_string(), |v| v.to_string()),
     );
-    row("CUDA", format!("{}  ({cuda_from})", plan.cuda));
-    if let Some(note) = &plan.cuda_note {
-        row("", note.clone());
+    match &plan.cuda_note {
+        None => row("CUDA", format!("{}  ({cuda_from})", plan.cuda)),
+        Some(note) => {
+            row("CUDA", format!("{}  ({cuda_from}, then adjusted:)", plan.cuda));
+            row("", note.clone());
+        }
     }
     row("archs", format!("{archs}  ({archs_from})"));
     row("gencode", plan.gencode.clone());
