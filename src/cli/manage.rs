@@ -63,7 +63,7 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
                     sass,
                     ptx,
                     plan.backend.kind().to_string(),
-                    human_size(*size_bytes),
+                    indicatif::HumanBytes(*size_bytes).to_string(),
                     manifest.built_at.clone(),
                 ]);
             }
@@ -123,21 +123,6 @@ fn targets_list(entries: &[crate::inspect::CodeEntry], prefix: &str) -> String {
         .map(|e| e.target.to_string().replacen("sm_", prefix, 1))
         .collect::<Vec<_>>()
         .join(",")
-}
-
-fn human_size(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
 }
 
 pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bool) -> Result<()> {

@@ -16,8 +16,7 @@ use crate::project::Project;
 use crate::version::CudaVersion;
 use anyhow::{anyhow, bail, Context, Result};
 
-/// The build's full output, kept in its directory.
-pub const BUILD_LOG: &str = "build.log";
+pub use crate::nccl::tree::BUILD_LOG;
 use std::path::{Path, PathBuf};
 
 /// Produces an NCCL install tree (lib/, include/) in `staging` as the plan says,

@@ -16,7 +16,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-pub const MANIFEST: &str = "fdl-build.json";
+pub use crate::nccl::tree::MANIFEST;
 /// The manifest format this fdl writes. 1: fdl 0.1 (no `schema` field, versions as
 /// objects); 2: versions as strings, `schema` present. Reading takes any schema whose
 /// fields this fdl understands, and ignores fields it does not know.

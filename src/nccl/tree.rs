@@ -15,9 +15,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// The build's manifest, which `store` writes and reads.
+pub const MANIFEST: &str = "fdl-build.json";
+/// The build's full output, kept in its directory.
+pub const BUILD_LOG: &str = "build.log";
+
 /// Names fdl writes into a build; a staged tree that already has them is refused, so
 /// nothing a build produced can stand in for fdl's own record.
-pub const RESERVED: &[&str] = &[super::store::MANIFEST, super::build::BUILD_LOG];
+pub const RESERVED: &[&str] = &[MANIFEST, BUILD_LOG];
 
 /// Whose tree is checked: one a build just produced, or one fdl installed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
