@@ -74,6 +74,18 @@ fn base_image(name: &str, tree: Option<&Path>, images: &mut Images) {
     images.0.push(name.to_string());
 }
 
+/// A suffix no other test run uses, for image names.
+fn unique_suffix() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
 fn copy_tree(from: &Path, to: &Path) {
     let status = Std::new("cp").arg("-a").arg(from).arg(to).status().unwrap();
     assert!(status.success());
@@ -123,14 +135,7 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     if !engine_available() {
         return;
     }
-    let unique = format!(
-        "{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
+    let unique = unique_suffix();
     let mut images = Images(Vec::new());
     let work = tempfile::tempdir().unwrap();
     let tree = work.path().join("tree");
@@ -463,14 +468,7 @@ fn planted_links_in_an_images_tree_write_nothing_outside() {
     if !engine_available() {
         return;
     }
-    let unique = format!(
-        "{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
+    let unique = unique_suffix();
     let mut images = Images(vec!["flodl-nccl-build:v2.27.5-sm86-cuda12.8".into()]);
     let work = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();

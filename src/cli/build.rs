@@ -400,7 +400,10 @@ fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
     match &plan.cuda_note {
         None => row("CUDA", format!("{}  ({cuda_from})", plan.cuda)),
         Some(note) => {
-            row("CUDA", format!("{}  ({cuda_from}, then adjusted:)", plan.cuda));
+            row(
+                "CUDA",
+                format!("{}  ({cuda_from}, then adjusted:)", plan.cuda),
+            );
             row("", note.clone());
         }
     }
