@@ -1,6 +1,12 @@
 //! Where the project lives. The root is `--root`, else `$FDL_ROOT`, else the nearest
-//! ancestor of the working directory holding `fdl.yml` or `libtorch/`, else the working
-//! directory — so fdl works from any subdirectory of a project, like git does.
+//! ancestor of the working directory that is a project, else the working directory — so
+//! fdl works from any subdirectory of a project, like git does.
+//!
+//! A project has `fdl.yml`, or a `libtorch/` laid out as floDl lays it (an `.active`
+//! file, or `precompiled/`, `builds/` or `nccl/` inside). The official libtorch archive
+//! unpacks to a directory named `libtorch/` too, but one holding `lib/libtorch_cuda.so` or
+//! `build-version`: that is a libtorch distribution, never a project, so an archive
+//! unpacked in `~` does not make `~` a project.
 
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
@@ -36,7 +42,7 @@ impl Project {
             };
         }
         for dir in cwd.ancestors() {
-            if dir.join("fdl.yml").is_file() || dir.join("libtorch").is_dir() {
+            if dir.join("fdl.yml").is_file() || is_project_libtorch(&dir.join("libtorch")) {
                 return Project {
                     root: dir.to_path_buf(),
                     source: RootSource::Marker,
@@ -56,6 +62,19 @@ impl Project {
         Ok(Project::discover(flag, env.as_deref(), &cwd))
     }
 
+    /// Which root this is and why, for messages.
+    pub fn describe(&self) -> String {
+        let why = match self.source {
+            RootSource::Flag => "from --root",
+            RootSource::Env => "from $FDL_ROOT",
+            RootSource::Marker => "the nearest directory holding fdl.yml or a project's libtorch/",
+            RootSource::WorkingDir => {
+                "the working directory: no fdl.yml or project libtorch/ above it"
+            }
+        };
+        format!("{} ({why})", self.root.display())
+    }
+
     pub fn libtorch_dir(&self) -> PathBuf {
         self.root.join("libtorch")
     }
@@ -64,6 +83,17 @@ impl Project {
     pub fn nccl_builds_dir(&self) -> PathBuf {
         self.libtorch_dir().join("nccl").join("builds")
     }
+}
+
+/// Whether `dir` is a project's `libtorch/` rather than an unpacked libtorch archive.
+fn is_project_libtorch(dir: &Path) -> bool {
+    let distribution =
+        dir.join("lib/libtorch_cuda.so").exists() || dir.join("build-version").is_file();
+    !distribution
+        && (dir.join(".active").is_file()
+            || ["precompiled", "builds", "nccl"]
+                .iter()
+                .any(|d| dir.join(d).is_dir()))
 }
 
 fn absolute(p: &Path, cwd: &Path) -> PathBuf {
@@ -84,7 +114,7 @@ mod tests {
         let proj = t.path().join("proj");
         let deep = proj.join("a/b");
         std::fs::create_dir_all(&deep).unwrap();
-        std::fs::create_dir_all(proj.join("libtorch")).unwrap();
+        std::fs::create_dir_all(proj.join("libtorch/precompiled")).unwrap();
 
         let p = Project::discover(Some(Path::new("x")), Some(Path::new("/e")), &deep);
         assert_eq!((p.root, p.source), (deep.join("x"), RootSource::Flag));
@@ -97,5 +127,33 @@ mod tests {
         std::fs::write(other.join("fdl.yml"), "").unwrap();
         let p = Project::discover(None, Some(Path::new("")), &other);
         assert_eq!(p.source, RootSource::Marker);
+    }
+
+    /// An unpacked libtorch archive is a `libtorch/` too, but not a project: a home
+    /// holding one is not taken as the root of everything below it.
+    #[test]
+    fn an_unpacked_libtorch_is_never_a_project() {
+        let t = tempfile::tempdir().unwrap();
+        let home = t.path();
+        std::fs::create_dir_all(home.join("libtorch/lib")).unwrap();
+        std::fs::write(home.join("libtorch/lib/libtorch_cuda.so"), "elf").unwrap();
+        std::fs::write(home.join("libtorch/build-version"), "2.8.0+cu128\n").unwrap();
+        let work = home.join("work/here");
+        std::fs::create_dir_all(&work).unwrap();
+        let p = Project::discover(None, None, &work);
+        assert_eq!(
+            (p.root.clone(), p.source),
+            (work.clone(), RootSource::WorkingDir)
+        );
+        assert!(p.describe().contains("no fdl.yml"), "{}", p.describe());
+        // An empty libtorch/ is not a project either; one with variants is.
+        std::fs::create_dir_all(home.join("work/libtorch")).unwrap();
+        assert_eq!(
+            Project::discover(None, None, &work).source,
+            RootSource::WorkingDir
+        );
+        std::fs::create_dir_all(home.join("work/libtorch/precompiled")).unwrap();
+        let p = Project::discover(None, None, &work);
+        assert_eq!((p.root, p.source), (home.join("work"), RootSource::Marker));
     }
 }

@@ -222,3 +222,39 @@ fn a_kill_during_add_leaves_one_variant_or_none_to_redo() {
         );
     }
 }
+
+/// The official libtorch zip unpacks to `libtorch/`; one in a home directory does not make
+/// the home a project, so `libtorch add` never writes into the unpacked archive.
+#[test]
+fn an_unpacked_libtorch_above_the_working_dir_is_not_taken_for_a_project() {
+    let home = tempfile::tempdir().unwrap();
+    let unpacked = home.path().join("libtorch");
+    archive(&unpacked);
+    let before = snapshot(&unpacked);
+    let work = home.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    fdl()
+        .current_dir(&work)
+        .env("XDG_CACHE_HOME", cache.path())
+        .args(["libtorch", "add", "cu128"])
+        .arg(&unpacked)
+        .assert()
+        .success();
+    assert_eq!(
+        before,
+        snapshot(&unpacked),
+        "the unpacked libtorch was written into"
+    );
+    assert!(work.join("libtorch/precompiled/cu128/.arch").is_file());
+    // Errors say which root was taken, and why.
+    fdl()
+        .current_dir(home.path().join("work"))
+        .args(["libtorch", "activate", "nope"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(format!(
+            "(project root: {} (the nearest directory holding fdl.yml or a project's libtorch/))",
+            work.display()
+        )));
+}

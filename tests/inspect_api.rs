@@ -533,15 +533,35 @@ fn shrinking_file_is_an_error_not_a_crash() {
     assert!(e.contains("shrank"), "{e}");
 }
 
-/// Writes the fuzz seed corpus into the directory FDL_WRITE_FUZZ_SEEDS names. A tool, not
-/// a check: ignored unless asked for (see fuzz/README.md).
+/// The committed fuzz seeds are what this generator writes: it writes them into a
+/// scratch directory and each must equal its committed copy. With FDL_WRITE_FUZZ_SEEDS
+/// set it writes them there instead, to regenerate the corpus (see fuzz/README.md).
 #[test]
-#[ignore = "writes the fuzz seeds: FDL_WRITE_FUZZ_SEEDS=DIR cargo test --test inspect_api write_fuzz_seeds -- --ignored"]
-fn write_fuzz_seeds() {
-    let dir = std::env::var_os("FDL_WRITE_FUZZ_SEEDS")
-        .expect("set FDL_WRITE_FUZZ_SEEDS to the directory the seeds go to");
-    let dir = Path::new(&dir);
+fn fuzz_seeds_are_what_the_generator_writes() {
+    let scratch = tempfile::tempdir().unwrap();
+    let regenerate = std::env::var_os("FDL_WRITE_FUZZ_SEEDS");
+    let dir = regenerate.as_deref().map_or(scratch.path(), Path::new);
     std::fs::create_dir_all(dir).unwrap();
+    write_fuzz_seeds(dir);
+    if regenerate.is_none() {
+        let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/inspect_elf");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name();
+            assert_eq!(
+                std::fs::read(entry.path()).unwrap(),
+                std::fs::read(committed.join(&name)).unwrap_or_default(),
+                "fuzz/seeds/inspect_elf/{} differs from what the generator writes; regenerate with FDL_WRITE_FUZZ_SEEDS",
+                name.to_string_lossy()
+            );
+            n += 1;
+        }
+        assert!(n >= 10, "only {n} seeds written");
+    }
+}
+
+fn write_fuzz_seeds(dir: &Path) {
     let mut small = synth::Spec::torch_like(
         &[t(80, Variant::Generic), t(90, Variant::Specific)],
         &[t(90, Variant::Generic), t(100, Variant::Family)],

@@ -139,8 +139,38 @@ Without --tag the version is read from the active libtorch; without --archs the 
     },
 }
 
+/// An error from a command that works in a project: it says which root was used and
+/// why, since a wrong guess is the commonest cause of a surprising "not found".
+#[derive(Debug, thiserror::Error)]
+#[error("{cause:#}\n  (project root: {root})")]
+pub struct InProject {
+    cause: anyhow::Error,
+    root: String,
+}
+
 pub fn run(cli: Cli) -> Result<()> {
     let project = Project::from_process(cli.root.as_deref())?;
+    let uses_project = matches!(cli.command, Command::Nccl(_) | Command::Libtorch(_));
+    let result = dispatch(cli, &project);
+    match result {
+        Err(cause)
+            if uses_project
+                && cause
+                    .downcast_ref::<crate::process::Interrupted>()
+                    .is_none() =>
+        {
+            Err(InProject {
+                cause,
+                root: project.describe(),
+            }
+            .into())
+        }
+        other => other,
+    }
+}
+
+fn dispatch(cli: Cli, project: &Project) -> Result<()> {
+    let project = project.clone();
     match cli.command {
         Command::Nccl(NcclCommand::Build(args)) => build::run(&project, args),
         Command::Nccl(NcclCommand::Dockerfile) => {
