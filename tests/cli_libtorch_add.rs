@@ -258,3 +258,71 @@ fn an_unpacked_libtorch_above_the_working_dir_is_not_taken_for_a_project() {
             work.display()
         )));
 }
+
+/// One name for a variant: `add NAME` registers precompiled/NAME, and info, activate and
+/// remove take NAME as well; the first variant added becomes the active one; a variant
+/// whose files are gone is listed as such and cannot be activated.
+#[test]
+fn a_variant_is_known_by_its_bare_name() {
+    let p = ProjectFixture::empty();
+    let src = tempfile::tempdir().unwrap();
+    archive(src.path());
+    let other = tempfile::tempdir().unwrap();
+    archive(other.path());
+    let cache = tempfile::tempdir().unwrap();
+    let fdl = || {
+        let mut c = fdl_in(p.root());
+        c.env("XDG_CACHE_HOME", cache.path());
+        c
+    };
+    fdl()
+        .args(["libtorch", "add", "cu128"])
+        .arg(src.path())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "Active libtorch: precompiled/cu128 (the first variant)",
+        ));
+    fdl()
+        .args(["libtorch", "add", "other"])
+        .arg(other.path())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Make it active with"));
+    fdl().args(["libtorch", "info", "cu128"]).assert().success();
+    fdl()
+        .args(["libtorch", "activate", "other"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "Active libtorch: precompiled/other",
+        ));
+    // The registered torch goes away: listed as missing, and not activated.
+    drop(src);
+    fdl()
+        .args(["libtorch", "list"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "precompiled/cu128  (files missing:",
+        ));
+    fdl()
+        .args(["libtorch", "activate", "cu128"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("cannot be made active"));
+    fdl()
+        .args(["libtorch", "remove", "other", "--yes"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("is the active libtorch"));
+    fdl()
+        .args(["libtorch", "remove", "cu128", "--yes"])
+        .assert()
+        .success();
+    assert!(!p.root().join("libtorch/precompiled/cu128").exists());
+    assert!(
+        other.path().join("lib/libtorch_cuda.so").is_file(),
+        "removal reached the torch itself"
+    );
+}

@@ -1,4 +1,4 @@
-//! `fdl libtorch list|activate|info`.
+//! `fdl libtorch list|activate|add|remove|info`.
 
 use super::inspect as ins;
 use super::print_json;
@@ -20,7 +20,7 @@ pub enum LibtorchCommand {
     /// Make a variant the active one
     #[command(after_help = "Example:\n  fdl libtorch activate precompiled/cu128")]
     Activate {
-        /// precompiled/<name> or builds/<name>
+        /// precompiled/<name>, builds/<name>, or a bare name
         variant: String,
     },
     /// Register an existing libtorch (unpacked archive or pip torch/) as precompiled/NAME
@@ -37,6 +37,15 @@ as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch
         path: std::path::PathBuf,
         #[arg(long)]
         json: bool,
+    },
+    /// Remove a variant (a registered one's links only, never the torch they point to)
+    #[command(after_help = "Example:\n  fdl libtorch remove pip-cu128 --yes")]
+    Remove {
+        /// precompiled/<name>, builds/<name>, or a bare name
+        variant: String,
+        /// Do not ask
+        #[arg(long, short)]
+        yes: bool,
     },
     /// Show a variant's .arch metadata and the NCCL it bundles
     #[command(after_help = "Example:\n  fdl libtorch info precompiled/cu128")]
@@ -57,7 +66,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             if json {
                 let rows: Vec<_> = variants
                     .iter()
-                    .map(|v| json!({"name": v.name, "dir": v.dir, "active": Some(&v.name) == active.as_ref()}))
+                    .map(|v| json!({"name": v.name, "dir": v.dir, "active": Some(&v.name) == active.as_ref(), "missing": v.missing()}))
                     .collect();
                 print_json(&json!({ "libtorch_dir": lt.dir, "active": active, "variants": rows }));
             } else if variants.is_empty() {
@@ -72,13 +81,21 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                     } else {
                         " "
                     };
-                    println!("{mark} {}", v.name);
+                    match v.missing() {
+                        None => println!("{mark} {}", v.name),
+                        Some(why) => println!("{mark} {}  (files missing: {why})", v.name),
+                    }
                 }
             }
             Ok(())
         }
         LibtorchCommand::Add { name, path, json } => {
             let (v, arch) = crate::libtorch::add::add(&lt, &name, &path)?;
+            // The first variant of a project is the one it uses.
+            let first_variant = lt.active_name().is_none();
+            if first_variant {
+                lt.activate(&v.name)?;
+            }
             if json {
                 let arch: serde_json::Map<String, serde_json::Value> = arch
                     .into_iter()
@@ -88,10 +105,25 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             } else {
                 println!("Registered {} → {}", v.name, path.display());
                 for (k, val) in &arch {
+                    let val = if val.is_empty() { "none" } else { val.as_str() };
                     println!("  {k:<13}{val}");
                 }
-                println!("Make it active with `fdl libtorch activate {}`.", v.name);
+                if first_variant {
+                    println!("Active libtorch: {} (the first variant)", v.name);
+                } else {
+                    println!("Make it active with `fdl libtorch activate {}`.", v.name);
+                }
             }
+            Ok(())
+        }
+        LibtorchCommand::Remove { variant, yes } => {
+            let v = lt.variant(&variant)?;
+            if !yes && !super::confirm(&format!("Remove the libtorch variant {}?", v.name))? {
+                eprintln!("Nothing was removed.");
+                return Ok(());
+            }
+            let v = lt.remove(&v.name)?;
+            println!("Removed {}", v.name);
             Ok(())
         }
         LibtorchCommand::Activate { variant } => {

@@ -8,7 +8,6 @@ use crate::project::Project;
 use anyhow::{bail, Result};
 use clap::ValueEnum;
 use serde_json::json;
-use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 
 pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
@@ -143,23 +142,16 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
             ),
         }
     }
-    if !yes {
-        if !std::io::stdin().is_terminal() {
-            bail!("not removing without confirmation: stdin is not a terminal. Pass --yes to remove {}", names.join(" "));
-        }
-        eprint!(
-            "Remove {} from {}? [y/N] ",
+    if !yes
+        && !super::confirm(&format!(
+            "Remove {} from {}?",
             names.join(", "),
             store.dir.display()
-        );
-        std::io::stderr().flush()?;
-        let mut answer = String::new();
-        std::io::stdin().lock().read_line(&mut answer)?;
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            // Declining is an answer, not an error.
-            eprintln!("Nothing was removed.");
-            return Ok(());
-        }
+        ))?
+    {
+        // Declining is an answer, not an error.
+        eprintln!("Nothing was removed.");
+        return Ok(());
     }
     let wait = if no_wait { Wait::No } else { Wait::Yes };
     for name in &parsed {

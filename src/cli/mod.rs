@@ -210,6 +210,20 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
     }
 }
 
+/// Asks `question` on a terminal; `Ok(false)` unless the answer is yes. Without a
+/// terminal it refuses, telling the caller to pass --yes.
+pub(crate) fn confirm(question: &str) -> Result<bool> {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        anyhow::bail!("not without confirmation: stdin is not a terminal. Pass --yes");
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
 /// The shape of every `--json` output, documented in README.md ("JSON output"). Raised
 /// when a field changes meaning or goes away; new fields may appear in any version.
 pub const JSON_SCHEMA: u32 = 1;

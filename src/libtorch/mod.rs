@@ -31,6 +31,16 @@ impl Variant {
         self.dir.join("lib").join("libtorch_cuda.so")
     }
 
+    /// What is gone, when the variant's files are: its directory, or the library (a
+    /// registered torch whose install was deleted or moved leaves dangling links).
+    pub fn missing(&self) -> Option<String> {
+        if !self.dir.is_dir() {
+            return Some(format!("{} is gone", self.dir.display()));
+        }
+        let lib = self.libtorch_cuda();
+        (!lib.is_file()).then(|| format!("{} is missing", lib.display()))
+    }
+
     /// `.arch`: `key=value` lines (torch=, cuda=, archs=, source=). Missing file → empty.
     pub fn arch_metadata(&self) -> Result<BTreeMap<String, String>> {
         let path = self.dir.join(".arch");
@@ -90,9 +100,25 @@ impl Libtorch {
     }
 
     /// Resolves a variant name to its directory, refusing anything outside
-    /// `libtorch/precompiled` or `libtorch/builds`.
+    /// `libtorch/precompiled` or `libtorch/builds`. A bare name (`cu128`) is taken when
+    /// exactly one of the two holds it.
     pub fn variant(&self, name: &str) -> Result<Variant> {
         let name = name.trim().trim_end_matches('/');
+        if !name.is_empty() && !name.contains('/') && name != "." && name != ".." {
+            let found: Vec<String> = VARIANT_KINDS
+                .iter()
+                .map(|k| format!("{k}/{name}"))
+                .filter(|n| self.dir.join(n).is_dir())
+                .collect();
+            match found.as_slice() {
+                [one] => return self.variant(one),
+                [] => {}
+                many => bail!(
+                    "'{name}' is ambiguous: it is {}. Name one of them",
+                    many.join(" and ")
+                ),
+            }
+        }
         let rel = Path::new(name);
         let mut comps = rel.components();
         let plain = rel.components().all(|c| matches!(c, Component::Normal(_)));
@@ -105,7 +131,7 @@ impl Libtorch {
             );
         }
         let dir = self.dir.join(rel);
-        if !dir.is_dir() {
+        if !dir.is_dir() && std::fs::symlink_metadata(&dir).is_err() {
             let known = self
                 .variants()
                 .unwrap_or_default()
@@ -157,10 +183,49 @@ impl Libtorch {
         Some(text.lines().next()?.trim().to_string()).filter(|s| !s.is_empty())
     }
 
+    /// Deletes variant `name`. A registered variant is a directory of links, so this
+    /// deletes the links and its `.arch`, never the torch they point to. The active
+    /// variant is not removed.
+    pub fn remove(&self, name: &str) -> Result<Variant> {
+        let variant = self.variant(name)?;
+        if self.active_name().as_deref() == Some(variant.name.as_str()) {
+            bail!(
+                "{} is the active libtorch: activate another one first (`fdl libtorch activate <variant>`)",
+                variant.name
+            );
+        }
+        let kind_dir = variant
+            .dir
+            .parent()
+            .ok_or_else(|| anyhow!("{} has no parent", variant.dir.display()))?;
+        let aside = tempfile::Builder::new()
+            .prefix(".removing-")
+            .tempdir_in(kind_dir)?
+            .keep();
+        std::fs::remove_dir(&aside)?;
+        std::fs::rename(&variant.dir, &aside)
+            .with_context(|| format!("cannot remove {}", variant.dir.display()))?;
+        std::fs::remove_dir_all(&aside).with_context(|| {
+            format!(
+                "{} is gone from the list, but {} could not be deleted",
+                variant.name,
+                aside.display()
+            )
+        })?;
+        Ok(variant)
+    }
+
     /// Makes `name` the active variant. `.active` is replaced atomically: a crash leaves
     /// either the old or the new content, never a torn file.
     pub fn activate(&self, name: &str) -> Result<Variant> {
         let variant = self.variant(name)?;
+        if let Some(why) = variant.missing() {
+            bail!(
+                "{} cannot be made active: {why}. Register it again with `fdl libtorch add`, or remove it with `fdl libtorch remove {}`",
+                variant.name,
+                variant.name
+            );
+        }
         let mut tmp = tempfile::Builder::new()
             .prefix(".active.")
             .tempfile_in(&self.dir)
@@ -223,6 +288,28 @@ mod tests {
         );
         assert!(lt.activate("precompiled/nope").is_err());
         assert!(!lt.dir.join(".active").exists());
+    }
+
+    #[test]
+    fn bare_names_missing_files_and_removal() {
+        let (_t, lt) = layout();
+        std::fs::write(lt.dir.join("precompiled/cu128/lib/libtorch_cuda.so"), "elf").unwrap();
+        assert_eq!(lt.variant("cu128").unwrap().name, "precompiled/cu128");
+        assert_eq!(lt.variant("local").unwrap().name, "builds/local");
+        std::fs::create_dir_all(lt.dir.join("builds/cu128")).unwrap();
+        let e = lt.variant("cu128").unwrap_err().to_string();
+        assert!(e.contains("ambiguous") && e.contains("builds/cu128"), "{e}");
+        // builds/local has no library: listed, but not activated.
+        let e = lt.activate("builds/local").unwrap_err().to_string();
+        assert!(e.contains("is missing"), "{e}");
+        lt.activate("precompiled/cu128").unwrap();
+        assert!(lt
+            .remove("precompiled/cu128")
+            .unwrap_err()
+            .to_string()
+            .contains("active"));
+        lt.remove("builds/local").unwrap();
+        assert!(!lt.dir.join("builds/local").exists());
     }
 
     #[test]
