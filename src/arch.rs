@@ -362,6 +362,20 @@ pub fn check_archs_for_cuda(archs: &[Arch], cuda: CudaVersion) -> Result<(), Arc
     Ok(())
 }
 
+/// The known CUDA release (one with an `nvidia/cuda` image) that compiles every arch and
+/// is closest to `wanted`: the newest one not newer than it, else the oldest newer one.
+/// `None` when no known release compiles them all.
+pub fn closest_cuda_for(archs: &[Arch], wanted: CudaVersion) -> Option<CudaVersion> {
+    let fits: Vec<(u32, u32)> = CUDA_IMAGES
+        .iter()
+        .map(|(mm, _, _)| *mm)
+        .filter(|mm| check_archs_for_cuda(archs, CudaVersion::new(mm.0, mm.1)).is_ok())
+        .collect();
+    let older = fits.iter().filter(|mm| **mm <= wanted.major_minor()).max();
+    let newer = fits.iter().filter(|mm| **mm > wanted.major_minor()).min();
+    older.or(newer).map(|&(a, b)| CudaVersion::new(a, b))
+}
+
 /// The CUDA release fdl builds with when neither `--cuda` nor the libtorch says one:
 /// 12.8 is the oldest release that compiles Blackwell (sm_120) and still compiles Pascal
 /// (sm_61), so it serves the mixed rigs fdl is for.
@@ -644,6 +658,19 @@ mod tests {
         assert_eq!(img.note, None);
         let pinned = choose_image("12.8.0".parse().unwrap(), &sm80).unwrap();
         assert_eq!(pinned.image.cuda_version, "12.8.0");
+    }
+
+    #[test]
+    fn the_closest_release_that_compiles_every_arch() {
+        let mixed = [Arch::new(6, 1), Arch::new(12, 0)];
+        let c = closest_cuda_for(&mixed, CudaVersion::new(13, 3)).unwrap();
+        assert_eq!(c.to_string(), "12.9");
+        let c = closest_cuda_for(&[Arch::new(12, 0)], CudaVersion::new(12, 4)).unwrap();
+        assert_eq!(c.to_string(), "12.8");
+        assert_eq!(
+            closest_cuda_for(&[Arch::new(10, 7)], CudaVersion::new(13, 5)),
+            None
+        );
     }
 
     /// A release newer than the table (torch 2.15's NCCL says CUDA 13.3) is planned with

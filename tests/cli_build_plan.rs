@@ -139,14 +139,31 @@ fn a_libtorch_newer_than_the_image_table_still_plans() {
         "nvidia/cuda:13.2.0-devel-ubuntu24.04"
     );
 
+    // A GTX 1060 beside it: CUDA 13 compiles no Pascal, so the plan takes the closest
+    // release that compiles both archs, and says why.
     let plan = json_plan(&["--archs", "6.1;12.0", "--backend", "docker"], p.root());
+    assert_eq!(plan["cuda"], "12.9");
+    assert!(
+        plan["cuda_note"]
+            .as_str()
+            .unwrap()
+            .contains("13.3 cannot compile every planned arch"),
+        "{plan}"
+    );
+    // With --cuda 13.3 pinned nothing fits: the dry run shows the plan and the way out,
+    // and the build refuses before touching anything.
+    let pinned = [
+        "--archs",
+        "6.1;12.0",
+        "--backend",
+        "docker",
+        "--cuda",
+        "13.3",
+    ];
+    let plan = json_plan(&pinned, p.root());
     let problems = plan["problems"].to_string();
     assert!(problems.contains("--cuda 12.8 or 12.9"), "{problems}");
-    fails_cleanly(
-        p.root(),
-        &["--archs", "6.1;12.0", "--backend", "docker"],
-        "the plan cannot run",
-    );
+    fails_cleanly(p.root(), &pinned, "the plan cannot run");
 }
 
 #[test]
@@ -576,4 +593,28 @@ fn absurd_job_counts_are_refused() {
         ],
         "--jobs 99999 is more than any machine can run",
     );
+}
+
+/// A libtorch without code for a planned GPU (the PyPI wheels have none for Pascal): a
+/// new NCCL will not make training run there, and the plan says so with the remedy.
+#[test]
+fn the_plan_warns_when_the_libtorch_itself_cannot_run_on_a_gpu() {
+    let src = format!(
+        "{}{}",
+        nccl_like_source((2, 30, 7), "13.3"),
+        fatbin_c_source(&[75, 120], "torch_fatbin")
+    );
+    let p = ProjectFixture::empty()
+        .with_compiled_variant("precompiled/pip-cu132", &src)
+        .activate("precompiled/pip-cu132\n");
+    let plan = json_plan(&["--archs", "6.1;12.0", "--backend", "docker"], p.root());
+    let warnings = plan["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let w = warnings[0].as_str().unwrap();
+    assert!(
+        w.contains("no GPU code for sm_61") && w.contains("TORCH_CUDA_ARCH_LIST"),
+        "{w}"
+    );
+    let plan = json_plan(&["--archs", "12.0", "--backend", "docker"], p.root());
+    assert!(plan.get("warnings").is_none(), "{plan}");
 }

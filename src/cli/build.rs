@@ -365,11 +365,7 @@ fn report(outcome: &Outcome, json_out: bool) {
 fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
     let tag_from = match &plan.tag_origin {
         TagOrigin::Flag => "from --tag".to_string(),
-        TagOrigin::Libtorch {
-            variant,
-            library,
-            linkage,
-        } => format!("from {variant}: {} ({linkage} NCCL)", library.display()),
+        TagOrigin::Libtorch { variant, .. } => format!("from the active libtorch, {variant}"),
     };
     let cuda_from = match plan.cuda_origin {
         CudaOrigin::Flag => "from --cuda".to_string(),
@@ -391,6 +387,14 @@ fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
     let mut s = String::from("NCCL build plan\n");
     let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<11}{v}\n"));
     row("tag", format!("{}  ({tag_from})", plan.tag));
+    if let TagOrigin::Libtorch {
+        library, linkage, ..
+    } = &plan.tag_origin
+    {
+        // Where the version was read, on its own lines: the paths are long.
+        row("", format!("read from {}", library.display()));
+        row("", format!("NCCL linkage: {linkage}"));
+    }
     row(
         "NCCL",
         plan.nccl_version
@@ -469,6 +473,12 @@ fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
     s.push_str("Commands:\n");
     for c in cmds {
         s.push_str(&format!("  {c}\n"));
+    }
+    if !plan.warnings.is_empty() {
+        s.push_str(&paint("Warnings:\n", Color::Yellow));
+        for w in &plan.warnings {
+            s.push_str(&format!("  {w}\n"));
+        }
     }
     if !plan.problems.is_empty() {
         s.push_str(&paint(

@@ -247,6 +247,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let lt = t.path().join("libtorch");
         std::fs::create_dir_all(lt.join("precompiled/cu128/lib")).unwrap();
+        std::fs::write(lt.join("precompiled/cu128/lib/libtorch_cuda.so"), "elf").unwrap();
         std::fs::create_dir_all(lt.join("builds/local")).unwrap();
         std::fs::create_dir_all(lt.join("nccl/builds")).unwrap();
         (t, Libtorch::new(lt))
@@ -293,7 +294,6 @@ mod tests {
     #[test]
     fn bare_names_missing_files_and_removal() {
         let (_t, lt) = layout();
-        std::fs::write(lt.dir.join("precompiled/cu128/lib/libtorch_cuda.so"), "elf").unwrap();
         assert_eq!(lt.variant("cu128").unwrap().name, "precompiled/cu128");
         assert_eq!(lt.variant("local").unwrap().name, "builds/local");
         std::fs::create_dir_all(lt.dir.join("builds/cu128")).unwrap();

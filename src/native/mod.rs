@@ -367,6 +367,7 @@ mod tests {
             backend_reason: "test".into(),
             ptx: false,
             only_funcs: only_funcs.map(str::to_string),
+            warnings: Vec::new(),
         })
         .unwrap()
     }

@@ -82,6 +82,7 @@ pub struct Inferred {
     cuda_from_libtorch: Option<CudaVersion>,
     archs: Vec<Arch>,
     arch_origin: ArchOrigin,
+    warnings: Vec<String>,
 }
 
 /// Infers what the flags leave open: the tag (and CUDA) from the active libtorch, the
@@ -105,6 +106,7 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
             (gpu::distinct_archs(&gpus), ArchOrigin::Gpus { gpus })
         }
     };
+    let warnings = libtorch_gaps(src.project, &archs);
     Ok(Inferred {
         tag,
         tag_origin,
@@ -112,7 +114,33 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
         cuda_from_libtorch,
         archs,
         arch_origin,
+        warnings,
     })
+}
+
+/// A new NCCL does not make training run on a GPU the libtorch itself has no code for
+/// (the PyPI torch wheels have none for Pascal): say so, with the remedy.
+fn libtorch_gaps(project: &Project, archs: &[Arch]) -> Vec<String> {
+    let Ok(variant) = Libtorch::new(project.libtorch_dir()).active() else {
+        return Vec::new();
+    };
+    let Ok(ins) = inspect::inspect(&variant.libtorch_cuda()) else {
+        return Vec::new();
+    };
+    if ins.gpu_code.is_empty() {
+        return Vec::new(); // not a CUDA build of libtorch at all; nothing to judge by
+    }
+    archs
+        .iter()
+        .filter(|&&a| matches!(inspect::coverage(&ins.gpu_code, a), inspect::Verdict::NotCovered))
+        .map(|a| {
+            format!(
+                "the active libtorch ({}) has no GPU code for {a}: an NCCL built for {a} will not make training run there. Use a libtorch built for {a} (from source with TORCH_CUDA_ARCH_LIST including {}), and register it with `fdl libtorch add`",
+                variant.name,
+                a.capability()
+            )
+        })
+        .collect()
 }
 
 /// The plan, from what was inferred and the chosen backend's inputs.
@@ -141,6 +169,7 @@ pub fn plan(
         backend_reason,
         ptx: req.ptx,
         only_funcs: req.only_funcs.clone(),
+        warnings: inferred.warnings,
     })
 }
 

@@ -240,6 +240,8 @@ pub struct PlanInputs {
     pub ptx: bool,
     /// NCCL's ONLY_FUNCS, for quick development builds.
     pub only_funcs: Option<String>,
+    /// What the plan's reader should know but does not stop the build.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,6 +275,10 @@ pub struct BuildPlan {
     /// refuses to start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
+    /// What the reader should know that does not stop the build (a libtorch without code
+    /// for a planned GPU, say).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// `-ptx` and `-only-<digest>` mark builds that differ from a plain full build, so such a
@@ -294,11 +300,51 @@ fn build_name(tag: &Tag, archs: &[Arch], ptx: bool, only_funcs: Option<&str>) ->
 
 impl BuildPlan {
     pub fn new(inputs: PlanInputs) -> Result<BuildPlan> {
-        let (cuda, cuda_origin) = match (inputs.cuda_flag, inputs.cuda_from_libtorch) {
+        let (mut cuda, cuda_origin) = match (inputs.cuda_flag, inputs.cuda_from_libtorch) {
             (Some(c), _) => (c, CudaOrigin::Flag),
             (None, Some(c)) => (c, CudaOrigin::Libtorch),
             (None, None) => (arch::DEFAULT_CUDA, CudaOrigin::Default),
         };
+        // Unless --cuda pins it, the CUDA follows what can build: a native build uses its
+        // toolkit's own release, and a Docker build a release that compiles every
+        // planned arch, as close as can be to the one the libtorch's NCCL names.
+        let mut cuda_note = None;
+        if cuda_origin != CudaOrigin::Flag {
+            match &inputs.backend {
+                BackendInputs::Native { toolkit, .. }
+                    if toolkit.cuda.major_minor() != cuda.major_minor() =>
+                {
+                    cuda_note = Some(format!(
+                        "the toolkit at {} is CUDA {}; {} asked for {cuda}, so the build uses the toolkit's (pass --cuda to insist)",
+                        toolkit.cuda_home.display(),
+                        toolkit.cuda,
+                        match cuda_origin {
+                            CudaOrigin::Libtorch => "the libtorch's NCCL",
+                            _ => "fdl's default",
+                        }
+                    ));
+                    cuda = toolkit.cuda;
+                }
+                BackendInputs::Docker {
+                    base_image: None, ..
+                } if arch::check_archs_for_cuda(&inputs.archs, cuda).is_err() => {
+                    if let Some(fit) = arch::closest_cuda_for(&inputs.archs, cuda) {
+                        cuda_note = Some(format!(
+                            "{cuda} cannot compile every planned arch; {} is the release closest to it that compiles {}",
+                            fit,
+                            inputs
+                                .archs
+                                .iter()
+                                .map(|a| a.to_string())
+                                .collect::<Vec<_>>()
+                                .join(" ")
+                        ));
+                        cuda = fit;
+                    }
+                }
+                _ => {}
+            }
+        }
         if let Some(expr) = &inputs.only_funcs {
             crate::nccl::only_funcs::check(expr)?;
         }
@@ -309,8 +355,6 @@ impl BuildPlan {
             inputs.only_funcs.as_deref(),
         );
         let gencode = arch::gencode(&inputs.archs, inputs.ptx);
-        let mut cuda = cuda;
-        let mut cuda_note = None;
         let mut problems = Vec::new();
         let backend = match inputs.backend {
             BackendInputs::Docker {
@@ -328,9 +372,12 @@ impl BuildPlan {
                     }
                     None => match arch::choose_image(cuda, &inputs.archs) {
                         Ok(choice) => {
-                            if choice.note.is_some() {
+                            if let Some(note) = choice.note {
                                 cuda = choice.cuda;
-                                cuda_note = choice.note;
+                                cuda_note = Some(match cuda_note {
+                                    Some(first) => format!("{first}. Then: {note}"),
+                                    None => note,
+                                });
                             }
                             cuda_arg = choice.image.cuda_version.clone();
                             Some(choice.image.reference())
@@ -410,6 +457,7 @@ impl BuildPlan {
             backend,
             backend_reason: inputs.backend_reason,
             problems,
+            warnings: inputs.warnings,
         })
     }
 
@@ -655,6 +703,7 @@ mod tests {
             backend_reason: "test".into(),
             ptx: false,
             only_funcs: None,
+            warnings: Vec::new(),
         }
     }
 
@@ -751,9 +800,22 @@ mod tests {
             "mirror.local:5000/cuda:13.3-devel"
         );
 
-        // Nothing fits Pascal under CUDA 13: a plan, with the problem and the fix.
+        // Pascal under CUDA 13: the closest release that compiles both archs, said so.
         let mut i = inputs("v2.30.7-1", &MIXED);
         i.cuda_from_libtorch = Some(CudaVersion::new(13, 3));
+        let p = BuildPlan::new(i.clone()).unwrap();
+        assert_eq!(p.cuda.to_string(), "12.9");
+        assert!(p
+            .cuda_note
+            .as_deref()
+            .unwrap()
+            .contains("13.3 cannot compile every planned arch"));
+        assert_eq!(
+            docker_args(&p)["BASE_IMAGE"],
+            "nvidia/cuda:12.9.1-devel-ubuntu22.04"
+        );
+        // --cuda pins it: then nothing fits, and the plan says so and how to go on.
+        i.cuda_flag = Some(CudaVersion::new(13, 3));
         let p = BuildPlan::new(i.clone()).unwrap();
         assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
         assert!(
@@ -841,13 +903,25 @@ mod tests {
         let vars: BTreeMap<_, _> = native(&p).make_vars.iter().cloned().collect();
         assert_eq!(vars["CUDA_HOME"], "/opt/cuda");
 
-        let err = BuildPlan::new(native_inputs("v2.27.5-1", &MIXED, "12.9.1", None)).unwrap_err();
+        // Without --cuda the toolkit's own release is used, and said.
+        let p = BuildPlan::new(native_inputs("v2.27.5-1", &MIXED, "12.9.1", None)).unwrap();
+        assert_eq!(p.cuda.to_string(), "12.9.1");
+        assert!(p
+            .cuda_note
+            .as_deref()
+            .unwrap()
+            .contains("uses the toolkit's"));
+        // --cuda insists: a toolkit of another release is refused unless allowed.
+        let mut pinned = native_inputs("v2.27.5-1", &MIXED, "12.9.1", None);
+        pinned.cuda_flag = Some(CudaVersion::new(12, 8));
+        let err = BuildPlan::new(pinned).unwrap_err();
         assert!(
             err.to_string()
                 .contains("is CUDA 12.9.1, but the build asks for CUDA 12.8"),
             "{err}"
         );
         let mut allowed = native_inputs("v2.27.5-1", &MIXED, "12.9.1", None);
+        allowed.cuda_flag = Some(CudaVersion::new(12, 8));
         if let BackendInputs::Native {
             allow_cuda_mismatch,
             ..

@@ -285,6 +285,7 @@ pub fn install_build(
         backend_reason: "test".into(),
         ptx: false,
         only_funcs: None,
+        warnings: Vec::new(),
     })
     .unwrap();
     let store = BuildStore::new(root.join("libtorch/nccl/builds"));
