@@ -24,21 +24,25 @@ pub const NVIDIA_SMI_TIMEOUT: std::time::Duration = std::time::Duration::from_se
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
-    #[error("nvidia-smi did not answer within {0} s and was stopped: the NVIDIA driver may be hung. Check `nvidia-smi` by hand, or name the architectures yourself with --archs")]
+    #[error("nvidia-smi did not answer within {0} s and was stopped: the NVIDIA driver may be hung. Check `nvidia-smi` by hand")]
     Hung(u64),
-    #[error("nvidia-smi was not found on PATH, so the local GPUs cannot be read. Install the NVIDIA driver, or name the architectures yourself, e.g. --archs \"6.1;12.0\"")]
+    #[error("nvidia-smi was not found on PATH, so the local GPUs cannot be read. Install the NVIDIA driver")]
     NoNvidiaSmi,
-    #[error("nvidia-smi failed ({status}): {stderr}. Check the NVIDIA driver, or name the architectures yourself with --archs")]
+    #[error("nvidia-smi failed ({status}): {stderr}. Check the NVIDIA driver")]
     Failed { status: String, stderr: String },
-    #[error("nvidia-smi lists no GPU. Name the architectures to build for with --archs, e.g. --archs \"6.1;12.0\"")]
+    #[error("nvidia-smi lists no GPU")]
     NoGpu,
-    #[error("cannot parse nvidia-smi output line {line_no}: '{line}' ({why}). Name the architectures yourself with --archs")]
+    #[error("cannot parse nvidia-smi output line {line_no}: '{line}' ({why})")]
     Unparsable {
         line_no: usize,
         line: String,
         why: String,
     },
 }
+
+/// What a command that takes `--archs` adds to a [`GpuError`]: the way around it.
+pub const ARCHS_HINT: &str =
+    "name the architectures yourself with --archs, e.g. --archs \"6.1;12.0\"";
 
 /// Runs `nvidia-smi` from PATH and parses its answer.
 pub fn query() -> Result<Vec<Gpu>, GpuError> {

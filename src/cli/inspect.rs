@@ -26,7 +26,7 @@ pub(super) fn targets(archs: Option<&str>) -> Result<Targets> {
         Some(list) => Targets::Archs(arch::parse_arch_list(list)?),
         None => match gpu::query() {
             Ok(gpus) => Targets::Gpus(gpus),
-            Err(e) => Targets::None(e.to_string()),
+            Err(e) => Targets::None(format!("{e}; {}", gpu::ARCHS_HINT)),
         },
     })
 }

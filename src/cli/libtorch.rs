@@ -52,6 +52,9 @@ as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch
     Info {
         /// Default: the active variant
         variant: Option<String>,
+        /// Judge coverage for these archs instead of the local GPUs
+        #[arg(long)]
+        archs: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -131,7 +134,11 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             println!("Active libtorch: {}", v.name);
             Ok(())
         }
-        LibtorchCommand::Info { variant, json } => {
+        LibtorchCommand::Info {
+            variant,
+            archs,
+            json,
+        } => {
             let v = match variant {
                 Some(name) => lt.variant(&name)?,
                 None => lt.active()?,
@@ -154,7 +161,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             } else {
                 (None, None)
             };
-            let targets = ins::targets(None)?;
+            let targets = ins::targets(archs.as_deref())?;
             let rows = match &code {
                 Some(Ok(code)) => ins::coverage_rows(code, &targets),
                 _ => Vec::new(),

@@ -161,7 +161,7 @@ impl Libtorch {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(anyhow!(
-                    "no active libtorch: {} does not exist. Run `fdl libtorch activate <variant>` (see `fdl libtorch list`), or pass --tag to name the NCCL version yourself",
+                    "no active libtorch: {} does not exist. Run `fdl libtorch activate <variant>` (see `fdl libtorch list`)",
                     file.display()
                 ))
             }
@@ -170,7 +170,7 @@ impl Libtorch {
         let name = text.lines().next().unwrap_or("").trim();
         if name.is_empty() {
             bail!(
-                "{} is empty. Run `fdl libtorch activate <variant>`, or pass --tag",
+                "{} is empty. Run `fdl libtorch activate <variant>`",
                 file.display()
             );
         }

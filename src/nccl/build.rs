@@ -100,7 +100,7 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
     let (archs, arch_origin) = match archs_flag {
         Some(a) => (a, ArchOrigin::Flag),
         None => {
-            let gpus = (src.gpus)()?;
+            let gpus = (src.gpus)().map_err(|e| anyhow!("{e}; {}", gpu::ARCHS_HINT))?;
             // Any capability the driver reports is planned; whether a toolkit can compile
             // it is the plan's question, not nvidia-smi's.
             (gpu::distinct_archs(&gpus), ArchOrigin::Gpus { gpus })
@@ -176,7 +176,9 @@ pub fn plan(
 /// The tag and CUDA version from the active libtorch's NCCL self-id.
 fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>)> {
     let lt = Libtorch::new(project.libtorch_dir());
-    let variant = lt.active()?;
+    let variant = lt
+        .active()
+        .map_err(|e| anyhow!("{e:#}; or pass --tag to name the NCCL version yourself"))?;
     let lib = variant.libtorch_cuda();
     let meta = std::fs::metadata(&lib).map_err(|_| {
         anyhow!(
