@@ -221,12 +221,17 @@ pub(super) fn print_coverage(rows: &[CoverageRow], targets: &Targets) {
             println!("Coverage:");
             let width = rows.iter().map(|r| r.label.len()).max().unwrap_or(0);
             for r in rows {
-                println!(
-                    "  {:<width$}  {:<7}  {}",
-                    r.label,
-                    r.arch.to_string(),
-                    verdict_text(&r.verdict)
-                );
+                // A GPU's row names its arch too; an arch's row is its own name.
+                let arch = r.arch.to_string();
+                if r.label == arch {
+                    println!("  {:<width$}  {}", r.label, verdict_text(&r.verdict));
+                } else {
+                    println!(
+                        "  {:<width$}  {arch:<7}  {}",
+                        r.label,
+                        verdict_text(&r.verdict)
+                    );
+                }
             }
         }
     }

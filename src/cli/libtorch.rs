@@ -187,22 +187,27 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 return Ok(());
             }
             println!("{}  ({})", v.name, v.dir.display());
-            for (k, val) in &meta {
-                println!("  {k:<8}{val}");
+            if !meta.is_empty() {
+                println!("  recorded in .arch when it was added:");
+                let width = meta.keys().map(String::len).max().unwrap_or(0);
+                for (k, val) in &meta {
+                    let val = if val.is_empty() { "none" } else { val.as_str() };
+                    println!("    {k:<width$}  {val}");
+                }
             }
             match &nccl {
                 Some(Ok(ins::NcclAnswer::Found(d))) => println!(
-                    "  nccl    {} (built with CUDA {}), {}",
+                    "  NCCL now: {} (built with CUDA {}), {}",
                     d.version,
                     d.cuda,
                     ins::linkage_text(d)
                 ),
                 Some(Ok(ins::NcclAnswer::NotFound)) => {
-                    println!("  nccl    none found in {}", lib.display())
+                    println!("  NCCL now: none found in {}", lib.display())
                 }
-                Some(Ok(ins::NcclAnswer::Unresolved(u))) => println!("  nccl    {u}"),
-                Some(Err(e)) => println!("  nccl    cannot tell: {e}"),
-                None => println!("  nccl    no {}", lib.display()),
+                Some(Ok(ins::NcclAnswer::Unresolved(u))) => println!("  NCCL now: {u}"),
+                Some(Err(e)) => println!("  NCCL now: cannot tell: {e}"),
+                None => println!("  NCCL now: no {}", lib.display()),
             }
             match &code {
                 Some(Ok(_)) => ins::print_coverage(&rows, &targets),
