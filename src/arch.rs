@@ -206,6 +206,14 @@ impl fmt::Display for GpuTarget {
     }
 }
 
+impl GpuTarget {
+    /// The virtual-architecture name PTX for this target goes by: `compute_90a`, as
+    /// `cuobjdump --list-ptx` output and nvcc's `arch=` name it.
+    pub fn ptx_name(self) -> String {
+        self.to_string().replacen("sm_", "compute_", 1)
+    }
+}
+
 impl std::str::FromStr for GpuTarget {
     type Err = ArchError;
 

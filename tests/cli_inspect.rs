@@ -58,7 +58,10 @@ fn inspect_lists_code_and_judges_coverage() {
     assert!(out.status.success());
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["coverage"][0]["verdict"]["verdict"], "ptx_jit");
-    assert_eq!(v["inspection"]["gpu_code"]["ptx"][0]["target"], "sm_90");
+    assert_eq!(
+        v["inspection"]["gpu_code"]["ptx"][0]["target"],
+        "compute_90"
+    );
     assert_eq!(v["nccl"]["found"], false);
     fdl()
         .arg("inspect")

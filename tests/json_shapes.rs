@@ -94,6 +94,7 @@ fn every_json_output_matches_the_readme() {
             "fdl nccl env --format json",
             vec!["nccl", "env", &build, "--format", "json"],
         ),
+        ("fdl nccl env --json", vec!["nccl", "env", &build, "--json"]),
         (
             "fdl nccl build --dry-run --json",
             vec![
@@ -172,4 +173,78 @@ fn every_json_output_matches_the_readme() {
         untested.is_empty(),
         "documented but not checked: {untested:?}"
     );
+}
+
+/// With --json an error is one object too (`{"error": …}`) on stdout, with a non-zero
+/// exit; no GPU is an answer (`[]`, the reason on stderr); `env --json` is
+/// `--format json`; a listed build carries the GPU code its library holds, PTX named by
+/// virtual architecture.
+#[test]
+fn json_errors_empty_answers_and_list_contents() {
+    let f = BuildsFixture::new(ProjectFixture::empty());
+    let tree = f.tree("nccl", (2, 27, 5), &[61, 120]);
+    let build = f.install(&tree, "v2.27.5-1", "6.1;12.0").unwrap();
+
+    for args in [
+        vec!["nccl", "env", "nope", "--json"],
+        vec!["nccl", "verify", "nope", "--json"],
+        vec!["libtorch", "info", "--json"],
+        vec!["inspect", "/nonexistent", "--json"],
+    ] {
+        let out = f.fdl().args(&args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: stdout is not one JSON object ({e})"));
+        assert!(
+            v["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{args:?}: {v}"
+        );
+        assert_eq!(v["schema"], 1);
+    }
+
+    let no_tools = tempfile::tempdir().unwrap();
+    let out = f
+        .fdl()
+        .env("PATH", no_tools.path())
+        .args(["gpus", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["gpus"], serde_json::json!([]));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nvidia-smi"));
+
+    let a: Value = serde_json::from_slice(
+        &f.fdl()
+            .args(["nccl", "env", &build, "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let b: Value = serde_json::from_slice(
+        &f.fdl()
+            .args(["nccl", "env", &build, "--format", "json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(a, b);
+
+    let list: Value = serde_json::from_slice(
+        &f.fdl()
+            .args(["nccl", "list", "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let sass: Vec<&str> = list["entries"][0]["gpu_code"]["sass"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["target"].as_str().unwrap())
+        .collect();
+    assert_eq!(sass, ["sm_61", "sm_120"]);
 }

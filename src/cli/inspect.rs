@@ -2,7 +2,7 @@
 //! NCCL a libtorch uses, and whether a build is sound.
 
 use super::{paint, print_json, Color};
-use crate::arch::{self, Arch, GpuTarget, Variant};
+use crate::arch::{self, Arch, GpuTarget};
 use crate::gpu::{self, Gpu};
 use crate::inspect::{self, GpuCode, Linkage, LoaderEnv, NcclDetection, UnresolvedNccl, Verdict};
 use crate::libtorch::Libtorch;
@@ -58,7 +58,10 @@ pub(super) fn verdict_text(v: &Verdict) -> String {
     match v {
         Verdict::Native { sass } => paint(&format!("native SASS ({sass})"), Color::Green),
         Verdict::PtxJit { ptx } => paint(
-            &format!("PTX JIT only ({}): runs, slow first start", ptx_name(*ptx)),
+            &format!(
+                "PTX JIT only ({}): runs, slow first start",
+                GpuTarget::ptx_name(*ptx)
+            ),
             Color::Yellow,
         ),
         Verdict::NotCovered => paint("NOT COVERED: no GPU code runs here", Color::Red),
@@ -72,15 +75,6 @@ pub(super) fn coverage_json(rows: &[CoverageRow]) -> serde_json::Value {
 }
 
 /// PTX is named by its virtual architecture.
-fn ptx_name(t: GpuTarget) -> String {
-    let suffix = match t.variant {
-        Variant::Generic => "",
-        Variant::Specific => "a",
-        Variant::Family => "f",
-    };
-    format!("compute_{}{suffix}", t.arch.number())
-}
-
 fn code_list(entries: &[inspect::CodeEntry], ptx: bool) -> String {
     if entries.is_empty() {
         return "none".into();
@@ -89,7 +83,7 @@ fn code_list(entries: &[inspect::CodeEntry], ptx: bool) -> String {
         .iter()
         .map(|e| {
             let name = if ptx {
-                ptx_name(e.target)
+                GpuTarget::ptx_name(e.target)
             } else {
                 e.target.to_string()
             };
@@ -253,7 +247,8 @@ pub(super) fn detect_cmd(project: &Project, path: Option<&Path>, json_out: bool)
     if json_out {
         print_json(&json!({ "library": lib, "nccl": nccl_json(&answer) }));
         if let NcclAnswer::Unresolved(u) = answer {
-            return Err(u.into());
+            // The object above already says it, for scripts.
+            return Err(super::JsonReported(u.into()).into());
         }
         return Ok(());
     }
@@ -353,7 +348,13 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
         }
     }
     if !failed.is_empty() {
-        bail!("verification failed for {}", failed.join(", "));
+        let e = anyhow::anyhow!("verification failed for {}", failed.join(", "));
+        // With --json the report above already says it, for scripts.
+        return Err(if json_out {
+            super::JsonReported(e).into()
+        } else {
+            e
+        });
     }
     Ok(())
 }

@@ -60,6 +60,17 @@ as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch
     },
 }
 
+impl LibtorchCommand {
+    pub(super) fn wants_json(&self) -> bool {
+        match self {
+            LibtorchCommand::List { json }
+            | LibtorchCommand::Add { json, .. }
+            | LibtorchCommand::Info { json, .. } => *json,
+            LibtorchCommand::Activate { .. } | LibtorchCommand::Remove { .. } => false,
+        }
+    }
+}
+
 pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
     let lt = Libtorch::new(project.libtorch_dir());
     match cmd {

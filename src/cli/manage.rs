@@ -14,7 +14,25 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
     let store = BuildStore::new(project.nccl_builds_dir());
     let entries = store.list()?;
     if json_out {
-        print_json(&json!({ "builds_dir": store.dir, "entries": entries }));
+        // Each build with what its library carries, read from it as the text list does.
+        let rows: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|e| {
+                let mut row = json!(e);
+                if let Entry::Build { name, manifest, .. } = e {
+                    let lib = store
+                        .path_of(name)
+                        .join("lib")
+                        .join(&manifest.checked.library);
+                    row["gpu_code"] = match crate::inspect::inspect(&lib) {
+                        Ok(ins) => json!(ins.gpu_code),
+                        Err(err) => json!({ "error": format!("{err:#}") }),
+                    };
+                }
+                row
+            })
+            .collect();
+        print_json(&json!({ "builds_dir": store.dir, "entries": rows }));
         return Ok(());
     }
     if entries.is_empty() {

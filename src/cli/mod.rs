@@ -136,6 +136,9 @@ Without --tag the version is read from the active libtorch; without --archs the 
         build: Option<String>,
         #[arg(long, value_enum, default_value_t = manage::EnvFormat::Shell)]
         format: manage::EnvFormat,
+        /// The same as --format json
+        #[arg(long, conflicts_with = "format")]
+        json: bool,
     },
 }
 
@@ -148,10 +151,46 @@ pub struct InProject {
     root: String,
 }
 
+/// An error whose command already printed its JSON answer (a verify report, an
+/// unresolved detection): no second object is printed for it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:#}")]
+pub struct JsonReported(pub anyhow::Error);
+
+impl Command {
+    /// Whether the user asked for one JSON object: then an error is one too.
+    fn wants_json(&self) -> bool {
+        match self {
+            Command::Inspect { json, .. } | Command::Gpus { json } => *json,
+            Command::Nccl(n) => match n {
+                NcclCommand::Build(args) => args.json,
+                NcclCommand::Detect { json, .. }
+                | NcclCommand::Verify { json, .. }
+                | NcclCommand::List { json } => *json,
+                NcclCommand::Env { json, format, .. } => {
+                    *json || matches!(format, manage::EnvFormat::Json)
+                }
+                NcclCommand::Dockerfile | NcclCommand::Remove { .. } => false,
+            },
+            Command::Libtorch(l) => l.wants_json(),
+            Command::ProbeNccl { .. } | Command::Completions { .. } => false,
+        }
+    }
+}
+
 pub fn run(cli: Cli) -> Result<()> {
     let project = Project::from_process(cli.root.as_deref())?;
     let uses_project = matches!(cli.command, Command::Nccl(_) | Command::Libtorch(_));
+    let json_errors = cli.command.wants_json();
     let result = dispatch(cli, &project);
+    if let (Err(e), true) = (&result, json_errors) {
+        // Scripts read stdout: the error is there as one object too (stderr still says it).
+        if e.downcast_ref::<crate::process::Interrupted>().is_none()
+            && e.downcast_ref::<JsonReported>().is_none()
+        {
+            print_json(&serde_json::json!({ "error": format!("{e:#}") }));
+        }
+    }
     match result {
         Err(cause)
             if uses_project
@@ -193,7 +232,16 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             yes,
             no_wait,
         }) => manage::remove(&project, &builds, yes, no_wait),
-        Command::Nccl(NcclCommand::Env { build, format }) => {
+        Command::Nccl(NcclCommand::Env {
+            build,
+            format,
+            json,
+        }) => {
+            let format = if json {
+                manage::EnvFormat::Json
+            } else {
+                format
+            };
             manage::env(&project, build.as_deref(), format)
         }
         Command::Libtorch(cmd) => libtorch::run(&project, cmd),

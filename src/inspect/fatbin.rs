@@ -85,6 +85,8 @@ pub struct CodeEntry {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct GpuCode {
     pub sass: Vec<CodeEntry>,
+    /// PTX, named in JSON by virtual architecture (`compute_120`), as text output is.
+    #[serde(serialize_with = "ptx_entries")]
     pub ptx: Vec<CodeEntry>,
     /// Fatbin containers walked.
     pub containers: usize,
@@ -97,6 +99,23 @@ pub struct GpuCode {
     /// What could not be read, when the fatbin is damaged.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+}
+
+fn ptx_entries<S: serde::Serializer>(entries: &[CodeEntry], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    #[derive(Serialize)]
+    struct Ptx {
+        target: String,
+        count: usize,
+    }
+    let mut seq = s.serialize_seq(Some(entries.len()))?;
+    for e in entries {
+        seq.serialize_element(&Ptx {
+            target: e.target.ptx_name(),
+            count: e.count,
+        })?;
+    }
+    seq.end()
 }
 
 impl GpuCode {
