@@ -207,10 +207,7 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
                     "{} is not an fdl build ({why})",
                     store.path_of(name).display()
                 ),
-                None => bail!(
-                    "no build named '{name}'; candidates: {}",
-                    candidates(&store)?
-                ),
+                None => bail!("no build named '{name}'. {}", builds_hint(&store)?),
             }
         }
         None => default_build(project, &store)?,
@@ -270,8 +267,9 @@ fn comment_text(s: &str) -> String {
         .collect()
 }
 
-fn candidates(store: &BuildStore) -> Result<String> {
-    let names: Vec<String> = store
+/// The builds there are, as `name (NCCL x.y.z)`.
+fn candidates(store: &BuildStore) -> Result<Vec<String>> {
+    Ok(store
         .list()?
         .into_iter()
         .filter_map(|e| match e {
@@ -280,11 +278,16 @@ fn candidates(store: &BuildStore) -> Result<String> {
             }
             _ => None,
         })
-        .collect();
+        .collect())
+}
+
+/// What to say about the builds there are: their names, or that there are none yet.
+fn builds_hint(store: &BuildStore) -> Result<String> {
+    let names = candidates(store)?;
     Ok(if names.is_empty() {
-        "none — make one with `fdl nccl build`".into()
+        "There are no builds yet: make one with `fdl nccl build`".into()
     } else {
-        names.join(", ")
+        format!("Builds: {}", names.join(", "))
     })
 }
 
@@ -313,9 +316,9 @@ fn default_build(project: &Project, store: &BuildStore) -> Result<(String, Manif
         return match builds.as_slice() {
             [(name, m)] => Ok((name.clone(), m.clone(), "the only build".into())),
             _ => bail!(
-                "cannot choose a build: the active libtorch's NCCL version is unknown and there {} builds. Name one: {}",
-                if builds.is_empty() { "are no" } else { "are several" },
-                candidates(store)?
+                "cannot choose a build: the active libtorch's NCCL version is unknown. {}{}",
+                builds_hint(store)?,
+                if builds.is_empty() { "" } else { "; name one" }
             ),
         };
     };
@@ -334,8 +337,8 @@ fn default_build(project: &Project, store: &BuildStore) -> Result<(String, Manif
             format!("newest build matching {variant}'s NCCL {version}"),
         )),
         None => bail!(
-            "no build matches the active libtorch {variant} (NCCL {version}). Build one with `fdl nccl build`, or name one of: {}",
-            candidates(store)?
+            "no build matches the active libtorch {variant} (NCCL {version}): build one with `fdl nccl build`, or name one. {}",
+            builds_hint(store)?
         ),
     }
 }
