@@ -112,7 +112,7 @@ impl Watchdog {
     fn start(group: libc::pid_t) -> Watchdog {
         let mut fds = [0 as libc::c_int; 2];
         // SAFETY: plain syscalls; after fork the child calls only async-signal-safe
-        // functions (close, setpgid, read, kill, _exit), as a forked multi-threaded
+        // functions (close_range, setpgid, read, kill, _exit), as a forked multi-threaded
         // process must.
         unsafe {
             if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
@@ -123,7 +123,13 @@ impl Watchdog {
             }
             let pid = libc::fork();
             if pid == 0 {
-                libc::close(fds[1]);
+                // Hold nothing of fdl's but the pipe: an inherited pipe end or stdout would
+                // keep a reader (fdl's own output thread, a `| tee`) waiting for EOF.
+                let keep = fds[0] as libc::c_uint;
+                if keep > 0 {
+                    libc::syscall(libc::SYS_close_range, 0 as libc::c_uint, keep - 1, 0);
+                }
+                libc::syscall(libc::SYS_close_range, keep + 1, libc::c_uint::MAX, 0);
                 libc::setpgid(0, group);
                 let mut byte = 0u8;
                 while libc::read(fds[0], (&mut byte as *mut u8).cast(), 1) < 0 {}
