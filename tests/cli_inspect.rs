@@ -57,7 +57,11 @@ fn inspect_lists_code_and_judges_coverage() {
         .unwrap();
     assert!(out.status.success());
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["coverage"][0]["verdict"]["verdict"], "ptx_jit");
+    assert_eq!(v["coverage"][0]["verdict"], "ptx_jit");
+    assert!(v["coverage"][0]["code"]
+        .as_str()
+        .unwrap()
+        .starts_with("compute_"));
     assert_eq!(
         v["inspection"]["gpu_code"]["ptx"][0]["target"],
         "compute_90"

@@ -123,8 +123,8 @@ fn info_judges_coverage_for_the_local_gpus() {
         .unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["nccl"]["detection"]["linkage"]["kind"], "static");
-    assert_eq!(v["coverage"][0]["verdict"]["verdict"], "native");
-    assert_eq!(v["coverage"][2]["verdict"]["verdict"], "not_covered");
+    assert_eq!(v["coverage"][0]["verdict"], "native");
+    assert_eq!(v["coverage"][2]["verdict"], "not_covered");
     assert_eq!(v["gpu_code"]["sass"][1]["target"], "sm_120");
 }
 

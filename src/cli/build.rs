@@ -227,6 +227,9 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
         only_funcs: args.only_funcs.clone(),
     };
     let flags = build::check_flags(&req)?;
+    if args.verbose {
+        eprintln!("project root: {}", project.describe());
+    }
     let quiet_gpus = args.json || args.quiet;
     let sources = Sources {
         project,

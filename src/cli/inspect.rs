@@ -68,9 +68,18 @@ pub(super) fn verdict_text(v: &Verdict) -> String {
     }
 }
 
+/// One object per row; the verdict is one field (`native`, `ptx_jit`, `not_covered`) and
+/// `code` names what runs, when something does.
 pub(super) fn coverage_json(rows: &[CoverageRow]) -> serde_json::Value {
     rows.iter()
-        .map(|r| json!({ "target": r.label, "arch": r.arch, "verdict": r.verdict }))
+        .map(|r| {
+            let (verdict, code) = match r.verdict {
+                Verdict::Native { sass } => ("native", Some(sass.to_string())),
+                Verdict::PtxJit { ptx } => ("ptx_jit", Some(ptx.ptx_name())),
+                Verdict::NotCovered => ("not_covered", None),
+            };
+            json!({ "target": r.label, "arch": r.arch, "verdict": verdict, "code": code })
+        })
         .collect()
 }
 

@@ -305,7 +305,7 @@ pub fn execute(
     let existing = store.existing(&plan.name)?;
     match &existing {
         Some(Existing::Build(m)) if !opts.force => {
-            let diff = m.plan.differences(plan);
+            let diff = plan.differences(&m.plan);
             if diff.is_empty() {
                 return Ok(Outcome::AlreadyBuilt {
                     manifest: m.clone(),

@@ -501,13 +501,22 @@ impl BuildPlan {
     }
 
     /// Human-readable differences between the identities of two plans.
-    pub fn differences(&self, other: &BuildPlan) -> Vec<String> {
-        let (a, b) = (self.identity(), other.identity());
-        a.iter()
-            .filter(|(k, v)| b.get(*k) != Some(v))
-            .map(|(k, v)| {
-                let theirs = b.get(k).map(String::as_str).unwrap_or("(none)");
-                format!("{k}: existing build has {theirs}, this plan has {v}")
+    /// How this plan differs from the one an `existing` build was made from, one line per
+    /// identity field, naming each side.
+    pub fn differences(&self, existing: &BuildPlan) -> Vec<String> {
+        let (ours, theirs) = (self.identity(), existing.identity());
+        let keys: std::collections::BTreeSet<&&str> = ours.keys().chain(theirs.keys()).collect();
+        keys.into_iter()
+            .filter(|k| ours.get(**k) != theirs.get(**k))
+            .map(|k| {
+                let side = |m: &BTreeMap<&str, String>| {
+                    m.get(*k).cloned().unwrap_or_else(|| "(none)".into())
+                };
+                format!(
+                    "{k}: existing build has {}, this plan has {}",
+                    side(&theirs),
+                    side(&ours)
+                )
             })
             .collect()
     }
@@ -843,9 +852,13 @@ mod tests {
         assert!(a.differences(&BuildPlan::new(i).unwrap()).is_empty());
         let mut i = inputs("v2.27.5-2", &MIXED);
         i.cuda_flag = Some(CudaVersion::new(12, 9));
-        let d = a.differences(&BuildPlan::new(i).unwrap());
+        let d = BuildPlan::new(i).unwrap().differences(&a);
         assert!(d.iter().any(|s| s.starts_with("tag:")), "{d:?}");
-        assert!(d.iter().any(|s| s.starts_with("cuda:")), "{d:?}");
+        // Each side named as it is: the existing build's value first.
+        assert!(
+            d.contains(&"cuda: existing build has 12.8, this plan has 12.9".to_string()),
+            "{d:?}"
+        );
     }
 
     /// The JSON keeps the manifests' shape (`backend` beside its section), and a plan
