@@ -336,8 +336,11 @@ fn default_build(project: &Project, store: &BuildStore) -> Result<(String, Manif
             m.clone(),
             format!("newest build matching {variant}'s NCCL {version}"),
         )),
+        None if builds.is_empty() => bail!(
+            "no build matches the active libtorch {variant} (NCCL {version}): there are no builds yet. Make one with `fdl nccl build`"
+        ),
         None => bail!(
-            "no build matches the active libtorch {variant} (NCCL {version}): build one with `fdl nccl build`, or name one. {}",
+            "no build matches the active libtorch {variant} (NCCL {version}): make one with `fdl nccl build`, or name one. {}",
             builds_hint(store)?
         ),
     }
