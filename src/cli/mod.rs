@@ -209,19 +209,18 @@ pub fn run(cli: Cli) -> Result<()> {
 }
 
 fn dispatch(cli: Cli, project: &Project) -> Result<()> {
-    let project = project.clone();
     match cli.command {
-        Command::Nccl(NcclCommand::Build(args)) => build::run(&project, args),
+        Command::Nccl(NcclCommand::Build(args)) => build::run(project, args),
         Command::Nccl(NcclCommand::Dockerfile) => {
             print!("{EMBEDDED_DOCKERFILE}");
             Ok(())
         }
-        Command::Nccl(NcclCommand::List { json }) => manage::list(&project, json),
+        Command::Nccl(NcclCommand::List { json }) => manage::list(project, json),
         Command::Nccl(NcclCommand::Detect { path, json }) => {
-            inspect::detect_cmd(&project, path.as_deref(), json)
+            inspect::detect_cmd(project, path.as_deref(), json)
         }
         Command::Nccl(NcclCommand::Verify { build, json }) => {
-            inspect::verify_cmd(&project, build.as_deref(), json)
+            inspect::verify_cmd(project, build.as_deref(), json)
         }
         Command::Inspect { path, archs, json } => {
             inspect::inspect_cmd(&path, archs.as_deref(), json)
@@ -231,7 +230,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             builds,
             yes,
             no_wait,
-        }) => manage::remove(&project, &builds, yes, no_wait),
+        }) => manage::remove(project, &builds, yes, no_wait),
         Command::Nccl(NcclCommand::Env {
             build,
             format,
@@ -242,9 +241,9 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             } else {
                 format
             };
-            manage::env(&project, build.as_deref(), format)
+            manage::env(project, build.as_deref(), format)
         }
-        Command::Libtorch(cmd) => libtorch::run(&project, cmd),
+        Command::Libtorch(cmd) => libtorch::run(project, cmd),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
@@ -263,7 +262,9 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
 pub(crate) fn confirm(question: &str) -> Result<bool> {
     use std::io::{BufRead, IsTerminal, Write};
     if !std::io::stdin().is_terminal() {
-        anyhow::bail!("not without confirmation: stdin is not a terminal. Pass --yes");
+        anyhow::bail!(
+            "cannot ask for confirmation: stdin is not a terminal. Pass --yes to go ahead"
+        );
     }
     eprint!("{question} [y/N] ");
     std::io::stderr().flush()?;
