@@ -1,7 +1,9 @@
 //! Running external tools (docker, make, git) so that Ctrl-C and SIGTERM end them and
-//! still let fdl roll back: the signal only sets a flag; the running child and its whole
+//! still let fdl roll back. Outside a [`Critical`] section a signal ends fdl at once;
+//! inside one it sets a flag that every wait polls: the running child and its whole
 //! process group are ended, the caller gets an error, and `Drop` guards (staging
-//! directory, container, work directory) clean up.
+//! directory, container, work directory) clean up. Children die with fdl even when it is
+//! killed outright (see [`spawn`]).
 
 use anyhow::{bail, Context, Result};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -68,8 +70,6 @@ pub fn interrupted() -> bool {
 #[error("interrupted; everything this run started was cleaned up")]
 pub struct Interrupted;
 
-/// Starts `cmd` as the leader of its own process group, so an interrupt can end the
-/// whole tree it starts (make's compilers, docker's helpers), not just the child.
 /// Starts `cmd` in a process group of its own (the terminal's Ctrl-C reaches fdl alone,
 /// which then ends the group in order), tied to fdl's life: if fdl dies, even by SIGKILL,
 /// the kernel sends the child SIGTERM (`PR_SET_PDEATHSIG`) and a [`Watchdog`] in the
