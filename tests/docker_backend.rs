@@ -211,6 +211,9 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         log.contains("Successfully built") || log.contains("naming to"),
         "{log}"
     );
+    // Preparing an image is not compiling: this one has no make step at all.
+    assert!(log.contains("==> fdl: phase prepare"), "{log}");
+    assert!(!log.contains("==> fdl: phase compile"), "{log}");
     let pc = std::fs::read_to_string(dir.join("lib/pkgconfig/nccl.pc")).unwrap();
     assert!(
         pc.starts_with(&format!("prefix={}\n", dir.display())),

@@ -231,14 +231,26 @@ impl Backend for DockerBackend {
             docker.image
         ));
         progress.output(&format!("==> fdl: step: {}", steps.build.render()));
-        // Image steps stand in for phases: the clone, compile and install all happen in
-        // RUN steps whose output is the build's.
-        progress.phase(Phase::Compile);
+        // Image steps stand in for phases: the base image and tools are prepared, then
+        // the clone and the compile happen in RUN steps whose output is the build's.
+        progress.phase(Phase::Prepare);
+        let mut phase = Phase::Prepare;
         // The step running when the build stopped says what to suggest.
         let mut last_step = String::new();
         let mut on_line = |line: &str| {
             progress.output(line);
             if let Some((done, total)) = crate::progress::docker_step(line) {
+                let next = if line.contains("make ") {
+                    Phase::Compile
+                } else if line.contains("git clone") || line.contains("COPY nccl") {
+                    Phase::Clone
+                } else {
+                    phase
+                };
+                if next != phase {
+                    phase = next;
+                    progress.phase(phase);
+                }
                 progress.set_total(total);
                 progress.advance(&format!("image step {done}/{total}"));
                 last_step = line.to_string();
