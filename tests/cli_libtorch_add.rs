@@ -326,3 +326,49 @@ fn a_variant_is_known_by_its_bare_name() {
         "removal reached the torch itself"
     );
 }
+
+/// `libtorch info` keeps what `.arch` recorded apart from the NCCL read now, aligns its
+/// keys (never `nccl_linkagedynamic`), says `none` for an empty field, and a coverage row
+/// for an arch names it once.
+#[test]
+fn info_reads_as_a_table() {
+    let p = ProjectFixture::empty();
+    let src = tempfile::tempdir().unwrap();
+    archive(src.path());
+    let cache = tempfile::tempdir().unwrap();
+    let fdl = || {
+        let mut c = fdl_in(p.root());
+        c.env("XDG_CACHE_HOME", cache.path());
+        c
+    };
+    fdl()
+        .args(["libtorch", "add", "cu128"])
+        .arg(src.path())
+        .assert()
+        .success();
+    let out = fdl()
+        .args(["libtorch", "info", "cu128", "--archs", "6.1;7.0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("recorded in .arch when it was added:"),
+        "{text}"
+    );
+    assert!(text.contains("  NCCL now: 2.27.3"), "{text}");
+    for line in text.lines().filter(|l| l.starts_with("    ")) {
+        let mut words = line.split_whitespace();
+        let (key, value) = (words.next().unwrap(), words.next());
+        assert!(
+            value.is_some(),
+            "key without a value (or glued to it): {line:?}"
+        );
+        assert!(
+            !key.contains("dynamic") && !key.contains("static"),
+            "{line:?}"
+        );
+    }
+    assert!(text.contains("\n  sm_61  native SASS (sm_61)"), "{text}");
+    assert!(text.contains("\n  sm_70  NOT COVERED"), "{text}");
+}

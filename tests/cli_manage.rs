@@ -353,3 +353,41 @@ fn env_output_is_quoted_for_eval_whatever_the_root_holds() {
         assert!(!tmp.path().join(marker).exists(), "{marker}: the path ran");
     }
 }
+
+/// Answering "n" at a terminal is an answer: nothing is removed, nothing says "error",
+/// and the exit status is 0.
+#[test]
+fn declining_remove_on_a_terminal_is_not_an_error() {
+    let f = fixture();
+    let bin = assert_cmd::cargo::cargo_bin("fdl");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "printf 'n\\n' | script -qec '{} --root {} nccl remove {}' /dev/null",
+            bin.display(),
+            f.builds.project.root().display(),
+            f.names[0]
+        ))
+        .env("XDG_CACHE_HOME", f.builds.cache.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("Nothing was removed."), "{text}");
+    assert!(!text.contains("error"), "{text}");
+    assert!(f.builds().join(&f.names[0]).exists());
+}
+
+/// With no builds at all, the messages say so, instead of offering "none" as a build.
+#[test]
+fn no_builds_yet_is_said_plainly() {
+    let f = BuildsFixture::new(ProjectFixture::empty());
+    f.fdl()
+        .args(["nccl", "env", "nope"])
+        .assert()
+        .failure()
+        .stderr(
+            predicate::str::contains("There are no builds yet: make one with `fdl nccl build`")
+                .and(predicate::str::contains("none —").not()),
+        );
+}
