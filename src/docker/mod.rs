@@ -296,3 +296,76 @@ impl Backend for DockerBackend {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::Arch;
+    use crate::nccl::plan::{
+        ArchOrigin, BackendInputs, BackendPlan, BuildPlan, PlanInputs, TagOrigin,
+    };
+    use crate::nccl::tag::Tag;
+    use std::collections::BTreeMap;
+
+    /// The embedded Dockerfile's `ARG`s: name → whether it has a default.
+    fn declared() -> BTreeMap<String, bool> {
+        EMBEDDED_DOCKERFILE
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("ARG "))
+            .map(|a| match a.split_once('=') {
+                Some((name, _)) => (name.trim().to_string(), true),
+                None => (a.trim().to_string(), false),
+            })
+            .collect()
+    }
+
+    fn passed(only_funcs: Option<&str>) -> Vec<String> {
+        let plan = BuildPlan::new(PlanInputs {
+            tag: Tag::parse("v2.27.5-1").unwrap(),
+            tag_origin: TagOrigin::Flag,
+            cuda_flag: None,
+            cuda_from_libtorch: None,
+            archs: vec![Arch::new(8, 6)],
+            arch_origin: ArchOrigin::Flag,
+            jobs: 2,
+            jobs_reason: "test".into(),
+            builds_dir: "/p/libtorch/nccl/builds".into(),
+            backend: BackendInputs::Docker {
+                dockerfile: dockerfile_spec(None).unwrap().0,
+                base_image: None,
+            },
+            backend_reason: "test".into(),
+            ptx: false,
+            only_funcs: only_funcs.map(str::to_string),
+            warnings: Vec::new(),
+        })
+        .unwrap();
+        let BackendPlan::Docker(d) = plan.backend else {
+            panic!("not a Docker plan")
+        };
+        d.build_args.into_iter().map(|(k, _)| k).collect()
+    }
+
+    /// The contract between the plan and the embedded Dockerfile: every build argument
+    /// the plan passes is declared, and every ARG without a default is passed.
+    #[test]
+    fn the_plan_passes_exactly_what_the_embedded_dockerfile_declares() {
+        let declared = declared();
+        for only_funcs in [None, Some("AllReduce Sum f32")] {
+            let passed = passed(only_funcs);
+            for arg in &passed {
+                assert!(
+                    declared.contains_key(arg),
+                    "the plan passes {arg}, which the Dockerfile does not declare"
+                );
+            }
+            for (arg, has_default) in &declared {
+                assert!(
+                    *has_default || passed.contains(arg),
+                    "the Dockerfile needs {arg}, which the plan does not pass"
+                );
+            }
+        }
+        assert!(declared.contains_key("BASE_IMAGE") && declared.contains_key("ONLY_FUNCS"));
+    }
+}
