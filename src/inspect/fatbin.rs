@@ -150,6 +150,34 @@ pub struct Collector {
     pub(crate) zstd: ZstdStats,
 }
 
+/// The fields fdl reads from a fatbin entry's header (at least 64 bytes, little-endian).
+struct EntryHeader {
+    kind: u16,
+    header_size: u64,
+    payload_size: u64,
+    compressed_size: u64,
+    arch_number: u32,
+    flags: u64,
+}
+
+impl EntryHeader {
+    fn parse(h: &[u8]) -> EntryHeader {
+        EntryHeader {
+            kind: le16(h, 0),
+            header_size: u64::from(le32(h, 4)),
+            payload_size: le64(h, 8),
+            compressed_size: u64::from(le32(h, 16)),
+            arch_number: le32(h, 28),
+            flags: le64(h, 40),
+        }
+    }
+
+    /// The payload's length as stored in the file (compressed, when it is).
+    fn stored(&self) -> u64 {
+        self.compressed_size.min(self.payload_size)
+    }
+}
+
 /// How the zstd cubins' first bytes were decoded.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -160,6 +188,14 @@ pub struct ZstdStats {
     pub libzstd: usize,
     /// With `cross_check`: cubins whose two decodes differ.
     pub mismatches: usize,
+}
+
+impl std::ops::AddAssign for ZstdStats {
+    fn add_assign(&mut self, other: ZstdStats) {
+        self.head += other.head;
+        self.libzstd += other.libzstd;
+        self.mismatches += other.mismatches;
+    }
 }
 
 /// A cubin whose ELF header is inside a zstd frame.
@@ -345,9 +381,7 @@ impl Collector {
             let mut all = Vec::new();
             let mut add = |(t, s): (Vec<_>, ZstdStats)| {
                 all.extend(t);
-                stats.head += s.head;
-                stats.libzstd += s.libzstd;
-                stats.mismatches += s.mismatches;
+                stats += s;
             };
             add(name());
             for h in others {
@@ -359,13 +393,16 @@ impl Collector {
             }
             all
         });
-        self.zstd.head += stats.head;
-        self.zstd.libzstd += stats.libzstd;
-        self.zstd.mismatches += stats.mismatches;
+        self.zstd += stats;
         for t in targets {
-            self.undecoded += usize::from(t.is_err());
-            *self.sass.entry(t.unwrap_or_else(|f| f)).or_default() += 1;
+            self.count_sass(t);
         }
+    }
+
+    /// One cubin, named from its ELF header or (`Err`) from the fatbin header alone.
+    fn count_sass(&mut self, named: Result<GpuTarget, GpuTarget>) {
+        self.undecoded += usize::from(named.is_err());
+        *self.sass.entry(named.unwrap_or_else(|f| f)).or_default() += 1;
     }
 
     fn walk_entries(&mut self, src: &Source<'_>, start: u64, end: u64, what: &str) -> Result<()> {
@@ -376,13 +413,13 @@ impl Collector {
         while end - q >= ENTRY_HEADER_MIN {
             let got = src.read_at(q, &mut block[..(end - q).min(512) as usize])?;
             let block = &block[..got];
-            let h = block;
-            let kind = le16(h, 0);
-            let header_size = u64::from(le32(h, 4));
-            let payload_size = le64(h, 8);
-            let compressed_size = u64::from(le32(h, 16));
-            let arch_number = le32(h, 28);
-            let flags = le64(h, 40);
+            let e = EntryHeader::parse(block);
+            let EntryHeader {
+                header_size,
+                payload_size,
+                flags,
+                ..
+            } = e;
             if header_size < ENTRY_HEADER_MIN {
                 self.warn(format!(
                     "{what}: entry at offset {q:#x} has a {header_size}-byte header (at least 64 expected); rest of container skipped"
@@ -403,9 +440,9 @@ impl Collector {
             if flags & FLAG_OBFUSCATED != 0 {
                 self.code.obfuscated += 1;
             } else {
-                match kind {
+                match e.kind {
                     KIND_ELF => {
-                        let stored = compressed_size.min(payload_size);
+                        let stored = e.stored();
                         let prefix = block.get(header_size as usize..).unwrap_or(&[]);
                         if flags & FLAG_COMPRESSED_ANY == FLAG_COMPRESS_ZSTD {
                             let prefix = &prefix[..prefix.len().min(stored as usize)];
@@ -416,28 +453,23 @@ impl Collector {
                                 payload,
                                 stored,
                                 len,
-                                arch_number,
+                                arch_number: e.arch_number,
                                 flags,
                             });
                         } else {
                             let elf =
                                 cubin_target(src, payload, payload_size, stored, flags, prefix);
-                            let named = sass_target(elf, arch_number, flags);
-                            self.undecoded += usize::from(named.is_err());
-                            *self.sass.entry(named.unwrap_or_else(|f| f)).or_default() += 1;
+                            self.count_sass(sass_target(elf, e.arch_number, e.flags));
                         }
                     }
                     KIND_PTX => {
                         *self
                             .ptx
-                            .entry(header_target(arch_number, flags))
+                            .entry(header_target(e.arch_number, flags))
                             .or_default() += 1;
                     }
-                    KIND_CONCAT => {
-                        let stored = compressed_size.min(payload_size);
-                        self.concat_entry(src, q, header_size, payload, stored, flags, what)?;
-                    }
-                    _ => {
+                    KIND_CONCAT => self.concat_entry(src, q, &e, payload, what)?,
+                    kind => {
                         self.code.other += 1;
                         self.unknown_kinds.insert(kind);
                     }
@@ -456,17 +488,15 @@ impl Collector {
     /// pair at 64 pointing inside it), as 80–120-byte entry headers do. All members share
     /// the entry's payload, so a cubin's ELF header is found by decoding the payload up
     /// to its offset; members are checked to follow each other in the payload.
-    #[allow(clippy::too_many_arguments)]
     fn concat_entry(
         &mut self,
         src: &Source<'_>,
         at: u64,
-        header_size: u64,
+        entry: &EntryHeader,
         payload: u64,
-        stored: u64,
-        flags: u64,
         what: &str,
     ) -> Result<()> {
+        let (header_size, flags) = (entry.header_size, entry.flags);
         let bad = |why: &str| {
             format!("{what}: the concatenated entry at offset {at:#x} {why}; its members are not counted")
         };
@@ -513,7 +543,7 @@ impl Collector {
             .filter(|m| m.0 == KIND_ELF)
             .map(|m| m.1)
             .collect();
-        let heads = concat_heads(src, payload, stored, flags, &elf_offsets);
+        let heads = concat_heads(src, payload, entry.stored(), flags, &elf_offsets);
         let mut heads = heads.into_iter();
         for (kind, _, arch, member_flags) in members {
             if flags & FLAG_COMPRESSED_ANY != 0 {
@@ -525,9 +555,7 @@ impl Collector {
                         .next()
                         .flatten()
                         .and_then(|h| cubin_target_from_elf_header(&h));
-                    let named = sass_target(elf, arch, member_flags);
-                    self.undecoded += usize::from(named.is_err());
-                    *self.sass.entry(named.unwrap_or_else(|f| f)).or_default() += 1;
+                    self.count_sass(sass_target(elf, arch, member_flags));
                 }
                 KIND_PTX => {
                     *self
