@@ -137,8 +137,14 @@ pub fn quote(s: &OsStr) -> String {
     if plain {
         text.into_owned()
     } else {
-        format!("'{}'", text.replace('\'', r"'\''"))
+        single_quote(&text)
     }
+}
+
+/// One POSIX shell word, always quoted: single quotes, each `'` written as `'\''`.
+/// Nothing inside single quotes is expanded, newlines included.
+pub fn single_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// The private paths a step runs with, named in a dry run (`<staging>`) and real in a

@@ -230,7 +230,7 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
             println!("# {comment}");
             println!(
                 "export LD_PRELOAD={}\"${{LD_PRELOAD:+:$LD_PRELOAD}}\"",
-                shell_quote(path)
+                crate::step::single_quote(path)
             );
         }
         EnvFormat::Yaml => {
@@ -245,12 +245,6 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
         })),
     }
     Ok(())
-}
-
-/// One POSIX shell word: single quotes, each `'` written as `'\''`. Nothing inside
-/// single quotes is expanded, newlines included.
-pub(crate) fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// A YAML double-quoted scalar. YAML's double-quoted escapes are a superset of JSON's, so
