@@ -137,15 +137,9 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 return Ok(());
             }
             // The lock `libtorch add` takes for this name: never remove one being added.
-            let kind_dir = v.dir.parent().unwrap_or(&lt.dir).to_path_buf();
-            let base = v.name.rsplit('/').next().unwrap_or(&v.name).to_string();
-            let _lock = crate::lock::acquire(
-                &crate::cache::cache_dir(),
-                &kind_dir,
-                &format!("variant-{base}"),
-                crate::lock::Wait::Yes,
-                &|msg| eprintln!("{msg}"),
-            )?;
+            let kind_dir = v.dir.parent().unwrap_or(&lt.dir);
+            let base = v.name.rsplit('/').next().unwrap_or(&v.name);
+            let _lock = crate::libtorch::lock_variant(kind_dir, base)?;
             let v = lt.remove(&v.name)?;
             println!("Removed {}", v.name);
             Ok(())

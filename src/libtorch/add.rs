@@ -50,13 +50,7 @@ pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)
 
     let parent = lt.dir.join("precompiled");
     // One add of a name at a time; a killed one's staging directory is ours to remove.
-    let _lock = crate::lock::acquire(
-        &crate::cache::cache_dir(),
-        &parent,
-        &format!("variant-{name}"),
-        crate::lock::Wait::Yes,
-        &|msg| eprintln!("{msg}"),
-    )?;
+    let _lock = crate::libtorch::lock_variant(&parent, name)?;
     let prefix = format!("{ADDING_PREFIX}{name}-");
     if let Ok(rd) = std::fs::read_dir(&parent) {
         for e in rd.flatten() {

@@ -239,6 +239,19 @@ impl Libtorch {
     }
 }
 
+/// The lock for one variant name under `kind_dir` (`precompiled/`), held by `libtorch
+/// add` and `libtorch remove` alike: one add of a name at a time, and never a remove of
+/// a variant being added. It waits, saying so, for the other holder.
+pub fn lock_variant(kind_dir: &Path, name: &str) -> Result<crate::lock::BuildLock> {
+    crate::lock::acquire(
+        &crate::cache::cache_dir(),
+        kind_dir,
+        &format!("variant-{name}"),
+        crate::lock::Wait::Yes,
+        &|msg| eprintln!("{msg}"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
