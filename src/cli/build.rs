@@ -7,8 +7,8 @@ use crate::lock::Wait;
 use crate::native;
 use crate::nccl::build::{self, Backend, BuildRequest, ExecOptions, Outcome, Sources};
 use crate::nccl::plan::{
-    ArchOrigin, BackendInputs, BackendPlan, BuildPlan, CudaOrigin, DockerSteps, DockerfileSpec,
-    NativeSource, TagOrigin,
+    ArchOrigin, BackendInputs, BackendPlan, BuildPlan, CudaOrigin, DockerSource, DockerSteps,
+    DockerfileSpec, NativeSource, TagOrigin,
 };
 use crate::nccl::store::BuildStore;
 use crate::nccl::tag::Tag;
@@ -56,7 +56,8 @@ pub struct BuildArgs {
     /// Native: the CUDA toolkit to use (default: $CUDA_HOME, else nvcc on PATH)
     #[arg(long, value_name = "DIR")]
     pub cuda_home: Option<PathBuf>,
-    /// Native: build from this NCCL checkout or unpacked release (offline hosts)
+    /// Build from this NCCL checkout or unpacked release instead of cloning the tag
+    /// (offline hosts); Docker copies it into the image, without .git or build/
     #[arg(long, value_name = "DIR")]
     pub source: Option<PathBuf>,
     /// Native: build even if the toolkit's CUDA differs from --cuda / the libtorch's
@@ -90,9 +91,7 @@ pub struct BuildArgs {
 
 impl BuildArgs {
     fn wants_native(&self) -> Option<&'static str> {
-        if self.source.is_some() {
-            Some("--source")
-        } else if self.cuda_home.is_some() {
+        if self.cuda_home.is_some() {
             Some("--cuda-home")
         } else if self.allow_cuda_mismatch {
             Some("--allow-cuda-mismatch")
@@ -130,10 +129,29 @@ fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)
     let docker =
         |engine: Option<Engine>, reason: String| -> Result<(BackendInputs, String, Chosen)> {
             let (spec, text) = docker::dockerfile_spec(args.dockerfile.as_deref())?;
+            let source = match &args.source {
+                Some(dir) => {
+                    let (path, version) = native::check_source_dir(dir, tag)?;
+                    DockerSource::Context { path, version }
+                }
+                None => DockerSource::Clone,
+            };
+            // The image is looked into before anything is built, where an engine answers
+            // (a dry run on a machine without one still shows the plan).
+            let engine = match engine {
+                None if args.base_image.is_some() => Engine::probe().ok(),
+                e => e,
+            };
+            let probe = match (&args.base_image, &engine) {
+                (Some(image), Some(_)) => Some(docker::probe_image(image)?),
+                _ => None,
+            };
             Ok((
                 BackendInputs::Docker {
                     dockerfile: spec,
                     base_image: args.base_image.clone(),
+                    source,
+                    probe,
                 },
                 reason,
                 Chosen::Docker {
@@ -449,6 +467,43 @@ fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
                     format!("{} (sha256 {})", path.display(), &sha256[..12])
                 }
             },
+        );
+        if let Some(probe) = &docker.probe {
+            let mut found = match (&probe.cuda_home, probe.cuda) {
+                (Some(home), Some(cuda)) => format!("CUDA {cuda} at {home} in the image (probed)"),
+                (Some(home), None) => format!("{home} in the image; its nvcc gave no release"),
+                (None, _) => "none in the image (probed)".to_string(),
+            };
+            if !probe.missing.is_empty() {
+                found.push_str(&format!(
+                    "; lacks {}{}",
+                    probe.missing.join(", "),
+                    if probe.apt {
+                        " (apt can install)"
+                    } else {
+                        " (no apt)"
+                    }
+                ));
+            }
+            row("toolkit", found);
+        }
+        row(
+            "source",
+            match &docker.source {
+                DockerSource::Context { path, version } => format!(
+                    "{} (NCCL {version}), copied into the build context",
+                    path.display()
+                ),
+                DockerSource::Clone => format!("cloned in the image at {}", plan.tag),
+            },
+        );
+        row(
+            "network",
+            format!(
+                "{}  ({})",
+                docker.network.as_deref().unwrap_or("default"),
+                docker.network_reason
+            ),
         );
     }
     if let BackendPlan::Native(native) = &plan.backend {

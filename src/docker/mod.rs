@@ -7,7 +7,9 @@
 
 use crate::cache::sha256_hex;
 use crate::nccl::build::Backend;
-use crate::nccl::plan::{BackendPlan, BuildPlan, DockerSteps, DockerfileSpec};
+use crate::nccl::plan::{
+    BackendPlan, BuildPlan, DockerSource, DockerSteps, DockerfileSpec, ImageProbe,
+};
 use crate::process;
 use crate::progress::{Phase, Progress};
 use crate::step::{Paths, Step};
@@ -74,12 +76,156 @@ impl Engine {
         cmd
     }
 
-    /// A plan's step, run against this engine (which adds only the builder choice).
+    /// A plan's step, run against this engine (which adds only the builder choice, and
+    /// BuildKit's plain progress: one line per event, for the log).
     fn step(&self, step: &Step) -> Command {
         let mut cmd = step.command();
         cmd.env("DOCKER_BUILDKIT", if self.buildkit { "1" } else { "0" });
+        cmd.env("BUILDKIT_PROGRESS", "plain");
         cmd
     }
+}
+
+/// What the probe runs in the image, with `/bin/sh`: which tools are there, and the
+/// toolkit found as the embedded Dockerfile finds it. Each answer is a line with a
+/// `fdl-` word first, so nothing else the image prints can pass for one.
+const PROBE_SCRIPT: &str = r#"for t in make g++ python3 git; do command -v "$t" >/dev/null 2>&1 || echo "fdl-missing $t"; done
+command -v apt-get >/dev/null 2>&1 && echo fdl-apt
+home=${CUDA_HOME:-}
+if [ -z "$home" ]; then
+  if [ -x /usr/local/cuda/bin/nvcc ]; then home=/usr/local/cuda
+  elif nvcc=$(command -v nvcc); then home=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+  fi
+fi
+if [ -n "$home" ] && [ -x "$home/bin/nvcc" ]; then
+  echo "fdl-cuda-home $home"
+  "$home/bin/nvcc" --version 2>&1 | while IFS= read -r l; do echo "fdl-version $l"; done
+  "$home/bin/nvcc" --list-gpu-arch 2>/dev/null | while IFS= read -r l; do echo "fdl-arch $l"; done
+fi
+exit 0
+"#;
+
+/// How long the probe may take: it starts a container and asks nvcc twice.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs a short, network-less container of `image` to learn what the build will find
+/// in it. The image must already be in the engine (`--pull never`): the build would
+/// otherwise fail later, trying a registry an offline host cannot reach.
+pub fn probe_image(image: &str) -> Result<ImageProbe> {
+    check_image_reference(image)?;
+    let out = process::output_within(
+        Command::new("docker").args([
+            "run",
+            "--rm",
+            "--pull",
+            "never",
+            "--network",
+            "none",
+            "--entrypoint",
+            "/bin/sh",
+            image,
+            "-c",
+            PROBE_SCRIPT,
+        ]),
+        PROBE_TIMEOUT,
+    )
+    .context("cannot run docker to probe --base-image")?;
+    let Some(out) = out else {
+        bail!(
+            "probing --base-image {image} took over {} s: check the Docker engine (`docker run --rm {image} true`)",
+            PROBE_TIMEOUT.as_secs()
+        );
+    };
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        if err.contains("No such image") {
+            bail!(
+                "--base-image {image} is not in the local Docker engine: `docker load` it, or pull it from a registry or mirror you can reach (`docker pull {image}`), then build again"
+            );
+        }
+        if err.contains("/bin/sh") {
+            bail!("--base-image {image} has no /bin/sh, so it cannot run the build's steps: give an image with a shell and a CUDA toolkit");
+        }
+        bail!(
+            "probing --base-image {image} failed: {}",
+            err.trim().lines().last().unwrap_or("no message")
+        );
+    }
+    Ok(parse_probe(image, &String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Reads the probe's answer lines; anything without an `fdl-` word is ignored.
+pub fn parse_probe(image: &str, text: &str) -> ImageProbe {
+    let mut probe = ImageProbe {
+        image: image.to_string(),
+        cuda_home: None,
+        cuda: None,
+        gpu_archs: None,
+        missing: Vec::new(),
+        apt: false,
+    };
+    let (mut version, mut archs) = (String::new(), String::new());
+    for line in text.lines() {
+        let (key, value) = line.split_once(' ').unwrap_or((line, ""));
+        match key {
+            "fdl-missing" => probe.missing.push(value.trim().to_string()),
+            "fdl-apt" => probe.apt = true,
+            "fdl-cuda-home" => probe.cuda_home = Some(value.trim().to_string()),
+            "fdl-version" => version.push_str(&format!("{value}\n")),
+            "fdl-arch" => archs.push_str(&format!("{value}\n")),
+            _ => {}
+        }
+    }
+    probe.cuda = crate::native::parse_nvcc_version(&version);
+    probe.gpu_archs = crate::native::parse_gpu_archs(&archs);
+    probe
+}
+
+/// The directory of the build context that the image copies to /src/nccl.
+pub const CONTEXT_SOURCE_DIR: &str = "nccl-source";
+
+/// Fills `<context>/nccl-source` with the NCCL tree of `source`, or leaves it empty so
+/// the image clones. Only the tree goes in: not `.git` (history the build does not
+/// read) nor an earlier `build/` (objects of another configuration). Links are copied as
+/// links, never followed, so nothing outside the tree enters the context.
+fn fill_context_source(context: &Path, source: &DockerSource) -> Result<()> {
+    let dest = context.join(CONTEXT_SOURCE_DIR);
+    std::fs::create_dir(&dest).with_context(|| format!("cannot create {}", dest.display()))?;
+    if let DockerSource::Context { path, .. } = source {
+        copy_tree(path, &dest, true).with_context(|| {
+            format!(
+                "cannot copy the NCCL tree at {} into the build context",
+                path.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
+fn copy_tree(from: &Path, to: &Path, top: bool) -> Result<()> {
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if top && (name == ".git" || name == "build") {
+            continue;
+        }
+        let (src, dst) = (entry.path(), to.join(&name));
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            std::fs::create_dir(&dst)?;
+            copy_tree(&src, &dst, false)?;
+        } else if kind.is_file() {
+            std::fs::copy(&src, &dst)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+        } else {
+            bail!(
+                "{} is not a file, directory or link (a FIFO, socket or device): remove it from the source tree",
+                src.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 pub struct DockerBackend {
@@ -212,6 +358,13 @@ impl Backend for DockerBackend {
                 plan.backend.kind()
             );
         };
+        if let DockerSource::Context { path, .. } = &docker.source {
+            progress.note(&format!(
+                "==> copying the NCCL tree at {} into the build context",
+                path.display()
+            ));
+        }
+        fill_context_source(context.path(), &docker.source)?;
         let paths = Paths {
             entries: vec![
                 ("context", context.path().to_path_buf()),
@@ -242,7 +395,7 @@ impl Backend for DockerBackend {
             if let Some((done, total)) = crate::progress::docker_step(line) {
                 let next = if line.contains("make ") {
                     Phase::Compile
-                } else if line.contains("git clone") || line.contains("COPY nccl") {
+                } else if line.contains("git clone") || line.contains("COPY nccl-source") {
                     Phase::Clone
                 } else {
                     phase
@@ -333,6 +486,8 @@ mod tests {
             backend: BackendInputs::Docker {
                 dockerfile: dockerfile_spec(None).unwrap().0,
                 base_image: None,
+                source: crate::nccl::plan::DockerSource::Clone,
+                probe: None,
             },
             backend_reason: "test".into(),
             ptx: false,
@@ -344,6 +499,65 @@ mod tests {
             panic!("not a Docker plan")
         };
         d.build_args.into_iter().map(|(k, _)| k).collect()
+    }
+
+    #[test]
+    fn the_probe_answer_is_read_line_by_line() {
+        let text = "motd from the image\nfdl-missing git\nfdl-missing python3\nfdl-apt\n\
+            fdl-cuda-home /opt/nvidia/cu13\n\
+            fdl-version nvcc: NVIDIA (R) Cuda compiler driver\n\
+            fdl-version Cuda compilation tools, release 13.5, V13.5.37\n\
+            fdl-arch compute_75\nfdl-arch compute_107\nfdl-arch compute_107a\n";
+        let p = parse_probe("img:1", text);
+        assert_eq!(p.missing, ["git", "python3"]);
+        assert!(p.apt);
+        assert_eq!(p.cuda_home.as_deref(), Some("/opt/nvidia/cu13"));
+        assert_eq!(p.cuda.unwrap().to_string(), "13.5.37");
+        assert_eq!(
+            p.gpu_archs.unwrap(),
+            [Arch::new(7, 5), Arch::from_number(107)]
+        );
+        // An image with nothing: no toolkit, no apt; lines without `fdl-` count for nothing.
+        let p = parse_probe("img:1", "fdl-missingmake\nnvcc 13.5\n");
+        assert_eq!((p.cuda_home, p.cuda, p.apt), (None, None, false));
+        assert!(p.missing.is_empty());
+    }
+
+    #[test]
+    fn the_build_context_gets_the_tree_without_history_or_old_objects() {
+        let src = tempfile::tempdir().unwrap();
+        let ctx = tempfile::tempdir().unwrap();
+        let s = src.path();
+        for dir in [".git", "build/obj", "src/build", "makefiles"] {
+            std::fs::create_dir_all(s.join(dir)).unwrap();
+        }
+        std::fs::write(s.join(".git/HEAD"), "x").unwrap();
+        std::fs::write(s.join("build/obj/a.o"), "x").unwrap();
+        std::fs::write(s.join("src/build/kept"), "x").unwrap();
+        std::fs::write(s.join("makefiles/version.mk"), "NCCL_MAJOR := 2\n").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", s.join("src/link")).unwrap();
+        let source = DockerSource::Context {
+            path: s.to_path_buf(),
+            version: "2.27.5".parse().unwrap(),
+        };
+        fill_context_source(ctx.path(), &source).unwrap();
+        let copy = ctx.path().join(CONTEXT_SOURCE_DIR);
+        assert!(!copy.join(".git").exists() && !copy.join("build").exists());
+        assert!(copy.join("src/build/kept").is_file());
+        assert_eq!(
+            std::fs::read_to_string(copy.join("makefiles/version.mk")).unwrap(),
+            "NCCL_MAJOR := 2\n"
+        );
+        // A link stays a link: what it points at never enters the context.
+        let link = copy.join("src/link");
+        assert!(link.symlink_metadata().unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read_link(link).unwrap(), Path::new("/etc/passwd"));
+
+        // Cloning: the directory is there, empty, for the Dockerfile's COPY.
+        let ctx = tempfile::tempdir().unwrap();
+        fill_context_source(ctx.path(), &DockerSource::Clone).unwrap();
+        let dir = ctx.path().join(CONTEXT_SOURCE_DIR);
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0);
     }
 
     /// The contract between the plan and the embedded Dockerfile: every build argument

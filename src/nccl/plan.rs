@@ -181,6 +181,9 @@ pub enum BackendInputs {
         dockerfile: DockerfileSpec,
         /// `--base-image`: the user's image instead of the chosen `nvidia/cuda` one.
         base_image: Option<String>,
+        source: DockerSource,
+        /// The probe of `base_image`, when the engine answered.
+        probe: Option<ImageProbe>,
     },
     Native {
         toolkit: Toolkit,
@@ -209,6 +212,35 @@ pub enum ToolkitConflict {
     },
 }
 
+/// Where the Docker build gets NCCL's source.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum DockerSource {
+    /// The image clones the tag (the embedded Dockerfile's default; manifests written
+    /// before `--source` reached Docker builds mean this).
+    #[default]
+    Clone,
+    /// `--source DIR`: the tree, without `.git` or an earlier `build/`, is copied into the
+    /// private build context as `nccl-source/`, and the image copies it.
+    Context { path: PathBuf, version: NcclVersion },
+}
+
+/// What a short `docker run --rm` of the `--base-image` found in it, before any build.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageProbe {
+    pub image: String,
+    /// Where the image's nvcc lives: `$CUDA_HOME`, `/usr/local/cuda`, or nvcc on PATH.
+    pub cuda_home: Option<String>,
+    /// From that nvcc's `--version`.
+    pub cuda: Option<CudaVersion>,
+    /// From that nvcc's `--list-gpu-arch`, when it answers.
+    pub gpu_archs: Option<Vec<Arch>>,
+    /// Of make, g++, python3 and git, those the image lacks.
+    pub missing: Vec<String>,
+    /// Whether the image has apt-get to install what is missing (with network).
+    pub apt: bool,
+}
+
 /// What the Docker backend will do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DockerPlan {
@@ -217,6 +249,17 @@ pub struct DockerPlan {
     pub dockerfile: DockerfileSpec,
     /// In the order they are passed; values exactly as the Dockerfile receives them.
     pub build_args: Vec<(String, String)>,
+    #[serde(default)]
+    pub source: DockerSource,
+    /// What the probe of `--base-image` found, when it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ImageProbe>,
+    /// `none` when nothing in the build needs the network (`docker build --network none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    /// Why the build does or does not run without network.
+    #[serde(default)]
+    pub network_reason: String,
 }
 
 /// Everything `BuildPlan::new` needs, already read from flags, libtorch and GPUs.
@@ -360,14 +403,37 @@ impl BuildPlan {
             BackendInputs::Docker {
                 dockerfile,
                 base_image,
+                source,
+                probe,
             } => {
                 // CUDA_VERSION names the image's full release when fdl chose the image.
                 let mut cuda_arg = cuda.to_string();
                 let image = match base_image {
                     Some(img) => {
-                        cuda_note = Some(format!(
-                            "the CUDA inside --base-image {img} is not checked before the build; the built library's self-id names it"
-                        ));
+                        match &probe {
+                            Some(found) => {
+                                let checked = check_probe(
+                                    found,
+                                    cuda,
+                                    cuda_origin,
+                                    &inputs.archs,
+                                    &source,
+                                    &mut problems,
+                                );
+                                if let Some(image_cuda) = checked {
+                                    cuda = image_cuda;
+                                    cuda_arg = image_cuda.to_string();
+                                    cuda_note = Some(format!(
+                                        "the nvcc in --base-image {img} is CUDA {image_cuda} (probed), so the build uses it"
+                                    ));
+                                }
+                            }
+                            None => {
+                                cuda_note = Some(format!(
+                                    "the CUDA inside --base-image {img} was not probed (no Docker engine answered); the built library's self-id names it"
+                                ));
+                            }
+                        }
                         Some(img)
                     }
                     None => match arch::choose_image(cuda, &inputs.archs) {
@@ -392,7 +458,9 @@ impl BuildPlan {
                         }
                     },
                 };
-                let plan = docker_plan(
+                let (network, network_reason) =
+                    docker_network(&source, probe.as_ref(), &dockerfile, image.as_deref());
+                let mut plan = docker_plan(
                     &inputs.tag,
                     &name,
                     cuda,
@@ -403,6 +471,10 @@ impl BuildPlan {
                     dockerfile,
                     image,
                 );
+                plan.source = source;
+                plan.probe = probe;
+                plan.network = network;
+                plan.network_reason = network_reason;
                 BackendPlan::Docker(plan)
             }
             BackendInputs::Native {
@@ -476,6 +548,9 @@ impl BuildPlan {
             BackendPlan::Docker(d) => {
                 id.insert("image", d.image.clone());
                 id.insert("dockerfile", d.dockerfile.sha256().to_string());
+                if let DockerSource::Context { path, version } = &d.source {
+                    id.insert("source", format!("{} (NCCL {version})", path.display()));
+                }
             }
             BackendPlan::Native(n) => {
                 id.insert(
@@ -549,6 +624,9 @@ impl DockerSteps {
         for (k, v) in &docker.build_args {
             build = build.arg("--build-arg").assign(k, v);
         }
+        if let Some(network) = &docker.network {
+            build = build.arg("--network").arg(network);
+        }
         let build = build
             .arg("--file")
             .arg(context.join("Dockerfile"))
@@ -613,7 +691,106 @@ fn docker_plan(
         base_image,
         dockerfile,
         build_args,
+        source: DockerSource::Clone,
+        probe: None,
+        network: None,
+        network_reason: String::new(),
     }
+}
+
+/// The tools the embedded Dockerfile needs from the image: git only to clone.
+fn needed_tools(source: &DockerSource) -> Vec<&'static str> {
+    let mut tools = vec!["make", "g++", "python3"];
+    if let DockerSource::Clone = source {
+        tools.push("git");
+    }
+    tools
+}
+
+/// Holds what the probe of a `--base-image` found against the plan: the image must have
+/// an nvcc that compiles every planned arch, at the CUDA `--cuda` asks for, and the tools
+/// it lacks must be installable. Returns the image's CUDA, which the build will use.
+fn check_probe(
+    found: &ImageProbe,
+    cuda: CudaVersion,
+    origin: CudaOrigin,
+    archs: &[Arch],
+    source: &DockerSource,
+    problems: &mut Vec<String>,
+) -> Option<CudaVersion> {
+    let img = &found.image;
+    if found.cuda_home.is_none() {
+        problems.push(format!(
+            "--base-image {img} has no nvcc ($CUDA_HOME, /usr/local/cuda and PATH were looked at): give an image with a CUDA toolkit, or set CUDA_HOME in it"
+        ));
+        return None;
+    }
+    let Some(image_cuda) = found.cuda else {
+        problems.push(format!(
+            "the nvcc in --base-image {img} did not say its release (`nvcc --version`): check that it runs in the image"
+        ));
+        return None;
+    };
+    if origin == CudaOrigin::Flag && image_cuda.major_minor() != cuda.major_minor() {
+        problems.push(format!(
+            "--base-image {img} holds CUDA {image_cuda}, but --cuda asks for {cuda}: drop --cuda, or give an image with CUDA {}",
+            cuda.without_patch()
+        ));
+    }
+    if let Some(offered) = &found.gpu_archs {
+        for arch in archs.iter().filter(|a| !offered.contains(a)) {
+            problems.push(format!(
+                "the nvcc in --base-image {img} (CUDA {image_cuda}) cannot compile {arch}: `nvcc --list-gpu-arch` offers {}. Give an image whose CUDA supports {arch}, or drop it from --archs",
+                offered.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")
+            ));
+        }
+    }
+    let lacking: Vec<&str> = needed_tools(source)
+        .into_iter()
+        .filter(|t| found.missing.iter().any(|m| m == t))
+        .collect();
+    if !lacking.is_empty() && !found.apt {
+        problems.push(format!(
+            "--base-image {img} lacks {} and has no apt-get to install them: give an image that has them",
+            lacking.join(", ")
+        ));
+    }
+    Some(image_cuda)
+}
+
+/// Whether the build may run with `--network none`: only when nothing in it can need the
+/// network — the source is in the build context, the Dockerfile is fdl's own, and the
+/// probed image has every tool, so apt never runs.
+fn docker_network(
+    source: &DockerSource,
+    probe: Option<&ImageProbe>,
+    dockerfile: &DockerfileSpec,
+    image: Option<&str>,
+) -> (Option<String>, String) {
+    let image = image.unwrap_or("the base image");
+    let why = match (source, dockerfile, probe) {
+        (DockerSource::Clone, _, _) => "the image clones NCCL".to_string(),
+        (_, DockerfileSpec::File { .. }, _) => {
+            "a --dockerfile of your own may fetch what it needs".to_string()
+        }
+        (DockerSource::Context { .. }, DockerfileSpec::Embedded { .. }, None) => format!(
+            "{image} was not probed, so apt may have to install tools it lacks (give --base-image with the tools for an offline build)"
+        ),
+        (DockerSource::Context { .. }, DockerfileSpec::Embedded { .. }, Some(found)) => {
+            let lacking: Vec<&str> = needed_tools(source)
+                .into_iter()
+                .filter(|t| found.missing.iter().any(|m| m == t))
+                .collect();
+            if lacking.is_empty() {
+                return (
+                    Some("none".to_string()),
+                    format!("the source is in the build context and {image} has every tool: nothing needs the network"),
+                );
+            }
+            format!("{image} lacks {}, which apt installs", lacking.join(", "))
+        }
+    };
+    (None, why)
 }
 
 /// The native backend compiles with the host's toolkit: its CUDA must be the one asked
@@ -708,12 +885,148 @@ mod tests {
                     sha256: "abc".into(),
                 },
                 base_image: None,
+                source: DockerSource::Clone,
+                probe: None,
             },
             backend_reason: "test".into(),
             ptx: false,
             only_funcs: None,
             warnings: Vec::new(),
         }
+    }
+
+    /// Docker inputs with `--base-image` and the given probe answer and source.
+    fn probed_inputs(archs: &[Arch], probe: ImageProbe, source: DockerSource) -> PlanInputs {
+        let mut i = inputs("v2.27.5-1", archs);
+        i.backend = BackendInputs::Docker {
+            dockerfile: DockerfileSpec::Embedded {
+                sha256: "abc".into(),
+            },
+            base_image: Some(probe.image.clone()),
+            source,
+            probe: Some(probe),
+        };
+        i
+    }
+
+    fn probe(missing: &[&str], apt: bool) -> ImageProbe {
+        ImageProbe {
+            image: "mirror.local/cuda:13.5".into(),
+            cuda_home: Some("/opt/nvidia/cu13".into()),
+            cuda: Some("13.5.37".parse().unwrap()),
+            gpu_archs: Some(vec![Arch::new(7, 5), Arch::new(8, 6), Arch::new(12, 0)]),
+            missing: missing.iter().map(|m| m.to_string()).collect(),
+            apt,
+        }
+    }
+
+    fn context() -> DockerSource {
+        DockerSource::Context {
+            path: PathBuf::from("/src/nccl-2.27.5"),
+            version: "2.27.5".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_probed_image_decides_the_cuda_and_must_compile_every_arch() {
+        let p = BuildPlan::new(probed_inputs(
+            &[Arch::new(8, 6)],
+            probe(&[], true),
+            context(),
+        ))
+        .unwrap();
+        assert_eq!(p.cuda.to_string(), "13.5.37");
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        assert!(docker(&p)
+            .build_args
+            .contains(&("CUDA_VERSION".into(), "13.5.37".into())));
+
+        let p = BuildPlan::new(probed_inputs(
+            &[Arch::new(6, 1), Arch::new(8, 6)],
+            probe(&[], true),
+            context(),
+        ))
+        .unwrap();
+        assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+        assert!(
+            p.problems[0].contains("cannot compile sm_61"),
+            "{:?}",
+            p.problems
+        );
+
+        let mut i = probed_inputs(&[Arch::new(8, 6)], probe(&[], true), context());
+        i.cuda_flag = Some("12.8".parse().unwrap());
+        let p = BuildPlan::new(i).unwrap();
+        assert!(
+            p.problems[0].contains("holds CUDA 13.5.37, but --cuda asks for 12.8"),
+            "{:?}",
+            p.problems
+        );
+
+        let mut none = probe(&[], true);
+        none.cuda_home = None;
+        let p = BuildPlan::new(probed_inputs(&[Arch::new(8, 6)], none, context())).unwrap();
+        assert!(p.problems[0].contains("has no nvcc"), "{:?}", p.problems);
+    }
+
+    #[test]
+    fn only_a_local_source_in_a_complete_image_builds_without_network() {
+        let net = |probe: ImageProbe, source: DockerSource| {
+            let p = BuildPlan::new(probed_inputs(&[Arch::new(8, 6)], probe, source)).unwrap();
+            let d = docker(&p).clone();
+            (d.network, d.network_reason, p.problems)
+        };
+        let (network, why, problems) = net(probe(&["git"], false), context());
+        assert_eq!(network.as_deref(), Some("none"), "{why}");
+        assert!(
+            problems.is_empty(),
+            "git is not needed with a local tree: {problems:?}"
+        );
+
+        let (network, why, problems) = net(probe(&["python3"], true), context());
+        assert_eq!(network, None);
+        assert!(why.contains("lacks python3, which apt installs"), "{why}");
+        assert!(problems.is_empty(), "{problems:?}");
+
+        let (network, _, problems) = net(probe(&["python3", "g++"], false), context());
+        assert_eq!(network, None);
+        assert!(
+            problems[0].contains("lacks g++, python3 and has no apt-get"),
+            "{problems:?}"
+        );
+
+        let (network, why, problems) = net(probe(&[], true), DockerSource::Clone);
+        assert_eq!(network, None);
+        assert!(why.contains("clones"), "{why}");
+        assert!(problems.is_empty());
+        let (_, _, problems) = net(probe(&["git"], false), DockerSource::Clone);
+        assert!(problems[0].contains("lacks git"), "{problems:?}");
+
+        // The flag reaches docker build only when the plan says so.
+        let p = BuildPlan::new(probed_inputs(
+            &[Arch::new(8, 6)],
+            probe(&[], true),
+            context(),
+        ))
+        .unwrap();
+        let steps = DockerSteps::new(docker(&p), &Paths::placeholders(DockerSteps::PATHS));
+        assert!(steps.build.render().contains(" --network none "));
+        let p = BuildPlan::new(inputs("v2.27.5-1", &[Arch::new(8, 6)])).unwrap();
+        let steps = DockerSteps::new(docker(&p), &Paths::placeholders(DockerSteps::PATHS));
+        assert!(!steps.build.render().contains("--network"));
+    }
+
+    #[test]
+    fn a_docker_plan_without_the_new_fields_reads_as_a_clone() {
+        let p = BuildPlan::new(inputs("v2.27.5-1", &[Arch::new(8, 6)])).unwrap();
+        let mut v = serde_json::to_value(&p).unwrap();
+        let d = v["docker"].as_object_mut().unwrap();
+        for key in ["source", "probe", "network", "network_reason"] {
+            d.remove(key);
+        }
+        let back: BuildPlan = serde_json::from_value(v).unwrap();
+        assert_eq!(docker(&back).source, DockerSource::Clone);
+        assert_eq!(back.identity(), p.identity());
     }
 
     fn native_inputs(
@@ -840,6 +1153,8 @@ mod tests {
                 sha256: "abc".into(),
             },
             base_image: None,
+            source: DockerSource::Clone,
+            probe: None,
         };
         assert!(BuildPlan::new(i).unwrap().problems.is_empty());
     }

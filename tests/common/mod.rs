@@ -281,6 +281,8 @@ pub fn install_build(
                 sha256: "test".into(),
             },
             base_image: None,
+            source: fdl::nccl::plan::DockerSource::Clone,
+            probe: None,
         },
         backend_reason: "test".into(),
         ptx: false,
