@@ -53,6 +53,7 @@ $(OBJDIR)/buildinfo.cc: makefiles/version.mk
 	@printf 'extern "C" const char ncclSelfId[] = "NCCL version %s.%s.%s+cuda%s";\n' $(NCCL_MAJOR) $(NCCL_MINOR) $(NCCL_PATCH) $(CUDA_VERSION) > $@
 	@printf 'extern "C" const char fdlGencode[] = "gencode:%s";\n' "$(NVCC_GENCODE)" >> $@
 	@printf 'extern "C" const char fdlOnlyFuncs[] = "only_funcs:%s";\n' "$(ONLY_FUNCS)" >> $@
+	@printf 'extern "C" const char fdlMakeflags[] = "makeflags:%s";\n' "$(MAKEFLAGS)" >> $@
 
 $(OBJDIR)/buildinfo.o: $(OBJDIR)/buildinfo.cc
 	@printf "Compiling  %-35s > %s\n" buildinfo.cc $@
