@@ -1,0 +1,176 @@
+//! The Docker backend's overhead over a native build of the same plan, on real NCCL.
+//!
+//! Opt-in and slow (two real NCCL compiles): `FDL_BENCH_NCCL_TREE` names an unpacked NCCL
+//! release tree (e.g. `git archive v2.30.7-1` of NVIDIA/nccl). Both builds use the CUDA
+//! 13.5 toolchain of the PyPI wheels (`FDL_TEST_CUDA_HOME_NEWEST`, from
+//! `.ci/fetch-oracles`): natively as the host's toolkit, and in Docker inside the image
+//! `tests/support/cuda-image.sh` makes of it, through the embedded Dockerfile with
+//! `--source`, `--base-image` and no network. Same tag, arch, ONLY_FUNCS and jobs; each
+//! result is checked (status, SASS for exactly the arch). Prints both times and the
+//! overhead against the 5% target; a missed target is a result, a wrong build a failure.
+//!
+//! `cargo bench --bench docker_overhead`; `cargo test` builds it but does not run it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const IMAGE: &str = "fdl-test-cuda:13.5.37";
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("docker_overhead: {msg}");
+    std::process::exit(1)
+}
+
+/// One build in a fresh project: its wall time and the SASS it carries, after checking
+/// that it has the planned arch. Real NCCL adds targets of its own (2.30's FP8 LDMC
+/// kernels are always built for sm_100f), so the two backends are compared with each
+/// other rather than with the plan alone.
+fn build(
+    label: &str,
+    backend_args: &[String],
+    common: &[String],
+    arch: &str,
+) -> (Duration, Vec<String>) {
+    let root = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_fdl"))
+        .arg("--root")
+        .arg(root.path())
+        .args(["nccl", "build", "--json"])
+        .args(backend_args)
+        .args(common)
+        .env("XDG_CACHE_HOME", cache.path())
+        .env_remove("CUDA_HOME")
+        .output()
+        .unwrap();
+    let took = start.elapsed();
+    if !out.status.success() {
+        fail(&format!(
+            "the {label} build failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dir = PathBuf::from(v["build_dir"].as_str().unwrap());
+    let ins = fdl::inspect::inspect(&dir.join("lib/libnccl.so.2")).unwrap();
+    let sass: Vec<String> = ins
+        .gpu_code
+        .sass
+        .iter()
+        .map(|e| format!("{} x{}", e.target, e.count))
+        .collect();
+    let want = format!("sm_{} ", arch.replace('.', ""));
+    if !sass.iter().any(|a| a.starts_with(&want)) {
+        fail(&format!(
+            "the {label} build carries SASS {sass:?}, none for {}",
+            want.trim()
+        ));
+    }
+    eprintln!(
+        "{label}: built {} in {:.1} s",
+        dir.file_name().unwrap().to_string_lossy(),
+        took.as_secs_f64()
+    );
+    (took, sass)
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("docker_overhead: run with `cargo bench --bench docker_overhead`");
+        return;
+    }
+    let Some(tree) = var("FDL_BENCH_NCCL_TREE") else {
+        fail("set FDL_BENCH_NCCL_TREE to an unpacked NCCL release tree (e.g. `git archive v2.30.7-1` of NVIDIA/nccl)");
+    };
+    let home = var("FDL_TEST_CUDA_HOME_NEWEST")
+        .unwrap_or_else(|| fail("set FDL_TEST_CUDA_HOME_NEWEST: `source .ci/fetch-oracles`"));
+    let mk = std::fs::read_to_string(Path::new(&tree).join("makefiles/version.mk"))
+        .unwrap_or_else(|e| fail(&format!("{tree} is not an NCCL tree: {e}")));
+    let version = fdl::native::parse_version_mk(&mk).unwrap_or_else(|e| fail(&e));
+    let tag = format!("v{}.{}.{}-1", version.major, version.minor, version.patch);
+    let arch = var("FDL_BENCH_ARCH").unwrap_or_else(|| "8.6".into());
+    let only = var("FDL_BENCH_ONLY_FUNCS").unwrap_or_else(|| "AllReduce Sum f32".into());
+    let jobs = var("FDL_BENCH_JOBS").unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .to_string()
+    });
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/cuda-image.sh");
+    let made = Command::new("bash")
+        .arg(script)
+        .args([IMAGE, &home])
+        .status()
+        .unwrap();
+    if !made.success() {
+        fail(&format!("could not make the image {IMAGE}"));
+    }
+    let common: Vec<String> = [
+        "--source",
+        &tree,
+        "--tag",
+        &tag,
+        "--archs",
+        &arch,
+        "--only-funcs",
+        &only,
+        "--jobs",
+        &jobs,
+    ]
+    .map(String::from)
+    .to_vec();
+    let native_args: Vec<String> = ["--backend", "native", "--cuda-home", &home]
+        .map(String::from)
+        .to_vec();
+    let docker_args: Vec<String> = ["--backend", "docker", "--base-image", IMAGE]
+        .map(String::from)
+        .to_vec();
+
+    eprintln!("NCCL {version} ({tag}), {arch}, ONLY_FUNCS={only:?}, {jobs} jobs: native, then Docker (no layer cached)");
+    let (native, native_sass) = build("native", &native_args, &common, &arch);
+    // The Docker build starts cold: no image, so no layer of an earlier run is reused.
+    let name = format!(
+        "flodl-nccl-build:v{version}-sm{}-only-",
+        arch.replace('.', "")
+    );
+    let listed = Command::new("docker")
+        .args(["images", "--format", "{{.Repository}}:{{.Tag}}"])
+        .output()
+        .unwrap();
+    for image in String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter(|i| i.starts_with(&name))
+    {
+        let _ = Command::new("docker")
+            .args(["rmi", "--force", image])
+            .output();
+    }
+    let (docker, docker_sass) = build("docker", &docker_args, &common, &arch);
+    if native_sass != docker_sass {
+        fail(&format!(
+            "the builds differ: native SASS {native_sass:?}, Docker SASS {docker_sass:?}"
+        ));
+    }
+    println!("Both builds carry SASS {}", native_sass.join(", "));
+
+    let overhead = docker.as_secs_f64() / native.as_secs_f64() - 1.0;
+    println!("| build | wall time |");
+    println!("|---|---|");
+    println!("| native | {:.1} s |", native.as_secs_f64());
+    println!(
+        "| Docker (embedded Dockerfile, --network none) | {:.1} s |",
+        docker.as_secs_f64()
+    );
+    println!(
+        "Docker overhead over native: {:+.1}% (target: within 5%): {}",
+        overhead * 100.0,
+        if overhead <= 0.05 { "MET" } else { "MISSED" }
+    );
+}
