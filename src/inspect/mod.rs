@@ -9,6 +9,7 @@
 
 pub mod elf;
 pub mod fatbin;
+pub mod interpose;
 pub mod resolve;
 pub mod selfid;
 pub mod source;

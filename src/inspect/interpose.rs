@@ -1,0 +1,975 @@
+//! Whether an `LD_PRELOAD`ed `libnccl.so.2` replaces the NCCL that a library such as
+//! `libtorch_cuda.so` calls.
+//!
+//! A preload wins only for references the dynamic linker resolves by name: `nccl*`
+//! functions the library imports, or defines with default visibility, exports and reaches
+//! through a relocation naming them. Hidden, local and protected definitions, and calls
+//! bound at link time (`-Bsymbolic`, `-Bsymbolic-functions`, direct calls), stay inside the
+//! library. The answer comes from the dynamic table, `.dynsym` and the dynamic relocation
+//! tables — plus `.symtab` and `.rodata` when nothing is exported — never the whole file.
+
+use super::elf::{self as fdl_elf, ElfInfo};
+use super::selfid;
+use super::source::Source;
+use anyhow::{anyhow, bail, Context, Result};
+use object::elf;
+use object::read::elf::{Dyn as _, FileHeader, SectionHeader, SectionTable, Sym as _};
+use object::{Endian as _, Endianness};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::Path;
+
+type Sym = elf::Sym64<Endianness>;
+type Rela = elf::Rela64<Endianness>;
+type Rel = elf::Rel64<Endianness>;
+type Dyn = elf::Dyn64<Endianness>;
+type Header = elf::FileHeader64<Endianness>;
+
+const SYM_SIZE: u64 = std::mem::size_of::<Sym>() as u64;
+/// Names longer than this are not NCCL's (its longest API name is under 40 bytes); the
+/// bound also keeps an unterminated hostile string table from being scanned per symbol.
+const MAX_NAME: usize = 256;
+/// More `nccl*` functions than this in one symbol table is a corrupt file (libnccl.so.2
+/// 2.30.7 exports 165, `pnccl*` aliases included); refusing keeps memory bounded whatever
+/// the symbol tables claim.
+const MAX_NAMES: usize = 1 << 14;
+
+/// How one `nccl*` function the library uses is bound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Binding {
+    /// Undefined here: the dynamic linker looks it up, a preload first.
+    Imported,
+    /// Defined and exported with default visibility, reached through a relocation that
+    /// names it: a preloaded definition wins.
+    Interposable,
+    /// The library's references reach its own definition whatever is preloaded.
+    BoundLocally { why: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SymbolBinding {
+    pub name: String,
+    pub binding: Binding,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// every nccl* symbol the library uses goes through the dynamic linker
+    PreloadTakesEffect,
+    /// some or all are bound inside the library: a preload does not replace them
+    PreloadIneffective { bound: Vec<String>, why: String },
+    /// the library neither imports nor defines any nccl* function
+    NoNccl,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Interposition {
+    /// DF_SYMBOLIC in DT_FLAGS, or DT_SYMBOLIC present (`-Bsymbolic`).
+    pub symbolic: bool,
+    /// No DT flag, but every exported default-visibility `nccl*` definition lacks a
+    /// relocation naming it: what GNU ld's `-Bsymbolic-functions` (which sets no flag)
+    /// leaves behind. Direct calls compiled with `-fno-semantic-interposition` look alike.
+    pub symbolic_functions_hint: bool,
+    /// Sorted by name. The `.dynsym` functions; only when `.dynsym` has none, the
+    /// definitions `.symtab` lists (hidden or local ones, which no preload reaches).
+    pub symbols: Vec<SymbolBinding>,
+    pub verdict: Verdict,
+    /// Undefined `nccl*` names the library needs: the set a preloaded NCCL must export.
+    pub imported: Vec<String>,
+}
+
+const WHY_LOCAL: &str = "local binding (STB_LOCAL): the dynamic linker never sees it";
+const WHY_HIDDEN: &str =
+    "hidden visibility (STV_HIDDEN/STV_INTERNAL): not exported, calls bind inside the library";
+const WHY_PROTECTED: &str =
+    "protected visibility (STV_PROTECTED): the library's own references bind to its own definition";
+const WHY_SYMBOLIC: &str =
+    "linked with -Bsymbolic (DF_SYMBOLIC/DT_SYMBOLIC): the library's references bind to its own definitions";
+const WHY_NO_RELOC: &str =
+    "calls are bound at link time (-Bsymbolic-functions or direct calls); no relocation names it";
+const WHY_NOT_EXPORTED: &str =
+    "not exported (only in .symtab: hidden visibility, static, or local by a version script); calls bind inside the library";
+
+/// Analyses the library at `path`.
+pub fn analyze(path: &Path) -> Result<Interposition> {
+    analyze_source(&Source::open(path)?)
+}
+
+/// [`analyze`] on bytes in memory (robustness tests, fuzzing).
+#[doc(hidden)]
+pub fn analyze_bytes(data: &[u8]) -> Result<Interposition> {
+    analyze_source(&Source::from_bytes(data))
+}
+
+/// The defined, exported (global or weak, default or protected visibility) `nccl*`
+/// functions in `.dynsym` of the library at `path`, sorted: what a preloaded
+/// `libnccl.so.2` offers, to compare with [`Interposition::imported`].
+pub fn exported_nccl_symbols(path: &Path) -> Result<Vec<String>> {
+    let src = Source::open(path)?;
+    let t = Tables::read(&src)?;
+    let mut out = BTreeSet::new();
+    for (_, c) in t.dynamic_candidates()? {
+        let exported = matches!(c.bind, elf::STB_GLOBAL | elf::STB_WEAK)
+            && matches!(c.vis, elf::STV_DEFAULT | elf::STV_PROTECTED);
+        if c.defined && exported {
+            out.insert(c.name);
+        }
+    }
+    src.check_len()?;
+    Ok(out.into_iter().collect())
+}
+
+fn analyze_source(src: &Source<'_>) -> Result<Interposition> {
+    let t = Tables::read(src)?;
+    let candidates = t.dynamic_candidates()?;
+    let relocated = t.relocated(&candidates)?;
+
+    let mut by_name: BTreeMap<String, Binding> = BTreeMap::new();
+    let mut exported_default = 0usize;
+    let mut exported_default_relocated = 0usize;
+    for (index, c) in &candidates {
+        let has_reloc = relocated.contains(index);
+        if c.defined && c.bind != elf::STB_LOCAL && c.vis == elf::STV_DEFAULT {
+            exported_default += 1;
+            exported_default_relocated += usize::from(has_reloc);
+        }
+        merge(
+            &mut by_name,
+            c.name.clone(),
+            dynsym_binding(c, t.symbolic, has_reloc),
+        );
+    }
+    let imported: Vec<String> = candidates
+        .iter()
+        .filter(|(_, c)| !c.defined)
+        .map(|(_, c)| c.name.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    // A static NCCL built with hidden visibility exports nothing: its functions are
+    // only in .symtab (if not stripped). When .dynsym has any nccl* function, the
+    // library's NCCL calls are those; .symtab's hidden nccl* helpers are then NCCL's
+    // internals, which a preload need not replace, so they are not consulted.
+    if by_name.is_empty() {
+        // The linker turns hidden definitions into local ones in .symtab (visibility
+        // reset to default), so hidden, static and version-script-local look alike:
+        // one reason covers them.
+        for name in t.symtab_definitions()? {
+            let why = WHY_NOT_EXPORTED.to_string();
+            merge(&mut by_name, name, Binding::BoundLocally { why });
+        }
+    }
+    let symbols: Vec<SymbolBinding> = by_name
+        .into_iter()
+        .map(|(name, binding)| SymbolBinding { name, binding })
+        .collect();
+
+    let verdict = if symbols.is_empty() {
+        // Stripped and hidden: nothing names NCCL's functions, but its self-id says it
+        // is compiled in, and then its calls can only bind inside the library.
+        match t.self_id()? {
+            Some(id) => Verdict::PreloadIneffective {
+                bound: Vec::new(),
+                why: format!(
+                    "NCCL {}+cuda{} is compiled in (its self-id is in .rodata) but no nccl* function is exported or listed: its symbols are hidden and stripped, so its calls bind inside the library",
+                    id.nccl, id.cuda
+                ),
+            },
+            None => Verdict::NoNccl,
+        }
+    } else {
+        verdict_for(&symbols)
+    };
+    src.check_len()?;
+    Ok(Interposition {
+        symbolic: t.symbolic,
+        symbolic_functions_hint: !t.symbolic
+            && exported_default > 0
+            && exported_default_relocated == 0,
+        symbols,
+        verdict,
+        imported,
+    })
+}
+
+/// How strongly a binding keeps calls inside the library; when one name has several
+/// symbols (versions), the strongest is reported.
+fn rank(b: &Binding) -> u8 {
+    match b {
+        Binding::Imported => 0,
+        Binding::Interposable => 1,
+        Binding::BoundLocally { .. } => 2,
+    }
+}
+
+fn merge(map: &mut BTreeMap<String, Binding>, name: String, b: Binding) {
+    match map.get_mut(&name) {
+        Some(old) if rank(&b) > rank(old) => *old = b,
+        Some(_) => {}
+        None => {
+            map.insert(name, b);
+        }
+    }
+}
+
+/// The binding of a `.dynsym` function: `st_bind`/`st_other` of the symbol, whether the
+/// library is `-Bsymbolic`, and whether a dynamic relocation names it.
+fn dynsym_binding(c: &Candidate, symbolic: bool, relocated: bool) -> Binding {
+    let why = if !c.defined {
+        return Binding::Imported;
+    } else if c.bind == elf::STB_LOCAL {
+        WHY_LOCAL
+    } else if matches!(c.vis, elf::STV_HIDDEN | elf::STV_INTERNAL) {
+        WHY_HIDDEN
+    } else if c.vis == elf::STV_PROTECTED {
+        WHY_PROTECTED
+    } else if symbolic {
+        WHY_SYMBOLIC
+    } else if !relocated {
+        WHY_NO_RELOC
+    } else {
+        return Binding::Interposable;
+    };
+    Binding::BoundLocally {
+        why: why.to_string(),
+    }
+}
+
+fn verdict_for(symbols: &[SymbolBinding]) -> Verdict {
+    let mut bound = Vec::new();
+    let mut reasons: Vec<&str> = Vec::new();
+    for s in symbols {
+        if let Binding::BoundLocally { why } = &s.binding {
+            bound.push(s.name.clone());
+            if !reasons.contains(&why.as_str()) {
+                reasons.push(why);
+            }
+        }
+    }
+    if bound.is_empty() {
+        return Verdict::PreloadTakesEffect;
+    }
+    Verdict::PreloadIneffective {
+        why: format!(
+            "{} of {} nccl* functions bind inside the library, so a preloaded libnccl.so.2 does not replace them: {}",
+            bound.len(),
+            symbols.len(),
+            reasons.join("; ")
+        ),
+        bound,
+    }
+}
+
+/// The name at `offset` in a string table if it is an NCCL function name (`nccl*`, or
+/// `pnccl*`, NCCL's profiling aliases). Looks at most [`MAX_NAME`] bytes.
+fn nccl_name(strtab: &[u8], offset: u32) -> Option<&str> {
+    let rest = strtab.get(usize::try_from(offset).ok()?..)?;
+    let rest = &rest[..rest.len().min(MAX_NAME + 1)];
+    let name = &rest[..memchr::memchr(0, rest)?];
+    if !(name.starts_with(b"nccl") || name.starts_with(b"pnccl")) {
+        return None;
+    }
+    std::str::from_utf8(name).ok()
+}
+
+/// Whether a relocation of this type has the dynamic linker look its symbol up and bind
+/// to the result — what lets a preloaded definition win. GOT, PLT and absolute address
+/// relocations do; on x86-64 so do the text relocations a non-PIC call leaves.
+fn binds_by_name(machine: u16, r_type: u32) -> bool {
+    match machine {
+        elf::EM_X86_64 => matches!(
+            r_type,
+            elf::R_X86_64_64
+                | elf::R_X86_64_PC32
+                | elf::R_X86_64_32
+                | elf::R_X86_64_32S
+                | elf::R_X86_64_PC64
+                | elf::R_X86_64_GLOB_DAT
+                | elf::R_X86_64_JUMP_SLOT
+        ),
+        elf::EM_AARCH64 => matches!(
+            r_type,
+            elf::R_AARCH64_ABS64 | elf::R_AARCH64_GLOB_DAT | elf::R_AARCH64_JUMP_SLOT
+        ),
+        _ => false,
+    }
+}
+
+/// The number of symbols a DT_GNU_HASH table covers: past the highest bucket's chain,
+/// whose last entry has its low bit set. Reads only `table`, so a hostile one ends the
+/// walk at its end.
+fn gnu_hash_count(table: &[u8], endian: Endianness) -> Option<u64> {
+    let word = |i: u64| -> Option<u32> {
+        let at = usize::try_from(i.checked_mul(4)?).ok()?;
+        let b = table.get(at..at.checked_add(4)?)?;
+        Some(endian.read_u32_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let nbuckets = u64::from(word(0)?);
+    let symoffset = u64::from(word(1)?);
+    // Bloom words are 64-bit in ELF64: two u32 each.
+    let buckets = 4u64.checked_add(u64::from(word(2)?).checked_mul(2)?)?;
+    let chains = buckets.checked_add(nbuckets)?;
+    let mut last = 0u64;
+    for b in 0..nbuckets {
+        last = last.max(u64::from(word(buckets + b)?));
+    }
+    if last < symoffset {
+        return Some(symoffset);
+    }
+    let mut i = last;
+    loop {
+        if word(chains.checked_add(i - symoffset)?)? & 1 != 0 {
+            return i.checked_add(1);
+        }
+        i += 1;
+    }
+}
+
+/// Byte ranges `(offset, length)` merged where they overlap, so that hostile tables
+/// claiming the same bytes many times are read once.
+fn merged(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.retain(|&(off, len)| len > 0 && off.checked_add(len).is_some());
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (off, len) in ranges {
+        if let Some(last) = out.last_mut() {
+            let end = last.0 + last.1;
+            if off < end {
+                last.1 = end.max(off + len) - last.0;
+                continue;
+            }
+        }
+        out.push((off, len));
+    }
+    out
+}
+
+/// A `nccl*` function symbol of `.dynsym`.
+struct Candidate {
+    name: String,
+    defined: bool,
+    bind: u8,
+    vis: u8,
+}
+
+/// The dynamic-table entries the analysis needs.
+#[derive(Default)]
+struct DynTags {
+    symbolic: bool,
+    symtab: Option<u64>,
+    strtab: Option<u64>,
+    strsz: Option<u64>,
+    hash: Option<u64>,
+    gnu_hash: Option<u64>,
+    jmprel: Option<u64>,
+    pltrelsz: Option<u64>,
+    pltrel: Option<u64>,
+    rela: Option<u64>,
+    relasz: Option<u64>,
+    rel: Option<u64>,
+    relsz: Option<u64>,
+}
+
+/// The tables of one 64-bit ELF library, found as the loader finds them: through the
+/// dynamic table, with the section headers only where it says nothing.
+struct Tables<'a> {
+    src: &'a Source<'a>,
+    data: &'a [u8],
+    endian: Endianness,
+    machine: u16,
+    info: ElfInfo,
+    sections: Option<SectionTable<'a, Header>>,
+    tags: DynTags,
+    symbolic: bool,
+    dynsym: &'a [Sym],
+    dynstr: &'a [u8],
+    /// Index of the SHT_DYNSYM section, to match relocation sections to it.
+    dynsym_section: Option<usize>,
+}
+
+impl<'a> Tables<'a> {
+    fn read(src: &'a Source<'a>) -> Result<Tables<'a>> {
+        let name = src.name().display().to_string();
+        if src.is_empty() {
+            bail!("{name} is empty (0 bytes), not a shared library: the download or copy was probably interrupted; fetch it again");
+        }
+        src.check_len()?;
+        let head = src.bytes_clipped(0, 16);
+        if head.len() < 16 && elf::ELFMAG.starts_with(&head[..head.len().min(4)]) {
+            bail!("{name} is truncated: {} bytes, shorter than an ELF identification; re-download or re-copy it", head.len());
+        }
+        if !fdl_elf::is_elf(head) {
+            bail!("{name} is not an ELF file (no ELF magic): pass a shared library such as libtorch_cuda.so or libnccl.so.2");
+        }
+        match head.get(4) {
+            Some(&elf::ELFCLASS64) => {}
+            Some(&elf::ELFCLASS32) => bail!(
+                "{name} is a 32-bit ELF file: interposition analysis supports 64-bit libraries (x86-64, aarch64) only"
+            ),
+            _ => bail!("{name}: unknown ELF class: the file is corrupt or not a Linux shared library"),
+        }
+        // Section, segment and truncation checks, shared with inspection.
+        let info = fdl_elf::parse(src)?;
+        if !matches!(info.machine, elf::EM_X86_64 | elf::EM_AARCH64) {
+            bail!(
+                "{name} is for ELF machine {}: interposition analysis knows the relocations of x86-64 and aarch64 only",
+                info.machine
+            );
+        }
+        let data = src.bytes(0, src.len())?;
+        let bad = |what: &str, e: object::read::Error| {
+            anyhow!("{name}: {what}: {e}; the file is corrupt")
+        };
+        let header = Header::parse(data).map_err(|e| bad("bad ELF header", e))?;
+        let endian = header.endian().map_err(|e| bad("bad ELF byte order", e))?;
+        let sections = header.sections(endian, data).ok().filter(|s| !s.is_empty());
+        let mut t = Tables {
+            src,
+            data,
+            endian,
+            machine: info.machine,
+            info,
+            sections,
+            tags: DynTags::default(),
+            symbolic: false,
+            dynsym: &[],
+            dynstr: &[],
+            dynsym_section: None,
+        };
+        t.tags = t.dyn_tags()?;
+        t.symbolic = t.tags.symbolic;
+        t.read_dynsym()?;
+        Ok(t)
+    }
+
+    fn name(&self) -> String {
+        self.src.name().display().to_string()
+    }
+
+    /// `len` bytes at virtual address `addr`, through the load segments.
+    fn at_addr(&self, addr: u64, len: u64, what: &str) -> Result<&'a [u8]> {
+        let off = self.info.vaddr_to_offset(addr, len).with_context(|| {
+            format!(
+                "{}: {what} ({len} bytes at address {addr:#x}) lies outside the file's loaded segments: the file is truncated or corrupt",
+                self.name()
+            )
+        })?;
+        self.src.bytes(off, len)
+    }
+
+    fn dyn_tags(&self) -> Result<DynTags> {
+        // PT_DYNAMIC is what the loader reads; the section is the fallback.
+        let region = self
+            .info
+            .segments
+            .iter()
+            .find(|s| s.p_type == elf::PT_DYNAMIC)
+            .map(|s| (s.offset, s.filesz))
+            .or_else(|| {
+                self.info
+                    .sections
+                    .iter()
+                    .find(|s| s.sh_type == elf::SHT_DYNAMIC)
+                    .map(|s| (s.offset, s.size))
+            });
+        let Some((off, size)) = region else {
+            bail!(
+                "{} has no dynamic table: it is not a shared library (or is statically linked), so LD_PRELOAD cannot interpose anything in it",
+                self.name()
+            );
+        };
+        let bytes = self.src.bytes(off, size).with_context(|| {
+            format!(
+                "{}: the dynamic table lies past the end of the file",
+                self.name()
+            )
+        })?;
+        let count = bytes.len() / std::mem::size_of::<Dyn>();
+        let (entries, _) = object::pod::slice_from_bytes::<Dyn>(bytes, count)
+            .map_err(|()| anyhow!("{}: the dynamic table is unreadable", self.name()))?;
+        let e = self.endian;
+        let mut t = DynTags::default();
+        for d in entries {
+            let val: u64 = d.d_val(e);
+            let Some(tag) = d.tag32(e) else { continue };
+            match tag {
+                elf::DT_NULL => break,
+                elf::DT_SYMBOLIC => t.symbolic = true,
+                elf::DT_FLAGS if val & u64::from(elf::DF_SYMBOLIC) != 0 => t.symbolic = true,
+                elf::DT_SYMTAB => t.symtab = Some(val),
+                elf::DT_STRTAB => t.strtab = Some(val),
+                elf::DT_STRSZ => t.strsz = Some(val),
+                elf::DT_HASH => t.hash = Some(val),
+                elf::DT_GNU_HASH => t.gnu_hash = Some(val),
+                elf::DT_JMPREL => t.jmprel = Some(val),
+                elf::DT_PLTRELSZ => t.pltrelsz = Some(val),
+                elf::DT_PLTREL => t.pltrel = Some(val),
+                elf::DT_RELA => t.rela = Some(val),
+                elf::DT_RELASZ => t.relasz = Some(val),
+                elf::DT_REL => t.rel = Some(val),
+                elf::DT_RELSZ => t.relsz = Some(val),
+                _ => {}
+            }
+        }
+        Ok(t)
+    }
+
+    /// Finds `.dynsym` and its string table: DT_SYMTAB/DT_STRTAB, with the symbol count
+    /// from the section at that address, else DT_HASH, else DT_GNU_HASH (the dynamic
+    /// table does not say it); without DT_SYMTAB, the SHT_DYNSYM section.
+    fn read_dynsym(&mut self) -> Result<()> {
+        let name = self.name();
+        let e = self.endian;
+        let dynsym_section = self.sections.as_ref().and_then(|table| {
+            table
+                .iter()
+                .enumerate()
+                .find(|(_, s)| s.sh_type(e) == elf::SHT_DYNSYM)
+        });
+        self.dynsym_section = dynsym_section.map(|(i, _)| i);
+        let Some(addr) = self.tags.symtab else {
+            let Some((_, sh)) = dynsym_section else {
+                bail!("{name} has no dynamic symbol table (neither DT_SYMTAB nor .dynsym): it exports and imports nothing");
+            };
+            let table = self.sections.as_ref().expect("a section was found in it");
+            self.dynsym = sh
+                .data_as_array(e, self.data)
+                .map_err(|err| anyhow!("{name}: .dynsym is unreadable: {err}"))?;
+            self.dynstr = table
+                .section(object::SectionIndex(sh.sh_link(e) as usize))
+                .ok()
+                .and_then(|s| s.data(e, self.data).ok())
+                .with_context(|| format!("{name}: the string table of .dynsym is unreadable"))?;
+            return Ok(());
+        };
+        let from_section = dynsym_section
+            .filter(|(_, s)| s.sh_addr(e) == addr)
+            .map(|(_, s)| s.sh_size(e) / SYM_SIZE);
+        let count = match from_section {
+            Some(n) => n,
+            None => self.count_from_hash()?,
+        };
+        let len = count.checked_mul(SYM_SIZE).with_context(|| {
+            format!("{name}: the dynamic symbol table claims {count} symbols; the file is corrupt")
+        })?;
+        let bytes = self.at_addr(addr, len, "the dynamic symbol table (DT_SYMTAB)")?;
+        self.dynsym = object::pod::slice_from_bytes::<Sym>(bytes, count as usize)
+            .map(|(s, _)| s)
+            .map_err(|()| anyhow!("{name}: the dynamic symbol table is unreadable"))?;
+        let strtab = self
+            .tags
+            .strtab
+            .with_context(|| format!("{name}: the dynamic table has no DT_STRTAB"))?;
+        self.dynstr = match self.tags.strsz {
+            Some(size) => self.at_addr(strtab, size, "the dynamic string table (DT_STRTAB)")?,
+            // Without a size, up to the end of the file; names are read bounded anyway.
+            None => {
+                let off = self
+                    .info
+                    .vaddr_to_offset(strtab, 0)
+                    .with_context(|| format!("{name}: DT_STRTAB points outside the file"))?;
+                self.src.bytes_clipped(off, u64::MAX)
+            }
+        };
+        Ok(())
+    }
+
+    fn count_from_hash(&self) -> Result<u64> {
+        let name = self.name();
+        let rest = |addr: u64| -> Result<&'a [u8]> {
+            let off = self.info.vaddr_to_offset(addr, 16).with_context(|| {
+                format!("{name}: the symbol hash table lies outside the file's loaded segments")
+            })?;
+            Ok(self.src.bytes_clipped(off, u64::MAX))
+        };
+        if let Some(addr) = self.tags.hash {
+            // nbucket, nchain: one chain entry per symbol.
+            let nchain = rest(addr)?
+                .get(4..8)
+                .with_context(|| format!("{name}: the symbol hash table (DT_HASH) is truncated"))?;
+            let nchain = [nchain[0], nchain[1], nchain[2], nchain[3]];
+            return Ok(u64::from(self.endian.read_u32_bytes(nchain)));
+        }
+        if let Some(addr) = self.tags.gnu_hash {
+            return gnu_hash_count(rest(addr)?, self.endian).with_context(|| {
+                format!("{name}: the GNU hash table is corrupt; cannot tell how many dynamic symbols there are")
+            });
+        }
+        bail!("{name}: neither a .dynsym section nor a hash table says how many dynamic symbols there are")
+    }
+
+    /// The `nccl*` function symbols of `.dynsym`, by index.
+    fn dynamic_candidates(&self) -> Result<Vec<(u32, Candidate)>> {
+        let e = self.endian;
+        let mut out = Vec::new();
+        // Index 0 is the null symbol.
+        for (index, s) in self.dynsym.iter().enumerate().skip(1) {
+            let Some(name) = nccl_name(self.dynstr, s.st_name(e)) else {
+                continue;
+            };
+            let defined = s.st_shndx(e) != elf::SHN_UNDEF;
+            let function = match s.st_type() {
+                elf::STT_FUNC | elf::STT_GNU_IFUNC => true,
+                elf::STT_NOTYPE => !defined,
+                _ => false,
+            };
+            if !function {
+                continue;
+            }
+            // Counting entries, not names: repeats of one long name must not grow
+            // memory beyond the bound either.
+            if out.len() >= MAX_NAMES {
+                bail!(
+                    "{}: more than {MAX_NAMES} nccl* functions in .dynsym; the file is corrupt",
+                    self.name()
+                );
+            }
+            out.push((
+                index as u32,
+                Candidate {
+                    name: name.to_string(),
+                    defined,
+                    bind: s.st_bind(),
+                    vis: s.st_visibility(),
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    /// The dynamic relocation tables as (offset, length, is RELA): from DT_JMPREL,
+    /// DT_RELA and DT_REL, else from the allocated SHT_RELA/SHT_REL sections that
+    /// relocate against `.dynsym`.
+    fn relocation_tables(&self) -> Result<Vec<(u64, u64, bool)>> {
+        let t = &self.tags;
+        let mut tables = Vec::new();
+        let mut by_addr = |addr: Option<u64>, size: Option<u64>, rela: bool, what: &str| {
+            if let (Some(addr), Some(size)) = (addr, size) {
+                let off = self.info.vaddr_to_offset(addr, size).with_context(|| {
+                    format!(
+                        "{}: {what} ({size} bytes at {addr:#x}) lies outside the file's loaded segments: the file is truncated or corrupt",
+                        self.name()
+                    )
+                })?;
+                tables.push((off, size, rela));
+            }
+            anyhow::Ok(())
+        };
+        let plt_rela = t.pltrel != Some(u64::from(elf::DT_REL));
+        by_addr(
+            t.jmprel,
+            t.pltrelsz,
+            plt_rela,
+            "the PLT relocations (DT_JMPREL)",
+        )?;
+        by_addr(t.rela, t.relasz, true, "the RELA relocations (DT_RELA)")?;
+        by_addr(t.rel, t.relsz, false, "the REL relocations (DT_REL)")?;
+        if tables.is_empty() {
+            if let (Some(sections), Some(dynsym)) = (&self.sections, self.dynsym_section) {
+                let e = self.endian;
+                for sh in sections.iter() {
+                    let ty = sh.sh_type(e);
+                    if (ty == elf::SHT_RELA || ty == elf::SHT_REL)
+                        && sh.sh_flags(e) & u64::from(elf::SHF_ALLOC) != 0
+                        && sh.sh_link(e) as usize == dynsym
+                    {
+                        tables.push((sh.sh_offset(e), sh.sh_size(e), ty == elf::SHT_RELA));
+                    }
+                }
+            }
+        }
+        // Each format's tables merged, so no byte is read twice for one format.
+        let mut out = Vec::new();
+        for rela in [true, false] {
+            let ranges = tables
+                .iter()
+                .filter(|&&(_, _, r)| r == rela)
+                .map(|&(off, len, _)| (off, len))
+                .collect();
+            out.extend(merged(ranges).into_iter().map(|(o, l)| (o, l, rela)));
+        }
+        Ok(out)
+    }
+
+    /// The indices among `candidates` that a dynamic relocation resolved by symbol
+    /// lookup names.
+    fn relocated(&self, candidates: &[(u32, Candidate)]) -> Result<BTreeSet<u32>> {
+        let wanted: HashSet<u32> = candidates
+            .iter()
+            .filter(|(_, c)| c.defined)
+            .map(|(i, _)| *i)
+            .collect();
+        let mut found = BTreeSet::new();
+        if wanted.is_empty() {
+            return Ok(found);
+        }
+        let e = self.endian;
+        for (off, len, rela) in self.relocation_tables()? {
+            let bytes = self.src.bytes(off, len).with_context(|| {
+                format!(
+                    "{}: a dynamic relocation table lies past the end of the file",
+                    self.name()
+                )
+            })?;
+            let mut check = |sym: u32, ty: u32| {
+                if sym != 0 && wanted.contains(&sym) && binds_by_name(self.machine, ty) {
+                    found.insert(sym);
+                }
+            };
+            if rela {
+                let n = bytes.len() / std::mem::size_of::<Rela>();
+                let (relocs, _) = object::pod::slice_from_bytes::<Rela>(bytes, n)
+                    .map_err(|()| anyhow!("{}: unreadable RELA table", self.name()))?;
+                for r in relocs {
+                    check(r.r_sym(e, false), r.r_type(e, false));
+                }
+            } else {
+                let n = bytes.len() / std::mem::size_of::<Rel>();
+                let (relocs, _) = object::pod::slice_from_bytes::<Rel>(bytes, n)
+                    .map_err(|()| anyhow!("{}: unreadable REL table", self.name()))?;
+                for r in relocs {
+                    check(r.r_sym(e), r.r_type(e));
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// The `nccl*` functions `.symtab` defines. Consulted only when `.dynsym` has none,
+    /// so none of them is exported.
+    fn symtab_definitions(&self) -> Result<BTreeSet<String>> {
+        let mut out = BTreeSet::new();
+        let Some(sections) = &self.sections else {
+            return Ok(out);
+        };
+        let e = self.endian;
+        // Symbol tables in file order; one overlapping bytes already read is skipped,
+        // so hostile section headers cannot make the same bytes be read many times.
+        let mut tables: Vec<_> = sections
+            .iter()
+            .filter(|s| s.sh_type(e) == elf::SHT_SYMTAB)
+            .collect();
+        tables.sort_by_key(|s| s.sh_offset(e));
+        let mut read_up_to = 0u64;
+        for sh in tables {
+            if sh.sh_offset(e) < read_up_to {
+                continue;
+            }
+            // A symbol table that cannot be read is like a stripped one.
+            let Ok(syms) = sh.data_as_array::<Sym, _>(e, self.data) else {
+                continue;
+            };
+            read_up_to = sh.sh_offset(e).saturating_add(sh.sh_size(e));
+            let Some(strtab) = sections
+                .section(object::SectionIndex(sh.sh_link(e) as usize))
+                .ok()
+                .and_then(|s| s.data(e, self.data).ok())
+            else {
+                continue;
+            };
+            for s in syms {
+                if s.st_shndx(e) == elf::SHN_UNDEF
+                    || !matches!(s.st_type(), elf::STT_FUNC | elf::STT_GNU_IFUNC)
+                {
+                    continue;
+                }
+                let Some(name) = nccl_name(strtab, s.st_name(e)) else {
+                    continue;
+                };
+                if out.insert(name.to_string()) && out.len() > MAX_NAMES {
+                    bail!(
+                        "{}: more than {MAX_NAMES} distinct nccl* functions in .symtab; the file is corrupt",
+                        self.name()
+                    );
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// NCCL's self-id in the `.rodata` sections (or, without a section table, the
+    /// read-only load segments), scanned window by window; the first one found.
+    fn self_id(&self) -> Result<Option<selfid::SelfId>> {
+        let mut regions: Vec<(u64, u64)> = self
+            .info
+            .sections
+            .iter()
+            .filter(|s| s.name.starts_with(".rodata") && s.has_file_bytes())
+            .map(|s| (s.offset, s.size))
+            .collect();
+        if self.info.sections.is_empty() {
+            regions = self
+                .info
+                .segments
+                .iter()
+                .filter(|s| s.p_type == elf::PT_LOAD)
+                .filter(|s| s.flags & (elf::PF_W | elf::PF_X) == 0)
+                .map(|s| (s.offset, s.filesz))
+                .collect();
+        }
+        let mut found = None;
+        for (off, len) in merged(regions) {
+            if off.checked_add(len).is_none_or(|end| end > self.src.len()) {
+                continue;
+            }
+            self.src
+                .find_iter(off, len, selfid::NEEDLE, 64, |_, rest| {
+                    found = rest
+                        .get(selfid::NEEDLE.len()..)
+                        .and_then(selfid::parse_after_needle);
+                    found.is_none()
+                })?;
+            if found.is_some() {
+                break;
+            }
+        }
+        Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_names_are_recognised_within_bounds() {
+        let strtab = b"\0ncclAllReduce\0pncclAllReduce\0torch_x\0_Z4ncclv\0nccl";
+        assert_eq!(nccl_name(strtab, 1), Some("ncclAllReduce"));
+        assert_eq!(nccl_name(strtab, 15), Some("pncclAllReduce"));
+        assert_eq!(nccl_name(strtab, 30), None);
+        assert_eq!(
+            nccl_name(strtab, 38),
+            None,
+            "mangled C++ is not NCCL's C API"
+        );
+        assert_eq!(nccl_name(strtab, 47), None, "unterminated");
+        assert_eq!(nccl_name(strtab, 4000), None);
+        assert_eq!(nccl_name(strtab, u32::MAX), None);
+        let mut long = b"\0nccl".to_vec();
+        long.extend(std::iter::repeat_n(b'x', MAX_NAME));
+        long.push(0);
+        assert_eq!(nccl_name(&long, 1), None, "longer than any NCCL name");
+    }
+
+    #[test]
+    fn relocation_types_by_machine() {
+        for ty in [1, 6, 7] {
+            assert!(binds_by_name(elf::EM_X86_64, ty));
+        }
+        assert!(!binds_by_name(elf::EM_X86_64, elf::R_X86_64_RELATIVE));
+        assert!(!binds_by_name(elf::EM_X86_64, elf::R_X86_64_NONE));
+        assert!(!binds_by_name(elf::EM_X86_64, elf::R_X86_64_IRELATIVE));
+        for ty in [257, 1025, 1026] {
+            assert!(binds_by_name(elf::EM_AARCH64, ty));
+            assert!(!binds_by_name(elf::EM_X86_64, ty));
+        }
+        assert!(!binds_by_name(elf::EM_AARCH64, elf::R_AARCH64_RELATIVE));
+        assert!(
+            !binds_by_name(elf::EM_AARCH64, 7),
+            "x86-64's JUMP_SLOT number"
+        );
+        assert!(!binds_by_name(elf::EM_PPC64, 21));
+    }
+
+    fn candidate(defined: bool, bind: u8, vis: u8) -> Candidate {
+        Candidate {
+            name: "ncclAllReduce".into(),
+            defined,
+            bind,
+            vis,
+        }
+    }
+
+    #[test]
+    fn bindings_follow_the_linker_rules() {
+        use elf::{STB_GLOBAL, STB_LOCAL, STB_WEAK, STV_DEFAULT, STV_HIDDEN, STV_PROTECTED};
+        let bound = |why: &str| Binding::BoundLocally { why: why.into() };
+        let undef = candidate(false, STB_GLOBAL, STV_DEFAULT);
+        assert_eq!(dynsym_binding(&undef, true, false), Binding::Imported);
+        let global = candidate(true, STB_GLOBAL, STV_DEFAULT);
+        assert_eq!(dynsym_binding(&global, false, true), Binding::Interposable);
+        assert_eq!(dynsym_binding(&global, false, false), bound(WHY_NO_RELOC));
+        assert_eq!(dynsym_binding(&global, true, true), bound(WHY_SYMBOLIC));
+        let weak = candidate(true, STB_WEAK, STV_DEFAULT);
+        assert_eq!(dynsym_binding(&weak, false, true), Binding::Interposable);
+        let protected = candidate(true, STB_GLOBAL, STV_PROTECTED);
+        assert_eq!(
+            dynsym_binding(&protected, false, true),
+            bound(WHY_PROTECTED)
+        );
+        let hidden = candidate(true, STB_GLOBAL, STV_HIDDEN);
+        assert_eq!(dynsym_binding(&hidden, false, true), bound(WHY_HIDDEN));
+        let local = candidate(true, STB_LOCAL, STV_DEFAULT);
+        assert_eq!(dynsym_binding(&local, false, true), bound(WHY_LOCAL));
+    }
+
+    #[test]
+    fn verdict_lists_the_bound_names_and_reasons() {
+        let s = |name: &str, binding: Binding| SymbolBinding {
+            name: name.into(),
+            binding,
+        };
+        let ok = [
+            s("ncclA", Binding::Imported),
+            s("ncclB", Binding::Interposable),
+        ];
+        assert_eq!(verdict_for(&ok), Verdict::PreloadTakesEffect);
+        let mixed = [
+            s("ncclA", Binding::Imported),
+            s("ncclB", Binding::BoundLocally { why: "x".into() }),
+            s("ncclC", Binding::BoundLocally { why: "x".into() }),
+        ];
+        match verdict_for(&mixed) {
+            Verdict::PreloadIneffective { bound, why } => {
+                assert_eq!(bound, ["ncclB", "ncclC"]);
+                assert!(why.starts_with("2 of 3 nccl* functions"), "{why}");
+                assert!(why.ends_with(": x"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Versions of one name: the strongest binding is kept.
+        let mut map = BTreeMap::new();
+        merge(&mut map, "ncclA".into(), Binding::Interposable);
+        merge(&mut map, "ncclA".into(), Binding::Imported);
+        assert_eq!(map["ncclA"], Binding::Interposable);
+        merge(
+            &mut map,
+            "ncclA".into(),
+            Binding::BoundLocally { why: "y".into() },
+        );
+        assert_eq!(map["ncclA"], Binding::BoundLocally { why: "y".into() });
+    }
+
+    fn words(w: &[u32]) -> Vec<u8> {
+        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn gnu_hash_counts_past_the_last_chain() {
+        // 2 buckets, symoffset 3, 1 bloom word (2 u32), shift 0; buckets 3 and 5;
+        // chains for symbols 3..: 3 (continues), 4 (ends), 5 (continues), 6 (ends).
+        let t = words(&[2, 3, 1, 0, 0, 0, 3, 5, 10, 11, 20, 21]);
+        assert_eq!(gnu_hash_count(&t, Endianness::Little), Some(7));
+        // All buckets empty: only the symbols before symoffset.
+        let t = words(&[1, 4, 1, 0, 0, 0, 0]);
+        assert_eq!(gnu_hash_count(&t, Endianness::Little), Some(4));
+        // A chain that never ends, hostile sizes, short tables: None, no panic.
+        let t = words(&[1, 1, 1, 0, 0, 0, 1, 2, 2, 2]);
+        assert_eq!(gnu_hash_count(&t, Endianness::Little), None);
+        let t = words(&[u32::MAX, 0, u32::MAX, 0]);
+        assert_eq!(gnu_hash_count(&t, Endianness::Little), None);
+        assert_eq!(gnu_hash_count(&[1, 2], Endianness::Little), None);
+        // Bucket value below symoffset is ignored, not underflowed.
+        let t = words(&[1, 5, 1, 0, 0, 0, 2]);
+        assert_eq!(gnu_hash_count(&t, Endianness::Little), Some(5));
+    }
+
+    #[test]
+    fn ranges_merge_where_they_overlap() {
+        let r = vec![(100, 50), (0, 10), (100, 50), (110, 10), (150, 5), (9, 2)];
+        assert_eq!(merged(r), [(0, 11), (100, 50), (150, 5)]);
+        assert!(merged(vec![(u64::MAX, 2), (5, 0)]).is_empty());
+    }
+}
