@@ -73,6 +73,54 @@ pub fn query() -> Result<Vec<Gpu>, GpuError> {
     parse(&String::from_utf8_lossy(&out.stdout))
 }
 
+/// The driver, as the banner of a plain `nvidia-smi` states it: its version and the
+/// newest CUDA it runs ("CUDA Version: 12.8"). Read from the banner, not a table of
+/// driver branches, so a driver newer than fdl still answers for itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Driver {
+    pub version: String,
+    pub cuda: Option<crate::version::CudaVersion>,
+}
+
+/// Runs plain `nvidia-smi` and reads its banner.
+pub fn driver() -> Result<Driver, GpuError> {
+    let mut cmd = Command::new("nvidia-smi");
+    let out = match crate::process::output_within(&mut cmd, NVIDIA_SMI_TIMEOUT) {
+        Ok(Some(out)) => out,
+        Ok(None) => return Err(GpuError::Hung(NVIDIA_SMI_TIMEOUT.as_secs())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(GpuError::NoNvidiaSmi),
+        Err(e) => {
+            return Err(GpuError::Failed {
+                status: "could not start".into(),
+                stderr: e.to_string(),
+            })
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_banner(&text).ok_or_else(|| GpuError::Failed {
+        status: out.status.to_string(),
+        stderr: format!(
+            "its banner names no driver version: {}",
+            text.lines().next().unwrap_or("(no output)")
+        ),
+    })
+}
+
+/// `| NVIDIA-SMI 570.133.07   Driver Version: 570.133.07   CUDA Version: 12.8 |`
+pub fn parse_banner(text: &str) -> Option<Driver> {
+    let value = |key: &str| {
+        text.lines().find_map(|l| {
+            let (_, rest) = l.split_once(key)?;
+            rest.split_whitespace()
+                .next()
+                .map(|v| v.trim_end_matches('|').to_string())
+        })
+    };
+    let version = value("Driver Version:").filter(|v| !v.is_empty())?;
+    let cuda = value("CUDA Version:").and_then(|v| v.parse().ok());
+    Some(Driver { version, cuda })
+}
+
 /// Parses `index, name, compute_cap, memory.total` lines. Names may hold commas, so the
 /// index is read from the front and the capability and memory from the back.
 pub fn parse(csv: &str) -> Result<Vec<Gpu>, GpuError> {
@@ -161,6 +209,21 @@ pub fn table(gpus: &[Gpu]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_banner_names_the_driver_and_its_cuda() {
+        let banner = "Mon Nov 30 05:48:03 2026\n\
++-----------------------------------------------------------------------------------------+\n\
+| NVIDIA-SMI 580.142                Driver Version: 580.142        CUDA Version: 13.0     |\n\
+|-----------------------------------------+------------------------+----------------------+\n";
+        let d = parse_banner(banner).unwrap();
+        assert_eq!(d.version, "580.142");
+        assert_eq!(d.cuda.unwrap().to_string(), "13.0");
+        // A CUDA fdl has never seen is read, not looked up.
+        let d = parse_banner("| Driver Version: 999.1   CUDA Version: 14.7 |").unwrap();
+        assert_eq!(d.cuda.unwrap().to_string(), "14.7");
+        assert!(parse_banner("No devices were found").is_none());
+    }
 
     #[test]
     fn mixed_rig_parses() {

@@ -7,6 +7,7 @@
 pub mod arch;
 pub mod cache;
 pub mod cli;
+pub mod cluster;
 pub mod docker;
 pub mod gpu;
 pub mod inspect;

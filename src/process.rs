@@ -193,11 +193,18 @@ pub fn output_within(
     cmd: &mut Command,
     timeout: Duration,
 ) -> std::io::Result<Option<std::process::Output>> {
+    output_within_keeping_stdin(cmd.stdin(Stdio::null()), timeout)
+}
+
+/// [`output_within`] for a command whose stdin the caller has set (a file to send).
+pub fn output_within_keeping_stdin(
+    cmd: &mut Command,
+    timeout: Duration,
+) -> std::io::Result<Option<std::process::Output>> {
     use std::io::{Read, Seek};
     let mut out = tempfile::tempfile()?;
     let mut err = tempfile::tempfile()?;
     let mut child = cmd
-        .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(err.try_clone()?)
         .spawn()?;

@@ -195,23 +195,7 @@ pub enum EnvFormat {
 
 pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> Result<()> {
     let store = BuildStore::new(project.nccl_builds_dir());
-    let (name, manifest, why) = match build {
-        Some(name) => {
-            BuildName::parse(name)?;
-            match store.existing(name)? {
-                Some(Existing::Build(m)) => (name.to_string(), *m, "named".to_string()),
-                Some(Existing::Unreadable(why)) => bail!(
-                    "the manifest of build '{name}' cannot be read ({why}); rebuild it with `fdl nccl build --force`"
-                ),
-                Some(Existing::NotABuild(why)) => bail!(
-                    "{} is not an fdl build ({why})",
-                    store.path_of(name).display()
-                ),
-                None => bail!("no build named '{name}'. {}", builds_hint(&store)?),
-            }
-        }
-        None => default_build(project, &store)?,
-    };
+    let (name, manifest, why) = pick_build(project, &store, build)?;
     let preload: PathBuf = store.path_of(&name).join("lib").join("libnccl.so.2");
     // This output is `eval`ed or pasted: the path is quoted for its format, never
     // interpolated raw, whatever the project root holds.
@@ -247,15 +231,41 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
     Ok(())
 }
 
+/// The build a wiring command is about: the one named, else the default (newest
+/// matching the active libtorch), with why it was picked.
+pub(super) fn pick_build(
+    project: &Project,
+    store: &BuildStore,
+    build: Option<&str>,
+) -> Result<(String, Manifest, String)> {
+    Ok(match build {
+        Some(name) => {
+            BuildName::parse(name)?;
+            match store.existing(name)? {
+                Some(Existing::Build(m)) => (name.to_string(), *m, "named".to_string()),
+                Some(Existing::Unreadable(why)) => bail!(
+                    "the manifest of build '{name}' cannot be read ({why}); rebuild it with `fdl nccl build --force`"
+                ),
+                Some(Existing::NotABuild(why)) => bail!(
+                    "{} is not an fdl build ({why})",
+                    store.path_of(name).display()
+                ),
+                None => bail!("no build named '{name}'. {}", builds_hint(store)?),
+            }
+        }
+        None => default_build(project, store)?,
+    })
+}
+
 /// A YAML double-quoted scalar. YAML's double-quoted escapes are a superset of JSON's, so
 /// a JSON string literal is one.
-fn yaml_quote(s: &str) -> String {
+pub(super) fn yaml_quote(s: &str) -> String {
     serde_json::to_string(s).expect("strings serialize")
 }
 
 /// Text for a `#` comment line: control characters (a newline would end the comment and
 /// make the rest a command) become spaces.
-fn comment_text(s: &str) -> String {
+pub(super) fn comment_text(s: &str) -> String {
     s.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()

@@ -2,6 +2,7 @@
 //! its inputs, calls the library, and renders text or one JSON object.
 
 mod build;
+mod cluster;
 mod gpus;
 mod inspect;
 mod libtorch;
@@ -60,6 +61,12 @@ pub enum Command {
     /// Loads a library and prints ncclGetVersion (run by fdl in a child process)
     #[command(name = "__probe-nccl", hide = true)]
     ProbeNccl { path: PathBuf },
+    /// Many hosts, one NCCL: read fdl.cluster.yml and check every worker over SSH
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  fdl cluster status\n  fdl cluster env v2.27.5-sm61-sm120"
+    )]
+    Cluster(cluster::ClusterCommand),
     /// Print shell completions
     #[command(
         after_help = "Example:\n  fdl completions bash > ~/.local/share/bash-completion/completions/fdl"
@@ -173,6 +180,7 @@ impl Command {
                 NcclCommand::Dockerfile | NcclCommand::Remove { .. } => false,
             },
             Command::Libtorch(l) => l.wants_json(),
+            Command::Cluster(c) => c.wants_json(),
             Command::ProbeNccl { .. } | Command::Completions { .. } => false,
         }
     }
@@ -180,7 +188,10 @@ impl Command {
 
 pub fn run(cli: Cli) -> Result<()> {
     let project = Project::from_process(cli.root.as_deref())?;
-    let uses_project = matches!(cli.command, Command::Nccl(_) | Command::Libtorch(_));
+    let uses_project = matches!(
+        cli.command,
+        Command::Nccl(_) | Command::Libtorch(_) | Command::Cluster(_)
+    );
     let json_errors = cli.command.wants_json();
     let result = dispatch(cli, &project);
     if let (Err(e), true) = (&result, json_errors) {
@@ -244,6 +255,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             manage::env(project, build.as_deref(), format)
         }
         Command::Libtorch(cmd) => libtorch::run(project, cmd),
+        Command::Cluster(cmd) => cluster::run(project, cmd),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
