@@ -236,6 +236,30 @@ fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)
 }
 
 pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
+    let quiet_gpus = args.json || args.quiet;
+    let infer = |flags: build::CheckedFlags| {
+        let sources = Sources {
+            project,
+            gpus: &|| {
+                let gpus = gpu::query()?;
+                if !quiet_gpus {
+                    eprint!("Local GPUs:\n{}", gpu::table(&gpus));
+                }
+                Ok(gpus)
+            },
+        };
+        build::infer(flags, &sources)
+    };
+    run_with(project, args, &infer)
+}
+
+/// `fdl nccl build` with what the flags leave open inferred by `infer`: from this host
+/// (the libtorch, the GPUs), or from a whole cluster's reports.
+pub(super) fn run_with(
+    project: &Project,
+    args: BuildArgs,
+    infer: &dyn Fn(build::CheckedFlags) -> Result<build::Inferred>,
+) -> Result<()> {
     let req = BuildRequest {
         tag: args.tag.clone(),
         archs: args.archs.clone(),
@@ -248,18 +272,7 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
     if args.verbose {
         eprintln!("project root: {}", project.describe());
     }
-    let quiet_gpus = args.json || args.quiet;
-    let sources = Sources {
-        project,
-        gpus: &|| {
-            let gpus = gpu::query()?;
-            if !quiet_gpus {
-                eprint!("Local GPUs:\n{}", gpu::table(&gpus));
-            }
-            Ok(gpus)
-        },
-    };
-    let inferred = build::infer(flags, &sources)?;
+    let inferred = infer(flags)?;
     let (inputs, reason, chosen) = choose(&args, &inferred.tag)?;
     let plan = build::plan(&req, inferred, project.nccl_builds_dir(), inputs, reason)?;
     let steps = plan_steps(&plan);
@@ -311,6 +324,13 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
     let outcome = build::execute(&plan, backend.as_ref(), &store, &opts)?;
     report(&outcome, args.json);
     Ok(())
+}
+
+fn host_values(v: &[crate::nccl::plan::HostValue]) -> String {
+    v.iter()
+        .map(|h| format!("{} {}", h.host, h.value))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The steps the plan will run, with placeholders for the private paths a run makes
@@ -387,6 +407,10 @@ fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
     let tag_from = match &plan.tag_origin {
         TagOrigin::Flag => "from --tag".to_string(),
         TagOrigin::Libtorch { variant, .. } => format!("from the active libtorch, {variant}"),
+        TagOrigin::Cluster { versions } => format!(
+            "the highest libtorch NCCL of the workers: {}",
+            host_values(versions)
+        ),
     };
     let cuda_from = match plan.cuda_origin {
         CudaOrigin::Flag => "from --cuda".to_string(),
@@ -398,6 +422,9 @@ fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
     let archs_from = match &plan.arch_origin {
         ArchOrigin::Flag => "from --archs".to_string(),
         ArchOrigin::Gpus { gpus } => format!("from nvidia-smi: {} GPU(s)", gpus.len()),
+        ArchOrigin::Cluster { hosts } => {
+            format!("the union of the workers' GPUs: {}", host_values(hosts))
+        }
     };
     let archs = plan
         .archs

@@ -44,9 +44,9 @@ pub struct Sources<'a> {
 
 /// The flags checked before anything slow runs, so a typo fails fast.
 pub struct CheckedFlags {
-    tag: Option<Tag>,
-    archs: Option<Vec<Arch>>,
-    cuda: Option<CudaVersion>,
+    pub tag: Option<Tag>,
+    pub archs: Option<Vec<Arch>>,
+    pub cuda: Option<CudaVersion>,
 }
 
 pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
@@ -75,14 +75,15 @@ pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
 
 /// What the flags, the active libtorch and the GPUs say, before a backend is chosen
 /// (choosing one needs the tag: a native source tree is checked against it).
+#[derive(Debug)]
 pub struct Inferred {
     pub tag: Tag,
-    tag_origin: TagOrigin,
-    cuda_flag: Option<CudaVersion>,
-    cuda_from_libtorch: Option<CudaVersion>,
-    archs: Vec<Arch>,
-    arch_origin: ArchOrigin,
-    warnings: Vec<String>,
+    pub tag_origin: TagOrigin,
+    pub cuda_flag: Option<CudaVersion>,
+    pub cuda_from_libtorch: Option<CudaVersion>,
+    pub archs: Vec<Arch>,
+    pub arch_origin: ArchOrigin,
+    pub warnings: Vec<String>,
 }
 
 /// Infers what the flags leave open: the tag (and CUDA) from the active libtorch, the

@@ -32,6 +32,15 @@ pub enum TagOrigin {
         library: PathBuf,
         linkage: String,
     },
+    /// The highest NCCL among the cluster's workers' libtorch variants.
+    Cluster { versions: Vec<HostValue> },
+}
+
+/// One worker's answer, as a plan records where a value came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostValue {
+    pub host: String,
+    pub value: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,7 +55,13 @@ pub enum CudaOrigin {
 #[serde(tag = "from", rename_all = "snake_case")]
 pub enum ArchOrigin {
     Flag,
-    Gpus { gpus: Vec<Gpu> },
+    Gpus {
+        gpus: Vec<Gpu>,
+    },
+    /// The union of every worker's GPUs (`value` is the capability list of each).
+    Cluster {
+        hosts: Vec<HostValue>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

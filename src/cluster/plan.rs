@@ -1,0 +1,253 @@
+//! The one NCCL build for a cluster, from the workers' reports: the tag of the highest
+//! NCCL their libtorch variants bundle, the union of their GPU architectures, and a CUDA
+//! every driver runs. The result feeds the same [`BuildPlan`](crate::nccl::plan) that
+//! `fdl nccl build` makes, so `cluster plan` prints what `nccl build --dry-run` would.
+
+use super::host::Facts;
+use super::status::{driver_runs, DriverFit, WorkerStatus};
+use crate::arch::Arch;
+use crate::nccl::build::{CheckedFlags, Inferred};
+use crate::nccl::plan::{ArchOrigin, HostValue, TagOrigin};
+use crate::nccl::tag::Tag;
+use crate::version::{CudaVersion, NcclVersion};
+use anyhow::{bail, Result};
+
+/// Fills what the flags leave open from every worker's report. Every worker must have
+/// answered: a plan for part of the cluster would miss its GPUs.
+pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> {
+    let down: Vec<String> = workers
+        .iter()
+        .filter_map(|w| w.error.as_ref().map(|e| format!("{}: {e}", w.host)))
+        .collect();
+    if !down.is_empty() {
+        bail!(
+            "cannot plan for the cluster while workers do not answer (`fdl cluster status` shows them):\n  {}",
+            down.join("\n  ")
+        );
+    }
+    let reports: Vec<(&str, &super::host::HostReport)> = workers
+        .iter()
+        .filter_map(|w| w.report.as_ref().map(|r| (w.host.as_str(), r)))
+        .collect();
+    let mut warnings = Vec::new();
+
+    // Tag and the CUDA that NCCL was built with: the highest libtorch NCCL.
+    let mut found: Vec<(String, NcclVersion, Option<CudaVersion>)> = Vec::new();
+    for (host, r) in &reports {
+        let nccl = r.libtorch.known().and_then(|lt| lt.nccl.known());
+        match nccl.and_then(|n| n.version.parse::<NcclVersion>().ok().map(|v| (v, n.cuda))) {
+            Some((v, cuda)) => found.push((host.to_string(), v, cuda)),
+            None => warnings.push(format!(
+                "{host}: its libtorch's NCCL is unknown, so it did not count for the tag"
+            )),
+        }
+    }
+    let highest = found
+        .iter()
+        .max_by(|a, b| (a.1.major, a.1.minor, a.1.patch).cmp(&(b.1.major, b.1.minor, b.1.patch)))
+        .cloned();
+    let (tag, tag_origin, libtorch_cuda) = match (flags.tag, &highest) {
+        (Some(t), _) => (t, TagOrigin::Flag, None),
+        (None, Some((_, v, cuda))) => (
+            Tag::for_release(v),
+            TagOrigin::Cluster {
+                versions: found
+                    .iter()
+                    .map(|(h, v, _)| HostValue {
+                        host: h.clone(),
+                        value: v.to_string(),
+                    })
+                    .collect(),
+            },
+            *cuda,
+        ),
+        (None, None) => {
+            bail!("no worker's libtorch names its NCCL, so the cluster has no tag to build: pass --tag (e.g. --tag v2.27.5-1)")
+        }
+    };
+    if let Some((_, top, _)) = &highest {
+        let older: Vec<String> = found
+            .iter()
+            .filter(|(_, v, _)| v != top)
+            .map(|(h, v, _)| format!("{h} ({v})"))
+            .collect();
+        if !older.is_empty() {
+            warnings.push(format!(
+                "{} bundle an older NCCL than {top}: their libtorch will load {top}, so `fdl cluster status` must show every symbol it imports exported (the symbols verdict)",
+                older.join(", ")
+            ));
+        }
+    }
+
+    // Archs: every GPU of every worker.
+    let (archs, arch_origin) = match flags.archs {
+        Some(a) => (a, ArchOrigin::Flag),
+        None => {
+            let mut archs: Vec<Arch> = Vec::new();
+            let mut hosts = Vec::new();
+            for (host, r) in &reports {
+                match &r.gpus {
+                    Facts::Known(gpus) => {
+                        let mine = crate::gpu::distinct_archs(gpus);
+                        hosts.push(HostValue {
+                            host: host.to_string(),
+                            value: mine
+                                .iter()
+                                .map(|a| a.to_string())
+                                .collect::<Vec<_>>()
+                                .join("+"),
+                        });
+                        archs.extend(mine);
+                    }
+                    Facts::Unknown(why) => bail!(
+                        "{host}'s GPUs are unknown ({why}), so the cluster's archs are too: fix nvidia-smi there, or pass --archs"
+                    ),
+                }
+            }
+            archs.sort();
+            archs.dedup();
+            (archs, ArchOrigin::Cluster { hosts })
+        }
+    };
+
+    // CUDA: the libtorch NCCL's, unless some driver cannot run it even by minor-version
+    // compatibility; then the oldest driver's.
+    let oldest_driver = reports
+        .iter()
+        .filter_map(|(h, r)| r.driver.known().and_then(|d| d.cuda).map(|c| (*h, c)))
+        .min_by_key(|(_, c)| c.major_minor());
+    let mut cuda_from_libtorch = libtorch_cuda;
+    if let (Some(wanted), Some((host, runs))) = (libtorch_cuda, oldest_driver) {
+        if driver_runs(runs, wanted) == DriverFit::No {
+            warnings.push(format!(
+                "{host}'s driver runs CUDA up to {runs}, older than the {wanted} the libtorch's NCCL names: the build uses CUDA {runs}"
+            ));
+            cuda_from_libtorch = Some(runs);
+        }
+    }
+    Ok(Inferred {
+        tag,
+        tag_origin,
+        cuda_flag: flags.cuda,
+        cuda_from_libtorch,
+        archs,
+        arch_origin,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::host::{HostReport, LibtorchFacts, NcclFacts, REPORT_SCHEMA};
+    use crate::gpu::{Driver, Gpu};
+
+    fn worker(host: &str, nccl: &str, caps: &[(u32, u32)], driver_cuda: &str) -> WorkerStatus {
+        let facts = NcclFacts {
+            file: "/p/libtorch/x/lib/libtorch_cuda.so".into(),
+            version: nccl.into(),
+            cuda: Some("12.8".parse().unwrap()),
+            linkage: "static".into(),
+            sass: vec![],
+            ptx: vec![],
+        };
+        WorkerStatus {
+            host: host.into(),
+            target: host.into(),
+            path: "/p".into(),
+            error: None,
+            shipped_fdl: false,
+            report: Some(HostReport {
+                schema: REPORT_SCHEMA,
+                fdl_version: "0".into(),
+                hostname: host.into(),
+                machine: "x86_64".into(),
+                gpus: Facts::Known(
+                    caps.iter()
+                        .enumerate()
+                        .map(|(i, &(ma, mi))| Gpu {
+                            index: i as u32,
+                            name: "GPU".into(),
+                            compute_cap: Arch::new(ma, mi),
+                            memory_mib: 1,
+                        })
+                        .collect(),
+                ),
+                driver: Facts::Known(Driver {
+                    version: "570".into(),
+                    cuda: Some(driver_cuda.parse().unwrap()),
+                }),
+                libtorch: Facts::Known(LibtorchFacts {
+                    variant: "precompiled/cu128".into(),
+                    libtorch_cuda: facts.file.clone(),
+                    nccl: Facts::Known(facts.clone()),
+                    bridge: Facts::Unknown("n/a".into()),
+                }),
+                effective: Facts::Known(facts),
+                coverage: vec![],
+                missing_symbols: vec![],
+            }),
+        }
+    }
+
+    fn no_flags() -> CheckedFlags {
+        CheckedFlags {
+            tag: None,
+            archs: None,
+            cuda: None,
+        }
+    }
+
+    #[test]
+    fn the_highest_nccl_and_the_union_of_archs() {
+        let w = [
+            worker("a", "2.27.5", &[(6, 1)], "12.8"),
+            worker("b", "2.27.3", &[(12, 0)], "12.9"),
+            worker("c", "2.27.5", &[(8, 6), (12, 0)], "13.0"),
+        ];
+        let i = infer(&w, no_flags()).unwrap();
+        assert_eq!(i.tag.to_string(), "v2.27.5-1");
+        assert_eq!(
+            i.archs,
+            [Arch::new(6, 1), Arch::new(8, 6), Arch::new(12, 0)]
+        );
+        assert_eq!(i.cuda_from_libtorch.unwrap().to_string(), "12.8");
+        assert!(
+            i.warnings[0].starts_with("b (2.27.3) bundle an older NCCL"),
+            "{:?}",
+            i.warnings
+        );
+        // Flags still win.
+        let mut f = no_flags();
+        f.tag = Some(Tag::parse("v2.28.9-1").unwrap());
+        f.archs = Some(vec![Arch::new(8, 6)]);
+        let i = infer(&w, f).unwrap();
+        assert_eq!((i.tag.to_string(), i.archs.len()), ("v2.28.9-1".into(), 1));
+        assert_eq!(i.tag_origin, TagOrigin::Flag);
+    }
+
+    #[test]
+    fn a_driver_too_old_for_the_libtorch_cuda_lowers_it_and_a_silent_worker_stops_it() {
+        let w = [
+            worker("a", "2.27.5", &[(6, 1)], "11.8"),
+            worker("b", "2.27.5", &[(8, 6)], "12.8"),
+        ];
+        let i = infer(&w, no_flags()).unwrap();
+        assert_eq!(i.cuda_from_libtorch.unwrap().to_string(), "11.8");
+        assert!(i
+            .warnings
+            .iter()
+            .any(|x| x.contains("a's driver runs CUDA up to 11.8")));
+
+        let mut down = worker("b", "2.27.5", &[(8, 6)], "12.8");
+        down.report = None;
+        down.error = Some("unreachable over SSH: Connection refused".into());
+        let err = infer(
+            &[worker("a", "2.27.5", &[(6, 1)], "12.8"), down],
+            no_flags(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("b: unreachable over SSH"), "{err}");
+    }
+}
