@@ -3,6 +3,8 @@
 use super::{paint, print_json, Color};
 use crate::cluster::config::{self, Cluster};
 use crate::cluster::host::{self, Facts, SelfQuery};
+use crate::cluster::receive;
+use crate::cluster::ship::{self, Outcome, ShipRequest, ShipResult};
 use crate::cluster::ssh::Transport;
 use crate::cluster::status::{self, OwnBinary, WorkerStatus};
 use crate::nccl::store::BuildStore;
@@ -25,6 +27,24 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The one NCCL build for the whole cluster (the tag of the highest libtorch NCCL, the
+    /// union of every worker's GPUs, a CUDA every driver runs), printed as `nccl build
+    /// --dry-run` prints a plan
+    #[command(after_help = "Example:\n  fdl cluster plan --json")]
+    Plan {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        build: super::BuildArgs,
+    },
+    /// Build that plan here, on the controller, with `fdl nccl build`'s backends
+    #[command(after_help = "Example:\n  fdl cluster build --backend docker")]
+    Build {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        build: super::BuildArgs,
+    },
     /// For each worker, the `env:` block to paste into fdl.cluster.yml (fdl never writes it)
     #[command(after_help = "Example:\n  fdl cluster env v2.27.5-sm61-sm120")]
     Env {
@@ -34,6 +54,42 @@ pub enum ClusterCommand {
         common: Common,
         #[arg(long, value_enum, default_value_t = EnvFormat::Yaml)]
         format: EnvFormat,
+    },
+    /// Copy a build to every worker's <path>/libtorch/nccl/builds/<name>/, verify it
+    /// there, and install it atomically (a no-op where the same bytes are already there)
+    #[command(
+        after_help = "Examples:\n  fdl cluster ship v2.27.5-sm61-sm120\n  fdl cluster ship --workers node-a,node-b --dry-run"
+    )]
+    Ship {
+        /// A build of this project (default: as `fdl nccl env` picks)
+        build: Option<String>,
+        /// Only these workers (their `host:` names, comma-separated)
+        #[arg(long, value_delimiter = ',', value_name = "A,B")]
+        workers: Vec<String>,
+        /// Replace a different build of the same name on a worker
+        #[arg(long)]
+        force: bool,
+        /// Say what would be copied where; change nothing
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        common: Common,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The worker's half of `ship` (run by fdl over SSH)
+    #[command(hide = true)]
+    Receive {
+        /// Say what is at the build's place and prepare .incoming-<name>/
+        #[arg(long, value_name = "NAME", conflicts_with = "install")]
+        state: Option<String>,
+        /// Verify and install the copy in .incoming-<name>/
+        #[arg(long, value_name = "NAME", requires = "digest")]
+        install: Option<String>,
+        #[arg(long)]
+        digest: Option<String>,
+        #[arg(long)]
+        force: bool,
     },
     /// This host's report for the controller (run by fdl over SSH)
     #[command(name = "self", hide = true)]
@@ -57,9 +113,9 @@ pub struct Common {
     /// Seconds each worker gets to answer
     #[arg(long, default_value_t = 30)]
     pub timeout: u64,
-    /// Workers queried at once
-    #[arg(long, default_value_t = 16)]
-    pub jobs: usize,
+    /// Workers reached at once
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub parallel: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -73,6 +129,9 @@ impl ClusterCommand {
         match self {
             ClusterCommand::Status { json, .. } | ClusterCommand::SelfReport { json, .. } => *json,
             ClusterCommand::Env { format, .. } => *format == EnvFormat::Json,
+            ClusterCommand::Ship { json, .. } => *json,
+            ClusterCommand::Receive { .. } => true,
+            ClusterCommand::Plan { build, .. } | ClusterCommand::Build { build, .. } => build.json,
         }
     }
 }
@@ -93,6 +152,45 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             Ok(())
         }
         ClusterCommand::Status { common, json } => status_cmd(project, &common, json),
+        ClusterCommand::Ship {
+            build,
+            workers,
+            force,
+            dry_run,
+            common,
+            json,
+        } => ship_cmd(
+            project,
+            &common,
+            build.as_deref(),
+            &workers,
+            force,
+            dry_run,
+            json,
+        ),
+        ClusterCommand::Receive {
+            state,
+            install,
+            digest,
+            force,
+        } => {
+            let builds = project.nccl_builds_dir();
+            if let Some(name) = state {
+                print_json(&serde_json::to_value(receive::state(&builds, &name)?)?);
+            } else if let (Some(name), Some(digest)) = (install, digest) {
+                let done =
+                    receive::install(&builds, &name, &digest, force, &crate::cache::cache_dir())?;
+                print_json(&serde_json::to_value(done)?);
+            } else {
+                bail!("receive needs --state NAME or --install NAME --digest D");
+            }
+            Ok(())
+        }
+        ClusterCommand::Plan { common, mut build } => {
+            build.dry_run = true;
+            build_cmd(project, &common, build)
+        }
+        ClusterCommand::Build { common, build } => build_cmd(project, &common, build),
         ClusterCommand::Env {
             build,
             common,
@@ -105,15 +203,14 @@ fn load(project: &Project, common: &Common) -> Result<Cluster> {
     config::load(&project.root, common.file.as_deref())
 }
 
-fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
-    let cluster = load(project, common)?;
+/// Every worker's report, one progress line per host as each answers (on a terminal).
+fn reports(cluster: &Cluster, common: &Common, quiet: bool) -> Result<Vec<WorkerStatus>> {
     let transport = Transport::new(
         &crate::cache::cache_dir(),
         Duration::from_secs(common.timeout.clamp(1, 60)),
     )?;
     let own = OwnBinary::current()?;
-    // One line per host as each answers, on a terminal; nothing otherwise.
-    let live = !json && std::io::stderr().is_terminal();
+    let live = !quiet && std::io::stderr().is_terminal();
     let done = |w: &WorkerStatus| {
         if live {
             let state = if w.error.is_some() {
@@ -124,14 +221,26 @@ fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
             eprintln!("  {} ({}): {state}", w.host, w.target);
         }
     };
-    let workers = status::query_all(
-        &cluster,
+    Ok(status::query_all(
+        cluster,
         &transport,
         &own,
         Duration::from_secs(common.timeout.max(1)),
-        common.jobs,
+        common.parallel,
         &done,
-    );
+    ))
+}
+
+fn build_cmd(project: &Project, common: &Common, build: super::BuildArgs) -> Result<()> {
+    let cluster = load(project, common)?;
+    let workers = reports(&cluster, common, build.json || build.quiet)?;
+    let infer = |flags| crate::cluster::plan::infer(&workers, flags);
+    super::build::run_with(project, build, &infer)
+}
+
+fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
+    let cluster = load(project, common)?;
+    let workers = reports(&cluster, common, json)?;
     let verdicts = status::verdicts(&workers);
     let red: Vec<&str> = verdicts.iter().filter(|v| !v.ok).map(|v| v.name).collect();
     if json {
@@ -314,4 +423,123 @@ fn env_cmd(
         }
     }
     Ok(())
+}
+
+fn ship_cmd(
+    project: &Project,
+    common: &Common,
+    build: Option<&str>,
+    only: &[String],
+    force: bool,
+    dry_run: bool,
+    json: bool,
+) -> Result<()> {
+    let cluster = load(project, common)?;
+    for name in only {
+        if !cluster.workers.iter().any(|w| w.host == *name) {
+            bail!(
+                "--workers names {name}, which is not a worker of {}: the workers are {}",
+                cluster
+                    .files
+                    .last()
+                    .map(|f| f.display().to_string())
+                    .unwrap_or_default(),
+                cluster
+                    .workers
+                    .iter()
+                    .map(|w| w.host.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    let chosen: Vec<&crate::cluster::config::Worker> = cluster
+        .workers
+        .iter()
+        .filter(|w| only.is_empty() || only.contains(&w.host))
+        .collect();
+    let store = BuildStore::new(project.nccl_builds_dir());
+    let (name, _, _) = super::manage::pick_build(project, &store, build)?;
+    let dir = store.path_of(&name);
+    let req = ShipRequest::new(
+        &name,
+        &dir,
+        force,
+        dry_run,
+        Duration::from_secs(common.timeout.max(1)),
+    )?;
+    let transport = Transport::new(
+        &crate::cache::cache_dir(),
+        Duration::from_secs(common.timeout.clamp(1, 60)),
+    )?;
+    let own = OwnBinary::current()?;
+    let live = !json && std::io::stderr().is_terminal();
+    let done = |r: &ShipResult| {
+        if live {
+            eprintln!("  {}: {}", r.host, describe(&r.outcome));
+        }
+    };
+    let results = ship::ship_all(&chosen, &transport, &own, &req, common.parallel, &done);
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|r| !r.outcome.ok())
+        .map(|r| r.host.as_str())
+        .collect();
+    if json {
+        print_json(&json!({
+            "build": name,
+            "digest": req.digest,
+            "dry_run": dry_run,
+            "workers": results,
+            "ok": failed.is_empty(),
+        }));
+    } else {
+        println!("Ship {name} (sha256 {}):", &req.digest[..12]);
+        for r in &results {
+            let line = format!("  {:<12} {}  {}", r.host, describe(&r.outcome), r.dir);
+            println!(
+                "{}",
+                if r.outcome.ok() {
+                    line
+                } else {
+                    paint(&line, Color::Red)
+                }
+            );
+        }
+        if dry_run {
+            println!("Dry run: nothing was copied or changed.");
+        }
+    }
+    if !failed.is_empty() {
+        let e = anyhow::anyhow!(
+            "the build did not reach {}; the others are done. Rerun `fdl cluster ship` to finish: it resumes and skips workers that have it",
+            failed.join(", ")
+        );
+        return Err(if json {
+            super::JsonReported(e).into()
+        } else {
+            e
+        });
+    }
+    Ok(())
+}
+
+fn describe(o: &Outcome) -> String {
+    match o {
+        Outcome::AlreadyThere => "already there (same sha256): nothing to do".into(),
+        Outcome::Installed { replaced, copy } => format!(
+            "{} (copied with {copy}, verified there)",
+            if *replaced { "replaced" } else { "installed" }
+        ),
+        Outcome::WouldCopy { copy, replace } => format!(
+            "would copy with {copy}{}",
+            if *replace {
+                " and replace the build there"
+            } else {
+                ""
+            }
+        ),
+        Outcome::Refused { why } => format!("refused: {why}"),
+        Outcome::Failed { why } => format!("FAILED: {why}"),
+    }
 }

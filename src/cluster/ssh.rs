@@ -40,6 +40,15 @@ impl Transport {
 
     /// The `ssh` arguments reaching `worker` (without the remote command).
     pub fn args(&self, worker: &Worker) -> Vec<OsString> {
+        let mut a = self.options(worker);
+        a.push("-T".into());
+        a.push("--".into());
+        a.push(worker.ssh.target.clone().into());
+        a
+    }
+
+    /// The options alone, for tools that name the host themselves (rsync's `-e`).
+    pub fn options(&self, worker: &Worker) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         for opt in &worker.ssh.options {
             a.push("-o".into());
@@ -71,9 +80,6 @@ impl Transport {
             a.push("-o".into());
             a.push(opt);
         }
-        a.push("-T".into());
-        a.push("--".into());
-        a.push(worker.ssh.target.clone().into());
         a
     }
 

@@ -55,7 +55,7 @@ impl OwnBinary {
 
     /// Where a worker keeps this binary: named by its digest, so two fdl versions never
     /// share a file and a present file is known to be this one.
-    fn remote_path_expr(&self) -> String {
+    pub(super) fn remote_path_expr(&self) -> String {
         format!(
             "\"${{XDG_CACHE_HOME:-$HOME/.cache}}/fdl/bin/fdl-{}\"",
             &self.sha256[..16]
@@ -64,14 +64,14 @@ impl OwnBinary {
 }
 
 /// Exit codes of the remote script that are fdl's, not the command's.
-const NO_PATH: i32 = 97;
+pub(super) const NO_PATH: i32 = 97;
 const NO_FDL: i32 = 96;
 const BAD_UPLOAD: i32 = 95;
 
 /// The remote command that prints the worker's report: from its checkout, with the
 /// controller's fdl when the worker holds it, else the worker's own.
 fn self_script(w: &Worker, own: &OwnBinary) -> String {
-    let mut args = vec!["--root", ".", "cluster", "self", "--json"];
+    let mut args = vec!["cluster", "self", "--json"];
     if let Some(arch) = &w.arch {
         args.extend(["--arch", arch]);
     }
@@ -81,7 +81,7 @@ fn self_script(w: &Worker, own: &OwnBinary) -> String {
     format!(
         "cd -- {} 2>/dev/null || exit {NO_PATH}; b={}; \
          if [ -x \"$b\" ]; then f=$b; elif command -v fdl >/dev/null 2>&1; then f=fdl; else exit {NO_FDL}; fi; \
-         exec \"$f\" {}",
+         exec \"$f\" --root \"$PWD\" {}",
         crate::step::single_quote(&w.path),
         own.remote_path_expr(),
         ssh::words(&args)
@@ -147,7 +147,7 @@ pub fn query(t: &Transport, w: &Worker, own: &OwnBinary, timeout: Duration) -> W
 /// Copies the controller's fdl to the worker's cache, checked by sha256 there before it
 /// is renamed into place. A worker of another CPU or libc is refused: the binary would
 /// not run there.
-fn ship_binary(t: &Transport, w: &Worker, own: &OwnBinary) -> Result<()> {
+pub(super) fn ship_binary(t: &Transport, w: &Worker, own: &OwnBinary) -> Result<()> {
     let out = t.run(
         w,
         "uname -m; getconf GNU_LIBC_VERSION 2>/dev/null || echo 'no-glibc'",
@@ -207,36 +207,21 @@ fn version_at_least(have: &str, need: &str) -> bool {
     parse(have) >= parse(need)
 }
 
-/// Every worker, `jobs` at a time; the order of the result is the file's.
+/// Every worker, `parallel` at a time; the order of the result is the file's.
 pub fn query_all(
     cluster: &Cluster,
     t: &Transport,
     own: &OwnBinary,
     timeout: Duration,
-    jobs: usize,
+    parallel: usize,
     on_done: &(dyn Fn(&WorkerStatus) + Sync),
 ) -> Vec<WorkerStatus> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results = std::sync::Mutex::new(vec![None; cluster.workers.len()]);
-    std::thread::scope(|s| {
-        for _ in 0..jobs.clamp(1, cluster.workers.len().max(1)) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let Some(w) = cluster.workers.get(i) else {
-                    break;
-                };
-                let st = query(t, w, own, timeout);
-                on_done(&st);
-                results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(st);
-            });
-        }
-    });
-    results
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
-        .into_iter()
-        .flatten()
-        .collect()
+    super::in_parallel(
+        &cluster.workers,
+        parallel,
+        |w| query(t, w, own, timeout),
+        on_done,
+    )
 }
 
 /// The verdicts for the cluster, in the order status prints them.

@@ -23,6 +23,8 @@ pub use crate::nccl::tree::MANIFEST;
 pub const MANIFEST_SCHEMA: u32 = 2;
 const STAGING_PREFIX: &str = ".staging-";
 const REMOVING_PREFIX: &str = ".removing-";
+/// Where `fdl cluster ship` lands a copy before installing it; a rerun resumes it.
+pub const INCOMING_PREFIX: &str = ".incoming-";
 
 /// One entry of the builds directory, as `fdl nccl list` shows it.
 #[derive(Debug, Serialize)]
@@ -401,6 +403,8 @@ fn partial_kind(name: &str) -> Option<&'static str> {
         Some("an old build set aside by a replace; the next build of it puts it back if the new one never arrived")
     } else if name.starts_with(REMOVING_PREFIX) {
         Some("a build being removed")
+    } else if name.starts_with(INCOMING_PREFIX) {
+        Some("a copy from `fdl cluster ship` that has not been installed; the next ship resumes it")
     } else if name.starts_with('.') {
         Some("hidden directory, not a build")
     } else {

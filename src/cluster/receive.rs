@@ -1,0 +1,226 @@
+//! The worker's half of `fdl cluster ship`, run there by the controller over SSH as
+//! `fdl cluster receive`: what is at the build's place (absent, the same bytes, or
+//! another build), and the install of a copy that arrived in `.incoming-<name>/`. The
+//! install follows the local rules: the copy is moved into a fresh staging directory,
+//! checked like `fdl nccl verify` (layout, versions, SASS, and that it loads), pointed
+//! at its final directory (`nccl.pc`), and committed with one rename — or, with
+//! `--force`, swapped in crash-safely. Anything that fails leaves no partial build.
+
+use crate::cache::sha256_hex;
+use crate::lock::Wait;
+use crate::nccl::store::{read_manifest, BuildName, BuildStore, Existing};
+use crate::nccl::tree;
+use crate::nccl::verify::{self, Against, LocalGpus};
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+pub use crate::nccl::store::INCOMING_PREFIX;
+
+/// A build's bytes, named by one digest: every file's content, every link's target, by
+/// relative path in order. `nccl.pc` is left out: its `prefix=` names the directory the
+/// build is in, which differs per host.
+pub fn content_digest(dir: &Path) -> Result<String> {
+    fn walk(dir: &Path, rel: &str, out: &mut Vec<(String, String)>) -> Result<()> {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .collect::<std::io::Result<_>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let kind = e.file_type()?;
+            if kind.is_symlink() {
+                let target = std::fs::read_link(e.path())?;
+                out.push((path, format!("link {}", target.display())));
+            } else if kind.is_dir() {
+                out.push((path.clone(), "dir".into()));
+                walk(&e.path(), &path, out)?;
+            } else if path != "lib/pkgconfig/nccl.pc" {
+                // Streamed: a full NCCL library is hundreds of MiB.
+                use sha2::Digest;
+                let mut hasher = sha2::Sha256::new();
+                let mut file = std::fs::File::open(e.path())?;
+                std::io::copy(&mut file, &mut hasher)?;
+                out.push((path, format!("file {:x}", hasher.finalize())));
+            }
+        }
+        Ok(())
+    }
+    let mut entries = Vec::new();
+    walk(dir, "", &mut entries)?;
+    let text: String = entries
+        .iter()
+        .map(|(p, what)| format!("{p}\0{what}\n"))
+        .collect();
+    Ok(sha256_hex(text.as_bytes()))
+}
+
+/// What is at a build's place on this host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Place {
+    Absent,
+    /// A build is there; `digest` names its bytes.
+    Build {
+        digest: String,
+    },
+    /// Something that is not a readable build.
+    Other {
+        why: String,
+    },
+}
+
+/// The answer to `receive --state`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateReport {
+    pub schema: u32,
+    pub place: Place,
+    /// The directory a copy goes to (created, so a path that cannot be written fails here,
+    /// before anything is sent).
+    pub incoming: PathBuf,
+    pub rsync: bool,
+}
+
+pub fn state(builds_dir: &Path, name: &str) -> Result<StateReport> {
+    BuildName::parse(name)?;
+    let store = BuildStore::new(builds_dir.to_path_buf());
+    let place = match store.existing(name)? {
+        None => Place::Absent,
+        Some(Existing::Build(_)) => Place::Build {
+            digest: content_digest(&store.path_of(name))?,
+        },
+        Some(Existing::Unreadable(why)) | Some(Existing::NotABuild(why)) => Place::Other { why },
+    };
+    std::fs::create_dir_all(builds_dir).with_context(|| {
+        format!(
+            "cannot create {}: is the worker's path writable?",
+            builds_dir.display()
+        )
+    })?;
+    let incoming = builds_dir.join(format!("{INCOMING_PREFIX}{name}"));
+    std::fs::create_dir_all(&incoming)
+        .with_context(|| format!("cannot create {}", incoming.display()))?;
+    let rsync = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|d| d.join("rsync").is_file());
+    Ok(StateReport {
+        schema: super::host::REPORT_SCHEMA,
+        place,
+        incoming,
+        rsync,
+    })
+}
+
+/// The answer to `receive --install`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Installed {
+    pub dir: PathBuf,
+    pub digest: String,
+    pub replaced: bool,
+}
+
+/// Installs the copy in `.incoming-<name>` whose digest must be `digest`.
+pub fn install(
+    builds_dir: &Path,
+    name: &str,
+    digest: &str,
+    force: bool,
+    cache: &Path,
+) -> Result<Installed> {
+    let name = BuildName::parse(name)?;
+    let store = BuildStore::new(builds_dir.to_path_buf());
+    let incoming = builds_dir.join(format!("{INCOMING_PREFIX}{}", name.as_str()));
+    let lock = store.lock(&name, cache, Wait::No, &|_| {})?;
+    let got = content_digest(&incoming)?;
+    if got != digest {
+        bail!(
+            "the copy in {} is not the controller's build (digest {}, expected {}): ship again",
+            incoming.display(),
+            &got[..12],
+            &digest[..12.min(digest.len())]
+        );
+    }
+    let replaced = match store.existing(name.as_str())? {
+        None => false,
+        Some(Existing::Build(_)) if content_digest(&store.path_of(name.as_str()))? == digest => {
+            // Another ship got here first: the same bytes are in place.
+            let _ = std::fs::remove_dir_all(&incoming);
+            return Ok(Installed {
+                dir: store.path_of(name.as_str()),
+                digest: digest.to_string(),
+                replaced: false,
+            });
+        }
+        Some(_) if force => true,
+        Some(_) => bail!(
+            "{} holds a different build: pass --force to replace it",
+            store.path_of(name.as_str()).display()
+        ),
+    };
+    let staging = store.begin(&lock)?;
+    // Same filesystem: moving the copy's entries in is a rename each.
+    for entry in std::fs::read_dir(&incoming)? {
+        let entry = entry?;
+        std::fs::rename(entry.path(), staging.path().join(entry.file_name()))
+            .context("cannot move the copy into staging")?;
+    }
+    std::fs::remove_dir(&incoming).ok();
+    let manifest = read_manifest(staging.path())?;
+    let exe = std::env::current_exe()?;
+    let probe = |lib: &Path| verify::probe_in_child(&exe, lib);
+    let against = Against {
+        recorded: Some(&manifest.checked),
+        gpus: LocalGpus::NotChecked,
+        probe: Some(&probe),
+    };
+    let report = verify::verify(name.as_str(), staging.path(), &manifest.plan, &against);
+    if !report.passed() {
+        let why: Vec<String> = report
+            .failures()
+            .iter()
+            .map(|c| format!("{}: {}", c.check, c.detail))
+            .collect();
+        bail!(
+            "the copy fails verification here, so nothing was installed: {}",
+            why.join("; ")
+        );
+    }
+    tree::rewrite_pc_prefix(
+        &staging.path().join("lib/pkgconfig/nccl.pc"),
+        &store.path_of(name.as_str()),
+    )?;
+    staging.commit(replaced)?;
+    Ok(Installed {
+        dir: store.path_of(name.as_str()),
+        digest: digest.to_string(),
+        replaced,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digest_names_bytes_and_links_but_not_the_pkgconfig_prefix() {
+        let a = tempfile::tempdir().unwrap();
+        let d = a.path();
+        std::fs::create_dir_all(d.join("lib/pkgconfig")).unwrap();
+        std::fs::write(d.join("lib/libnccl.so.2.27.5"), "lib").unwrap();
+        std::os::unix::fs::symlink("libnccl.so.2.27.5", d.join("lib/libnccl.so.2")).unwrap();
+        std::fs::write(d.join("lib/pkgconfig/nccl.pc"), "prefix=/a\n").unwrap();
+        let first = content_digest(d).unwrap();
+        std::fs::write(d.join("lib/pkgconfig/nccl.pc"), "prefix=/elsewhere\n").unwrap();
+        assert_eq!(content_digest(d).unwrap(), first);
+        std::fs::write(d.join("lib/libnccl.so.2.27.5"), "other").unwrap();
+        assert_ne!(content_digest(d).unwrap(), first);
+        std::fs::write(d.join("lib/libnccl.so.2.27.5"), "lib").unwrap();
+        std::fs::remove_file(d.join("lib/libnccl.so.2")).unwrap();
+        std::os::unix::fs::symlink("elsewhere", d.join("lib/libnccl.so.2")).unwrap();
+        assert_ne!(content_digest(d).unwrap(), first);
+    }
+}

@@ -1,0 +1,358 @@
+//! `fdl cluster ship`: one build of the controller, copied to every worker's
+//! `<path>/libtorch/nccl/builds/<name>/`, verified there and installed atomically.
+//!
+//! Per worker: the controller's own fdl is made present (by sha256), the worker says
+//! what is at the build's place (nothing, the same bytes — a no-op, which covers a
+//! shared project directory — or another build, refused without `--force`), the build
+//! is copied into `.incoming-<name>/` beside the target, and the worker's fdl verifies
+//! and installs it with the local transaction rules. The copy is rsync over the worker's
+//! SSH settings (resumable, sending only what differs); where rsync is missing on either
+//! end, a tar stream over the same SSH (scp would follow the library's symlink chain and
+//! copy it as three files). Workers run in parallel; one failing never stops another.
+
+use super::config::Worker;
+use super::receive::{content_digest, Installed, Place, StateReport};
+use super::ssh::{self, Transport};
+use super::status::{ship_binary, OwnBinary, NO_PATH};
+use crate::step::single_quote;
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The same bytes are already there.
+    AlreadyThere,
+    Installed {
+        replaced: bool,
+        copy: String,
+    },
+    /// `--dry-run`: what would happen.
+    WouldCopy {
+        copy: String,
+        replace: bool,
+    },
+    /// A different build is there and `--force` was not given.
+    Refused {
+        why: String,
+    },
+    Failed {
+        why: String,
+    },
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        matches!(
+            self,
+            Outcome::AlreadyThere | Outcome::Installed { .. } | Outcome::WouldCopy { .. }
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ShipResult {
+    pub host: String,
+    pub target: String,
+    pub dir: String,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+pub struct ShipRequest<'a> {
+    pub name: &'a str,
+    /// The build on the controller.
+    pub dir: &'a Path,
+    pub digest: String,
+    pub force: bool,
+    pub dry_run: bool,
+    pub timeout: Duration,
+}
+
+impl ShipRequest<'_> {
+    pub fn new<'a>(
+        name: &'a str,
+        dir: &'a Path,
+        force: bool,
+        dry_run: bool,
+        timeout: Duration,
+    ) -> Result<ShipRequest<'a>> {
+        Ok(ShipRequest {
+            name,
+            dir,
+            digest: content_digest(dir)?,
+            force,
+            dry_run,
+            timeout,
+        })
+    }
+}
+
+/// The worker-side command, from its checkout, with the controller's fdl.
+fn receive_script(w: &Worker, own: &OwnBinary, args: &[&str]) -> String {
+    let mut all = vec!["cluster", "receive"];
+    all.extend_from_slice(args);
+    format!(
+        "cd -- {} 2>/dev/null || exit {NO_PATH}; exec {} --root \"$PWD\" {}",
+        single_quote(&w.path),
+        own.remote_path_expr(),
+        ssh::words(&all)
+    )
+}
+
+/// Runs `receive` there and reads its one JSON answer (or its error).
+fn receive<T: serde::de::DeserializeOwned>(
+    t: &Transport,
+    w: &Worker,
+    own: &OwnBinary,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<T> {
+    let out = t.run(w, &receive_script(w, own, args), None, timeout)?;
+    if let Some(why) = ssh::connection_failure(&out) {
+        bail!("unreachable over SSH: {why}");
+    }
+    if out.status.code() == Some(NO_PATH) {
+        bail!(
+            "its path {} does not exist there (or cannot be entered): fix `path:` or create the checkout",
+            w.path
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let v: Option<serde_json::Value> = serde_json::from_str(text.trim()).ok();
+        let why = v
+            .as_ref()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or_else(|| {
+                String::from_utf8_lossy(&out.stderr)
+                    .trim()
+                    .trim_start_matches("error: ")
+                    .to_string()
+            });
+        bail!("{why}");
+    }
+    serde_json::from_str(text.trim())
+        .with_context(|| format!("the worker's fdl gave no answer: {}", text.trim()))
+}
+
+/// Makes the controller's fdl present on the worker.
+fn ensure_own_fdl(t: &Transport, w: &Worker, own: &OwnBinary) -> Result<()> {
+    let out = t.run(
+        w,
+        &format!("test -x {}", own.remote_path_expr()),
+        None,
+        Duration::from_secs(30),
+    )?;
+    if let Some(why) = ssh::connection_failure(&out) {
+        bail!("unreachable over SSH: {why}");
+    }
+    if out.status.success() {
+        return Ok(());
+    }
+    ship_binary(t, w, own).map_err(|e| anyhow!("fdl could not be put there: {e:#}"))
+}
+
+pub fn ship_one(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> ShipResult {
+    let dir = format!(
+        "{}/libtorch/nccl/builds/{}",
+        w.path.trim_end_matches('/'),
+        req.name
+    );
+    let outcome = match ship_steps(t, w, own, req) {
+        Ok(o) => o,
+        Err(e) => Outcome::Failed {
+            why: format!("{e:#}"),
+        },
+    };
+    ShipResult {
+        host: w.host.clone(),
+        target: w.ssh.target.clone(),
+        dir,
+        outcome,
+    }
+}
+
+fn ship_steps(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> Result<Outcome> {
+    ensure_own_fdl(t, w, own)?;
+    let state: StateReport = receive(t, w, own, &["--state", req.name], req.timeout)?;
+    let replace = match &state.place {
+        Place::Absent => false,
+        Place::Build { digest } if *digest == req.digest => return Ok(Outcome::AlreadyThere),
+        Place::Build { .. } | Place::Other { .. } if req.force => true,
+        Place::Build { .. } => {
+            return Ok(Outcome::Refused {
+                why: "a different build of that name is there: --force replaces it".into(),
+            })
+        }
+        Place::Other { why } => {
+            return Ok(Outcome::Refused {
+                why: format!(
+                    "something that is not a build of it is there ({why}): --force replaces it"
+                ),
+            })
+        }
+    };
+    let use_rsync = state.rsync && local_has("rsync");
+    let copy = if use_rsync { "rsync" } else { "tar over ssh" }.to_string();
+    if req.dry_run {
+        return Ok(Outcome::WouldCopy { copy, replace });
+    }
+    if use_rsync {
+        rsync(t, w, req.dir, &state.incoming, req.timeout)?;
+    } else {
+        tar_over_ssh(t, w, req.dir, &state.incoming, req.timeout)?;
+    }
+    let mut args = vec!["--install", req.name, "--digest", &req.digest];
+    if req.force {
+        args.push("--force");
+    }
+    let installed: Installed = receive(t, w, own, &args, req.timeout.max(Duration::from_secs(60)))?;
+    Ok(Outcome::Installed {
+        replaced: installed.replaced,
+        copy,
+    })
+}
+
+fn local_has(tool: &str) -> bool {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|d| d.join(tool).is_file())
+}
+
+/// rsync's `-e` is split on spaces by rsync itself, honouring quotes: each word is
+/// quoted, and a word it cannot carry is refused rather than split.
+fn rsync_shell(t: &Transport, w: &Worker) -> Result<String> {
+    let mut words = vec!["ssh".to_string()];
+    for a in t.options(w) {
+        let a = a
+            .into_string()
+            .map_err(|a| anyhow!("{} is not UTF-8", a.to_string_lossy()))?;
+        words.push(if !a.contains('\'') {
+            format!("'{a}'")
+        } else if !a.contains('"') {
+            format!("\"{a}\"")
+        } else {
+            bail!("an ssh setting holds both quote characters, which rsync cannot pass: {a}");
+        });
+    }
+    Ok(words.join(" "))
+}
+
+/// Hosts for rsync and the copy: `user@` is in the ssh options, an IPv6 address needs
+/// brackets.
+fn remote_spec(w: &Worker, path: &Path) -> OsString {
+    let host = if w.ssh.target.contains(':') {
+        format!("[{}]", w.ssh.target)
+    } else {
+        w.ssh.target.clone()
+    };
+    let mut s = OsString::from(format!("{host}:"));
+    s.push(path);
+    s.push("/");
+    s
+}
+
+fn rsync(t: &Transport, w: &Worker, from: &Path, to: &Path, timeout: Duration) -> Result<()> {
+    let mut src = from.as_os_str().to_os_string();
+    src.push("/");
+    let mut cmd = Command::new("rsync");
+    cmd.args(["-a", "--delete", "--partial", "--protect-args"])
+        .arg(format!("--timeout={}", timeout.as_secs().max(5)))
+        .arg("-e")
+        .arg(rsync_shell(t, w)?)
+        .arg(src)
+        .arg(remote_spec(w, to));
+    let out = crate::process::output_within(&mut cmd, copy_limit(timeout))
+        .context("cannot run rsync")?
+        .ok_or_else(|| {
+            anyhow!("the copy took too long and was stopped (rerun ship to resume it)")
+        })?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        bail!(
+            "the copy failed (rerun ship to resume it): {}",
+            copy_error(&err)
+        );
+    }
+    Ok(())
+}
+
+/// The most a copy may take: it moves hundreds of MiB, so far more than one command.
+fn copy_limit(timeout: Duration) -> Duration {
+    (timeout * 20).max(Duration::from_secs(600))
+}
+
+/// The line of a copy tool's stderr that says what went wrong (no space, ...).
+fn copy_error(err: &str) -> String {
+    let lines: Vec<&str> = err
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines
+        .iter()
+        .find(|l| l.contains("No space left") || l.contains("Disk quota"))
+        .or_else(|| lines.iter().find(|l| l.contains("Permission denied")))
+        .or_else(|| lines.first())
+        .map(|l| l.to_string())
+        .unwrap_or_else(|| "no message".into())
+}
+
+fn tar_over_ssh(
+    t: &Transport,
+    w: &Worker,
+    from: &Path,
+    to: &Path,
+    timeout: Duration,
+) -> Result<()> {
+    let to = to
+        .to_str()
+        .ok_or_else(|| anyhow!("{} is not UTF-8", to.display()))?;
+    let mut tar = Command::new("tar")
+        .arg("-C")
+        .arg(from)
+        .args(["-cf", "-", "."])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot run tar")?;
+    let stdout = tar.stdout.take().expect("piped");
+    let script = format!(
+        "find {q} -mindepth 1 -delete && tar -C {q} -xf -",
+        q = single_quote(to)
+    );
+    let mut cmd = Command::new("ssh");
+    cmd.args(t.args(w)).arg(script).stdin(Stdio::from(stdout));
+    let out = crate::process::output_within_keeping_stdin(&mut cmd, copy_limit(timeout));
+    let _ = tar.kill();
+    let _ = tar.wait();
+    let out = out
+        .context("cannot run ssh")?
+        .ok_or_else(|| anyhow!("the copy took too long and was stopped (rerun ship)"))?;
+    if let Some(why) = ssh::connection_failure(&out) {
+        bail!("unreachable over SSH during the copy: {why}");
+    }
+    if !out.status.success() {
+        bail!(
+            "the copy failed (rerun ship): {}",
+            copy_error(&String::from_utf8_lossy(&out.stderr))
+        );
+    }
+    Ok(())
+}
+
+/// Every chosen worker, `parallel` at a time, in the file's order.
+pub fn ship_all(
+    workers: &[&Worker],
+    t: &Transport,
+    own: &OwnBinary,
+    req: &ShipRequest,
+    parallel: usize,
+    on_done: &(dyn Fn(&ShipResult) + Sync),
+) -> Vec<ShipResult> {
+    super::in_parallel(workers, parallel, |w| ship_one(t, w, own, req), on_done)
+}
