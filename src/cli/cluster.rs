@@ -80,9 +80,12 @@ pub enum ClusterCommand {
     /// The worker's half of `ship` (run by fdl over SSH)
     #[command(hide = true)]
     Receive {
-        /// Say what is at the build's place and prepare .incoming-<name>/
+        /// Say what is at the build's place
         #[arg(long, value_name = "NAME", conflicts_with = "install")]
         state: Option<String>,
+        /// With --state: also make .incoming-<name>/ for the copy
+        #[arg(long, requires = "state")]
+        prepare: bool,
         /// Verify and install the copy in .incoming-<name>/
         #[arg(long, value_name = "NAME", requires = "digest")]
         install: Option<String>,
@@ -170,13 +173,16 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
         ),
         ClusterCommand::Receive {
             state,
+            prepare,
             install,
             digest,
             force,
         } => {
             let builds = project.nccl_builds_dir();
             if let Some(name) = state {
-                print_json(&serde_json::to_value(receive::state(&builds, &name)?)?);
+                print_json(&serde_json::to_value(receive::state(
+                    &builds, &name, prepare,
+                )?)?);
             } else if let (Some(name), Some(digest)) = (install, digest) {
                 let done =
                     receive::install(&builds, &name, &digest, force, &crate::cache::cache_dir())?;

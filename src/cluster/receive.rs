@@ -80,13 +80,15 @@ pub enum Place {
 pub struct StateReport {
     pub schema: u32,
     pub place: Place,
-    /// The directory a copy goes to (created, so a path that cannot be written fails here,
-    /// before anything is sent).
+    /// The directory a copy goes to (made only when asked to prepare).
     pub incoming: PathBuf,
     pub rsync: bool,
 }
 
-pub fn state(builds_dir: &Path, name: &str) -> Result<StateReport> {
+/// What is at the place of build `name`. With `prepare`, the directory a copy goes to is
+/// made (failing here, before anything is sent, where the path cannot be written);
+/// without, nothing on the host changes.
+pub fn state(builds_dir: &Path, name: &str, prepare: bool) -> Result<StateReport> {
     BuildName::parse(name)?;
     let store = BuildStore::new(builds_dir.to_path_buf());
     let place = match store.existing(name)? {
@@ -96,15 +98,17 @@ pub fn state(builds_dir: &Path, name: &str) -> Result<StateReport> {
         },
         Some(Existing::Unreadable(why)) | Some(Existing::NotABuild(why)) => Place::Other { why },
     };
-    std::fs::create_dir_all(builds_dir).with_context(|| {
-        format!(
-            "cannot create {}: is the worker's path writable?",
-            builds_dir.display()
-        )
-    })?;
     let incoming = builds_dir.join(format!("{INCOMING_PREFIX}{name}"));
-    std::fs::create_dir_all(&incoming)
-        .with_context(|| format!("cannot create {}", incoming.display()))?;
+    if prepare {
+        std::fs::create_dir_all(builds_dir).with_context(|| {
+            format!(
+                "cannot create {}: is the worker's path writable?",
+                builds_dir.display()
+            )
+        })?;
+        std::fs::create_dir_all(&incoming)
+            .with_context(|| format!("cannot create {}", incoming.display()))?;
+    }
     let rsync = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
         .any(|d| d.join("rsync").is_file());
     Ok(StateReport {

@@ -202,6 +202,7 @@ fn ship_steps(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> 
     if req.dry_run {
         return Ok(Outcome::WouldCopy { copy, replace });
     }
+    let state: StateReport = receive(t, w, own, &["--state", req.name, "--prepare"], req.timeout)?;
     if use_rsync {
         rsync(t, w, req.dir, &state.incoming, req.timeout)?;
     } else {

@@ -97,8 +97,12 @@ pub struct Host {
 /// foreground logging to stderr (`docker logs`). `/run/fdl-test-ready` marks the host key
 /// as complete.
 const STARTUP: &str = r#"set -eu
-rm -f /etc/ssh/ssh_host_*
-ssh-keygen -A >/dev/null
+# Keys of its own, made on the first start only: a restarted host keeps its identity.
+if [ ! -e /etc/ssh/.fdl-test-keys ]; then
+  rm -f /etc/ssh/ssh_host_*
+  ssh-keygen -A >/dev/null
+  touch /etc/ssh/.fdl-test-keys
+fi
 mkdir -p /run/sshd
 chmod 755 /run/sshd
 cat >/etc/ssh/sshd_config.d/fdl-test.conf <<'EOF'
@@ -214,24 +218,36 @@ impl Host {
             port: 0,
         };
         host.run_container(keys, docker_args);
-        let published = docker(&["port", &host.name, "22/tcp"]);
+        host.port = host.published_port();
+        host.wait_ready(keys);
+        host
+    }
+
+    /// Starts a killed host again: its filesystem and host key are kept; the port the
+    /// engine publishes may differ, so it is read again (and recorded in known_hosts).
+    pub fn restart(&mut self, keys: &Keys) {
+        docker_ok(&["start", &self.name]);
+        self.port = self.published_port();
+        self.wait_ready(keys);
+    }
+
+    fn published_port(&self) -> u16 {
+        let published = docker(&["port", &self.name, "22/tcp"]);
         if !published.status.success() {
             // A container that exited at once has no port any more: say why it exited.
-            host.panic_if_stopped();
+            self.panic_if_stopped();
         }
         let published = String::from_utf8_lossy(&published.stdout);
-        host.port = published
+        published
             .lines()
             .find_map(|l| l.trim().strip_prefix("127.0.0.1:"))
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| {
                 panic!(
                     "no 127.0.0.1 port published for {}: {published:?}",
-                    host.name
+                    self.name
                 )
-            });
-        host.wait_ready(keys);
-        host
+            })
     }
 
     fn run_container(&self, keys: &Keys, docker_args: &[&str]) {
