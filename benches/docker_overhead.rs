@@ -160,6 +160,14 @@ fn main() {
     }
     println!("Both builds carry SASS {}", native_sass.join(", "));
 
+    // Every file a containerised build writes goes through the engine's storage driver;
+    // a userspace one (fuse-overlayfs) costs far more than the kernel's overlay2.
+    let driver = Command::new("docker")
+        .args(["info", "--format", "{{.Driver}}"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    println!("Docker storage driver: {driver}");
     let overhead = docker.as_secs_f64() / native.as_secs_f64() - 1.0;
     println!("| build | wall time |");
     println!("|---|---|");

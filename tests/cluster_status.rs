@@ -1,10 +1,12 @@
-//! `fdl cluster status` and `fdl cluster env` against real hosts: three containers on
-//! this machine's Docker engine, each with its own filesystem and a real OpenSSH server
-//! published on 127.0.0.1 (tests/cluster_fixture), reached through the `ssh:` settings
-//! of a generated fdl.cluster.yml. None has fdl: the controller ships its own binary,
-//! checked by sha256, and runs it there. Each host has a stand-in `nvidia-smi` (the real
-//! CSV and banner of different GPUs) and its own libtorch variant whose
-//! `libtorch_cuda.so` is a real ELF made here, NCCL compiled in.
+//! `fdl cluster` against real hosts: containers on this machine's Docker engine, each
+//! with its own filesystem and a real OpenSSH server published on 127.0.0.1
+//! (tests/cluster_fixture), reached through the `ssh:` settings of a generated
+//! fdl.cluster.yml. None has fdl: the controller ships its own binary, checked by
+//! sha256, and runs it there. Each host has a stand-in `nvidia-smi` (the real CSV and
+//! banner of different GPUs) and its own libtorch variant whose `libtorch_cuda.so` is a
+//! real ELF made here, NCCL compiled in. Covered: status (skew, coverage, a host down, a
+//! changed host key), plan, build, ship (and its faults: a host killed, hung, out of
+//! disk, read-only; reruns that finish), env, and status green.
 //!
 //! `#[ignore]`d: `.ci/run` runs them with `--include-ignored`; a missing engine fails them.
 
@@ -155,6 +157,14 @@ fn json_of(out: &Output) -> serde_json::Value {
     })
 }
 
+/// The top-level keys of a JSON answer, as README.md's Cluster section lists them.
+fn assert_keys(v: &serde_json::Value, keys: &[&str]) {
+    let got: std::collections::BTreeSet<&str> =
+        v.as_object().unwrap().keys().map(String::as_str).collect();
+    let want: std::collections::BTreeSet<&str> = keys.iter().copied().collect();
+    assert_eq!(got, want, "{v}");
+}
+
 fn verdict<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     v["verdicts"]
         .as_array()
@@ -174,6 +184,7 @@ fn status_reports_the_patch_level_skew_and_the_uncovered_gpu() {
     let out = rig.fdl(&["cluster", "status", "--json"]);
     assert_eq!(out.status.code(), Some(1), "red verdicts exit 1");
     let v = json_of(&out);
+    assert_keys(&v, &["schema", "files", "workers", "verdicts", "ok"]);
     let workers = v["workers"].as_array().unwrap();
     assert_eq!(workers.len(), 3);
     for w in workers {
@@ -278,6 +289,7 @@ fn env_blocks_use_each_workers_own_path_and_status_then_loads_that_library() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v = json_of(&out);
+    assert_keys(&v, &["schema", "build", "why", "workers"]);
     let preload = |i: usize| {
         v["workers"][i]["env"]["LD_PRELOAD"]
             .as_str()
@@ -360,7 +372,11 @@ fn plan_build_ship_then_status_is_green() {
 
     let out = rig.fdl(&["cluster", "status"]);
     assert_eq!(out.status.code(), Some(1));
-    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    eprintln!(
+        "$ fdl cluster status\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let mut args = vec!["cluster", "plan", "--json"];
     args.extend(backend);
@@ -388,25 +404,43 @@ fn plan_build_ship_then_status_is_green() {
             .stdout,
     )
     .into_owned();
-    eprintln!("{text}");
+    eprintln!("$ fdl cluster plan --backend native ...\n{text}");
     assert!(
         text.contains("the highest libtorch NCCL of the workers: pascal 2.27.5"),
         "{text}"
     );
 
-    let mut args = vec!["cluster", "build", "--json"];
+    // Build and ship as a person runs them (the session the README shows).
+    let mut args = vec!["cluster", "build", "--quiet"];
     args.extend(backend);
-    let v = json_of(&rig.fdl(&args));
-    assert_eq!(v["status"], "built", "{v}");
+    let out = rig.fdl(&args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("$ fdl cluster build --quiet ...\n{text}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let name = "v2.27.5-sm61-sm86-sm120";
+    assert!(
+        text.contains("Built NCCL 2.27.5: ") && text.contains(name),
+        "{text}"
+    );
 
-    let out = rig.fdl(&["cluster", "ship", "--json"]);
-    let v = json_of(&out);
-    assert!(out.status.success(), "{v}");
-    for w in v["workers"].as_array().unwrap() {
-        assert_eq!(w["result"], "installed", "{w}");
-        assert_eq!(w["copy"], "rsync", "{w}");
-    }
+    let out = rig.fdl(&["cluster", "ship"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("$ fdl cluster ship\n{text}");
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.matches("installed (copied with rsync, verified there)")
+            .count(),
+        3,
+        "{text}"
+    );
     // Installed on each host, verified, at its own path, with nothing left beside it.
     for (host, path) in &rig.hosts {
         let listing = host.exec(&format!(
@@ -424,6 +458,10 @@ fn plan_build_ship_then_status_is_green() {
         );
     }
 
+    eprintln!(
+        "$ fdl cluster env\n{}",
+        String::from_utf8_lossy(&rig.fdl(&["cluster", "env"]).stdout)
+    );
     let v = json_of(&rig.fdl(&["cluster", "env", "--format", "json"]));
     let blocks: Vec<(usize, String)> = (0..3)
         .map(|i| {
@@ -437,7 +475,7 @@ fn plan_build_ship_then_status_is_green() {
     rig.write_cluster_file(&blocks);
     let out = rig.fdl(&["cluster", "status"]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    eprintln!("{text}");
+    eprintln!("$ fdl cluster status\n{text}");
     assert!(
         out.status.success(),
         "{text}\n{}",
@@ -493,9 +531,9 @@ fn builds_listing(host: &Host, path: &str) -> String {
     .to_string()
 }
 
-/// Five workers, four faults: one killed before the ship, one that hangs (paused), one
-/// whose disk fills during the copy (a small tmpfs at its path), one whose path cannot
-/// be written. The healthy one is installed, every other one fails with its reason and
+/// Six workers, five faults: one killed before the ship, one killed during its copy,
+/// one that hangs (paused), one whose disk fills during the copy (a small tmpfs at its
+/// path), one whose path cannot be written. The healthy one is installed, every other one fails with its reason and
 /// holds no partial build, and after each fault is undone a rerun finishes the job.
 #[test]
 #[ignore = "drives the real Docker engine and OpenSSH: `cargo test -- --include-ignored`"]
@@ -532,32 +570,61 @@ fn ship_faults_leave_nothing_half_installed_and_a_rerun_finishes() {
     );
     let readonly = Host::start_with("readonly", &keys, &["-v", &ro_mount]);
     let mut gone = Host::start("gone", &keys);
-    for h in [&steady, &hung, &gone] {
+    let mut dies = Host::start("dies", &keys);
+    for h in [&steady, &hung, &gone, &dies] {
         h.exec("mkdir -p /opt/flodl");
     }
     full.exec("mkdir -p /data/proj");
+    // A slow link to `dies`: its rsync says when the copy starts, then waits, so the
+    // host can be killed while the copy is under way.
+    dies.exec(
+        "mv /usr/bin/rsync /usr/bin/rsync.real && \
+         printf '#!/bin/sh\\ntouch /tmp/copy-started\\nsleep 4\\nexec /usr/bin/rsync.real \"$@\"\\n' >/usr/bin/rsync && \
+         chmod 755 /usr/bin/rsync",
+    );
     let paths = [
         "/opt/flodl",
         "/opt/flodl",
         "/data/proj",
         "/ro/proj",
         "/opt/flodl",
+        "/opt/flodl",
     ];
-    let write = |gone: &Host| {
-        let hosts = [&steady, &hung, &full, &readonly, gone];
+    let write = |gone: &Host, dies: &Host| {
+        let hosts = [&steady, &hung, &full, &readonly, gone, dies];
         let list: Vec<(&Host, &str)> = hosts.iter().copied().zip(paths).collect();
         write_cluster_file(project.root(), &keys, &list, &[]);
     };
-    write(&gone);
+    write(&gone, &dies);
     gone.kill();
     hung.pause();
 
     let started = std::time::Instant::now();
-    let out = fdl_at(
-        project.root(),
-        cache.path(),
-        &["cluster", "ship", &name, "--json", "--timeout", "5"],
-    );
+    let out = std::thread::scope(|s| {
+        let ship = s.spawn(|| {
+            fdl_at(
+                project.root(),
+                cache.path(),
+                &["cluster", "ship", &name, "--json", "--timeout", "5"],
+            )
+        });
+        // Down during the ship: killed once its copy has started.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !std::process::Command::new("docker")
+            .args(["exec", &dies.name, "test", "-e", "/tmp/copy-started"])
+            .status()
+            .unwrap()
+            .success()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the copy to dies never started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        dies.kill();
+        ship.join().unwrap()
+    });
     let took = started.elapsed();
     let v = json_of(&out);
     assert_eq!(out.status.code(), Some(1), "{v}");
@@ -591,8 +658,13 @@ fn ship_faults_leave_nothing_half_installed_and_a_rerun_finishes() {
     assert!(took < std::time::Duration::from_secs(90), "{took:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("the build did not reach hung, full, readonly, gone"),
+        err.contains("the build did not reach hung, full, readonly, gone, dies"),
         "{err}"
+    );
+    let dies_why = why("dies");
+    assert!(
+        dies_why.contains("copy failed") || dies_why.contains("unreachable"),
+        "{dies_why}"
     );
     // Nothing half-installed: no build directory where the copy failed.
     assert_eq!(builds_listing(&steady, "/opt/flodl"), name);
@@ -604,7 +676,11 @@ fn ship_faults_leave_nothing_half_installed_and_a_rerun_finishes() {
     hung.unpause();
     full.exec("mount -o remount,size=64m /data");
     gone.restart(&keys);
-    write(&gone);
+    dies.restart(&keys);
+    // What the killed copy left: at most the resumable .incoming, never the build.
+    let on_dies = builds_listing(&dies, "/opt/flodl");
+    assert!(!on_dies.lines().any(|l| l == name), "{on_dies}");
+    write(&gone, &dies);
     let out = fdl_at(
         project.root(),
         cache.path(),
@@ -614,19 +690,20 @@ fn ship_faults_leave_nothing_half_installed_and_a_rerun_finishes() {
             &name,
             "--json",
             "--workers",
-            "steady,hung,full,gone",
+            "steady,hung,full,gone,dies",
         ],
     );
     let v = json_of(&out);
     assert!(out.status.success(), "{v}");
     assert_eq!(result_of(&v, "steady")["result"], "already_there", "{v}");
-    for host in ["hung", "full", "gone"] {
+    for host in ["hung", "full", "gone", "dies"] {
         assert_eq!(result_of(&v, host)["result"], "installed", "{v}");
     }
     for (h, p) in [
         (&hung, "/opt/flodl"),
         (&full, "/data/proj"),
         (&gone, "/opt/flodl"),
+        (&dies, "/opt/flodl"),
     ] {
         assert_eq!(builds_listing(h, p), name, "{}", h.label);
     }
@@ -645,10 +722,17 @@ fn ship_skips_what_is_there_and_refuses_a_different_build_without_force() {
     let shared = Host::start_with("shared", &keys, &["-v", &shared_mount]);
     let other = Host::start("other", &keys);
     other.exec("mkdir -p /opt/flodl");
+    // No rsync on this one: the copy falls back to a tar stream over ssh.
+    let bare = Host::start("bare", &keys);
+    bare.exec("mkdir -p /opt/flodl && rm -f /usr/bin/rsync");
     write_cluster_file(
         project.root(),
         &keys,
-        &[(&shared, "/shared"), (&other, "/opt/flodl")],
+        &[
+            (&shared, "/shared"),
+            (&other, "/opt/flodl"),
+            (&bare, "/opt/flodl"),
+        ],
         &[],
     );
     let ship = |extra: &[&str]| {
@@ -660,6 +744,10 @@ fn ship_skips_what_is_there_and_refuses_a_different_build_without_force() {
     let before = snapshot(project.root());
     let (ok, v) = ship(&["--dry-run"]);
     assert!(ok, "{v}");
+    assert_keys(
+        &v,
+        &["schema", "build", "digest", "dry_run", "workers", "ok"],
+    );
     assert_eq!(result_of(&v, "shared")["result"], "already_there", "{v}");
     assert_eq!(result_of(&v, "other")["result"], "would_copy", "{v}");
     assert_eq!(builds_listing(&other, "/opt/flodl"), "-");
@@ -668,6 +756,14 @@ fn ship_skips_what_is_there_and_refuses_a_different_build_without_force() {
     assert!(ok, "{v}");
     assert_eq!(result_of(&v, "shared")["result"], "already_there", "{v}");
     assert_eq!(result_of(&v, "other")["result"], "installed", "{v}");
+    assert_eq!(result_of(&v, "other")["copy"], "rsync", "{v}");
+    assert_eq!(result_of(&v, "bare")["result"], "installed", "{v}");
+    assert_eq!(result_of(&v, "bare")["copy"], "tar over ssh", "{v}");
+    // The library's link chain arrived as links (the worker's verify checked it too).
+    let chain = bare.exec(&format!(
+        "readlink /opt/flodl/libtorch/nccl/builds/{name}/lib/libnccl.so.2"
+    ));
+    assert_eq!(chain.trim(), "libnccl.so.2.27.5");
     // The controller's own build was never touched through the shared path.
     assert_eq!(snapshot(project.root()), before);
 

@@ -368,6 +368,10 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
     });
 
     // bridge: where a preload is set, it must take effect.
+    let preloading = reports
+        .iter()
+        .filter(|(_, r)| r.effective.known().is_some_and(|n| n.linkage == "preload"))
+        .count();
     let ineffective: Vec<String> = reports
         .iter()
         .filter(|(_, r)| r.effective.known().is_some_and(|n| n.linkage == "preload"))
@@ -383,8 +387,10 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
     out.push(Verdict {
         name: "bridge",
         ok: ineffective.is_empty(),
-        detail: if ineffective.is_empty() {
-            "every LD_PRELOAD set takes effect".into()
+        detail: if preloading == 0 {
+            "no worker sets LD_PRELOAD: each runs its libtorch's own NCCL".into()
+        } else if ineffective.is_empty() {
+            format!("the LD_PRELOAD of {preloading} worker(s) takes effect")
         } else {
             format!(
                 "LD_PRELOAD is set but replaces nothing, so the bundled NCCL still runs: {}",
