@@ -44,21 +44,24 @@ pub enum GpuError {
 pub const ARCHS_HINT: &str =
     "name the architectures yourself with --archs, e.g. --archs \"6.1;12.0\"";
 
+/// Runs `nvidia-smi` from PATH with `args`, within [`NVIDIA_SMI_TIMEOUT`].
+fn run_nvidia_smi(args: &[&str]) -> Result<std::process::Output, GpuError> {
+    let mut cmd = Command::new("nvidia-smi");
+    cmd.args(args);
+    match crate::process::output_within(&mut cmd, NVIDIA_SMI_TIMEOUT) {
+        Ok(Some(out)) => Ok(out),
+        Ok(None) => Err(GpuError::Hung(NVIDIA_SMI_TIMEOUT.as_secs())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(GpuError::NoNvidiaSmi),
+        Err(e) => Err(GpuError::Failed {
+            status: "could not start".into(),
+            stderr: e.to_string(),
+        }),
+    }
+}
+
 /// Runs `nvidia-smi` from PATH and parses its answer.
 pub fn query() -> Result<Vec<Gpu>, GpuError> {
-    let mut cmd = Command::new("nvidia-smi");
-    cmd.args(NVIDIA_SMI_ARGS);
-    let out = match crate::process::output_within(&mut cmd, NVIDIA_SMI_TIMEOUT) {
-        Ok(Some(out)) => out,
-        Ok(None) => return Err(GpuError::Hung(NVIDIA_SMI_TIMEOUT.as_secs())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(GpuError::NoNvidiaSmi),
-        Err(e) => {
-            return Err(GpuError::Failed {
-                status: "could not start".into(),
-                stderr: e.to_string(),
-            })
-        }
-    };
+    let out = run_nvidia_smi(NVIDIA_SMI_ARGS)?;
     if !out.status.success() {
         let text = String::from_utf8_lossy(if out.stderr.is_empty() {
             &out.stdout
@@ -84,18 +87,7 @@ pub struct Driver {
 
 /// Runs plain `nvidia-smi` and reads its banner.
 pub fn driver() -> Result<Driver, GpuError> {
-    let mut cmd = Command::new("nvidia-smi");
-    let out = match crate::process::output_within(&mut cmd, NVIDIA_SMI_TIMEOUT) {
-        Ok(Some(out)) => out,
-        Ok(None) => return Err(GpuError::Hung(NVIDIA_SMI_TIMEOUT.as_secs())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(GpuError::NoNvidiaSmi),
-        Err(e) => {
-            return Err(GpuError::Failed {
-                status: "could not start".into(),
-                stderr: e.to_string(),
-            })
-        }
-    };
+    let out = run_nvidia_smi(&[])?;
     let text = String::from_utf8_lossy(&out.stdout);
     parse_banner(&text).ok_or_else(|| GpuError::Failed {
         status: out.status.to_string(),

@@ -141,12 +141,12 @@ fn receive<T: serde::de::DeserializeOwned>(
 }
 
 /// Makes the controller's fdl present on the worker.
-fn ensure_own_fdl(t: &Transport, w: &Worker, own: &OwnBinary) -> Result<()> {
+fn ensure_own_fdl(t: &Transport, w: &Worker, own: &OwnBinary, timeout: Duration) -> Result<()> {
     let out = t.run(
         w,
         &format!("test -x {}", own.remote_path_expr()),
         None,
-        Duration::from_secs(30),
+        timeout,
     )?;
     if let Some(why) = ssh::connection_failure(&out) {
         bail!("unreachable over SSH: {why}");
@@ -154,7 +154,7 @@ fn ensure_own_fdl(t: &Transport, w: &Worker, own: &OwnBinary) -> Result<()> {
     if out.status.success() {
         return Ok(());
     }
-    ship_binary(t, w, own).map_err(|e| anyhow!("fdl could not be put there: {e:#}"))
+    ship_binary(t, w, own, timeout).map_err(|e| anyhow!("fdl could not be put there: {e:#}"))
 }
 
 pub fn ship_one(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> ShipResult {
@@ -178,7 +178,7 @@ pub fn ship_one(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -
 }
 
 fn ship_steps(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> Result<Outcome> {
-    ensure_own_fdl(t, w, own)?;
+    ensure_own_fdl(t, w, own, req.timeout)?;
     let state: StateReport = receive(t, w, own, &["--state", req.name], req.timeout)?;
     let replace = match &state.place {
         Place::Absent => false,

@@ -128,7 +128,7 @@ pub fn query(t: &Transport, w: &Worker, own: &OwnBinary, timeout: Duration) -> W
     let result = attempt(t).and_then(|first| match first {
         Ok(r) => Ok(r),
         Err(why) => {
-            ship_binary(t, w, own)
+            ship_binary(t, w, own, timeout)
                 .map_err(|e| anyhow!("{why}, and fdl could not be shipped: {e:#}"))?;
             status.shipped_fdl = true;
             match attempt(t)? {
@@ -147,12 +147,17 @@ pub fn query(t: &Transport, w: &Worker, own: &OwnBinary, timeout: Duration) -> W
 /// Copies the controller's fdl to the worker's cache, checked by sha256 there before it
 /// is renamed into place. A worker of another CPU or libc is refused: the binary would
 /// not run there.
-pub(super) fn ship_binary(t: &Transport, w: &Worker, own: &OwnBinary) -> Result<()> {
+pub(super) fn ship_binary(
+    t: &Transport,
+    w: &Worker,
+    own: &OwnBinary,
+    timeout: Duration,
+) -> Result<()> {
     let out = t.run(
         w,
         "uname -m; getconf GNU_LIBC_VERSION 2>/dev/null || echo 'no-glibc'",
         None,
-        Duration::from_secs(30),
+        timeout,
     )?;
     if let Some(why) = ssh::connection_failure(&out) {
         bail!("unreachable over SSH: {why}");
