@@ -164,22 +164,14 @@ pub(super) fn ship_binary(
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let mut lines = text.lines();
-    let machine = lines.next().unwrap_or("").trim().to_string();
-    let libc = lines.next().unwrap_or("").trim().to_string();
-    if machine != std::env::consts::ARCH {
-        bail!(
-            "it is a {machine} host and this fdl is built for {}: install fdl there for {machine}",
-            std::env::consts::ARCH
-        );
-    }
-    let ours = local_glibc();
-    match (libc.strip_prefix("glibc "), &ours) {
-        (Some(theirs), Some(ours)) if version_at_least(theirs, ours) => {}
-        (Some(theirs), Some(ours)) => bail!(
-            "it has glibc {theirs}, older than the {ours} this fdl was built with: install fdl there"
-        ),
-        _ => bail!("it has no GNU libc ({libc}); this fdl needs one: install fdl there"),
-    }
+    let machine = lines.next().unwrap_or("").trim();
+    let libc = lines.next().unwrap_or("").trim();
+    runs_there(
+        machine,
+        libc,
+        std::env::consts::ARCH,
+        local_glibc().as_deref(),
+    )?;
     let dest = own.remote_path_expr();
     let script = format!(
         "d=$(dirname {dest}) && mkdir -p \"$d\" && tmp=\"$d/.incoming-$$\" && cat > \"$tmp\" && \
@@ -198,6 +190,23 @@ pub(super) fn ship_binary(
             "the copy failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ),
+    }
+}
+
+/// Whether this fdl runs on a host whose `uname -m` is `machine` and whose
+/// `getconf GNU_LIBC_VERSION` is `libc`: the same CPU, and a glibc at least as new as the
+/// one it runs on here (its symbol versions may need it).
+fn runs_there(machine: &str, libc: &str, ours: &str, our_glibc: Option<&str>) -> Result<()> {
+    if machine != ours {
+        bail!("it is a {machine} host and this fdl is built for {ours}: install fdl there for {machine}");
+    }
+    match (libc.strip_prefix("glibc "), our_glibc) {
+        (Some(theirs), Some(ours)) if version_at_least(theirs, ours) => Ok(()),
+        (Some(theirs), Some(ours)) => bail!(
+            "it has glibc {theirs}, older than the {ours} this fdl runs with: install fdl there"
+        ),
+        (Some(_), None) => Ok(()),
+        (None, _) => bail!("it has no GNU libc ({libc}); this fdl needs one: install fdl there"),
     }
 }
 
@@ -429,4 +438,34 @@ pub fn short(path: &Path, root: &str) -> String {
     path.strip_prefix(root)
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| path.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binary_goes_only_where_it_runs() {
+        assert!(runs_there("x86_64", "glibc 2.36", "x86_64", Some("2.36")).is_ok());
+        assert!(runs_there("x86_64", "glibc 2.39", "x86_64", Some("2.36")).is_ok());
+        let e = runs_there("aarch64", "glibc 2.39", "x86_64", Some("2.36")).unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("it is a aarch64 host and this fdl is built for x86_64"));
+        let e = runs_there("x86_64", "glibc 2.31", "x86_64", Some("2.36")).unwrap_err();
+        assert!(e.to_string().contains("glibc 2.31, older than the 2.36"));
+        // 2.4 is older than 2.36: versions compare by number, not text.
+        assert!(runs_there("x86_64", "glibc 2.4", "x86_64", Some("2.36")).is_err());
+        let e = runs_there("x86_64", "no-glibc", "x86_64", Some("2.36")).unwrap_err();
+        assert!(e.to_string().contains("no GNU libc (no-glibc)"));
+    }
+
+    #[test]
+    fn a_driver_runs_its_cuda_or_an_older_minor_of_the_same_major() {
+        let v = |s: &str| s.parse::<CudaVersion>().unwrap();
+        assert_eq!(driver_runs(v("12.8"), v("12.8")), DriverFit::Yes);
+        assert_eq!(driver_runs(v("13.0"), v("12.8")), DriverFit::Yes);
+        assert_eq!(driver_runs(v("12.2"), v("12.8")), DriverFit::MinorCompat);
+        assert_eq!(driver_runs(v("12.8"), v("13.0")), DriverFit::No);
+    }
 }
