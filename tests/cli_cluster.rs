@@ -1,0 +1,94 @@
+//! `fdl cluster` on bad input, which needs no host: no cluster file, a wrong shape, an
+//! unknown `--workers` name. Each is a clear error with a non-zero exit, before any SSH,
+//! and leaves the project as it was. `cluster env` needs no host either.
+
+mod common;
+use common::*;
+
+const CLUSTER: &str = "cluster:\n  controller:\n    host: 10.0.0.1\n    path: /c\n  workers:\n    - host: node-a\n      path: /opt/flodl\n    - host: node-b\n      path: \"/srv/it's here\"\n";
+
+fn run(f: &BuildsFixture, args: &[&str]) -> std::process::Output {
+    f.fdl().args(args).output().unwrap()
+}
+
+#[test]
+fn no_cluster_file_and_wrong_shapes_are_clear_errors() {
+    let f = BuildsFixture::new(ProjectFixture::empty());
+    let before = snapshot(f.project.root());
+    let out = run(&f, &["cluster", "status"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no cluster file at") && err.contains("fdl.cluster.yml.example"),
+        "{err}"
+    );
+    assert_eq!(snapshot(f.project.root()), before);
+
+    std::fs::write(
+        f.project.root().join("fdl.cluster.yml"),
+        "cluster:\n  controller:\n    host: c\n    path: /c\n  workers:\n    - host: a\n      path: [1]\n",
+    )
+    .unwrap();
+    let before = snapshot(f.project.root());
+    for args in [
+        &["cluster", "status", "--json"][..],
+        &["cluster", "plan"][..],
+        &["cluster", "ship", "--dry-run"][..],
+        &["cluster", "env"][..],
+    ] {
+        let out = run(&f, args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("fdl.cluster.yml:7: cluster.workers[0].path must be a plain value, but it is a list"),
+            "{args:?}: {err}"
+        );
+    }
+    // --json: the error is one object on stdout too.
+    let out = run(&f, &["cluster", "status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["error"]
+        .as_str()
+        .unwrap()
+        .contains("cluster.workers[0].path"));
+    assert_eq!(snapshot(f.project.root()), before);
+}
+
+#[test]
+fn env_blocks_need_no_host_and_ship_refuses_an_unknown_worker_before_connecting() {
+    let f = BuildsFixture::new(ProjectFixture::empty());
+    let tree = f.tree("nccl", (2, 27, 5), &[61, 120]);
+    let name = f.install(&tree, "v2.27.5-1", "6.1;12.0").unwrap();
+    std::fs::write(f.project.root().join("fdl.cluster.yml"), CLUSTER).unwrap();
+
+    let out = run(&f, &["cluster", "env"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!(
+        "# worker node-a\nenv:\n  LD_PRELOAD: \"/opt/flodl/libtorch/nccl/builds/{name}/lib/libnccl.so.2\""
+    )), "{text}");
+    assert!(
+        text.contains(&format!(
+            "LD_PRELOAD: \"/srv/it's here/libtorch/nccl/builds/{name}/lib/libnccl.so.2\""
+        )),
+        "{text}"
+    );
+
+    let before = snapshot(f.project.root());
+    let out = run(&f, &["cluster", "ship", "--workers", "node-a,node-c"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--workers names node-c, which is not a worker")
+            && err.contains("node-a, node-b"),
+        "{err}"
+    );
+    let out = run(&f, &["cluster", "ship", "v9.9.9-sm61"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no build named 'v9.9.9-sm61'"));
+    assert_eq!(snapshot(f.project.root()), before);
+}
