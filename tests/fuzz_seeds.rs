@@ -1,0 +1,68 @@
+//! The committed seeds of the `interpose_elf` and `cluster_config` fuzz targets, replayed
+//! on every test run as the fuzzer feeds them: an answer or an error, never a panic.
+//! (`inspect_elf`'s seeds are replayed in tests/inspect_api.rs.)
+
+use std::path::{Path, PathBuf};
+
+fn seeds(target: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/seeds")
+        .join(target);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "too few seeds in {}", dir.display());
+    files
+}
+
+#[test]
+fn interpose_seeds_are_analysed_and_the_static_ones_judged() {
+    for seed in seeds("interpose_elf") {
+        let bytes = std::fs::read(&seed).unwrap();
+        let found = fdl::inspect::interpose::analyze_bytes(&bytes)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", seed.display()));
+        let name = seed.file_name().unwrap().to_string_lossy().into_owned();
+        let ineffective = matches!(
+            found.verdict,
+            fdl::inspect::interpose::Verdict::PreloadIneffective { .. }
+        );
+        // -Bsymbolic and hidden/protected symbols bind inside the library.
+        if name.starts_with("static_bsymbolic") || name.starts_with("static_symfun") {
+            assert!(ineffective, "{name}: {:?}", found.verdict);
+        }
+        if name == "pip_style.so" {
+            assert_eq!(
+                found.imported,
+                ["ncclCommInitRank", "ncclGetVersion"],
+                "{name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn cluster_config_seeds_parse_or_fail_with_a_place() {
+    for seed in seeds("cluster_config") {
+        let text = std::fs::read_to_string(&seed).unwrap();
+        let (base, overlay) = match text.split_once('\0') {
+            Some((b, o)) => (Some(b.to_string()), o.to_string()),
+            None => (None, text.clone()),
+        };
+        let mut sources = Vec::new();
+        if let Some(b) = base {
+            sources.push((PathBuf::from("fdl.yml"), b));
+        }
+        sources.push((PathBuf::from("fdl.cluster.yml"), overlay));
+        match fdl::cluster::config::parse(&sources) {
+            Ok((_, workers)) => assert!(!workers.is_empty()),
+            Err(e) => assert!(
+                e.to_string().starts_with("fdl.cluster.yml:")
+                    || e.to_string().starts_with("fdl.yml:"),
+                "{}: {e}",
+                seed.display()
+            ),
+        }
+    }
+}
