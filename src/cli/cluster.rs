@@ -121,6 +121,18 @@ pub struct Common {
     pub parallel: usize,
 }
 
+impl Common {
+    /// How workers are reached (ssh's connect timeout is the per-host one, at most a
+    /// minute) and the fdl they run when they have none of their own.
+    fn reach(&self) -> Result<(Transport, OwnBinary)> {
+        let transport = Transport::new(
+            &crate::cache::cache_dir(),
+            Duration::from_secs(self.timeout.clamp(1, 60)),
+        )?;
+        Ok((transport, OwnBinary::current()?))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EnvFormat {
     Yaml,
@@ -211,11 +223,7 @@ fn load(project: &Project, common: &Common) -> Result<Cluster> {
 
 /// Every worker's report, one progress line per host as each answers (on a terminal).
 fn reports(cluster: &Cluster, common: &Common, quiet: bool) -> Result<Vec<WorkerStatus>> {
-    let transport = Transport::new(
-        &crate::cache::cache_dir(),
-        Duration::from_secs(common.timeout.clamp(1, 60)),
-    )?;
-    let own = OwnBinary::current()?;
+    let (transport, own) = common.reach()?;
     let live = !quiet && std::io::stderr().is_terminal();
     let done = |w: &WorkerStatus| {
         if live {
@@ -474,11 +482,7 @@ fn ship_cmd(
         dry_run,
         Duration::from_secs(common.timeout.max(1)),
     )?;
-    let transport = Transport::new(
-        &crate::cache::cache_dir(),
-        Duration::from_secs(common.timeout.clamp(1, 60)),
-    )?;
-    let own = OwnBinary::current()?;
+    let (transport, own) = common.reach()?;
     let live = !json && std::io::stderr().is_terminal();
     let done = |r: &ShipResult| {
         if live {
