@@ -94,6 +94,14 @@ impl Rig {
         for (label, path, gpus, lib) in specs {
             let host = Host::start(label, &keys);
             host.fake_nvidia_smi(&gpus, "570.133.07", "12.8");
+            if label == "duo" {
+                // An fdl of another report schema on PATH: not used, the controller's is.
+                host.write(
+                    "/usr/local/bin/fdl",
+                    "#!/bin/sh\necho '{\"schema\": 99}'\n",
+                    0o755,
+                );
+            }
             host.put(
                 lib,
                 &format!("{path}/libtorch/precompiled/cu128/lib/libtorch_cuda.so"),
@@ -189,7 +197,8 @@ fn status_reports_the_patch_level_skew_and_the_uncovered_gpu() {
     assert_eq!(workers.len(), 3);
     for w in workers {
         assert!(w["error"].is_null(), "{w}");
-        // None of the hosts had fdl: the controller's went there.
+        // Two hosts had no fdl and one an fdl of another schema: the controller's went to
+        // all three.
         assert_eq!(w["shipped_fdl"], true, "{w}");
     }
     let report = |i: usize| &workers[i]["report"];
