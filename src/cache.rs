@@ -15,6 +15,18 @@ pub fn cache_dir() -> PathBuf {
     base.join("fdl")
 }
 
+/// Hex SHA-256 of a file's content, read in a stream (a library or fdl's own binary is
+/// tens to hundreds of MiB).
+pub fn sha256_file(path: &std::path::Path) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
 /// Hex SHA-256 of `bytes`: identities in plans (Dockerfiles) and keys of lock files.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)

@@ -89,6 +89,10 @@ pub struct NcclFacts {
     /// SASS and PTX targets, as `fdl inspect` names them.
     pub sass: Vec<String>,
     pub ptx: Vec<String>,
+    /// What the names above come from; coverage is judged on it without reading the
+    /// file again.
+    #[serde(skip)]
+    pub gpu_code: crate::inspect::GpuCode,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,7 +118,7 @@ pub fn report(q: &SelfQuery) -> HostReport {
     let libtorch = Facts::from(libtorch_facts(q));
     let effective = Facts::from(effective_nccl(q, libtorch.known()));
     let coverage = match (&gpus, &effective) {
-        (Facts::Known(gpus), Facts::Known(nccl)) => coverage(gpus, &nccl.file),
+        (Facts::Known(gpus), Facts::Known(nccl)) => coverage(gpus, &nccl.gpu_code),
         _ => Vec::new(),
     };
     let missing_symbols = match (&libtorch, &effective) {
@@ -197,6 +201,7 @@ fn facts_of(file: &Path, linkage: &str) -> anyhow::Result<NcclFacts> {
             .iter()
             .map(|e| e.target.to_string())
             .collect(),
+        gpu_code: ins.gpu_code,
     })
 }
 
@@ -252,13 +257,10 @@ fn effective_nccl(q: &SelfQuery, libtorch: Option<&LibtorchFacts>) -> anyhow::Re
     }
 }
 
-fn coverage(gpus: &[Gpu], file: &Path) -> Vec<GpuCoverage> {
-    let Ok(ins) = inspect::inspect(file) else {
-        return Vec::new();
-    };
+fn coverage(gpus: &[Gpu], code: &inspect::GpuCode) -> Vec<GpuCoverage> {
     gpus.iter()
         .map(|g| {
-            let verdict = inspect::coverage(&ins.gpu_code, g.compute_cap);
+            let verdict = inspect::coverage(code, g.compute_cap);
             let (text, covered) = match verdict {
                 inspect::Verdict::Native { sass } => (format!("native {sass}"), true),
                 inspect::Verdict::PtxJit { ptx } => (format!("ptx {ptx} (JIT)"), true),

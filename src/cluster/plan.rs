@@ -150,6 +150,7 @@ mod tests {
             linkage: "static".into(),
             sass: vec![],
             ptx: vec![],
+            gpu_code: Default::default(),
         };
         WorkerStatus {
             host: host.into(),

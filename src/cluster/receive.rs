@@ -6,7 +6,7 @@
 //! at its final directory (`nccl.pc`), and committed with one rename — or, with
 //! `--force`, swapped in crash-safely. Anything that fails leaves no partial build.
 
-use crate::cache::sha256_hex;
+use crate::cache::{sha256_file, sha256_hex};
 use crate::lock::Wait;
 use crate::nccl::store::{read_manifest, BuildName, BuildStore, Existing};
 use crate::nccl::tree;
@@ -41,12 +41,7 @@ pub fn content_digest(dir: &Path) -> Result<String> {
                 out.push((path.clone(), "dir".into()));
                 walk(&e.path(), &path, out)?;
             } else if path != "lib/pkgconfig/nccl.pc" {
-                // Streamed: a full NCCL library is hundreds of MiB.
-                use sha2::Digest;
-                let mut hasher = sha2::Sha256::new();
-                let mut file = std::fs::File::open(e.path())?;
-                std::io::copy(&mut file, &mut hasher)?;
-                out.push((path, format!("file {:x}", hasher.finalize())));
+                out.push((path, format!("file {}", sha256_file(&e.path())?)));
             }
         }
         Ok(())
@@ -109,8 +104,7 @@ pub fn state(builds_dir: &Path, name: &str, prepare: bool) -> Result<StateReport
         std::fs::create_dir_all(&incoming)
             .with_context(|| format!("cannot create {}", incoming.display()))?;
     }
-    let rsync = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .any(|d| d.join("rsync").is_file());
+    let rsync = crate::native::on_path("rsync").is_some();
     Ok(StateReport {
         schema: super::host::REPORT_SCHEMA,
         place,

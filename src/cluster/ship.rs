@@ -197,7 +197,7 @@ fn ship_steps(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> 
             })
         }
     };
-    let use_rsync = state.rsync && local_has("rsync");
+    let use_rsync = state.rsync && crate::native::on_path("rsync").is_some();
     let copy = if use_rsync { "rsync" } else { "tar over ssh" }.to_string();
     if req.dry_run {
         return Ok(Outcome::WouldCopy { copy, replace });
@@ -217,11 +217,6 @@ fn ship_steps(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> 
         replaced: installed.replaced,
         copy,
     })
-}
-
-fn local_has(tool: &str) -> bool {
-    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .any(|d| d.join(tool).is_file())
 }
 
 /// rsync's `-e` is split on spaces by rsync itself, honouring quotes: each word is

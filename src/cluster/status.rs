@@ -7,7 +7,7 @@
 use super::config::{Cluster, Worker};
 use super::host::{Facts, HostReport, REPORT_SCHEMA};
 use super::ssh::{self, Transport};
-use crate::cache::sha256_hex;
+use crate::cache::sha256_file;
 use crate::version::CudaVersion;
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
@@ -46,9 +46,8 @@ pub struct OwnBinary {
 impl OwnBinary {
     pub fn current() -> Result<OwnBinary> {
         let path = std::env::current_exe()?;
-        let bytes = std::fs::read(&path)?;
         Ok(OwnBinary {
-            sha256: sha256_hex(&bytes),
+            sha256: sha256_file(&path)?,
             path,
         })
     }

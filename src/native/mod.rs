@@ -12,7 +12,7 @@ mod source;
 mod toolchain;
 
 pub use source::{check_source_dir, parse_version_mk, repo_key, source_for, NCCL_REPO, REPO_ENV};
-pub use toolchain::{discover, parse_gpu_archs, parse_nvcc_version};
+pub use toolchain::{discover, on_path, parse_gpu_archs, parse_nvcc_version};
 
 use crate::nccl::build::Backend;
 use crate::nccl::plan::{BackendPlan, BuildPlan, NativePlan, NativeSource, Toolkit};

@@ -225,6 +225,11 @@ pub fn parse_gpu_archs(text: &str) -> Option<Vec<Arch>> {
     (!archs.is_empty()).then_some(archs)
 }
 
+/// The first executable `name` on this process's PATH.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    which(name, &HostEnv::current())
+}
+
 /// The first executable `name` in the PATH of `env`. Empty PATH entries (meaning the
 /// current directory) are ignored: a build should not depend on where it was started.
 pub(crate) fn which(name: &str, env: &HostEnv) -> Option<PathBuf> {

@@ -475,22 +475,23 @@ impl BuildPlan {
                 };
                 let (network, network_reason) =
                     docker_network(&source, probe.as_ref(), &dockerfile, image.as_deref());
-                let mut plan = docker_plan(
-                    &inputs.tag,
-                    &name,
-                    cuda,
-                    cuda_arg,
-                    &gencode,
-                    inputs.jobs,
-                    inputs.only_funcs.as_deref(),
+                BackendPlan::Docker(DockerPlan {
+                    image: format!("{IMAGE_REPO}:{name}-cuda{cuda}"),
+                    build_args: docker_build_args(
+                        &inputs.tag,
+                        &gencode,
+                        inputs.jobs,
+                        cuda_arg,
+                        image.as_deref(),
+                        inputs.only_funcs.as_deref(),
+                    ),
+                    base_image: image,
                     dockerfile,
-                    image,
-                );
-                plan.source = source;
-                plan.probe = probe;
-                plan.network = network;
-                plan.network_reason = network_reason;
-                BackendPlan::Docker(plan)
+                    source,
+                    probe,
+                    network,
+                    network_reason,
+                })
             }
             BackendInputs::Native {
                 toolkit,
@@ -676,41 +677,28 @@ impl DockerSteps {
     }
 }
 
-/// The Docker half of a plan: image name, base image and build arguments.
-#[allow(clippy::too_many_arguments)]
-fn docker_plan(
+/// The build arguments the Dockerfile receives, in the order they are passed.
+fn docker_build_args(
     tag: &Tag,
-    name: &str,
-    cuda: CudaVersion,
-    cuda_arg: String,
     gencode: &str,
     jobs: u32,
+    cuda_arg: String,
+    base_image: Option<&str>,
     only_funcs: Option<&str>,
-    dockerfile: DockerfileSpec,
-    base_image: Option<String>,
-) -> DockerPlan {
+) -> Vec<(String, String)> {
     let mut build_args = vec![
         ("NCCL_VERSION".to_string(), tag.to_string()),
         ("NVCC_GENCODE".to_string(), gencode.to_string()),
         ("MAX_JOBS".to_string(), jobs.to_string()),
         ("CUDA_VERSION".to_string(), cuda_arg),
     ];
-    if let Some(img) = &base_image {
-        build_args.push(("BASE_IMAGE".to_string(), img.clone()));
+    if let Some(img) = base_image {
+        build_args.push(("BASE_IMAGE".to_string(), img.to_string()));
     }
     if let Some(expr) = only_funcs {
         build_args.push(("ONLY_FUNCS".to_string(), expr.to_string()));
     }
-    DockerPlan {
-        image: format!("{IMAGE_REPO}:{name}-cuda{cuda}"),
-        base_image,
-        dockerfile,
-        build_args,
-        source: DockerSource::Clone,
-        probe: None,
-        network: None,
-        network_reason: String::new(),
-    }
+    build_args
 }
 
 /// The tools the embedded Dockerfile needs from the image: git only to clone.
