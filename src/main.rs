@@ -19,6 +19,10 @@ fn main() -> ExitCode {
                 eprintln!("{} {interrupted}", paint_err("error:", Color::Red));
                 ExitCode::from(130)
             }
+            None if e.downcast_ref::<fdl::cli::Undecided>().is_some() => {
+                eprintln!("{} {e:#}", paint_err("unknown:", Color::Yellow));
+                ExitCode::from(fdl::cli::EXIT_UNKNOWN)
+            }
             None => {
                 eprintln!("{} {e:#}", paint_err("error:", Color::Red));
                 ExitCode::FAILURE

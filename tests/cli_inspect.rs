@@ -199,18 +199,21 @@ fn detect_follows_a_pip_torch_to_its_libnccl() {
         .starts_with("dynamic"));
     assert_eq!(v["plan"]["cuda"], "12.6");
 
-    // The libnccl it needs is gone: a clear error naming what was searched.
+    // The libnccl it needs is gone: the answer is "unknown" (exit 3), naming the missing
+    // library and where the loader looked.
     std::fs::remove_file(t.path().join("site-packages/nvidia/nccl/lib/libnccl.so.2")).unwrap();
     fdl()
         .env_remove("LD_LIBRARY_PATH")
+        .env_remove("LD_PRELOAD")
         .args(["nccl", "detect"])
         .arg(&torch)
         .assert()
-        .failure()
-        .stderr(
-            predicate::str::contains("needs libnccl.so.2 but it cannot be resolved")
+        .code(3)
+        .stdout(
+            predicate::str::contains("cannot load libnccl.so.2")
                 .and(predicate::str::contains("nvidia/nccl/lib")),
-        );
+        )
+        .stderr(predicate::str::contains("unknown:"));
 }
 
 /// A library missing its last 100 bytes (its section table) is an error naming the

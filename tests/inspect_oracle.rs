@@ -208,7 +208,12 @@ fn real_libtorch_cuda13_matches_cuobjdump_and_finds_its_pip_nccl() {
     let nccl = real_libtorch_matches(&torch, &cuobjdump, "2.30.7", 13);
 
     let torch_dir = torch.parent().and_then(Path::parent).unwrap();
-    let arch: BTreeMap<&str, String> = fdl::libtorch::add::describe(torch_dir, &torch)
+    let stubs = common::stubs_for_missing(&torch);
+    let env = fdl::loader::LoaderEnv {
+        ld_library_path: vec![stubs.path().to_path_buf()],
+        ..fdl::loader::LoaderEnv::bare()
+    };
+    let arch: BTreeMap<&str, String> = fdl::libtorch::add::describe_in(torch_dir, &torch, &env)
         .unwrap()
         .into_iter()
         .collect();
@@ -247,10 +252,20 @@ fn real_libtorch_matches(
     );
     assert_lists_like_cuobjdump(cuobjdump, torch, &ins.gpu_code);
 
-    // $ORIGIN is the (canonical) directory of the path the library is opened by.
-    let found = inspect::detect_nccl(torch, &inspect::LoaderEnv::bare())
-        .unwrap()
-        .expect("libtorch_cuda.so needs libnccl.so.2");
+    // $ORIGIN is the directory of the path the library is opened by. The libraries the
+    // oracle cache lacks (cuDNN, cuBLAS, …) come from stubs on LD_LIBRARY_PATH, searched
+    // after libtorch's RPATH, so the whole closure resolves as on a full install.
+    let stubs = common::stubs_for_missing(torch);
+    let env = fdl::loader::LoaderEnv {
+        ld_library_path: vec![stubs.path().to_path_buf()],
+        ..fdl::loader::LoaderEnv::bare()
+    };
+    let which = fdl::loader::which_nccl(torch, &env).unwrap();
+    let found = which
+        .answer
+        .detection()
+        .unwrap_or_else(|| panic!("no NCCL answer for {}: {:?}", torch.display(), which.answer))
+        .clone();
     assert_eq!(
         found.linkage,
         Linkage::Dynamic {

@@ -1,11 +1,23 @@
-//! Dynamic NCCL detection on real shared objects built with `cc`: a pip-style layout
-//! (`torch/lib/libtorch_cuda.so` with RUNPATH `$ORIGIN/../../nvidia/nccl/lib`), RPATH vs
-//! RUNPATH precedence around LD_LIBRARY_PATH, the cache, and the unresolved case.
+//! The loader model's resolution on real shared objects built with `cc`: a pip-style
+//! layout (`torch/lib/libtorch_cuda.so` with RUNPATH `$ORIGIN/../../nvidia/nccl/lib`),
+//! RPATH vs RUNPATH precedence around LD_LIBRARY_PATH, the cache, a truncated libnccl,
+//! and the unresolved case. `tests/loader_matrix.rs` holds the model against the real
+//! loader case by case.
 
-use fdl::inspect::{self, Linkage, LoaderEnv, ResolveRule, TruncatedElf, UnresolvedNccl};
+use fdl::inspect::{self, Linkage, NcclDetection, ResolveRule, TruncatedElf};
+use fdl::loader::{which_nccl, Answer, LoaderEnv};
 use fdl::version::NcclVersion;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The NCCL the model finds; anything but a definite answer fails the test.
+fn nccl_of(lib: &Path, env: &LoaderEnv) -> NcclDetection {
+    let w = which_nccl(lib, env).unwrap();
+    match w.answer {
+        Answer::Nccl { detection } => detection,
+        other => panic!("{}: expected an NCCL, got {other:?}", lib.display()),
+    }
+}
 
 fn cc(args: &[&str]) {
     let out = Command::new("cc").args(args).output().expect("run cc");
@@ -108,7 +120,6 @@ fn truncated_libnccl_is_reported_as_truncated() {
         );
     };
     let direct = format!("{} is truncated", nccl.display());
-    let loaded = format!("{} needs libnccl.so.2, which resolves to ", torch.display());
     is_truncated("inspect", inspect::inspect(&nccl).unwrap_err(), &direct);
     is_truncated(
         "find_nccl_self_id",
@@ -116,22 +127,16 @@ fn truncated_libnccl_is_reported_as_truncated() {
         &direct,
     );
     is_truncated(
-        "detect_nccl",
-        inspect::detect_nccl(&nccl, &env).unwrap_err(),
+        "which_nccl of the file itself",
+        which_nccl(&nccl, &env).unwrap_err(),
         &direct,
     );
-    // Through the library that loads it, read whole or already inspected.
-    is_truncated(
-        "detect_nccl via RUNPATH",
-        inspect::detect_nccl(&torch, &env).unwrap_err(),
-        &loaded,
-    );
-    let ins = inspect::inspect(&torch).unwrap();
-    is_truncated(
-        "detect_nccl_in via RUNPATH",
-        inspect::detect_nccl_in(&ins, &env).unwrap_err(),
-        &loaded,
-    );
+    // Through the library that loads it: the answer is unknown, and says why.
+    let w = which_nccl(&torch, &env).unwrap();
+    match &w.answer {
+        Answer::Unknown { reason } => assert!(reason.contains(&said), "{reason}"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
@@ -150,9 +155,7 @@ fn pip_layout_resolves_through_runpath_origin() {
     assert!(ins.needed.iter().any(|n| n == "libnccl.so.2"));
     assert!(ins.nccl.is_none(), "no NCCL compiled into the consumer");
 
-    let det = inspect::detect_nccl(&torch, &LoaderEnv::bare())
-        .unwrap()
-        .unwrap();
+    let det = nccl_of(&torch, &LoaderEnv::bare());
     assert_eq!(det.version, NcclVersion::new(2, 27, 5));
     assert_eq!(
         det.linkage,
@@ -167,9 +170,7 @@ fn pip_layout_resolves_through_runpath_origin() {
     );
 
     // The stub itself is detected as static.
-    let own = inspect::detect_nccl(&nccl, &LoaderEnv::bare())
-        .unwrap()
-        .unwrap();
+    let own = nccl_of(&nccl, &LoaderEnv::bare());
     assert_eq!(own.linkage, Linkage::Static);
 }
 
@@ -195,7 +196,7 @@ fn rpath_beats_ld_library_path_but_runpath_does_not() {
     let ins = inspect::inspect(&with_rpath).unwrap();
     assert_eq!(ins.rpath.len(), 1);
     assert!(ins.runpath.is_empty());
-    let det = inspect::detect_nccl(&with_rpath, &env).unwrap().unwrap();
+    let det = nccl_of(&with_rpath, &env);
     assert_eq!(det.version, NcclVersion::new(2, 27, 5));
     assert!(matches!(
         det.linkage,
@@ -215,7 +216,7 @@ fn rpath_beats_ld_library_path_but_runpath_does_not() {
         a.parent().unwrap(),
         &[&runpath_flag],
     );
-    let det = inspect::detect_nccl(&with_runpath, &env).unwrap().unwrap();
+    let det = nccl_of(&with_runpath, &env);
     assert_eq!(det.version, NcclVersion::new(2, 26, 2));
     assert!(matches!(
         det.linkage,
@@ -225,9 +226,7 @@ fn rpath_beats_ld_library_path_but_runpath_does_not() {
         }
     ));
     // Without LD_LIBRARY_PATH, RUNPATH finds it.
-    let det = inspect::detect_nccl(&with_runpath, &LoaderEnv::bare())
-        .unwrap()
-        .unwrap();
+    let det = nccl_of(&with_runpath, &LoaderEnv::bare());
     assert!(matches!(
         det.linkage,
         Linkage::Dynamic {
@@ -247,19 +246,22 @@ fn cache_and_unresolved() {
         a.parent().unwrap(),
         &[],
     );
+    // No cache and no system directory holds it: the process cannot start, and which
+    // NCCL it would run is unknown, naming the library that is missing.
     let mut env = LoaderEnv {
-        default_dirs: vec![],
+        default_dirs: vec![a.parent().unwrap().join("none")],
         ..LoaderEnv::bare()
     };
-    let err = inspect::detect_nccl(&lib, &env).unwrap_err();
-    let un = err
-        .downcast_ref::<UnresolvedNccl>()
-        .expect("typed unresolved error");
-    assert_eq!(un.needed, "libnccl.so.2");
-    assert!(err.to_string().contains("cannot be resolved"), "{err}");
+    let w = which_nccl(&lib, &env).unwrap();
+    assert!(
+        matches!(&w.answer, Answer::Unknown { reason } if reason.contains("libnccl.so.2")),
+        "{:?}",
+        w.answer
+    );
+    assert_eq!(w.link_map.failures[0].needed, "libnccl.so.2");
 
     env.cache = vec![("libnccl.so.2".into(), a.clone())];
-    let det = inspect::detect_nccl(&lib, &env).unwrap().unwrap();
+    let det = nccl_of(&lib, &env);
     assert!(matches!(
         det.linkage,
         Linkage::Dynamic {
@@ -269,11 +271,10 @@ fn cache_and_unresolved() {
     ));
 
     // A default directory holding it.
-    let env = LoaderEnv {
-        default_dirs: vec![a.parent().unwrap().to_path_buf()],
-        ..LoaderEnv::bare()
-    };
-    let det = inspect::detect_nccl(&lib, &env).unwrap().unwrap();
+    let mut env = LoaderEnv::bare();
+    env.default_dirs
+        .insert(0, a.parent().unwrap().to_path_buf());
+    let det = nccl_of(&lib, &env);
     assert!(matches!(
         det.linkage,
         Linkage::Dynamic {
@@ -293,29 +294,44 @@ fn cache_and_unresolved() {
         plain.to_str().unwrap(),
         c.to_str().unwrap(),
     ]);
-    assert!(inspect::detect_nccl(&plain, &LoaderEnv::from_process())
-        .unwrap()
-        .is_none());
+    let w = which_nccl(&plain, &LoaderEnv::bare()).unwrap();
+    assert!(matches!(w.answer, Answer::None { .. }), "{:?}", w.answer);
 }
 
 #[test]
-fn wrong_class_candidates_are_skipped() {
+fn wrong_class_candidates_are_skipped_and_non_elf_ones_stop_the_search() {
     let root = tempfile::tempdir().unwrap();
     let good = stub_nccl(&root.path().join("good"), "2.27.5");
-    // A "libnccl.so.2" that is not ELF sits earlier on the path and must be passed over.
-    let bad_dir = root.path().join("bad");
-    std::fs::create_dir_all(&bad_dir).unwrap();
-    std::fs::write(bad_dir.join("libnccl.so.2"), b"not an ELF file").unwrap();
     let lib = consumer(
         &root.path().join("c"),
         "libx.so",
         good.parent().unwrap(),
         &[],
     );
+    // An ELF32 "libnccl.so.2" earlier on the path is passed over, as glibc passes it.
+    let other = root.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let mut elf32 = b"\x7fELF\x01\x01\x01".to_vec();
+    elf32.resize(128, 0);
+    std::fs::write(other.join("libnccl.so.2"), &elf32).unwrap();
     let env = LoaderEnv {
-        ld_library_path: vec![bad_dir.clone(), good.parent().unwrap().to_path_buf()],
+        ld_library_path: vec![other.clone(), good.parent().unwrap().to_path_buf()],
         ..LoaderEnv::bare()
     };
-    let det = inspect::detect_nccl(&lib, &env).unwrap().unwrap();
-    assert_eq!(det.file, good);
+    assert_eq!(nccl_of(&lib, &env).file, good.canonicalize().unwrap());
+    // A file that is not ELF stops the loader ("file too short", "invalid ELF header"):
+    // the process does not start, and the answer says so.
+    let bad = root.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("libnccl.so.2"), b"not an ELF file").unwrap();
+    let env = LoaderEnv {
+        ld_library_path: vec![bad.clone(), good.parent().unwrap().to_path_buf()],
+        ..LoaderEnv::bare()
+    };
+    let w = which_nccl(&lib, &env).unwrap();
+    assert!(
+        matches!(&w.answer, Answer::Unknown { reason } if reason.contains("file too short")),
+        "{:?}",
+        w.answer
+    );
 }

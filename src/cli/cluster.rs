@@ -102,7 +102,7 @@ pub enum ClusterCommand {
         arch: Option<String>,
         /// The library the worker's env preloads
         #[arg(long)]
-        ld_preload: Option<PathBuf>,
+        ld_preload: Option<String>,
         #[arg(long)]
         json: bool,
     },

@@ -4,8 +4,9 @@
 use super::{paint, print_json, Color};
 use crate::arch::{self, Arch, GpuTarget};
 use crate::gpu::{self, Gpu};
-use crate::inspect::{self, GpuCode, Linkage, LoaderEnv, NcclDetection, UnresolvedNccl, Verdict};
+use crate::inspect::{self, GpuCode, Linkage, NcclDetection, Verdict};
 use crate::libtorch::Libtorch;
+use crate::loader::{self, Answer, LoaderEnv, Which};
 use crate::nccl::store::{BuildStore, Entry};
 use crate::nccl::verify::{self, Against, LocalGpus, Report, Status};
 use crate::project::Project;
@@ -102,31 +103,18 @@ fn code_list(entries: &[inspect::CodeEntry], ptx: bool) -> String {
         .join(", ")
 }
 
-/// NCCL of `lib`, static or through the loader. An unresolvable libnccl is an answer too.
-pub(super) enum NcclAnswer {
-    Found(NcclDetection),
-    NotFound,
-    Unresolved(UnresolvedNccl),
+/// Which NCCL a process that links `lib` runs, in this process's environment.
+pub(super) fn which_of(lib: &Path) -> Result<Which> {
+    loader::which_nccl(lib, &LoaderEnv::from_process())
 }
 
-pub(super) fn nccl_of(lib: &Path) -> Result<NcclAnswer> {
-    answer(inspect::detect_nccl(lib, &LoaderEnv::from_process()))
-}
-
-/// [`nccl_of`] for a library already inspected.
-pub(super) fn nccl_in(ins: &inspect::Inspection) -> Result<NcclAnswer> {
-    answer(inspect::detect_nccl_in(ins, &LoaderEnv::from_process()))
-}
-
-fn answer(detected: Result<Option<NcclDetection>>) -> Result<NcclAnswer> {
-    match detected {
-        Ok(Some(d)) => Ok(NcclAnswer::Found(d)),
-        Ok(None) => Ok(NcclAnswer::NotFound),
-        Err(e) => match e.downcast::<UnresolvedNccl>() {
-            Ok(u) => Ok(NcclAnswer::Unresolved(u)),
-            Err(e) => Err(e),
-        },
+/// The answer for a library already inspected: a raw fatbin or other non-ELF file has no
+/// loader, only its own self-id.
+pub(super) fn nccl_in(ins: &inspect::Inspection) -> Result<Option<Which>> {
+    if !ins.elf {
+        return Ok(None);
     }
+    which_of(&ins.path).map(Some)
 }
 
 pub(super) fn linkage_text(d: &NcclDetection) -> String {
@@ -138,29 +126,68 @@ pub(super) fn linkage_text(d: &NcclDetection) -> String {
                 d.file.display()
             )
         }
+        Linkage::Preload { entry } => format!("preloaded: {entry}"),
     }
 }
 
-pub(super) fn nccl_json(a: &NcclAnswer) -> serde_json::Value {
-    match a {
-        NcclAnswer::Found(d) => json!({ "found": true, "detection": d }),
-        NcclAnswer::NotFound => json!({ "found": false }),
-        NcclAnswer::Unresolved(u) => json!({
-            "found": false,
-            "unresolved": { "needed": u.needed, "searched": u.searched },
-        }),
+/// The answer in one line.
+pub(super) fn answer_line(w: &Which) -> String {
+    match &w.answer {
+        Answer::Nccl { detection: d } => {
+            format!("{} (CUDA {}), {}", d.version, d.cuda, linkage_text(d))
+        }
+        Answer::None { reason } => format!("none: {reason}"),
+        Answer::Unknown { reason } => format!("unknown: {reason}"),
+        Answer::Split { reason } => format!("TWO NCCLs: {reason}"),
     }
+}
+
+/// The answer as JSON: `answer`, `reason`, the `nccl` object scripts read (`found`,
+/// `detection`), and the evidence (calls, link map, skipped preloads, failures).
+pub(super) fn which_json(w: &Which) -> serde_json::Value {
+    json!({
+        "answer": w.answer.kind(),
+        "reason": w.answer.reason(),
+        "found": w.answer.detection().is_some(),
+        "detection": w.answer.detection(),
+        "calls": w.calls,
+        "link_map": w.link_map.objects,
+        "skipped_preloads": w.link_map.skipped_preloads,
+        "failures": w.link_map.failures,
+        "caveats": w.link_map.caveats,
+        "pin": w.pin,
+        "warnings": w.warnings,
+    })
 }
 
 pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> Result<()> {
     let ins = inspect::inspect(path)?;
-    let nccl = nccl_in(&ins)?;
+    // The file's own facts stand whatever the loader model makes of it (a raw or
+    // synthetic ELF file need not be loadable).
+    let nccl = nccl_in(&ins).map_err(|e| format!("{e:#}"));
+    let static_line = |ins: &inspect::Inspection| match &ins.nccl {
+        Some(d) => format!("{} (CUDA {}), {}", d.version, d.cuda, linkage_text(d)),
+        None => "none: no NCCL self-id in the file".to_string(),
+    };
     let targets = targets(archs)?;
     let rows = coverage_rows(&ins.gpu_code, &targets);
     if json_out {
         print_json(&json!({
             "inspection": ins,
-            "nccl": nccl_json(&nccl),
+            "nccl": match &nccl {
+                Ok(Some(w)) => which_json(w),
+                Err(e) => json!({
+                    "answer": "unknown",
+                    "reason": e,
+                    "found": false,
+                    "detection": null,
+                }),
+                Ok(None) => json!({
+                    "answer": if ins.nccl.is_some() { "nccl" } else { "none" },
+                    "found": ins.nccl.is_some(),
+                    "detection": ins.nccl,
+                }),
+            },
             "coverage": coverage_json(&rows),
             "coverage_note": match &targets { Targets::None(why) => Some(why.clone()), _ => None },
         }));
@@ -188,9 +215,12 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
     row(
         "nccl",
         match &nccl {
-            NcclAnswer::Found(d) => format!("{} (CUDA {}), {}", d.version, d.cuda, linkage_text(d)),
-            NcclAnswer::NotFound => "none: no self-id inside and no libnccl needed".into(),
-            NcclAnswer::Unresolved(u) => format!("{u}"),
+            Ok(Some(w)) => answer_line(w),
+            Ok(None) => static_line(&ins),
+            Err(e) => format!(
+                "{}; as a process would load it: cannot tell ({e})",
+                static_line(&ins)
+            ),
         },
     );
     let code = &ins.gpu_code;
@@ -250,34 +280,157 @@ fn detect_target(project: &Project, path: Option<&Path>) -> Result<PathBuf> {
     })
 }
 
-pub(super) fn detect_cmd(project: &Project, path: Option<&Path>, json_out: bool) -> Result<()> {
+pub(super) fn detect_cmd(
+    project: &Project,
+    path: Option<&Path>,
+    preload: Option<&str>,
+    library_path: Option<&str>,
+    json_out: bool,
+) -> Result<()> {
     let lib = detect_target(project, path)?;
-    let answer = nccl_of(&lib)?;
+    let mut env = LoaderEnv::from_process();
+    if let Some(p) = preload {
+        env.preload = p.to_string();
+    }
+    if let Some(l) = library_path {
+        env.ld_library_path = loader::search::split_path_list(l);
+    }
+    let w = loader::which_nccl(&lib, &env)?;
     if json_out {
-        print_json(&json!({ "library": lib, "nccl": nccl_json(&answer) }));
-        if let NcclAnswer::Unresolved(u) = answer {
-            // The object above already says it, for scripts.
-            return Err(super::JsonReported(u.into()).into());
-        }
-        return Ok(());
+        let mut v = which_json(&w);
+        v["library"] = json!(lib);
+        // The object scripts of fdl 0.1 read, kept: `nccl.found`, `nccl.detection`.
+        v["nccl"] = json!({ "found": v["found"], "detection": v["detection"] });
+        v["environment"] = json!({
+            "ld_preload": env.preload,
+            "ld_so_preload": env.ld_so_preload,
+            "ld_library_path": env.ld_library_path,
+            "system_dirs": env.default_dirs,
+            "system_dirs_from": env.system_dirs_from,
+        });
+        print_json(&v);
+    } else {
+        print_which(&lib, &w);
     }
-    match answer {
-        NcclAnswer::Found(d) => {
+    match &w.answer {
+        Answer::Nccl { .. } | Answer::None { .. } => Ok(()),
+        Answer::Unknown { reason } | Answer::Split { reason } => {
+            Err(super::Undecided(reason.clone()).into())
+        }
+    }
+}
+
+/// The answer, then the evidence: the calls, the objects that provide or could provide
+/// NCCL, what the loader skipped or could not load.
+fn print_which(lib: &Path, w: &Which) {
+    let clean = super::clean;
+    match &w.answer {
+        Answer::Nccl { detection: d } => {
             println!("NCCL {} (built with CUDA {})", d.version, d.cuda);
-            println!("  library   {}", lib.display());
-            println!("  found in  {}", d.file.display());
-            println!("  linkage   {}", linkage_text(&d));
-            Ok(())
+            println!("  library   {}", clean(&lib.display().to_string()));
+            println!("  found in  {}", clean(&d.file.display().to_string()));
+            println!("  linkage   {}", clean(&linkage_text(d)));
         }
-        NcclAnswer::NotFound => {
+        Answer::None { reason } => {
             println!(
-                "No NCCL in {}: it carries no NCCL self-id and does not load libnccl.",
-                lib.display()
-            );
-            Ok(())
+                "No NCCL in a process that loads {}: {reason}.",
+                clean(&lib.display().to_string())
+            )
         }
-        NcclAnswer::Unresolved(u) => Err(u.into()),
+        Answer::Unknown { reason } => println!(
+            "{} which NCCL a process that loads {} runs: {}",
+            paint("Unknown", Color::Yellow),
+            clean(&lib.display().to_string()),
+            clean(reason)
+        ),
+        Answer::Split { reason } => {
+            println!("{} {}", paint("Two NCCLs:", Color::Red), clean(reason))
+        }
     }
+    if !w.calls.is_empty() {
+        println!("Calls:");
+        for c in &w.calls {
+            let what = if c.symbols.is_empty() {
+                "its calls".to_string()
+            } else if c.symbols.len() <= 3 {
+                c.symbols.join(", ")
+            } else {
+                format!(
+                    "{} and {} more nccl* functions",
+                    c.symbols[..2].join(", "),
+                    c.symbols.len() - 2
+                )
+            };
+            let to = match &c.object {
+                Some(o) => format!("→ {}", o.display()),
+                None => "→ nothing defines them".into(),
+            };
+            println!(
+                "  {} of {} {to}  ({})",
+                clean(&what),
+                clean(&c.caller.display().to_string()),
+                clean(&c.how)
+            );
+        }
+    }
+    let providers: Vec<&loader::Object> = w
+        .link_map
+        .objects
+        .iter()
+        .filter(|o| {
+            matches!(o.found_by, loader::FoundBy::Preload { .. })
+                || w.calls
+                    .iter()
+                    .any(|c| c.object.as_deref() == Some(o.path.as_path()))
+        })
+        .collect();
+    if !providers.is_empty() {
+        println!("Loaded by:");
+        for o in providers {
+            println!(
+                "  {}  ({})",
+                clean(&o.path.display().to_string()),
+                clean(&o.found_by.to_string())
+            );
+        }
+    }
+    for s in &w.link_map.skipped_preloads {
+        println!(
+            "  {} {} element '{}': {}",
+            paint("skipped", Color::Yellow),
+            s.source,
+            clean(&s.entry),
+            clean(&s.reason)
+        );
+    }
+    for f in &w.link_map.failures {
+        println!(
+            "  {} {} (needed by {}): {}",
+            paint("cannot load", Color::Red),
+            clean(&f.needed),
+            clean(&f.needed_by.display().to_string()),
+            clean(&f.reason)
+        );
+        if f.needed.starts_with("libnccl") && !f.searched.is_empty() {
+            let dirs: Vec<String> = f
+                .searched
+                .iter()
+                .map(|p| clean(&p.parent().unwrap_or(p).display().to_string()))
+                .collect();
+            println!("    searched: {}", dirs.join(", "));
+        }
+    }
+    if let Some(p) = &w.pin {
+        println!("  pinned: {}", clean(&p.to_string()));
+    }
+    println!(
+        "  ({} objects in the link map)",
+        w.link_map
+            .objects
+            .iter()
+            .filter(|o| !o.is_stand_in())
+            .count()
+    );
 }
 
 pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool) -> Result<()> {

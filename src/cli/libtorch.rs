@@ -188,7 +188,12 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                     "arch": meta,
                     "libtorch_cuda": lib,
                     "nccl": match &nccl {
-                        Some(Ok(a)) => ins::nccl_json(a),
+                        Some(Ok(Some(w))) => ins::which_json(w),
+                        Some(Ok(None)) => json!({
+                            "answer": "none",
+                            "found": false,
+                            "reason": "not an ELF file: no process loads it",
+                        }),
                         Some(Err(e)) => json!({ "error": e }),
                         None => json!(null),
                     },
@@ -211,16 +216,12 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 }
             }
             match &nccl {
-                Some(Ok(ins::NcclAnswer::Found(d))) => println!(
-                    "  NCCL now: {} (built with CUDA {}), {}",
-                    d.version,
-                    d.cuda,
-                    ins::linkage_text(d)
-                ),
-                Some(Ok(ins::NcclAnswer::NotFound)) => {
-                    println!("  NCCL now: none found in {}", lib.display())
+                Some(Ok(Some(w))) => {
+                    println!("  NCCL now: {}", super::clean(&ins::answer_line(w)))
                 }
-                Some(Ok(ins::NcclAnswer::Unresolved(u))) => println!("  NCCL now: {u}"),
+                Some(Ok(None)) => {
+                    println!("  NCCL now: none: {} is not an ELF file", lib.display())
+                }
                 Some(Err(e)) => println!("  NCCL now: cannot tell: {e}"),
                 None => println!("  NCCL now: no {}", lib.display()),
             }

@@ -310,11 +310,12 @@ fn default_build(project: &Project, store: &BuildStore) -> Result<(String, Manif
     let lt = Libtorch::new(project.libtorch_dir());
     let wanted = lt.active().ok().and_then(|v| {
         let lib = v.libtorch_cuda();
-        // Static or pip-style: the same detection as `fdl nccl detect`.
-        crate::inspect::detect_nccl(&lib, &crate::inspect::LoaderEnv::from_process())
+        // The NCCL it brings (static, pip-style, or pinned): the same answer as `fdl nccl
+        // detect` without a preload.
+        crate::loader::bundled_nccl(&lib)
             .ok()
-            .flatten()
-            .map(|d| (v.name, d.version))
+            .and_then(|b| b.version().cloned())
+            .map(|version| (v.name, version))
     });
     let Some((variant, version)) = wanted else {
         return match builds.as_slice() {

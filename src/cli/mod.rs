@@ -96,13 +96,22 @@ Without --tag the version is read from the active libtorch; without --archs the 
         after_help = "Example:\n  fdl nccl dockerfile > Dockerfile.nccl   # edit, then --dockerfile Dockerfile.nccl"
     )]
     Dockerfile,
-    /// Which NCCL a library uses: static, or dynamic through libnccl.so.2
+    /// Which NCCL a process runs, as glibc's loader decides: preloads, the DT_NEEDED
+    /// closure, symbol binding
     #[command(
-        after_help = "Examples:\n  fdl nccl detect              # the active libtorch's libtorch_cuda.so\n  fdl nccl detect site-packages/torch/lib/libtorch_cuda.so --json"
+        after_help = "Answers for a process started with your environment (LD_PRELOAD, LD_LIBRARY_PATH), so\n`eval \"$(fdl nccl env)\"; fdl nccl detect` shows whether the preload takes.\nExit status: 0 when it answers (an NCCL, or none), 3 when it cannot say or the\nprocess would run two NCCLs, 1 on an error.\n\nExamples:\n  fdl nccl detect              # the active libtorch's libtorch_cuda.so\n  fdl nccl detect site-packages/torch/lib/libtorch_cuda.so --json\n  fdl nccl detect ./train --preload /path/libnccl.so.2   # a program, another preload"
     )]
     Detect {
+        /// A shared library (answered for a program that links it) or a program.
         /// Default: the active libtorch's lib/libtorch_cuda.so
         path: Option<PathBuf>,
+        /// Answer for this LD_PRELOAD instead of yours ('' for none); split as glibc does
+        #[arg(long, value_name = "LIST")]
+        preload: Option<String>,
+        /// Answer for this LD_LIBRARY_PATH instead of yours ('' for none)
+        #[arg(long, value_name = "DIRS")]
+        library_path: Option<String>,
+        /// Print one JSON object: the answer, the calls, the link map
         #[arg(long)]
         json: bool,
     },
@@ -158,6 +167,16 @@ pub struct InProject {
     root: String,
 }
 
+/// The exit status of a command whose answer is "unknown" (or a split NCCL): not an
+/// error of the input, not a "no". Documented in the README.
+pub const EXIT_UNKNOWN: u8 = 3;
+
+/// A command answered, and its answer is that fdl cannot say (or that the process would
+/// run two NCCLs): exit [`EXIT_UNKNOWN`]. The answer was printed already.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Undecided(pub String);
+
 /// An error whose command already printed its JSON answer (a verify report, an
 /// unresolved detection): no second object is printed for it.
 #[derive(Debug, thiserror::Error)]
@@ -198,6 +217,7 @@ pub fn run(cli: Cli) -> Result<()> {
         // Scripts read stdout: the error is there as one object too (stderr still says it).
         if e.downcast_ref::<crate::process::Interrupted>().is_none()
             && e.downcast_ref::<JsonReported>().is_none()
+            && e.downcast_ref::<Undecided>().is_none()
         {
             print_json(&serde_json::json!({ "error": format!("{e:#}") }));
         }
@@ -207,7 +227,8 @@ pub fn run(cli: Cli) -> Result<()> {
             if uses_project
                 && cause
                     .downcast_ref::<crate::process::Interrupted>()
-                    .is_none() =>
+                    .is_none()
+                && cause.downcast_ref::<Undecided>().is_none() =>
         {
             Err(InProject {
                 cause,
@@ -227,9 +248,18 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             Ok(())
         }
         Command::Nccl(NcclCommand::List { json }) => manage::list(project, json),
-        Command::Nccl(NcclCommand::Detect { path, json }) => {
-            inspect::detect_cmd(project, path.as_deref(), json)
-        }
+        Command::Nccl(NcclCommand::Detect {
+            path,
+            preload,
+            library_path,
+            json,
+        }) => inspect::detect_cmd(
+            project,
+            path.as_deref(),
+            preload.as_deref(),
+            library_path.as_deref(),
+            json,
+        ),
         Command::Nccl(NcclCommand::Verify { build, json }) => {
             inspect::verify_cmd(project, build.as_deref(), json)
         }
@@ -314,6 +344,29 @@ fn color_enabled(stream_is_terminal: bool) -> bool {
 }
 
 /// `text` in `color` when it goes to a terminal on stdout.
+/// Text that came from outside fdl (a file, a library, a worker), made safe to print: every
+/// control character (escape sequences, carriage returns, bidi controls are not
+/// excepted) is written as a visible `\u{…}` escape, so nothing can retitle, clear or
+/// forge lines of the user's terminal.
+pub(crate) fn clean(text: &str) -> String {
+    let bad = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(bad) {
+        return text.to_string();
+    }
+    text.chars()
+        .map(|c| {
+            if bad(c) {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 pub(crate) fn paint(text: &str, color: Color) -> String {
     use std::io::IsTerminal;
     paint_if(color_enabled(std::io::stdout().is_terminal()), text, color)

@@ -6,8 +6,9 @@
 //! read carries the reason instead of failing the whole report.
 
 use crate::gpu::{self, Driver, Gpu};
-use crate::inspect::{self, interpose, resolve::LoaderEnv, Linkage};
+use crate::inspect::{self, interpose, Linkage};
 use crate::libtorch::Libtorch;
+use crate::loader::{self, Answer, LoaderEnv};
 use crate::version::CudaVersion;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -109,7 +110,8 @@ pub struct GpuCoverage {
 pub struct SelfQuery {
     pub root: PathBuf,
     pub arch: Option<String>,
-    pub ld_preload: Option<PathBuf>,
+    /// The worker's `LD_PRELOAD`, as its env: block writes it (split as glibc splits it).
+    pub ld_preload: Option<String>,
 }
 
 pub fn report(q: &SelfQuery) -> HostReport {
@@ -165,15 +167,27 @@ fn libtorch_facts(q: &SelfQuery) -> anyhow::Result<LibtorchFacts> {
     })
 }
 
-/// The NCCL a libtorch uses, and the GPU code of the file that carries it.
+/// The NCCL a libtorch brings, and the GPU code of the file that carries it: the loader
+/// model's answer without a preload.
 fn nccl_of(lib: &Path) -> anyhow::Result<NcclFacts> {
-    let found = inspect::detect_nccl(lib, &LoaderEnv::from_process())?
-        .ok_or_else(|| anyhow::anyhow!("{} carries no NCCL and needs none", lib.display()))?;
-    let linkage = match found.linkage {
-        Linkage::Static => "static",
-        Linkage::Dynamic { .. } => "dynamic",
-    };
-    facts_of(&found.file, linkage)
+    answer_facts(loader::which_nccl(lib, &LoaderEnv::bundled())?)
+}
+
+/// A known NCCL as facts; anything else is the reason it is not known.
+fn answer_facts(w: loader::Which) -> anyhow::Result<NcclFacts> {
+    match w.answer {
+        Answer::Nccl { detection } => {
+            let linkage = match detection.linkage {
+                Linkage::Static => "static",
+                Linkage::Dynamic { .. } => "dynamic",
+                Linkage::Preload { .. } => "preload",
+            };
+            facts_of(&detection.file, linkage)
+        }
+        Answer::None { reason } => anyhow::bail!("no NCCL: {reason}"),
+        Answer::Unknown { reason } => anyhow::bail!("unknown: {reason}"),
+        Answer::Split { reason } => anyhow::bail!("two NCCLs in one process: {reason}"),
+    }
 }
 
 fn facts_of(file: &Path, linkage: &str) -> anyhow::Result<NcclFacts> {
@@ -230,31 +244,35 @@ fn bridge(lib: &Path) -> anyhow::Result<Bridge> {
     })
 }
 
+/// What a rank really runs: the loader model's answer for the libtorch with the worker's
+/// `LD_PRELOAD` (relative paths from its checkout, where its ranks start).
 fn effective_nccl(q: &SelfQuery, libtorch: Option<&LibtorchFacts>) -> anyhow::Result<NcclFacts> {
-    if let Some(pre) = &q.ld_preload {
-        // A path the worker's env names is resolved on the worker, from its checkout.
-        let file = if pre.is_absolute() {
-            pre.clone()
-        } else {
-            q.root.join(pre)
-        };
-        if !file.is_file() {
-            anyhow::bail!(
-                "LD_PRELOAD names {}, which does not exist on this host: ship the build there (`fdl cluster ship`) or fix the worker's env",
-                file.display()
-            );
-        }
-        return facts_of(&file, "preload");
+    let Some(lt) = libtorch else {
+        anyhow::bail!("no libtorch, so nothing says which NCCL a rank loads");
+    };
+    let mut env = LoaderEnv::from_process();
+    env.preload = q.ld_preload.clone().unwrap_or_default();
+    env.cwd = q.root.clone();
+    let w = loader::which_nccl(&lt.libtorch_cuda, &env)?;
+    let skipped: Vec<String> = w
+        .link_map
+        .skipped_preloads
+        .iter()
+        .map(|s| format!("'{}' ({})", s.entry, s.reason))
+        .collect();
+    let preloaded = w
+        .link_map
+        .objects
+        .iter()
+        .any(|o| matches!(o.found_by, loader::FoundBy::Preload { .. }));
+    if q.ld_preload.is_some() && !preloaded {
+        // Not one element loads: the ranks run the bundled NCCL, and the env is wrong.
+        anyhow::bail!(
+            "LD_PRELOAD loads nothing on this host: the loader ignores {}. Ship the build there (`fdl cluster ship`) and paste `fdl cluster env`'s line",
+            skipped.join(", ")
+        );
     }
-    match libtorch {
-        Some(lt) => match &lt.nccl {
-            Facts::Known(n) => Ok(n.clone()),
-            Facts::Unknown(why) => {
-                anyhow::bail!("no LD_PRELOAD, and the libtorch's NCCL is unknown: {why}")
-            }
-        },
-        None => anyhow::bail!("no LD_PRELOAD, and no libtorch to take NCCL from"),
-    }
+    answer_facts(w)
 }
 
 fn coverage(gpus: &[Gpu], code: &inspect::GpuCode) -> Vec<GpuCoverage> {

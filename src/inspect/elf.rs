@@ -53,14 +53,21 @@ pub struct Segment {
 pub struct DynamicInfo {
     pub soname: Option<String>,
     pub needed: Vec<String>,
+    /// DT_RPATH and DT_RUNPATH split at `:`, empty elements kept: glibc reads an empty
+    /// element as the process's working directory.
     pub rpath: Vec<String>,
     pub runpath: Vec<String>,
+    /// DT_FLAGS_1 (DF_1_NODEFLIB keeps the cache and default directories out of the
+    /// searches this object starts).
+    pub flags_1: u64,
 }
 
 #[derive(Debug, Clone)]
 pub struct ElfInfo {
     pub is_64: bool,
     pub machine: u16,
+    /// ET_DYN, ET_EXEC, …
+    pub e_type: u16,
     pub sections: Vec<Section>,
     pub segments: Vec<Segment>,
     pub dynamic: DynamicInfo,
@@ -194,6 +201,7 @@ fn parse_as<Elf: FileHeader<Endian = Endianness>>(src: &Source<'_>) -> Result<El
     let mut info = ElfInfo {
         is_64: header.is_type_64(),
         machine: header.e_machine(endian),
+        e_type: header.e_type(endian),
         sections,
         segments,
         dynamic: DynamicInfo::default(),
@@ -350,6 +358,10 @@ fn read_dynamic<Elf: FileHeader<Endian = Endianness>>(
         if tag == u64::from(elf::DT_NULL) {
             break;
         }
+        if tag == u64::from(elf::DT_FLAGS_1) {
+            out.flags_1 = val;
+            continue;
+        }
         let is_string_tag = matches!(
             u32::try_from(tag),
             Ok(elf::DT_NEEDED | elf::DT_SONAME | elf::DT_RPATH | elf::DT_RUNPATH)
@@ -361,14 +373,10 @@ fn read_dynamic<Elf: FileHeader<Endian = Endianness>>(
         match tag as u32 {
             elf::DT_NEEDED => out.needed.push(s),
             elf::DT_SONAME => out.soname = Some(s),
-            // Colon-separated lists. Empty elements are dropped: they would name the
-            // process's working directory, which says nothing about this library.
-            elf::DT_RPATH => out
-                .rpath
-                .extend(s.split(':').filter(|p| !p.is_empty()).map(String::from)),
-            elf::DT_RUNPATH => out
-                .runpath
-                .extend(s.split(':').filter(|p| !p.is_empty()).map(String::from)),
+            // Colon-separated lists, kept whole: the loader model reads an empty element
+            // as the working directory, as glibc does.
+            elf::DT_RPATH => out.rpath.extend(s.split(':').map(String::from)),
+            elf::DT_RUNPATH => out.runpath.extend(s.split(':').map(String::from)),
             _ => {}
         }
     }

@@ -121,6 +121,70 @@ pub fn exported_nccl_symbols(path: &Path) -> Result<Vec<String>> {
     Ok(out.into_iter().collect())
 }
 
+/// What one object of a link map says about `nccl*` functions in its dynamic tables.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DynamicNccl {
+    /// Defined and exported (global or weak, default or protected visibility): a lookup
+    /// from any object can bind here.
+    pub exported: BTreeSet<String>,
+    /// Each `nccl*` function the object refers to or defines, and how its own calls bind.
+    pub symbols: Vec<SymbolBinding>,
+    /// DF_SYMBOLIC / DT_SYMBOLIC: lookups from this object try itself first.
+    pub symbolic: bool,
+}
+
+/// The `nccl*` facts of `.dynsym` alone — no `.symtab`, no `.rodata` — for walking a whole
+/// closure: `None` when `.dynsym` names no `nccl*` function (most objects), without
+/// reading any relocation.
+pub fn dynamic_nccl(path: &Path) -> Result<Option<DynamicNccl>> {
+    let src = Source::open(path)?;
+    let t = Tables::read(&src)?;
+    let candidates = t.dynamic_candidates()?;
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    let relocated = t.relocated(&candidates)?;
+    let mut out = DynamicNccl {
+        symbolic: t.symbolic,
+        ..DynamicNccl::default()
+    };
+    let mut by_name: BTreeMap<String, Binding> = BTreeMap::new();
+    for (index, c) in &candidates {
+        let exported = matches!(c.bind, elf::STB_GLOBAL | elf::STB_WEAK)
+            && matches!(c.vis, elf::STV_DEFAULT | elf::STV_PROTECTED);
+        if c.defined && exported {
+            out.exported.insert(c.name.clone());
+        }
+        merge(
+            &mut by_name,
+            c.name.clone(),
+            dynsym_binding(c, t.symbolic, relocated.contains(index)),
+        );
+    }
+    out.symbols = by_name
+        .into_iter()
+        .map(|(name, binding)| SymbolBinding { name, binding })
+        .collect();
+    src.check_len()?;
+    Ok(Some(out))
+}
+
+/// Whether the object at `path` imports the function `name` (an undefined `.dynsym`
+/// entry), e.g. `dlopen`: what says it can load code no file names.
+pub fn imports(path: &Path, name: &str) -> Result<bool> {
+    let src = Source::open(path)?;
+    let t = Tables::read(&src)?;
+    let e = t.endian;
+    let want = name.as_bytes();
+    Ok(t.dynsym.iter().skip(1).any(|s| {
+        s.st_shndx(e) == elf::SHN_UNDEF
+            && usize::try_from(s.st_name(e))
+                .ok()
+                .and_then(|o| t.dynstr.get(o..))
+                .is_some_and(|rest| rest.starts_with(want) && rest.get(want.len()) == Some(&0))
+    }))
+}
+
 fn analyze_source(src: &Source<'_>) -> Result<Interposition> {
     let t = Tables::read(src)?;
     let candidates = t.dynamic_candidates()?;

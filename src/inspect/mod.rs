@@ -3,14 +3,13 @@
 //! Answers come from the few places they can be, never from reading whole files:
 //! the ELF tables ([`elf`]), the read-only data sections where NCCL's self-id literal
 //! lives ([`selfid`]), the fatbin container headers in `.nv_fatbin` ([`fatbin`]), and,
-//! for a library that links NCCL dynamically, the file glibc's loader would pick
-//! ([`resolve`]). All reads go through [`source::Source`], which keeps memory bounded
+//! for a library that links NCCL dynamically, [`crate::loader`] finds the file glibc's
+//! loader would bind. All reads go through [`source::Source`], which keeps memory bounded
 //! (windowed scans, released pages) whatever the file size.
 
 pub mod elf;
 pub mod fatbin;
 pub mod interpose;
-pub mod resolve;
 pub mod selfid;
 pub mod source;
 #[doc(hidden)]
@@ -18,13 +17,12 @@ pub(crate) mod zstd_head;
 
 use crate::arch::{Arch, GpuTarget, Variant};
 use crate::version::{CudaVersion, NcclVersion};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 pub use elf::TruncatedElf;
 pub use fatbin::{CodeEntry, GpuCode};
-pub use resolve::{LoaderEnv, ResolveRule};
 pub use selfid::SelfId;
 pub use source::Source;
 
@@ -51,7 +49,7 @@ pub struct Inspection {
     pub rpath: Vec<String>,
     pub runpath: Vec<String>,
     /// NCCL compiled into this file (its self-id is in the file's read-only data).
-    /// Dynamic linkage is answered by [`detect_nccl`], which consults the environment.
+    /// Which NCCL a process runs is [`crate::loader`]'s answer, which consults the environment.
     pub nccl: Option<NcclDetection>,
     /// Every distinct self-id found; more than one makes `nccl` ambiguous and `None`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -60,9 +58,6 @@ pub struct Inspection {
     /// Problems that did not stop inspection.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
-    /// ELF class and machine, which decide which libraries the loader would accept.
-    #[serde(skip)]
-    loader_key: Option<(bool, u16)>,
     #[serde(skip)]
     work: Work,
 }
@@ -111,26 +106,34 @@ pub enum Linkage {
     Static,
     /// The file's DT_NEEDED names `needed`, found through rule `via`.
     Dynamic { needed: String, via: ResolveRule },
+    /// Preloaded: `entry` of `LD_PRELOAD` or `/etc/ld.so.preload`.
+    Preload { entry: String },
 }
 
-/// The library needs libnccl but the loader would not find it. Distinguishable with
-/// `err.downcast_ref::<UnresolvedNccl>()`.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{} needs {needed} but it cannot be resolved: searched {}. Point LD_LIBRARY_PATH at the directory holding {needed}, or install the matching NCCL (e.g. the nvidia-nccl wheel) where the library's RUNPATH expects it", .library.display(), fmt_paths(.searched))]
-pub struct UnresolvedNccl {
-    pub library: PathBuf,
-    pub needed: String,
-    pub searched: Vec<PathBuf>,
+/// Which loader rule found a library.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResolveRule {
+    /// DT_NEEDED held a path (contains `/`).
+    Path,
+    Rpath,
+    LdLibraryPath,
+    Runpath,
+    LdCache,
+    DefaultDir,
 }
 
-fn fmt_paths(p: &[PathBuf]) -> String {
-    if p.is_empty() {
-        return "nothing (no search path applies)".to_string();
+impl std::fmt::Display for ResolveRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ResolveRule::Path => "path in DT_NEEDED",
+            ResolveRule::Rpath => "DT_RPATH",
+            ResolveRule::LdLibraryPath => "LD_LIBRARY_PATH",
+            ResolveRule::Runpath => "DT_RUNPATH",
+            ResolveRule::LdCache => "ld.so.cache",
+            ResolveRule::DefaultDir => "system directory",
+        })
     }
-    p.iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Inspects the file at `path`.
@@ -178,7 +181,6 @@ fn inspect_with(src: &Source<'_>, cross_check: bool) -> Result<Inspection> {
         self_ids: Vec::new(),
         gpu_code: GpuCode::default(),
         warnings: Vec::new(),
-        loader_key: None,
         work: Work::default(),
     };
     let mut collector = fatbin::Collector::default();
@@ -189,7 +191,6 @@ fn inspect_with(src: &Source<'_>, cross_check: bool) -> Result<Inspection> {
         ins.needed = info.dynamic.needed.clone();
         ins.rpath = info.dynamic.rpath.clone();
         ins.runpath = info.dynamic.runpath.clone();
-        ins.loader_key = Some((info.is_64, info.machine));
         ins.warnings.extend(info.warnings.iter().cloned());
         // cuobjdump lists `.nv_fatbin` only; `__nv_relfatbin` holds relocatable device
         // code for device linking, which never runs as is. The walk runs while the other
@@ -460,117 +461,6 @@ pub fn find_nccl_self_id(path: &Path) -> Result<Option<SelfId>> {
         [] => Ok(None),
         [one] => Ok(Some(one.clone())),
         many => bail!(ambiguous(path, many)),
-    }
-}
-
-/// Which NCCL `path` uses: compiled in (its own self-id), or the libnccl its DT_NEEDED
-/// names, resolved in `env` as the loader would. `Ok(None)` when neither; an
-/// [`UnresolvedNccl`] error when it needs libnccl that cannot be found.
-pub fn detect_nccl(path: &Path, env: &LoaderEnv) -> Result<Option<NcclDetection>> {
-    let src = Source::open(path)?;
-    if src.is_empty() {
-        bail!(
-            "{} is empty (0 bytes), not a shared library: fetch it again",
-            path.display()
-        );
-    }
-    src.check_len()?;
-    if !elf::is_elf(src.bytes_clipped(0, 16)) {
-        return Ok(find_nccl_self_id(path)?.map(|id| NcclDetection {
-            version: id.nccl,
-            cuda: id.cuda,
-            file: path.to_path_buf(),
-            linkage: Linkage::Static,
-        }));
-    }
-    let info = elf::parse(&src)?;
-    let ids = self_ids_in_elf(&src, &info)?;
-    match ids.as_slice() {
-        [one] => {
-            return Ok(Some(NcclDetection {
-                version: one.nccl.clone(),
-                cuda: one.cuda,
-                file: path.to_path_buf(),
-                linkage: Linkage::Static,
-            }))
-        }
-        [] => {}
-        many => bail!(ambiguous(path, many)),
-    }
-    let req = resolve::Requirer {
-        path,
-        is_64: info.is_64,
-        machine: info.machine,
-        rpath: &info.dynamic.rpath,
-        runpath: &info.dynamic.runpath,
-    };
-    dynamic_nccl(&info.dynamic.needed, &req, env)
-}
-
-/// [`detect_nccl`] for a file already inspected: the static answer is in `ins`, and only
-/// a dynamic one needs the loader — the file is not read again.
-pub fn detect_nccl_in(ins: &Inspection, env: &LoaderEnv) -> Result<Option<NcclDetection>> {
-    if let Some(found) = &ins.nccl {
-        return Ok(Some(found.clone()));
-    }
-    if ins.self_ids.len() > 1 {
-        bail!(ambiguous(&ins.path, &ins.self_ids));
-    }
-    let Some((is_64, machine)) = ins.loader_key else {
-        return Ok(None);
-    };
-    let req = resolve::Requirer {
-        path: &ins.path,
-        is_64,
-        machine,
-        rpath: &ins.rpath,
-        runpath: &ins.runpath,
-    };
-    dynamic_nccl(&ins.needed, &req, env)
-}
-
-/// The libnccl among `needed`, resolved as the loader would, and its self-id.
-fn dynamic_nccl(
-    needed: &[String],
-    req: &resolve::Requirer<'_>,
-    env: &LoaderEnv,
-) -> Result<Option<NcclDetection>> {
-    let path = req.path;
-    let Some(needed) = needed.iter().find(|n| n.starts_with("libnccl.so")) else {
-        return Ok(None);
-    };
-    match resolve::resolve(needed, req, env)? {
-        resolve::Resolution::NotFound { searched } => Err(UnresolvedNccl {
-            library: path.to_path_buf(),
-            needed: needed.clone(),
-            searched,
-        }
-        .into()),
-        resolve::Resolution::Found(hit) => match find_nccl_self_id(&hit.path).with_context(|| {
-            format!(
-                "{} needs {needed}, which resolves to {} (via {})",
-                path.display(),
-                hit.path.display(),
-                hit.via
-            )
-        })? {
-            Some(id) => Ok(Some(NcclDetection {
-                version: id.nccl,
-                cuda: id.cuda,
-                // `$ORIGIN/../..` spelled out is hard to read; the loader opens the same file.
-                file: hit.path.canonicalize().unwrap_or(hit.path),
-                linkage: Linkage::Dynamic {
-                    needed: needed.clone(),
-                    via: hit.via,
-                },
-            })),
-            None => bail!(
-                "{} needs {needed}, which resolves to {} (via {}), but that file carries no NCCL self-id: it is not an NCCL build; check what is installed there",
-                path.display(),
-                hit.path.display(),
-                hit.via
-            ),
-        },
     }
 }
 

@@ -7,8 +7,9 @@
 //! assembled in a [`Transaction`] and renamed into place, so a failure leaves nothing.
 
 use crate::arch::Arch;
-use crate::inspect::{self, Linkage, LoaderEnv};
+use crate::inspect::{self, Linkage};
 use crate::libtorch::{Libtorch, Variant};
+use crate::loader::{self, Bundled};
 use crate::txn::Transaction;
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
@@ -114,13 +115,19 @@ fn check_name(name: &str) -> Result<()> {
 /// archive's `build-version`), CUDA (the version's `+cuXYZ`, else NCCL's self-id, else
 /// the libcudart it needs), SASS/PTX archs and NCCL with its linkage.
 pub fn describe(source: &Path, lib: &Path) -> Result<ArchFile> {
+    describe_in(source, lib, &loader::LoaderEnv::bundled())
+}
+
+/// [`describe`] with the loader environment given (tests describe a partial install
+/// completed by stubs on `LD_LIBRARY_PATH`).
+pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result<ArchFile> {
     let ins = inspect::inspect(lib)?;
-    let nccl = match inspect::detect_nccl(lib, &LoaderEnv::from_process()) {
-        Ok(n) => n,
-        Err(e) => match e.downcast::<inspect::UnresolvedNccl>() {
-            Ok(_) => None,
-            Err(e) => return Err(e),
-        },
+    // The same answer as `fdl nccl detect` without a preload: found, pinned by the wheel's
+    // metadata, or none.
+    let bundled = loader::bundled_nccl_in(lib, env)?;
+    let nccl = match &bundled {
+        Bundled::Nccl(d) => Some(d.clone()),
+        _ => None,
     };
     let torch = torch_version(source);
     let cuda = torch
@@ -149,21 +156,33 @@ pub fn describe(source: &Path, lib: &Path) -> Result<ArchFile> {
         ("archs", caps(&ins.gpu_code.sass)),
         ("ptx", caps(&ins.gpu_code.ptx)),
     ];
-    match &nccl {
-        Some(n) => {
+    match (&nccl, &bundled) {
+        (Some(n), _) => {
             out.push(("nccl", n.version.to_string()));
             out.push((
                 "nccl_linkage",
                 match &n.linkage {
                     Linkage::Static => "static".to_string(),
                     Linkage::Dynamic { .. } => "dynamic".to_string(),
+                    Linkage::Preload { .. } => "preload".to_string(),
                 },
             ));
             if let Linkage::Dynamic { .. } = n.linkage {
                 out.push(("nccl_library", n.file.display().to_string()));
             }
         }
-        None => out.push(("nccl", "none".into())),
+        (None, Bundled::Pinned(p)) => {
+            out.push(("nccl", p.version.to_string()));
+            out.push((
+                "nccl_linkage",
+                format!("pinned by {}, not installed", p.distribution),
+            ));
+        }
+        (None, Bundled::Unknown(why)) => {
+            out.push(("nccl", "unknown".into()));
+            out.push(("nccl_unknown", why.clone()));
+        }
+        (None, _) => out.push(("nccl", "none".into())),
     }
     out.push(("source", source.display().to_string()));
     Ok(out)

@@ -194,29 +194,51 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>)>
             lib.display()
         );
     }
-    // The same detection as `fdl nccl detect`: static, or pip-style through libnccl.so.2.
-    let found = inspect::detect_nccl(&lib, &inspect::LoaderEnv::from_process())
-        .with_context(|| format!("cannot read the NCCL version from {}; pass --tag to name it yourself", lib.display()))?
-        .ok_or_else(|| {
-            anyhow!(
-                "no NCCL self-identification ('NCCL version X.Y.Z+cudaA.B') found in {}, and it does not load libnccl: it may be truncated or not carry NCCL. Pass --tag, e.g. --tag v2.27.5-1",
-                lib.display()
-            )
-        })?;
-    let linkage = match &found.linkage {
-        inspect::Linkage::Static => "static".to_string(),
-        inspect::Linkage::Dynamic { needed, via } => {
-            format!("dynamic: {needed} = {} via {via}", found.file.display())
+    // The same answer as `fdl nccl detect` without a preload: static, pip-style through
+    // libnccl.so.2, or the version the wheel's metadata pins when that is not installed.
+    let bundled = crate::loader::bundled_nccl(&lib).with_context(|| {
+        format!(
+            "cannot read the NCCL version from {}; pass --tag to name it yourself",
+            lib.display()
+        )
+    })?;
+    let (version, cuda, linkage) = match bundled {
+        crate::loader::Bundled::Nccl(found) => {
+            let linkage = match &found.linkage {
+                inspect::Linkage::Static => "static".to_string(),
+                inspect::Linkage::Dynamic { needed, via } => {
+                    format!("dynamic: {needed} = {} via {via}", found.file.display())
+                }
+                inspect::Linkage::Preload { entry } => format!("preload: {entry}"),
+            };
+            (found.version, Some(found.cuda), linkage)
         }
+        crate::loader::Bundled::Pinned(p) => {
+            let linkage = format!(
+                "dynamic, pinned by {} ({}=={}, not installed)",
+                p.metadata.display(),
+                p.distribution,
+                p.version
+            );
+            (p.version, None, linkage)
+        }
+        crate::loader::Bundled::None(why) => bail!(
+            "no NCCL self-identification ('NCCL version X.Y.Z+cudaA.B') in a process that loads {}: {why}. It may be truncated or not carry NCCL. Pass --tag, e.g. --tag v2.27.5-1",
+            lib.display()
+        ),
+        crate::loader::Bundled::Unknown(why) => bail!(
+            "which NCCL {} runs is unknown: {why}. Pass --tag to name the version yourself, e.g. --tag v2.27.5-1",
+            lib.display()
+        ),
     };
     Ok((
-        Tag::for_release(&found.version),
+        Tag::for_release(&version),
         TagOrigin::Libtorch {
             variant: variant.name,
             library: lib,
             linkage,
         },
-        Some(found.cuda),
+        cuda,
     ))
 }
 

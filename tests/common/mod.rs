@@ -358,3 +358,36 @@ pub fn oracle_input(var: &str) -> PathBuf {
         ),
     }
 }
+
+/// A directory of empty shared libraries, one for each DT_NEEDED of `lib`'s closure that
+/// the real loader (`ldd`) cannot find, each with that soname: put on `LD_LIBRARY_PATH`, it
+/// completes a partial pip layout (the oracle cache holds `libtorch_cuda.so` and NCCL, not
+/// cuDNN or cuBLAS) so the whole closure resolves, as on a real install. The stubs define
+/// nothing, so they cannot change which NCCL the calls bind to.
+pub fn stubs_for_missing(lib: &Path) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for _round in 0..4 {
+        let out = std::process::Command::new("ldd")
+            .arg(lib)
+            .env("LD_LIBRARY_PATH", dir.path())
+            .output()
+            .expect("ldd (glibc) is needed for this test");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let missing: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_suffix("=> not found"))
+            .map(str::trim)
+            .collect();
+        if missing.is_empty() {
+            return dir;
+        }
+        for name in missing {
+            compile_shared(
+                "int fdl_empty_stub;\n",
+                &dir.path().join(name),
+                &[&format!("-Wl,-soname,{name}")],
+            );
+        }
+    }
+    panic!("{}: ldd still reports missing libraries", lib.display());
+}

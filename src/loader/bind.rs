@@ -1,0 +1,415 @@
+//! Following a process's `nccl*` calls to the object that answers them.
+//!
+//! The calls that matter are the consumer's: the library asked about (or the program)
+//! when it names `nccl*` functions; else every object of the closure that imports them;
+//! else every object that defines and calls its own; else, for NCCL compiled in hidden and
+//! stripped, the objects whose read-only data carry a self-id. An imported (or
+//! interposable) call binds to the first object of the global scope that exports the name
+//! (`_dl_lookup_symbol_x`); a call bound locally stays in its object. The NCCL that runs is
+//! the self-id of the object the calls reach. When a load failure or an unmodelled rule
+//! lies at or before that object in the order, something there could define the name
+//! first: the answer is then unknown, with the reason.
+
+use super::map::{self, FoundBy, LinkMap};
+use super::pin::{self, Pin};
+use super::search::LoaderEnv;
+use crate::inspect::interpose::{self, Binding, DynamicNccl};
+use crate::inspect::{self, Linkage, NcclDetection, SelfId};
+use anyhow::Result;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The answer to "which NCCL does this process run".
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum Answer {
+    /// Every call reaches one object, whose self-id names this NCCL.
+    Nccl { detection: NcclDetection },
+    /// Nothing in the process defines, calls or carries NCCL, and nothing could load it.
+    None { reason: String },
+    /// fdl cannot say, and why.
+    Unknown { reason: String },
+    /// The calls reach different objects: two NCCLs in one process.
+    Split { reason: String },
+}
+
+impl Answer {
+    pub fn detection(&self) -> Option<&NcclDetection> {
+        match self {
+            Answer::Nccl { detection } => Some(detection),
+            _ => None,
+        }
+    }
+
+    /// `nccl`, `none`, `unknown` or `split`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Answer::Nccl { .. } => "nccl",
+            Answer::None { .. } => "none",
+            Answer::Unknown { .. } => "unknown",
+            Answer::Split { .. } => "split",
+        }
+    }
+
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Answer::Nccl { .. } => None,
+            Answer::None { reason } | Answer::Unknown { reason } | Answer::Split { reason } => {
+                Some(reason)
+            }
+        }
+    }
+}
+
+/// Calls of one object that reach one place.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallGroup {
+    pub caller: PathBuf,
+    /// The object the calls bind to; `None` when nothing in the process defines them.
+    pub object: Option<PathBuf>,
+    pub symbols: Vec<String>,
+    /// How they bind: "the first definition in the global scope", or why locally.
+    pub how: String,
+    /// The NCCL of `object`, when it carries a self-id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nccl: Option<SelfId>,
+}
+
+/// The whole answer, with the evidence it rests on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Which {
+    /// The file asked about.
+    pub target: PathBuf,
+    #[serde(flatten)]
+    pub answer: Answer,
+    pub calls: Vec<CallGroup>,
+    pub link_map: LinkMap,
+    /// The NCCL a pip distribution pins when its `libnccl` is missing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin: Option<Pin>,
+    pub warnings: Vec<String>,
+}
+
+/// Which NCCL a process runs whose program is `target`, or that links `target`, in `env`.
+pub fn which_nccl(target: &Path, env: &LoaderEnv) -> Result<Which> {
+    let map = map::load(target, env)?;
+    let mut facts: Vec<Option<DynamicNccl>> = Vec::with_capacity(map.objects.len());
+    // Objects whose symbols fdl cannot read: like failures, they hide definitions.
+    let mut blind: Vec<(usize, String)> = Vec::new();
+    for (i, o) in map.objects.iter().enumerate() {
+        if o.is_stand_in() {
+            facts.push(None);
+            continue;
+        }
+        match interpose::dynamic_nccl(&o.path) {
+            Ok(f) => facts.push(f),
+            Err(e) => {
+                blind.push((
+                    i,
+                    format!("the symbols of {} cannot be read: {e:#}", o.path.display()),
+                ));
+                facts.push(None);
+            }
+        }
+    }
+    let asked = map
+        .objects
+        .iter()
+        .position(|o| matches!(o.found_by, FoundBy::Program | FoundBy::Asked));
+    // Everything that hides what lies at or after a place in the order.
+    let mut hidden: Vec<(usize, String)> = map
+        .failures
+        .iter()
+        .map(|f| {
+            (
+                f.position,
+                format!(
+                    "{} (needed by {}) cannot be loaded: {}",
+                    f.needed,
+                    f.needed_by.display(),
+                    f.reason
+                ),
+            )
+        })
+        .chain(map.caveats.iter().map(|c| (c.position, c.what.clone())))
+        .chain(blind.iter().cloned())
+        .collect();
+    hidden.sort_by_key(|(p, _)| *p);
+
+    let has_symbols = |i: usize| facts[i].as_ref().is_some_and(|f| !f.symbols.is_empty());
+    let imports = |i: usize| {
+        facts[i]
+            .as_ref()
+            .is_some_and(|f| f.symbols.iter().any(|s| s.binding == Binding::Imported))
+    };
+    let callers: Vec<usize> = match asked {
+        Some(a) if has_symbols(a) => vec![a],
+        _ => {
+            let importers: Vec<usize> = (0..facts.len()).filter(|&i| imports(i)).collect();
+            if !importers.is_empty() {
+                importers
+            } else {
+                (0..facts.len()).filter(|&i| has_symbols(i)).collect()
+            }
+        }
+    };
+
+    let mut groups: Vec<(usize, Option<usize>, Vec<String>, String)> = Vec::new();
+    let mut doubts: Vec<String> = Vec::new();
+    // Targets that something unknown lies before: the answer if that defines nothing.
+    let mut provisional: Vec<usize> = Vec::new();
+    let global = "the first definition in the global scope".to_string();
+    for &c in &callers {
+        let f = facts[c].as_ref().expect("callers have symbols");
+        for s in &f.symbols {
+            let (target, how) = match &s.binding {
+                Binding::BoundLocally { why } => (Some(c), why.clone()),
+                Binding::Imported | Binding::Interposable => {
+                    let t = (0..facts.len()).find(|&i| {
+                        facts[i]
+                            .as_ref()
+                            .is_some_and(|d| d.exported.contains(&s.name))
+                    });
+                    let limit = t.unwrap_or(usize::MAX);
+                    for (_, why) in hidden.iter().filter(|(p, _)| *p <= limit) {
+                        if !doubts.contains(why) {
+                            doubts.push(why.clone());
+                        }
+                    }
+                    if let Some(t) = t.filter(|&t| hidden.iter().any(|(p, _)| *p <= t)) {
+                        provisional.push(t);
+                    }
+                    (t, global.clone())
+                }
+            };
+            match groups
+                .iter_mut()
+                .find(|(gc, gt, _, gh)| *gc == c && *gt == target && *gh == how)
+            {
+                Some(g) => g.2.push(s.name.clone()),
+                None => groups.push((c, target, vec![s.name.clone()], how)),
+            }
+        }
+    }
+
+    let mut self_ids: BTreeMap<usize, Result<Option<SelfId>, String>> = BTreeMap::new();
+    let mut id_of = |i: usize| -> Result<Option<SelfId>, String> {
+        self_ids
+            .entry(i)
+            .or_insert_with(|| {
+                inspect::find_nccl_self_id(&map.objects[i].path).map_err(|e| format!("{e:#}"))
+            })
+            .clone()
+    };
+
+    // NCCL compiled in hidden and stripped names no function anywhere: its self-id is the
+    // only trace, and its calls can only stay in its object.
+    if callers.is_empty() {
+        for i in 0..map.objects.len() {
+            if map.objects[i].is_stand_in() {
+                continue;
+            }
+            if let Ok(Some(_)) = id_of(i) {
+                groups.push((
+                    i,
+                    Some(i),
+                    Vec::new(),
+                    "NCCL is compiled in with hidden, stripped symbols: its calls stay in the object".into(),
+                ));
+            }
+        }
+    }
+
+    let calls: Vec<CallGroup> = groups
+        .iter()
+        .map(|(c, t, syms, how)| CallGroup {
+            caller: shown(&map, *c),
+            object: t.map(|t| shown(&map, t)),
+            symbols: syms.clone(),
+            how: how.clone(),
+            nccl: t.and_then(|t| id_of(t).ok().flatten()),
+        })
+        .collect();
+
+    let mut warnings: Vec<String> = Vec::new();
+    let mut targets: Vec<usize> = groups.iter().filter_map(|g| g.1).collect();
+    targets.sort_unstable();
+    targets.dedup();
+    let undefined: Vec<&String> = groups
+        .iter()
+        .filter(|g| g.1.is_none())
+        .flat_map(|g| g.2.iter())
+        .collect();
+
+    let missing_nccl = map.failures.iter().any(|f| f.needed.starts_with("libnccl"));
+    let pin = if missing_nccl {
+        asked.and_then(|a| pin::find(&map.objects[a].path))
+    } else {
+        None
+    };
+
+    let answer = if !doubts.is_empty() {
+        let shown_doubts: Vec<&str> = doubts.iter().take(3).map(String::as_str).collect();
+        let more = match doubts.len().saturating_sub(3) {
+            0 => String::new(),
+            n => format!(" (and {n} more)"),
+        };
+        let mut reason = format!(
+            "what comes before the object that defines NCCL's functions is not all known, and any of it could define them first: {}{more}",
+            shown_doubts.join("; ")
+        );
+        provisional.sort_unstable();
+        provisional.dedup();
+        if let [t] = provisional.as_slice() {
+            if let Ok(Some(id)) = id_of(*t) {
+                reason.push_str(&format!(
+                    ". If none of that defines nccl* functions, the calls bind to {} (NCCL {})",
+                    shown(&map, *t).display(),
+                    id.nccl
+                ));
+            }
+        }
+        if let Some(p) = &pin {
+            reason = format!(
+                "expects {p}, which is not installed (pip install {}=={}); {reason}",
+                p.distribution, p.version
+            );
+        }
+        Answer::Unknown { reason }
+    } else if !undefined.is_empty() {
+        Answer::Unknown {
+            reason: format!(
+                "nothing loaded at start defines {}: the call fails when made, unless a library loaded later with dlopen provides it",
+                undefined.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    } else if targets.len() > 1 {
+        let parts: Vec<String> = groups
+            .iter()
+            .filter_map(|(c, t, syms, _)| {
+                let t = (*t)?;
+                Some(format!(
+                    "{} of {} → {} ({})",
+                    if syms.is_empty() {
+                        "its own calls".to_string()
+                    } else {
+                        syms.join(", ")
+                    },
+                    shown(&map, *c).display(),
+                    shown(&map, t).display(),
+                    match id_of(t) {
+                        Ok(Some(id)) => format!("NCCL {}", id.nccl),
+                        _ => "no NCCL self-id".into(),
+                    }
+                ))
+            })
+            .collect();
+        Answer::Split {
+            reason: format!(
+                "NCCL's functions bind to {} different objects, so the process runs two NCCLs that share no state: {}",
+                targets.len(),
+                parts.join("; ")
+            ),
+        }
+    } else if let Some(&t) = targets.first() {
+        match id_of(t) {
+            Ok(Some(id)) => {
+                let caller = groups.iter().find(|g| g.1 == Some(t)).map(|g| g.0);
+                let linkage = match &map.objects[t].found_by {
+                    _ if caller == Some(t) => Linkage::Static,
+                    FoundBy::Preload { entry, .. } => Linkage::Preload {
+                        entry: entry.clone(),
+                    },
+                    FoundBy::Needed { name, rule, .. } => Linkage::Dynamic {
+                        needed: name.clone(),
+                        via: *rule,
+                    },
+                    FoundBy::Asked => Linkage::Dynamic {
+                        needed: map.objects[t].path.to_string_lossy().into_owned(),
+                        via: super::search::ResolveRule::Path,
+                    },
+                    FoundBy::Program | FoundBy::StandInProgram => Linkage::Static,
+                };
+                let path = &map.objects[t].path;
+                Answer::Nccl {
+                    detection: NcclDetection {
+                        version: id.nccl,
+                        cuda: id.cuda,
+                        file: path.canonicalize().unwrap_or_else(|_| path.clone()),
+                        linkage,
+                    },
+                }
+            }
+            Ok(None) => Answer::Unknown {
+                reason: format!(
+                    "NCCL's functions bind to {}, which carries no NCCL self-id: it is not an NCCL build (a shim?), so its version is unknown",
+                    shown(&map, t).display()
+                ),
+            },
+            Err(e) => Answer::Unknown { reason: e },
+        }
+    } else if let Some((_, why)) = hidden.first() {
+        let mut reason = format!("no object that could be read defines or calls NCCL, but not everything could be: {why}");
+        if let Some(p) = &pin {
+            reason = format!(
+                "expects {p}, which is not installed (pip install {}=={}); {reason}",
+                p.distribution, p.version
+            );
+        }
+        Answer::Unknown { reason }
+    } else if let Some(o) = dlopen_caller(&map) {
+        Answer::Unknown {
+            reason: format!(
+                "no object loaded at start defines, calls or carries NCCL, but {} calls dlopen: NCCL may be loaded at run time, which no file says",
+                o.display()
+            ),
+        }
+    } else {
+        Answer::None {
+            reason:
+                "no object of the process defines, calls or carries NCCL, and none calls dlopen"
+                    .into(),
+        }
+    };
+
+    if matches!(answer, Answer::Nccl { .. } | Answer::Split { .. }) {
+        for (_, why) in &hidden {
+            warnings.push(format!(
+                "the process would not start as laid out here: {why}"
+            ));
+        }
+    }
+    for s in &map.skipped_preloads {
+        warnings.push(format!(
+            "{} element '{}' is ignored by the loader: {}",
+            s.source, s.entry, s.reason
+        ));
+    }
+    Ok(Which {
+        target: target.to_path_buf(),
+        answer,
+        calls,
+        link_map: map,
+        pin,
+        warnings,
+    })
+}
+
+fn shown(map: &LinkMap, i: usize) -> PathBuf {
+    let o = &map.objects[i];
+    if o.is_stand_in() {
+        PathBuf::from("(the program)")
+    } else {
+        o.path.clone()
+    }
+}
+
+/// The first object of the map that imports `dlopen`.
+fn dlopen_caller(map: &LinkMap) -> Option<PathBuf> {
+    map.objects
+        .iter()
+        .filter(|o| !o.is_stand_in())
+        .find(|o| interpose::imports(&o.path, "dlopen").unwrap_or(false))
+        .map(|o| o.path.clone())
+}

@@ -1,0 +1,623 @@
+//! The link map: the objects glibc's loader would bring into a process, in its order.
+//!
+//! The order is the global scope's: the program, the preloads, then the breadth-first
+//! closure of DT_NEEDED (`_dl_map_object_deps`), each name searched for the object that
+//! needs it (`_dl_map_object`): a name holding `/` is a path; otherwise the DT_RPATH of
+//! that object and of the objects that loaded it in turn (unless it has DT_RUNPATH), the
+//! program's DT_RPATH, `LD_LIBRARY_PATH`, its own DT_RUNPATH, `ld.so.cache`, the system
+//! directories — each directory with its `glibc-hwcaps` subdirectories first. A name
+//! already loaded (by the name it was asked for, its path or its soname) or a file already
+//! loaded (same inode) is not loaded again. Failures are kept with the place in the order
+//! where the object would have been, so that an answer can say whether they matter.
+
+use super::preload::{self, Element, PreloadSource};
+use super::search::{self, expand_origin, Host, LoaderEnv, Probe, ResolveRule};
+use crate::inspect::{elf, Source};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// How an object came into the link map.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FoundBy {
+    /// The executable asked about.
+    Program,
+    /// A program that links the library asked about and has no search path of its own:
+    /// fdl's stand-in when it is asked about a library.
+    StandInProgram,
+    /// The library asked about, loaded by its path.
+    Asked,
+    Preload {
+        entry: String,
+        source: PreloadSource,
+    },
+    Needed {
+        name: String,
+        needed_by: PathBuf,
+        rule: ResolveRule,
+    },
+}
+
+impl std::fmt::Display for FoundBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FoundBy::Program => f.write_str("the program"),
+            FoundBy::StandInProgram => f.write_str("a program linking the library"),
+            FoundBy::Asked => f.write_str("the library asked about"),
+            FoundBy::Preload { entry, source } => write!(f, "preloaded by {source} ({entry})"),
+            FoundBy::Needed {
+                name,
+                needed_by,
+                rule,
+            } => write!(
+                f,
+                "{name}, needed by {}, found via {rule}",
+                needed_by.display()
+            ),
+        }
+    }
+}
+
+/// One object of the link map.
+#[derive(Debug, Clone, Serialize)]
+pub struct Object {
+    /// The path the loader opens it by (its `l_name`); empty for the stand-in program.
+    pub path: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub soname: Option<String>,
+    pub found_by: FoundBy,
+    #[serde(skip)]
+    pub(crate) needed: Vec<String>,
+    #[serde(skip)]
+    rpath: Vec<String>,
+    #[serde(skip)]
+    runpath: Vec<String>,
+    #[serde(skip)]
+    nodeflib: bool,
+    /// Its `$ORIGIN`: the directory of the path it was opened by, not resolving links
+    /// (glibc's `_dl_new_object`); the program's is its real directory.
+    #[serde(skip)]
+    origin: Option<PathBuf>,
+    /// The object whose search loaded it (`l_loader`): DT_RPATH is inherited along these.
+    #[serde(skip)]
+    loader: Option<usize>,
+    #[serde(skip)]
+    names: Vec<String>,
+    #[serde(skip)]
+    id: Option<(u64, u64)>,
+}
+
+impl Object {
+    /// Whether this is fdl's stand-in program, which has no file.
+    pub fn is_stand_in(&self) -> bool {
+        self.found_by == FoundBy::StandInProgram
+    }
+}
+
+/// A preload element the loader ignores, and the loader's reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkippedPreload {
+    pub entry: String,
+    pub source: PreloadSource,
+    pub reason: String,
+}
+
+/// A DT_NEEDED the loader cannot load: the process does not start.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadFailure {
+    pub needed: String,
+    pub needed_by: PathBuf,
+    pub reason: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub searched: Vec<PathBuf>,
+    /// Where in the order the object would have been.
+    #[serde(skip)]
+    pub position: usize,
+}
+
+/// Something the model does not decide (a loader rule it does not follow), placed in the
+/// order: it can change any answer that lies at or after `position`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Caveat {
+    pub what: String,
+    #[serde(skip)]
+    pub position: usize,
+}
+
+/// The objects of a process, in the global scope's order.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkMap {
+    pub objects: Vec<Object>,
+    pub skipped_preloads: Vec<SkippedPreload>,
+    pub failures: Vec<LoadFailure>,
+    pub caveats: Vec<Caveat>,
+    #[serde(skip)]
+    pub host: Host,
+    /// Per search directory: whether it has a `glibc-hwcaps` subdirectory and whether it
+    /// has a legacy hwcaps one. The same directories are searched for every name; glibc
+    /// remembers this the same way.
+    #[serde(skip)]
+    subdirs: std::collections::HashMap<PathBuf, (bool, bool)>,
+}
+
+/// At most this many objects: a real process loads a few hundred; a hostile closure of
+/// generated names must not grow without bound.
+const MAX_OBJECTS: usize = 4096;
+
+/// A file the loader takes: its path as opened, the rule that found it, its identity.
+type Hit = (PathBuf, ResolveRule, (u64, u64));
+
+struct Failed {
+    reason: String,
+    searched: Vec<PathBuf>,
+}
+
+/// Lays out the link map of a process whose program is `target` (an executable), or of
+/// a program that links `target` (a shared library), in `env`.
+pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
+    let src = Source::open(target)?;
+    if src.is_empty() || !elf::is_elf(src.bytes_clipped(0, 16)) {
+        bail!(
+            "{} is not an ELF file: pass a shared library such as libtorch_cuda.so, or a program",
+            target.display()
+        );
+    }
+    let info = elf::parse(&src)?;
+    let host = Host {
+        is_64: info.is_64,
+        machine: info.machine,
+    };
+    let has_interp = info
+        .segments
+        .iter()
+        .any(|s| s.p_type == object::elf::PT_INTERP);
+    let is_program =
+        info.e_type == object::elf::ET_EXEC || (info.e_type == object::elf::ET_DYN && has_interp);
+    let mut map = LinkMap {
+        objects: Vec::new(),
+        skipped_preloads: Vec::new(),
+        failures: Vec::new(),
+        caveats: Vec::new(),
+        host,
+        subdirs: std::collections::HashMap::new(),
+    };
+    if is_program {
+        if info.dynamic.needed.is_empty() && !has_interp {
+            bail!(
+                "{} is a statically linked program: no loader runs for it, so no preload or library can change its NCCL",
+                target.display()
+            );
+        }
+        // The kernel gives the loader the program's real path (/proc/self/exe).
+        let real = target
+            .canonicalize()
+            .unwrap_or_else(|_| absolute(env, target));
+        map.objects.push(new_object(
+            PathBuf::from(target),
+            FoundBy::Program,
+            &info.dynamic,
+            real.parent().map(Path::to_path_buf),
+            None,
+            Vec::new(),
+            None,
+        ));
+    } else {
+        let path = absolute(env, target);
+        map.objects.push(Object {
+            path: PathBuf::new(),
+            soname: None,
+            found_by: FoundBy::StandInProgram,
+            needed: vec![path.to_string_lossy().into_owned()],
+            rpath: Vec::new(),
+            runpath: Vec::new(),
+            nodeflib: false,
+            origin: None,
+            loader: None,
+            names: Vec::new(),
+            id: None,
+        });
+    }
+    map.preload(env, preload::split_ld_preload(&env.preload));
+    map.preload(env, preload::split_ld_so_preload(&env.ld_so_preload));
+    // Breadth first over the list as it grows: the program, the preloads, then each
+    // object's DT_NEEDED in order (`_dl_map_object_deps`).
+    let mut next = 0;
+    while next < map.objects.len() {
+        let needed = map.objects[next].needed.clone();
+        for name in needed {
+            if map.objects.len() >= MAX_OBJECTS {
+                bail!(
+                    "{}: more than {MAX_OBJECTS} objects in its closure; the libraries are corrupt or hostile",
+                    target.display()
+                );
+            }
+            let position = map.objects.len();
+            match map.map_object(next, &name, env, None) {
+                Ok(_) => {}
+                Err(f) => map.failures.push(LoadFailure {
+                    needed: name.clone(),
+                    needed_by: map.display_path(next),
+                    reason: f.reason,
+                    searched: f.searched,
+                    position,
+                }),
+            }
+        }
+        next += 1;
+    }
+    Ok(map)
+}
+
+fn absolute(env: &LoaderEnv, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        env.cwd.join(p)
+    }
+}
+
+fn new_object(
+    path: PathBuf,
+    found_by: FoundBy,
+    d: &elf::DynamicInfo,
+    origin: Option<PathBuf>,
+    loader: Option<usize>,
+    names: Vec<String>,
+    id: Option<(u64, u64)>,
+) -> Object {
+    // glibc ignores DT_RPATH when DT_RUNPATH is present (get-dynamic-info.h).
+    let rpath = if d.runpath.is_empty() {
+        d.rpath.clone()
+    } else {
+        Vec::new()
+    };
+    let mut names = names;
+    names.push(path.to_string_lossy().into_owned());
+    Object {
+        path,
+        soname: d.soname.clone(),
+        found_by,
+        needed: d.needed.clone(),
+        rpath,
+        runpath: d.runpath.clone(),
+        nodeflib: d.flags_1 & u64::from(object::elf::DF_1_NODEFLIB) != 0,
+        origin,
+        loader,
+        names,
+        id,
+    }
+}
+
+impl LinkMap {
+    fn display_path(&self, i: usize) -> PathBuf {
+        let o = &self.objects[i];
+        if o.is_stand_in() {
+            PathBuf::from("(the program)")
+        } else {
+            o.path.clone()
+        }
+    }
+
+    fn preload(&mut self, env: &LoaderEnv, elements: Vec<Element>) {
+        for e in elements {
+            if let Some(why) = e.dropped {
+                self.skipped_preloads.push(SkippedPreload {
+                    entry: e.name,
+                    source: e.source,
+                    reason: why.to_string(),
+                });
+                continue;
+            }
+            if self.objects.len() >= MAX_OBJECTS {
+                return;
+            }
+            let found_by = FoundBy::Preload {
+                entry: e.name.clone(),
+                source: e.source,
+            };
+            if let Err(f) = self.map_object(0, &e.name, env, Some(found_by)) {
+                self.skipped_preloads.push(SkippedPreload {
+                    entry: e.name,
+                    source: e.source,
+                    reason: f.reason,
+                });
+            }
+        }
+    }
+
+    /// `_dl_map_object`: the index of the object `name` names when `loader` asks for it.
+    fn map_object(
+        &mut self,
+        loader: usize,
+        name: &str,
+        env: &LoaderEnv,
+        preload: Option<FoundBy>,
+    ) -> std::result::Result<usize, Failed> {
+        if let Some(i) = self
+            .objects
+            .iter()
+            .position(|o| o.names.iter().any(|n| n == name) || o.soname.as_deref() == Some(name))
+        {
+            return Ok(i);
+        }
+        let (path, rule, id) = self.search(loader, name, env)?;
+        if let Some(i) = self.objects.iter().position(|o| o.id == Some(id)) {
+            self.objects[i].names.push(name.to_string());
+            return Ok(i);
+        }
+        let info = Source::open(&path)
+            .and_then(|src| elf::parse(&src))
+            .with_context(|| format!("{} cannot be read", path.display()));
+        let dynamic = match info {
+            Ok(i) => i.dynamic,
+            Err(e) => {
+                // The loader would read it; fdl cannot, so what it needs is unknown.
+                self.caveats.push(Caveat {
+                    what: format!("{e:#}"),
+                    position: self.objects.len(),
+                });
+                elf::DynamicInfo::default()
+            }
+        };
+        let found_by = match preload {
+            Some(p) => p,
+            None if self.objects[loader].is_stand_in() => FoundBy::Asked,
+            None => FoundBy::Needed {
+                name: name.to_string(),
+                needed_by: self.display_path(loader),
+                rule,
+            },
+        };
+        let origin = Some(
+            absolute(env, &path)
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from("/")),
+        );
+        self.objects.push(new_object(
+            path,
+            found_by,
+            &dynamic,
+            origin,
+            Some(loader),
+            vec![name.to_string()],
+            Some(id),
+        ));
+        Ok(self.objects.len() - 1)
+    }
+
+    /// The directories `loader`'s search for a bare name goes through, before the cache.
+    fn search_dirs(&mut self, loader: usize, env: &LoaderEnv) -> Vec<(PathBuf, ResolveRule)> {
+        let mut dirs = Vec::new();
+        let position = self.objects.len();
+        let mut unknown = Vec::new();
+        let mut push = |entries: &[String],
+                        origin: Option<&Path>,
+                        rule: ResolveRule,
+                        whose: &Path| {
+            for e in entries {
+                let expanded = match origin {
+                    Some(o) => expand_origin(e, o),
+                    None if e.contains('$') => None,
+                    None => Some(PathBuf::from(e)),
+                };
+                match expanded {
+                    Some(d) if d.as_os_str().is_empty() => dirs.push((PathBuf::from("."), rule)),
+                    Some(d) => dirs.push((d, rule)),
+                    None => unknown.push(format!(
+                        "{rule} entry '{e}' of {} uses a token whose value fdl does not know",
+                        whose.display()
+                    )),
+                }
+            }
+        };
+        let l = &self.objects[loader];
+        if l.runpath.is_empty() {
+            let mut did_main = false;
+            let mut cur = Some(loader);
+            while let Some(i) = cur {
+                let o = &self.objects[i];
+                if !o.rpath.is_empty() {
+                    push(&o.rpath, o.origin.as_deref(), ResolveRule::Rpath, &o.path);
+                    did_main |= i == 0;
+                }
+                cur = o.loader;
+            }
+            let main = &self.objects[0];
+            if !did_main && !main.rpath.is_empty() {
+                push(
+                    &main.rpath,
+                    main.origin.as_deref(),
+                    ResolveRule::Rpath,
+                    &main.path,
+                );
+            }
+        }
+        // $ORIGIN in LD_LIBRARY_PATH is the program's directory.
+        let main_origin = self.objects[0].origin.clone();
+        let llp: Vec<String> = env
+            .ld_library_path
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        push(
+            &llp,
+            main_origin.as_deref(),
+            ResolveRule::LdLibraryPath,
+            Path::new("LD_LIBRARY_PATH"),
+        );
+        let l = &self.objects[loader];
+        push(
+            &l.runpath,
+            l.origin.as_deref(),
+            ResolveRule::Runpath,
+            &l.path,
+        );
+        for what in unknown {
+            self.caveats.push(Caveat { what, position });
+        }
+        dirs
+    }
+
+    /// Finds a file for `name` as `loader`'s search would: its path, the rule and its
+    /// identity; or why the loader fails.
+    fn search(
+        &mut self,
+        loader: usize,
+        name: &str,
+        env: &LoaderEnv,
+    ) -> std::result::Result<Hit, Failed> {
+        let host = self.host;
+        let mut searched = Vec::new();
+        if name.contains('/') {
+            let path = match self.objects[loader].origin.as_deref() {
+                Some(o) => expand_origin(name, o),
+                None if name.contains('$') => None,
+                None => Some(PathBuf::from(name)),
+            };
+            let Some(path) = path else {
+                return Err(Failed {
+                    reason: "it uses a dynamic string token whose value fdl does not know".into(),
+                    searched,
+                });
+            };
+            let full = absolute(env, &path);
+            return match search::probe(&full, host) {
+                Probe::Take { dev, ino } => Ok((path, ResolveRule::Path, (dev, ino))),
+                Probe::Absent => Err(Failed {
+                    reason: "cannot open shared object file: No such file or directory".into(),
+                    searched: vec![path],
+                }),
+                Probe::OtherKind(why) | Probe::Fatal(why) => Err(Failed {
+                    reason: why,
+                    searched: vec![path],
+                }),
+            };
+        }
+        let position = self.objects.len();
+        let dirs = self.search_dirs(loader, env);
+        let nodeflib = self.objects[loader].nodeflib;
+        let mut hit: Option<Hit> = None;
+        let mut fatal: Option<String> = None;
+        let mut legacy = Vec::new();
+        let mut subdirs = std::mem::take(&mut self.subdirs);
+        let mut try_dir = |dir: &Path,
+                           rule: ResolveRule,
+                           searched: &mut Vec<PathBuf>,
+                           legacy: &mut Vec<PathBuf>|
+         -> Option<std::result::Result<Hit, String>> {
+            let (hw, old) = *subdirs.entry(dir.to_path_buf()).or_insert_with(|| {
+                let full = absolute(env, dir);
+                (
+                    full.join("glibc-hwcaps").is_dir(),
+                    env.legacy_hwcaps.iter().any(|l| full.join(l).is_dir()),
+                )
+            });
+            // glibc-hwcaps subdirectories, best first; then the legacy ones (combinations
+            // of their names, not modelled: a file there could be taken first); then the
+            // directory itself.
+            let mut candidates: Vec<PathBuf> = Vec::new();
+            if hw {
+                candidates.extend(
+                    env.hwcaps
+                        .iter()
+                        .map(|h| dir.join("glibc-hwcaps").join(h).join(name)),
+                );
+            }
+            if old {
+                for a in &env.legacy_hwcaps {
+                    let one = dir.join(a);
+                    let mut paths = vec![one.join(name)];
+                    for b in &env.legacy_hwcaps {
+                        paths.push(one.join(b).join(name));
+                        for c in &env.legacy_hwcaps {
+                            paths.push(one.join(b).join(c).join(name));
+                        }
+                    }
+                    legacy.extend(paths.into_iter().filter(|p| absolute(env, p).exists()));
+                }
+            }
+            candidates.push(dir.join(name));
+            for cand in candidates {
+                let full = absolute(env, &cand);
+                searched.push(cand.clone());
+                match search::probe(&full, host) {
+                    Probe::Take { dev, ino } => return Some(Ok((cand, rule, (dev, ino)))),
+                    Probe::Fatal(why) => return Some(Err(format!("{}: {why}", cand.display()))),
+                    Probe::Absent | Probe::OtherKind(_) => {}
+                }
+            }
+            None
+        };
+        for (dir, rule) in &dirs {
+            match try_dir(dir, *rule, &mut searched, &mut legacy) {
+                Some(Ok(h)) => {
+                    hit = Some(h);
+                    break;
+                }
+                Some(Err(why)) => {
+                    fatal = Some(why);
+                    break;
+                }
+                None => {}
+            }
+        }
+        let in_system_dir = |p: &Path| env.default_dirs.iter().any(|d| p.starts_with(d));
+        if hit.is_none() && fatal.is_none() {
+            if let Some(cached) = env.cache_lookup(name) {
+                if !(nodeflib && in_system_dir(cached)) {
+                    searched.push(cached.to_path_buf());
+                    match search::probe(cached, host) {
+                        Probe::Take { dev, ino } => {
+                            hit = Some((cached.to_path_buf(), ResolveRule::LdCache, (dev, ino)))
+                        }
+                        Probe::Fatal(why) => fatal = Some(format!("{}: {why}", cached.display())),
+                        _ => {}
+                    }
+                }
+            }
+            if env.cache_hwcaps_names.iter().any(|n| n == name) {
+                self.caveats.push(Caveat {
+                    what: format!("ld.so.cache lists {name} for a glibc-hwcaps subdirectory too, and fdl does not rank such entries"),
+                    position,
+                });
+            }
+        }
+        if hit.is_none() && fatal.is_none() && !nodeflib {
+            for dir in &env.default_dirs {
+                match try_dir(dir, ResolveRule::DefaultDir, &mut searched, &mut legacy) {
+                    Some(Ok(h)) => {
+                        hit = Some(h);
+                        break;
+                    }
+                    Some(Err(why)) => {
+                        fatal = Some(why);
+                        break;
+                    }
+                    None => {}
+                }
+            }
+        }
+        self.subdirs = subdirs;
+        for l in legacy {
+            self.caveats.push(Caveat {
+                what: format!(
+                    "{} lies in a legacy hwcaps subdirectory, which glibc before 2.37 may prefer; fdl does not model those",
+                    l.display()
+                ),
+                position,
+            });
+        }
+        if let Some(why) = fatal {
+            return Err(Failed {
+                reason: why,
+                searched,
+            });
+        }
+        hit.ok_or(Failed {
+            reason: "cannot open shared object file: No such file or directory".into(),
+            searched,
+        })
+    }
+}

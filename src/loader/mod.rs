@@ -1,0 +1,70 @@
+//! Which NCCL a process really runs: a model of glibc's dynamic loader, without loading
+//! anything.
+//!
+//! glibc decides, not any one file: the preloads (`LD_PRELOAD` split at spaces and colons,
+//! then `/etc/ld.so.preload`), the breadth-first DT_NEEDED closure with each name searched
+//! for the object that needs it ([`search`]), duplicates by name, soname and inode, and
+//! symbol binding: a call goes to the first object of the global scope that exports the
+//! name, unless the caller binds it locally ([`crate::inspect::interpose`]). [`map`] lays
+//! out the link map; [`bind`] follows the `nccl*` calls to the object that answers them
+//! and reads that object's self-id. What the model cannot know (a dependency that cannot be
+//! found before the answer, `dlopen`, a loader rule it does not model) makes the answer
+//! [`Answer::Unknown`] with the reason, never a guess. The search paths, hwcaps
+//! subdirectories and system directories come from the machine's own `ld.so --help`.
+
+pub mod bind;
+pub mod map;
+pub mod pin;
+pub mod preload;
+pub mod search;
+
+pub use bind::{which_nccl, Answer, CallGroup, Which};
+pub use map::{FoundBy, LinkMap, LoadFailure, Object, SkippedPreload};
+pub use search::LoaderEnv;
+
+use crate::inspect::NcclDetection;
+use crate::version::NcclVersion;
+use std::path::Path;
+
+/// The NCCL a library brings by itself (no preload): what `libtorch add` records, what a
+/// build's tag is inferred from, and what `nccl env` matches builds against. One answer
+/// for all three, from [`which_nccl`].
+#[derive(Debug, Clone)]
+pub enum Bundled {
+    Nccl(NcclDetection),
+    /// `libnccl` is not installed, but the distribution's metadata pins this one.
+    Pinned(pin::Pin),
+    None(String),
+    Unknown(String),
+}
+
+impl Bundled {
+    pub fn version(&self) -> Option<&NcclVersion> {
+        match self {
+            Bundled::Nccl(d) => Some(&d.version),
+            Bundled::Pinned(p) => Some(&p.version),
+            Bundled::None(_) | Bundled::Unknown(_) => None,
+        }
+    }
+}
+
+/// [`which_nccl`] for a process that links `lib`, in this environment without preloads.
+pub fn bundled_nccl(lib: &Path) -> anyhow::Result<Bundled> {
+    bundled_nccl_in(lib, &LoaderEnv::bundled())
+}
+
+/// [`bundled_nccl`] in `env` (its preloads are ignored).
+pub fn bundled_nccl_in(lib: &Path, env: &LoaderEnv) -> anyhow::Result<Bundled> {
+    let mut env = env.clone();
+    env.preload.clear();
+    env.ld_so_preload.clear();
+    let w = which_nccl(lib, &env)?;
+    Ok(match w.answer {
+        Answer::Nccl { detection } => Bundled::Nccl(detection),
+        Answer::None { reason } => Bundled::None(reason),
+        Answer::Unknown { reason } | Answer::Split { reason } => match w.pin {
+            Some(p) => Bundled::Pinned(p),
+            None => Bundled::Unknown(reason),
+        },
+    })
+}

@@ -1,0 +1,510 @@
+//! The loader's environment and its file checks: what glibc's `ld.so` would search and
+//! whether it would take a file it finds.
+//!
+//! Everything outside the objects themselves is in [`LoaderEnv`], so a test can describe
+//! any environment. The machine's own loader says where it searches: `ld.so --help` (glibc
+//! 2.33 and later) lists the system directories, the `glibc-hwcaps` subdirectories it
+//! tries in each search directory, and the legacy hwcaps subdirectories; nothing here is a
+//! table of what some distribution does. A file is judged as glibc's `open_verify` judges
+//! it: a missing or unreadable one, or an ELF file of another class or machine, is passed
+//! over and the search goes on; a file that exists but is not a loadable ELF file stops
+//! the search with an error, as it stops the loader.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The loader's view of the environment: everything resolution needs besides the files.
+#[derive(Debug, Clone, Default)]
+pub struct LoaderEnv {
+    /// `LD_PRELOAD` as the process would see it (empty: unset).
+    pub preload: String,
+    /// The contents of `/etc/ld.so.preload` (empty: none).
+    pub ld_so_preload: String,
+    /// `LD_LIBRARY_PATH`, split; an empty element means the current directory, as in glibc.
+    pub ld_library_path: Vec<PathBuf>,
+    /// `ld.so.cache` entries usable by this machine, in cache order: soname → path.
+    pub cache: Vec<(String, PathBuf)>,
+    /// Names the cache also lists for a `glibc-hwcaps` subdirectory: the loader may prefer
+    /// those entries, which this model does not rank.
+    pub cache_hwcaps_names: Vec<String>,
+    /// The system directories, searched last.
+    pub default_dirs: Vec<PathBuf>,
+    /// `glibc-hwcaps` subdirectories searched in every search directory, best first.
+    pub hwcaps: Vec<String>,
+    /// Legacy hwcaps subdirectory names the loader searches (glibc before 2.37); their
+    /// combinations are not modelled, so a hit below one makes the answer unknown.
+    pub legacy_hwcaps: Vec<String>,
+    /// The working directory the process would start in (relative paths, empty elements).
+    pub cwd: PathBuf,
+    /// Where `default_dirs` and the hwcaps lists came from, for reports.
+    pub system_dirs_from: String,
+}
+
+/// The system directories used when the loader cannot be asked: the common ones of
+/// Debian-like (multiarch) and RHEL-like (lib64) systems. Reports say when these stand in.
+pub const FALLBACK_DEFAULT_DIRS: &[&str] = &[
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+];
+
+/// What the machine's `ld.so --help` says about its search (glibc 2.33+).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SystemSearch {
+    pub default_dirs: Vec<PathBuf>,
+    pub hwcaps: Vec<String>,
+    pub legacy_hwcaps: Vec<String>,
+}
+
+/// Reads `ld.so --help`'s search section. `None` when it has no "system search path"
+/// lines (an older glibc, or not glibc).
+pub fn parse_ld_so_help(text: &str) -> Option<SystemSearch> {
+    #[derive(PartialEq)]
+    enum Part {
+        Other,
+        Dirs,
+        Hwcaps,
+        Legacy,
+    }
+    let mut part = Part::Other;
+    let mut out = SystemSearch::default();
+    for line in text.lines() {
+        if !line.starts_with(' ') {
+            part = if line.starts_with("Shared library search path") {
+                Part::Dirs
+            } else if line.starts_with("Subdirectories of glibc-hwcaps") {
+                Part::Hwcaps
+            } else if line.starts_with("Legacy HWCAP subdirectories") {
+                Part::Legacy
+            } else {
+                Part::Other
+            };
+            continue;
+        }
+        let item = line.trim();
+        let (name, note) = match item.split_once(" (") {
+            Some((n, rest)) => (n, rest.trim_end_matches(')')),
+            None => (item, ""),
+        };
+        let searched = note.split([';', ',']).any(|w| w.trim() == "searched");
+        match part {
+            Part::Dirs if note == "system search path" => out.default_dirs.push(name.into()),
+            Part::Hwcaps if searched => out.hwcaps.push(name.to_string()),
+            Part::Legacy if searched && !out.legacy_hwcaps.iter().any(|l| l == name) => {
+                out.legacy_hwcaps.push(name.to_string())
+            }
+            _ => {}
+        }
+    }
+    (!out.default_dirs.is_empty()).then_some(out)
+}
+
+/// This machine's loader's search facts, asked once per process: the interpreter that
+/// runs fdl itself is the one that runs the training processes beside it.
+fn system_search() -> &'static Result<SystemSearch, String> {
+    static FACTS: OnceLock<Result<SystemSearch, String>> = OnceLock::new();
+    FACTS.get_or_init(|| {
+        let interp = own_interpreter().ok_or("fdl's own program names no ELF interpreter")?;
+        let out = loader_help(&interp).map_err(|e| format!("{} --help: {e}", interp.display()))?;
+        parse_ld_so_help(&String::from_utf8_lossy(&out)).ok_or_else(|| {
+            format!(
+                "{} --help lists no system search path (glibc older than 2.33?)",
+                interp.display()
+            )
+        })
+    })
+}
+
+/// The loader's `--help` text, at most 1 MiB of it. The loader is the system's own and
+/// prints and exits at once; the read is bounded all the same.
+fn loader_help(interp: &Path) -> std::io::Result<Vec<u8>> {
+    let mut child = std::process::Command::new(interp)
+        .arg("--help")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut out = Vec::new();
+    let read = child
+        .stdout
+        .take()
+        .map(|o| o.take(1 << 20).read_to_end(&mut out));
+    let _ = child.kill();
+    let _ = child.wait();
+    read.transpose()?;
+    Ok(out)
+}
+
+/// PT_INTERP of the running program.
+fn own_interpreter() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let src = crate::inspect::Source::open(&exe).ok()?;
+    let info = crate::inspect::elf::parse(&src).ok()?;
+    let seg = info
+        .segments
+        .iter()
+        .find(|s| s.p_type == object::elf::PT_INTERP)?;
+    let bytes = src.bytes(seg.offset, seg.filesz).ok()?;
+    let end = memchr::memchr(0, bytes).unwrap_or(bytes.len());
+    Some(PathBuf::from(
+        String::from_utf8_lossy(&bytes[..end]).into_owned(),
+    ))
+}
+
+/// Reads at most `cap` bytes of a regular file, never blocking on a FIFO or device.
+fn read_small(path: &Path, cap: u64) -> Option<Vec<u8>> {
+    crate::fsread::read_regular(path, cap).ok()
+}
+
+impl LoaderEnv {
+    /// No preloads, no `LD_LIBRARY_PATH`, no cache: only the system directories.
+    pub fn bare() -> Self {
+        let mut env = LoaderEnv {
+            cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+            ..LoaderEnv::default()
+        };
+        match system_search() {
+            Ok(s) => {
+                env.default_dirs = s.default_dirs.clone();
+                env.hwcaps = s.hwcaps.clone();
+                env.legacy_hwcaps = s.legacy_hwcaps.clone();
+                env.system_dirs_from = "ld.so --help".into();
+            }
+            Err(why) => {
+                env.default_dirs = FALLBACK_DEFAULT_DIRS.iter().map(PathBuf::from).collect();
+                env.system_dirs_from =
+                    format!("a common list, since the loader could not be asked ({why})");
+            }
+        }
+        env
+    }
+
+    /// What a library brings by itself in this process's environment: `LD_LIBRARY_PATH`
+    /// and `/etc/ld.so.cache`, no preload (tag inference, `libtorch add`: the NCCL a
+    /// libtorch bundles, whatever the caller's shell has preloaded).
+    pub fn bundled() -> Self {
+        let mut env = LoaderEnv::bare();
+        if let Some(v) = std::env::var_os("LD_LIBRARY_PATH") {
+            env.ld_library_path = split_path_list(&v.to_string_lossy());
+        }
+        if let Some(bytes) = read_small(Path::new("/etc/ld.so.cache"), 64 << 20) {
+            let (cache, hw) = parse_ld_so_cache_all(&bytes);
+            env.cache = cache;
+            env.cache_hwcaps_names = hw;
+        }
+        env
+    }
+
+    /// This process's environment: [`LoaderEnv::bundled`] plus `LD_PRELOAD` and
+    /// `/etc/ld.so.preload`. A missing or unreadable cache is an empty one.
+    pub fn from_process() -> Self {
+        let mut env = LoaderEnv::bundled();
+        env.preload = std::env::var_os("LD_PRELOAD")
+            .map(|v| v.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if let Some(bytes) = read_small(Path::new("/etc/ld.so.preload"), 1 << 20) {
+            env.ld_so_preload = String::from_utf8_lossy(&bytes).into_owned();
+        }
+        env
+    }
+
+    pub fn cache_lookup(&self, soname: &str) -> Option<&Path> {
+        self.cache
+            .iter()
+            .find(|(name, _)| name == soname)
+            .map(|(_, p)| p.as_path())
+    }
+}
+
+/// `a::b` → `[a, ".", b]`: glibc splits `LD_LIBRARY_PATH` at `:` and `;` and reads an
+/// empty element as the working directory.
+pub fn split_path_list(s: &str) -> Vec<PathBuf> {
+    if s.is_empty() {
+        return Vec::new();
+    }
+    s.split([':', ';'])
+        .map(|p| PathBuf::from(if p.is_empty() { "." } else { p }))
+        .collect()
+}
+
+pub use crate::inspect::ResolveRule;
+
+/// Expands `$ORIGIN` / `${ORIGIN}` against `origin`. `None` when the entry holds another
+/// dynamic string token (`$LIB`, `$PLATFORM`), whose value is the loader's own.
+pub fn expand_origin(entry: &str, origin: &Path) -> Option<PathBuf> {
+    let o = origin.to_string_lossy();
+    let out = entry.replace("${ORIGIN}", &o).replace("$ORIGIN", &o);
+    (!out.contains('$')).then(|| PathBuf::from(out))
+}
+
+/// The host the objects are loaded into: the class and machine every object must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Host {
+    pub is_64: bool,
+    pub machine: u16,
+}
+
+/// What the loader does with a file at a candidate path (glibc's `open_verify`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// Nothing there, or not readable: the search goes on.
+    Absent,
+    /// An ELF file of another class or machine: passed over, the search goes on.
+    OtherKind(String),
+    /// The loader takes it; its identity, to spot one file reached by two names.
+    Take { dev: u64, ino: u64 },
+    /// The loader stops here with this error (not ELF, too short, a directory, …).
+    Fatal(String),
+}
+
+/// Judges the file at `p` as the loader would, reading at most its ELF header and never
+/// opening anything but a regular file (a FIFO would hang the real loader; fdl says so).
+pub fn probe(p: &Path, host: Host) -> Probe {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = match std::fs::metadata(p) {
+        Ok(m) => m,
+        Err(_) => return Probe::Absent,
+    };
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        return Probe::Fatal("it is a directory (the loader fails: cannot read file data)".into());
+    }
+    if ft.is_fifo() || ft.is_char_device() || ft.is_block_device() || ft.is_socket() {
+        return Probe::Fatal(
+            "it is not a regular file (a FIFO, device or socket): the loader would block or fail on it".into(),
+        );
+    }
+    let Ok(mut f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(p)
+    else {
+        return Probe::Absent;
+    };
+    // Checked again on the descriptor: the path may have been swapped since.
+    match f.metadata() {
+        Ok(m) if m.file_type().is_file() => {}
+        _ => return Probe::Fatal("it is not a regular file".into()),
+    }
+    let mut head = [0u8; 64];
+    let mut got = 0;
+    while got < head.len() {
+        match f.read(&mut head[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(_) => return Probe::Fatal("cannot read file data".into()),
+        }
+    }
+    // glibc reads the header first and calls anything shorter than the host's ELF header
+    // "too short", whatever its class; only then does it look at the magic.
+    let host_header = if host.is_64 { 64 } else { 52 };
+    if got < host_header {
+        return Probe::Fatal("file too short".into());
+    }
+    if !head.starts_with(b"\x7fELF") {
+        return Probe::Fatal("invalid ELF header (not an ELF file)".into());
+    }
+    let class64 = match head[4] {
+        1 => false,
+        2 => true,
+        c => return Probe::Fatal(format!("invalid ELF class {c}")),
+    };
+    if class64 != host.is_64 {
+        return Probe::OtherKind(format!(
+            "wrong ELF class: ELFCLASS{}",
+            if class64 { 64 } else { 32 }
+        ));
+    }
+    let little = match head[5] {
+        1 => true,
+        2 => false,
+        _ => return Probe::Fatal("invalid ELF data encoding".into()),
+    };
+    if little != cfg!(target_endian = "little") {
+        return Probe::Fatal("ELF file data encoding is not the host's".into());
+    }
+    if head[6] != 1 {
+        return Probe::Fatal("ELF file version ident does not match the current one".into());
+    }
+    let u16_at = |at: usize| {
+        let b = [head[at], head[at + 1]];
+        if little {
+            u16::from_le_bytes(b)
+        } else {
+            u16::from_be_bytes(b)
+        }
+    };
+    let e_type = u16_at(16);
+    let machine = u16_at(18);
+    if machine != host.machine {
+        return Probe::OtherKind(format!(
+            "ELF machine {machine}, not this host's {}",
+            host.machine
+        ));
+    }
+    if e_type != object::elf::ET_DYN && e_type != object::elf::ET_EXEC {
+        return Probe::Fatal("only ET_DYN and ET_EXEC can be loaded".into());
+    }
+    Probe::Take {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    }
+}
+
+use std::os::unix::fs::OpenOptionsExt;
+
+/// [`parse_ld_so_cache_all`]'s plain entries.
+pub fn parse_ld_so_cache(data: &[u8]) -> Vec<(String, PathBuf)> {
+    parse_ld_so_cache_all(data).0
+}
+
+/// Parses glibc's `ld.so.cache` (the "glibc-ld.so.cache1.1" format, alone or after the
+/// old "ld.so-1.7.0" table). Keeps libc6 entries for this machine's arch without hwcaps
+/// subdirectory markers, in file order (the loader takes the first match), and the names
+/// that also have hwcaps entries. Garbage gives empty lists, never a panic.
+pub fn parse_ld_so_cache_all(data: &[u8]) -> (Vec<(String, PathBuf)>, Vec<String>) {
+    const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
+    const NEW_MAGIC: &[u8] = b"glibc-ld.so.cache1.1";
+    let u32_at = |at: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?))
+    };
+    let mut base = 0usize;
+    if data.starts_with(OLD_MAGIC) {
+        // Old header: 12-byte magic, u32 count, 12-byte entries; the new table follows,
+        // 4-byte aligned.
+        let Some(n) = u32_at(12) else {
+            return (Vec::new(), Vec::new());
+        };
+        let Some(end) = (n as usize).checked_mul(12).and_then(|x| x.checked_add(16)) else {
+            return (Vec::new(), Vec::new());
+        };
+        base = (end + 3) & !3;
+    }
+    if data.get(base..base + NEW_MAGIC.len()) != Some(NEW_MAGIC) {
+        return (Vec::new(), Vec::new());
+    }
+    let Some(nlibs) = u32_at(base + 20) else {
+        return (Vec::new(), Vec::new());
+    };
+    let want_arch: Option<i32> = if cfg!(target_arch = "x86_64") {
+        Some(0x0300)
+    } else if cfg!(target_arch = "aarch64") {
+        Some(0x0a00)
+    } else {
+        None
+    };
+    let string_at = |off: u32| -> Option<String> {
+        let rest = data.get(base.checked_add(off as usize)?..)?;
+        let end = memchr::memchr(0, rest)?;
+        Some(String::from_utf8_lossy(&rest[..end]).into_owned())
+    };
+    let mut out = Vec::new();
+    let mut hw_names = Vec::new();
+    let entries = base + 48;
+    for i in 0..nlibs as usize {
+        let Some(at) = i.checked_mul(24).and_then(|x| x.checked_add(entries)) else {
+            break;
+        };
+        let Some(e) = data.get(at..at + 24) else {
+            break;
+        };
+        let flags = i32::from_le_bytes([e[0], e[1], e[2], e[3]]);
+        let key = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+        let value = u32::from_le_bytes([e[8], e[9], e[10], e[11]]);
+        let hwcap = u64::from_le_bytes([e[16], e[17], e[18], e[19], e[20], e[21], e[22], e[23]]);
+        let libc6 = flags & 0xff == 0x03;
+        let arch_ok = want_arch.is_none_or(|a| flags & 0xff00 == a);
+        if !libc6 || !arch_ok {
+            continue;
+        }
+        if hwcap != 0 {
+            if let Some(k) = string_at(key) {
+                hw_names.push(k);
+            }
+            continue;
+        }
+        if let (Some(k), Some(v)) = (string_at(key), string_at(value)) {
+            out.push((k, PathBuf::from(v)));
+        }
+    }
+    (out, hw_names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origin_forms_expand() {
+        let o = Path::new("/x/torch/lib");
+        assert_eq!(
+            expand_origin("$ORIGIN/../../nvidia/nccl/lib", o),
+            Some(PathBuf::from("/x/torch/lib/../../nvidia/nccl/lib"))
+        );
+        assert_eq!(
+            expand_origin("${ORIGIN}", o),
+            Some(PathBuf::from("/x/torch/lib"))
+        );
+        assert_eq!(expand_origin("$LIB/a", o), None);
+    }
+
+    #[test]
+    fn ld_library_path_empty_elements_are_cwd() {
+        assert_eq!(
+            split_path_list("/a::/b"),
+            vec![PathBuf::from("/a"), PathBuf::from("."), PathBuf::from("/b")]
+        );
+        assert!(split_path_list("").is_empty());
+    }
+
+    #[test]
+    fn cache_parser_survives_garbage_and_reads_the_real_one() {
+        assert!(parse_ld_so_cache(b"").is_empty());
+        assert!(parse_ld_so_cache(b"glibc-ld.so.cache1.1\xff\xff\xff\xff").is_empty());
+        let mut old = b"ld.so-1.7.0\0\xff\xff\xff\xff".to_vec();
+        old.extend_from_slice(&[0; 8]);
+        assert!(parse_ld_so_cache(&old).is_empty());
+        if let Ok(real) = std::fs::read("/etc/ld.so.cache") {
+            let entries = parse_ld_so_cache(&real);
+            if cfg!(target_arch = "x86_64") {
+                assert!(
+                    entries.iter().any(|(k, _)| k == "libc.so.6"),
+                    "libc.so.6 missing from the parsed cache"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod help_tests {
+    use super::*;
+
+    #[test]
+    fn ld_so_help_is_read_for_dirs_and_hwcaps() {
+        let text = "Usage: ld.so [OPTION]...\n\nShared library search path:\n  (libraries located via /etc/ld.so.cache)\n  /lib/x86_64-linux-gnu (system search path)\n  /usr/lib (system search path)\n\nSubdirectories of glibc-hwcaps directories, in priority order:\n  x86-64-v4\n  x86-64-v3 (supported, searched)\n  x86-64-v2 (supported, searched)\n\nLegacy HWCAP subdirectories under library search path directories:\n  x86_64 (AT_PLATFORM; supported, searched)\n  tls (supported, searched)\n  avx512_1\n  x86_64 (supported, searched)\n";
+        let s = parse_ld_so_help(text).unwrap();
+        assert_eq!(
+            s.default_dirs,
+            [
+                PathBuf::from("/lib/x86_64-linux-gnu"),
+                PathBuf::from("/usr/lib")
+            ]
+        );
+        assert_eq!(s.hwcaps, ["x86-64-v3", "x86-64-v2"]);
+        assert_eq!(s.legacy_hwcaps, ["x86_64", "tls"]);
+        assert!(parse_ld_so_help("no such section\n").is_none());
+    }
+
+    #[test]
+    fn this_machines_loader_is_asked() {
+        // glibc 2.33+ (this project's machines): the loader itself lists its directories.
+        let env = LoaderEnv::bare();
+        assert_eq!(env.system_dirs_from, "ld.so --help", "{env:?}");
+        assert!(!env.default_dirs.is_empty());
+    }
+}
