@@ -371,14 +371,25 @@ fn report(outcome: &Outcome, json_out: bool) {
         Outcome::Built { manifest, dir, .. } => ("replaced", manifest, dir),
         Outcome::AlreadyBuilt { manifest, dir } => ("already_built", manifest, dir),
     };
-    let preload = dir.join("lib").join("libnccl.so.2");
+    let lib = dir.join("lib").join("libnccl.so.2");
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // The value the loader honours (a cache link where the path holds a space or colon);
+    // where none exists, the reason stands in for it.
+    let preload = crate::nccl::preload::preload_path(&lib, &name).map_err(|e| format!("{e:#}"));
     if json_out {
-        print_json(&json!({
+        let mut v = json!({
             "status": status,
             "build_dir": dir,
-            "ld_preload": preload,
+            "ld_preload": preload.as_ref().ok(),
             "manifest": manifest,
-        }));
+        });
+        if let Err(why) = &preload {
+            v["ld_preload_error"] = json!(why);
+        }
+        print_json(&v);
         return;
     }
     match status {
@@ -397,10 +408,13 @@ fn report(outcome: &Outcome, json_out: bool) {
             dir.display()
         ),
     }
-    println!(
-        "\nFor a worker's env: block in fdl.cluster.yml:\n  LD_PRELOAD: {}",
-        preload.display()
-    );
+    match &preload {
+        Ok(p) => println!(
+            "\nWire it with `eval \"$(fdl nccl env {name})\"`, or in a worker's env: block in fdl.cluster.yml:\n  LD_PRELOAD: {}",
+            super::manage::yaml_quote(&p.to_string_lossy())
+        ),
+        Err(why) => println!("\nNo LD_PRELOAD value for it: {why}"),
+    }
 }
 
 fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {

@@ -151,7 +151,8 @@ pub(super) fn which_json(w: &Which) -> serde_json::Value {
         "found": w.answer.detection().is_some(),
         "detection": w.answer.detection(),
         "calls": w.calls,
-        "link_map": w.link_map.objects,
+        // The stand-in program is no file: the map lists what is loaded.
+        "link_map": w.link_map.objects.iter().filter(|o| !o.is_stand_in()).collect::<Vec<_>>(),
         "skipped_preloads": w.link_map.skipped_preloads,
         "failures": w.link_map.failures,
         "caveats": w.link_map.caveats,

@@ -196,15 +196,14 @@ pub enum EnvFormat {
 pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> Result<()> {
     let store = BuildStore::new(project.nccl_builds_dir());
     let (name, manifest, why) = pick_build(project, &store, build)?;
-    let preload: PathBuf = store.path_of(&name).join("lib").join("libnccl.so.2");
-    // This output is `eval`ed or pasted: the path is quoted for its format, never
-    // interpolated raw, whatever the project root holds.
-    let path = preload.to_str().ok_or_else(|| {
-        anyhow::anyhow!(
-            "{} is not valid UTF-8, so it cannot be written as a shell or YAML value; move the project to a UTF-8 path",
-            preload.display()
-        )
-    })?;
+    let lib: PathBuf = store.path_of(&name).join("lib").join("libnccl.so.2");
+    // A path the loader reads as one LD_PRELOAD element: the build's own, or a link in
+    // the per-user cache when the project's path holds a space or a colon.
+    let preload = crate::nccl::preload::preload_path(&lib, &name)?;
+    // This output is `eval`ed or pasted: the path is quoted for its format too.
+    let path = preload
+        .to_str()
+        .expect("preload_path returns UTF-8 paths");
     let comment = comment_text(&format!(
         "{name}: NCCL {} ({why})",
         manifest.checked.header_version

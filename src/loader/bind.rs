@@ -143,14 +143,45 @@ pub fn which_nccl(target: &Path, env: &LoaderEnv) -> Result<Which> {
             .as_ref()
             .is_some_and(|f| f.symbols.iter().any(|s| s.binding == Binding::Imported))
     };
+    let mut self_ids: BTreeMap<usize, Result<Option<SelfId>, String>> = BTreeMap::new();
+    let mut id_of = |i: usize| -> Result<Option<SelfId>, String> {
+        self_ids
+            .entry(i)
+            .or_insert_with(|| {
+                inspect::find_nccl_self_id(&map.objects[i].path).map_err(|e| format!("{e:#}"))
+            })
+            .clone()
+    };
+
+    // The consumer's calls: the object asked about when it names nccl* functions or
+    // carries NCCL compiled in with hidden symbols; else the objects that import them;
+    // else the objects that define and call their own; else those whose read-only data
+    // carry a self-id. A preload is a provider: its own calls are not the process's.
+    let preloaded = |i: usize| matches!(map.objects[i].found_by, FoundBy::Preload { .. });
+    let mut carriers: Vec<usize> = Vec::new();
     let callers: Vec<usize> = match asked {
         Some(a) if has_symbols(a) => vec![a],
+        Some(a) if matches!(id_of(a), Ok(Some(_))) => {
+            carriers.push(a);
+            Vec::new()
+        }
         _ => {
-            let importers: Vec<usize> = (0..facts.len()).filter(|&i| imports(i)).collect();
+            let importers: Vec<usize> = (0..facts.len())
+                .filter(|&i| imports(i) && !preloaded(i))
+                .collect();
+            let definers: Vec<usize> = (0..facts.len())
+                .filter(|&i| has_symbols(i) && !preloaded(i))
+                .collect();
             if !importers.is_empty() {
                 importers
+            } else if !definers.is_empty() {
+                definers
             } else {
-                (0..facts.len()).filter(|&i| has_symbols(i)).collect()
+                carriers = (0..map.objects.len())
+                    .filter(|&i| !map.objects[i].is_stand_in() && !preloaded(i))
+                    .filter(|&i| matches!(id_of(i), Ok(Some(_))))
+                    .collect();
+                Vec::new()
             }
         }
     };
@@ -193,32 +224,15 @@ pub fn which_nccl(target: &Path, env: &LoaderEnv) -> Result<Which> {
         }
     }
 
-    let mut self_ids: BTreeMap<usize, Result<Option<SelfId>, String>> = BTreeMap::new();
-    let mut id_of = |i: usize| -> Result<Option<SelfId>, String> {
-        self_ids
-            .entry(i)
-            .or_insert_with(|| {
-                inspect::find_nccl_self_id(&map.objects[i].path).map_err(|e| format!("{e:#}"))
-            })
-            .clone()
-    };
-
-    // NCCL compiled in hidden and stripped names no function anywhere: its self-id is the
-    // only trace, and its calls can only stay in its object.
-    if callers.is_empty() {
-        for i in 0..map.objects.len() {
-            if map.objects[i].is_stand_in() {
-                continue;
-            }
-            if let Ok(Some(_)) = id_of(i) {
-                groups.push((
-                    i,
-                    Some(i),
-                    Vec::new(),
-                    "NCCL is compiled in with hidden, stripped symbols: its calls stay in the object".into(),
-                ));
-            }
-        }
+    // NCCL compiled in with hidden symbols names no function a lookup could reach: its
+    // self-id is the trace, and its calls can only stay in its object.
+    for &i in &carriers {
+        groups.push((
+            i,
+            Some(i),
+            Vec::new(),
+            "NCCL is compiled in with hidden symbols: its calls stay in the object".into(),
+        ));
     }
 
     let calls: Vec<CallGroup> = groups

@@ -3,6 +3,7 @@
 pub mod build;
 pub mod only_funcs;
 pub mod plan;
+pub mod preload;
 pub mod store;
 pub mod tag;
 pub mod tree;
