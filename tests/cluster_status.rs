@@ -192,7 +192,11 @@ fn status_reports_the_patch_level_skew_and_the_uncovered_gpu() {
     let out = rig.fdl(&["cluster", "status", "--json"]);
     assert_eq!(out.status.code(), Some(1), "red verdicts exit 1");
     let v = json_of(&out);
-    assert_keys(&v, &["schema", "files", "workers", "verdicts", "ok"]);
+    assert_keys(
+        &v,
+        &["schema", "files", "workers", "verdicts", "ok", "state"],
+    );
+    assert_eq!(v["state"], "red");
     let workers = v["workers"].as_array().unwrap();
     assert_eq!(workers.len(), 3);
     for w in workers {
@@ -270,6 +274,19 @@ fn a_host_that_is_down_or_changed_its_key_is_named_and_the_others_still_answer()
     let reach = verdict(&v, "reach");
     assert_eq!(reach["ok"], false);
     assert!(reach["detail"].as_str().unwrap().contains("blackwell:"));
+    // The facts of the two silent workers are missing: no verdict that needs them is ok.
+    for name in ["skew", "coverage", "driver", "symbols", "bridge"] {
+        let verdict = verdict(&v, name);
+        assert_eq!(verdict["state"], "unknown", "{name}: {verdict}");
+        assert_eq!(verdict["ok"], false, "{name}");
+        assert!(
+            verdict["detail"]
+                .as_str()
+                .unwrap()
+                .contains("did not answer"),
+            "{name}: {verdict}"
+        );
+    }
 }
 
 #[test]
@@ -305,17 +322,29 @@ fn env_blocks_use_each_workers_own_path_and_status_then_loads_that_library() {
             .unwrap()
             .to_string()
     };
-    assert_eq!(
-        preload(1),
-        format!("/srv/flo dl/libtorch/nccl/builds/{name}/lib/libnccl.so.2")
-    );
+    // A path without spaces or colons is its own LD_PRELOAD value. '/srv/flo dl' and
+    // "/home/it's here" would be split by glibc at the space, so those workers name the
+    // build through a link each made in its own cache, asked over SSH.
+    let raw = |i: usize| {
+        format!(
+            "{}/libtorch/nccl/builds/{name}/lib/libnccl.so.2",
+            rig.hosts[i].1
+        )
+    };
+    assert_eq!(preload(0), raw(0));
+    for i in [1, 2] {
+        let p = preload(i);
+        assert!(!p.contains([' ', ':']), "{p}");
+        assert!(p.contains("/fdl/preload/"), "{p}");
+        let target = rig.hosts[i].0.exec(&format!("readlink '{p}'"));
+        assert_eq!(target.trim(), raw(i), "worker {i}'s link");
+    }
     let text = String::from_utf8_lossy(&rig.fdl(&["cluster", "env", name]).stdout).into_owned();
     assert!(
-        text.contains(&format!(
-            "LD_PRELOAD: \"/home/it's here/libtorch/nccl/builds/{name}/lib/libnccl.so.2\""
-        )),
+        text.contains(&format!("LD_PRELOAD: \"{}\"", preload(2))),
         "{text}"
     );
+    assert!(!text.contains("it's here"), "{text}");
 
     // Put the build where each block says (as a copy would), paste the blocks, and the
     // workers now load it: one version, every GPU covered.

@@ -94,6 +94,16 @@ pub enum ClusterCommand {
         #[arg(long)]
         force: bool,
     },
+    /// The LD_PRELOAD value for a build on this host, its cache link made where the
+    /// build's path holds a space or colon (run by fdl over SSH)
+    #[command(hide = true)]
+    Link {
+        /// The build's name
+        build: String,
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+    },
     /// This host's report for the controller (run by fdl over SSH)
     #[command(name = "self", hide = true)]
     SelfReport {
@@ -146,6 +156,7 @@ impl ClusterCommand {
             ClusterCommand::Env { format, .. } => *format == EnvFormat::Json,
             ClusterCommand::Ship { json, .. } => *json,
             ClusterCommand::Receive { .. } => true,
+            ClusterCommand::Link { json, .. } => *json,
             ClusterCommand::Plan { build, .. } | ClusterCommand::Build { build, .. } => build.json,
         }
     }
@@ -164,6 +175,21 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
                 ld_preload,
             });
             print_json(&serde_json::to_value(&report)?);
+            Ok(())
+        }
+        ClusterCommand::Link { build, json } => {
+            crate::nccl::store::BuildName::parse(&build)?;
+            let lib = project
+                .nccl_builds_dir()
+                .join(&build)
+                .join("lib")
+                .join("libnccl.so.2");
+            let path = crate::nccl::preload::preload_path(&lib, &build)?;
+            if json {
+                print_json(&json!({ "ld_preload": path }));
+            } else {
+                println!("{}", path.display());
+            }
             Ok(())
         }
         ClusterCommand::Status { common, json } => status_cmd(project, &common, json),
@@ -256,24 +282,34 @@ fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
     let cluster = load(project, common)?;
     let workers = reports(&cluster, common, json)?;
     let verdicts = status::verdicts(&workers);
-    let red: Vec<&str> = verdicts.iter().filter(|v| !v.ok).map(|v| v.name).collect();
+    let red: Vec<&str> = verdicts
+        .iter()
+        .filter(|v| v.state == status::State::Red)
+        .map(|v| v.name)
+        .collect();
+    let unknown: Vec<&str> = verdicts
+        .iter()
+        .filter(|v| v.state == status::State::Unknown)
+        .map(|v| v.name)
+        .collect();
     if json {
         print_json(&json!({
             "files": cluster.files,
             "workers": workers,
             "verdicts": verdicts,
-            "ok": red.is_empty(),
+            "ok": red.is_empty() && unknown.is_empty(),
+            "state": if !red.is_empty() { "red" } else if !unknown.is_empty() { "unknown" } else { "ok" },
         }));
     } else {
         print!("{}", render_status(&workers));
         println!("Verdicts:");
         for v in &verdicts {
-            let mark = if v.ok {
-                paint("ok ", Color::Green)
-            } else {
-                paint("RED", Color::Red)
+            let mark = match v.state {
+                status::State::Ok => paint("ok     ", Color::Green),
+                status::State::Red => paint("RED    ", Color::Red),
+                status::State::Unknown => paint("unknown", Color::Yellow),
             };
-            println!("  {mark} {:<9} {}", v.name, v.detail);
+            println!("  {mark} {:<9} {}", v.name, super::clean(&v.detail));
         }
     }
     if !red.is_empty() {
@@ -283,6 +319,14 @@ fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
         } else {
             e
         });
+    }
+    if !unknown.is_empty() {
+        // Exit 3: not a finding, but not ready either; the verdicts say what is missing.
+        return Err(super::Undecided(format!(
+            "the cluster's readiness is unknown: {} could not be judged",
+            unknown.join(", ")
+        ))
+        .into());
     }
     Ok(())
 }
@@ -413,10 +457,38 @@ fn env_cmd(
         if path.chars().any(char::is_control) {
             bail!(
                 "worker {}'s path holds a control character: fix `path:` in the cluster file",
-                w.host
+                super::clean(&w.host)
             );
         }
         entries.push((w, path));
+    }
+    // glibc splits LD_PRELOAD at spaces and colons: a worker whose path holds one is
+    // named through the link in its own cache, which only it can make and name.
+    let needs_link: Vec<usize> = (0..entries.len())
+        .filter(|&i| !crate::loader::preload::is_one_element(&entries[i].1))
+        .collect();
+    if !needs_link.is_empty() {
+        let (transport, own) = common.reach()?;
+        let timeout = Duration::from_secs(common.timeout.max(1));
+        let links = crate::cluster::in_parallel(
+            &needs_link,
+            common.parallel,
+            |&i| status::preload_on(&transport, entries[i].0, &own, &name, timeout),
+            &|_| {},
+        );
+        let mut failed = Vec::new();
+        for (&i, link) in needs_link.iter().zip(links) {
+            match link {
+                Ok(p) => entries[i].1 = p,
+                Err(e) => failed.push(format!("{}: {e:#}", super::clean(&entries[i].0.host))),
+            }
+        }
+        if !failed.is_empty() {
+            bail!(
+                "no LD_PRELOAD value the loader honours for {}: the path holds a space or a colon, where glibc splits LD_PRELOAD, and the worker could not make a link without one. Reach the worker and run again, or move its checkout to a path without spaces and colons",
+                failed.join("; ")
+            );
+        }
     }
     match format {
         EnvFormat::Json => print_json(&json!({

@@ -489,7 +489,12 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
     } else {
         let width = reports
             .iter()
-            .flat_map(|r| r.checks.iter().map(|c| c.check.chars().count()))
+            .flat_map(|r| {
+                r.checks
+                    .iter()
+                    .chain(&r.host_coverage)
+                    .map(|c| c.check.chars().count())
+            })
             .max()
             .unwrap_or(0);
         for r in &reports {
@@ -499,14 +504,27 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                 paint("FAILED", Color::Red)
             };
             println!("{}  {head}", r.build);
-            for c in &r.checks {
+            let line = |c: &verify::Check, fail: &str| {
                 let status = match c.status {
                     Status::Pass => paint("ok", Color::Green),
                     Status::Warn => paint("warn", Color::Yellow),
-                    Status::Fail => paint("FAIL", Color::Red),
+                    Status::Fail => paint(fail, Color::Red),
                     Status::Skipped => paint("skipped", Color::Yellow),
                 };
-                println!("  {:<width$}  {status:<7} {}", c.check, c.detail);
+                println!(
+                    "  {:<width$}  {status:<7} {}",
+                    c.check,
+                    super::clean(&c.detail)
+                );
+            };
+            for c in &r.checks {
+                line(c, "FAIL");
+            }
+            if !r.host_coverage.is_empty() {
+                println!("  this host's GPUs (not part of the build's verdict):");
+                for c in &r.host_coverage {
+                    line(c, "NOT COVERED");
+                }
             }
         }
     }
@@ -538,6 +556,7 @@ fn failed_report(store: &BuildStore, name: &str, detail: String) -> Report {
             status: Status::Fail,
             detail,
         }],
+        host_coverage: Vec::new(),
         checked: None,
     }
 }

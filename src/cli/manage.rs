@@ -201,9 +201,7 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
     // the per-user cache when the project's path holds a space or a colon.
     let preload = crate::nccl::preload::preload_path(&lib, &name)?;
     // This output is `eval`ed or pasted: the path is quoted for its format too.
-    let path = preload
-        .to_str()
-        .expect("preload_path returns UTF-8 paths");
+    let path = preload.to_str().expect("preload_path returns UTF-8 paths");
     let comment = comment_text(&format!(
         "{name}: NCCL {} ({why})",
         manifest.checked.header_version

@@ -173,6 +173,9 @@ fn nccl_of(lib: &Path) -> anyhow::Result<NcclFacts> {
     answer_facts(loader::which_nccl(lib, &LoaderEnv::bundled())?)
 }
 
+/// How an effective NCCL that is two NCCLs is reported: status reads it as a finding.
+pub const SPLIT: &str = "two NCCLs in one process";
+
 /// A known NCCL as facts; anything else is the reason it is not known.
 fn answer_facts(w: loader::Which) -> anyhow::Result<NcclFacts> {
     match w.answer {
@@ -186,7 +189,7 @@ fn answer_facts(w: loader::Which) -> anyhow::Result<NcclFacts> {
         }
         Answer::None { reason } => anyhow::bail!("no NCCL: {reason}"),
         Answer::Unknown { reason } => anyhow::bail!("unknown: {reason}"),
-        Answer::Split { reason } => anyhow::bail!("two NCCLs in one process: {reason}"),
+        Answer::Split { reason } => anyhow::bail!("{SPLIT}: {reason}"),
     }
 }
 

@@ -116,6 +116,11 @@ pub fn state(builds_dir: &Path, name: &str, prepare: bool) -> Result<StateReport
 /// The answer to `receive --install`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Installed {
+    /// What the worker's ranks preload (see `fdl cluster env`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ld_preload: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ld_preload_error: Option<String>,
     pub dir: PathBuf,
     pub digest: String,
     pub replaced: bool,
@@ -147,11 +152,12 @@ pub fn install(
         Some(Existing::Build(_)) if content_digest(&store.path_of(name.as_str()))? == digest => {
             // Another ship got here first: the same bytes are in place.
             let _ = std::fs::remove_dir_all(&incoming);
-            return Ok(Installed {
-                dir: store.path_of(name.as_str()),
-                digest: digest.to_string(),
-                replaced: false,
-            });
+            return Ok(installed(
+                store.path_of(name.as_str()),
+                name.as_str(),
+                digest,
+                false,
+            ));
         }
         Some(_) if force => true,
         Some(_) => bail!(
@@ -192,11 +198,28 @@ pub fn install(
         &store.path_of(name.as_str()),
     )?;
     staging.commit(replaced)?;
-    Ok(Installed {
-        dir: store.path_of(name.as_str()),
+    Ok(installed(
+        store.path_of(name.as_str()),
+        name.as_str(),
+        digest,
+        replaced,
+    ))
+}
+
+/// The answer for a build in place at `dir`, with the LD_PRELOAD value this worker's
+/// ranks need: the build's path, or a link in this user's cache (made now) where that
+/// path holds a space or a colon.
+fn installed(dir: PathBuf, name: &str, digest: &str, replaced: bool) -> Installed {
+    let ld_preload =
+        crate::nccl::preload::preload_path(&dir.join("lib").join("libnccl.so.2"), name)
+            .map_err(|e| format!("{e:#}"));
+    Installed {
+        dir,
         digest: digest.to_string(),
         replaced,
-    })
+        ld_preload: ld_preload.as_ref().ok().cloned(),
+        ld_preload_error: ld_preload.err(),
+    }
 }
 
 #[cfg(test)]

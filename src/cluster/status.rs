@@ -29,11 +29,45 @@ pub struct WorkerStatus {
     pub shipped_fdl: bool,
 }
 
+/// A verdict's state. `ok` rests on every fact it needs; anything missing (a worker that
+/// did not answer, an NCCL the loader model cannot name) is `unknown`, never `ok`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Ok,
+    Red,
+    Unknown,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Verdict {
     pub name: &'static str,
+    pub state: State,
+    /// `state == ok`, for scripts of fdl 0.1.
     pub ok: bool,
     pub detail: String,
+}
+
+impl Verdict {
+    fn new(name: &'static str, state: State, detail: String) -> Verdict {
+        Verdict {
+            name,
+            state,
+            ok: state == State::Ok,
+            detail,
+        }
+    }
+}
+
+/// Red on findings, else unknown on missing facts, else ok.
+fn judge(red: &[String], unknown: &[String]) -> State {
+    if !red.is_empty() {
+        State::Red
+    } else if !unknown.is_empty() {
+        State::Unknown
+    } else {
+        State::Ok
+    }
 }
 
 /// The controller's own fdl, to run on workers that lack a compatible one.
@@ -67,24 +101,66 @@ pub(super) const NO_PATH: i32 = 97;
 const NO_FDL: i32 = 96;
 const BAD_UPLOAD: i32 = 95;
 
-/// The remote command that prints the worker's report: from its checkout, with the
+/// The remote command that runs fdl with `args` in the worker's checkout: the
 /// controller's fdl when the worker holds it, else the worker's own.
-fn self_script(w: &Worker, own: &OwnBinary) -> String {
-    let mut args = vec!["cluster", "self", "--json"];
-    if let Some(arch) = &w.arch {
-        args.extend(["--arch", arch]);
-    }
-    if let Some(pre) = w.ld_preload() {
-        args.extend(["--ld-preload", pre]);
-    }
+fn fdl_script(w: &Worker, own: &OwnBinary, args: &[&str]) -> String {
     format!(
         "cd -- {} 2>/dev/null || exit {NO_PATH}; b={}; \
          if [ -x \"$b\" ]; then f=$b; elif command -v fdl >/dev/null 2>&1; then f=fdl; else exit {NO_FDL}; fi; \
          exec \"$f\" --root \"$PWD\" {}",
         crate::step::single_quote(&w.path),
         own.remote_path_expr(),
-        ssh::words(&args)
+        ssh::words(args)
     )
+}
+
+/// Runs fdl with `args` on the worker and reads its answer with `parse`, which says
+/// `Err(why)` when the answer shows an fdl that cannot serve (none, or another schema):
+/// then the controller's fdl is shipped and asked once more. Returns the answer and
+/// whether fdl was shipped.
+fn run_fdl<T>(
+    t: &Transport,
+    w: &Worker,
+    own: &OwnBinary,
+    args: &[&str],
+    timeout: Duration,
+    parse: &dyn Fn(&std::process::Output) -> std::result::Result<T, String>,
+) -> Result<(T, bool)> {
+    let attempt = |t: &Transport| -> Result<std::result::Result<T, String>> {
+        let out = t.run(w, &fdl_script(w, own, args), None, timeout)?;
+        if let Some(why) = ssh::connection_failure(&out) {
+            bail!("unreachable over SSH: {why}");
+        }
+        match out.status.code() {
+            Some(NO_PATH) => bail!(
+                "its path {} does not exist there (or is not a directory it can enter): fix `path:` or create the checkout",
+                w.path
+            ),
+            Some(NO_FDL) => return Ok(Err("no fdl there".into())),
+            _ => {}
+        }
+        Ok(parse(&out))
+    };
+    match attempt(t)? {
+        Ok(v) => Ok((v, false)),
+        Err(why) => {
+            ship_binary(t, w, own, timeout)
+                .map_err(|e| anyhow!("{why}, and fdl could not be shipped: {e:#}"))?;
+            match attempt(t)? {
+                Ok(v) => Ok((v, true)),
+                Err(again) => Err(anyhow!("{why}; after shipping fdl: {again}")),
+            }
+        }
+    }
+}
+
+/// The last line fdl wrote to stderr: its error, for a message.
+fn last_error(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .last()
+        .unwrap_or("no message")
+        .to_string()
 }
 
 /// The worker's report, shipping the controller's fdl first when the worker has none or
@@ -98,49 +174,69 @@ pub fn query(t: &Transport, w: &Worker, own: &OwnBinary, timeout: Duration) -> W
         error: None,
         shipped_fdl: false,
     };
-    let attempt = |t: &Transport| -> Result<Result<HostReport, String>> {
-        let out = t.run(w, &self_script(w, own), None, timeout)?;
-        if let Some(why) = ssh::connection_failure(&out) {
-            bail!("unreachable over SSH: {why}");
-        }
-        match out.status.code() {
-            Some(NO_PATH) => bail!(
-                "its path {} does not exist there (or is not a directory it can enter): fix `path:` or create the checkout",
-                w.path
-            ),
-            Some(NO_FDL) => return Ok(Err("no fdl there".into())),
-            _ => {}
-        }
+    let parse = |out: &std::process::Output| {
         let text = String::from_utf8_lossy(&out.stdout);
         match serde_json::from_str::<HostReport>(text.trim()) {
-            Ok(r) if r.schema == REPORT_SCHEMA => Ok(Ok(r)),
-            Ok(r) => Ok(Err(format!("its fdl speaks report schema {}", r.schema))),
-            Err(_) => Ok(Err(format!(
-                "its fdl gave no report ({})",
-                String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or("no message")
-            ))),
+            Ok(r) if r.schema == REPORT_SCHEMA => Ok(r),
+            Ok(r) => Err(format!("its fdl speaks report schema {}", r.schema)),
+            Err(_) => Err(format!("its fdl gave no report ({})", last_error(out))),
         }
     };
-    let result = attempt(t).and_then(|first| match first {
-        Ok(r) => Ok(r),
-        Err(why) => {
-            ship_binary(t, w, own, timeout)
-                .map_err(|e| anyhow!("{why}, and fdl could not be shipped: {e:#}"))?;
-            status.shipped_fdl = true;
-            match attempt(t)? {
-                Ok(r) => Ok(r),
-                Err(again) => Err(anyhow!("{why}; after shipping fdl: {again}")),
-            }
+    match run_fdl(t, w, own, &self_script_args(w), timeout, &parse) {
+        Ok((r, shipped)) => {
+            status.report = Some(r);
+            status.shipped_fdl = shipped;
         }
-    });
-    match result {
-        Ok(r) => status.report = Some(r),
         Err(e) => status.error = Some(format!("{e:#}")),
     }
     status
+}
+
+fn self_script_args(w: &Worker) -> Vec<&str> {
+    let mut args = vec!["cluster", "self", "--json"];
+    if let Some(arch) = &w.arch {
+        args.extend(["--arch", arch.as_str()]);
+    }
+    if let Some(pre) = w.ld_preload() {
+        args.extend(["--ld-preload", pre]);
+    }
+    args
+}
+
+/// The `LD_PRELOAD` value for build `name` on the worker: its own `fdl cluster link`
+/// answers with the build's path, or the link in its per-user cache it made for it when
+/// that path holds a space or a colon.
+pub fn preload_on(
+    t: &Transport,
+    w: &Worker,
+    own: &OwnBinary,
+    name: &str,
+    timeout: Duration,
+) -> Result<String> {
+    let parse = |out: &std::process::Output| {
+        let text = String::from_utf8_lossy(&out.stdout);
+        match serde_json::from_str::<serde_json::Value>(text.trim()) {
+            Ok(v) if v["ld_preload"].is_string() => {
+                Ok(Ok(v["ld_preload"].as_str().unwrap_or_default().to_string()))
+            }
+            Ok(v) if v["error"].is_string() => {
+                Ok(Err(v["error"].as_str().unwrap_or("").to_string()))
+            }
+            _ => Err(format!(
+                "its fdl cannot make preload links ({})",
+                last_error(out)
+            )),
+        }
+    };
+    let (answer, _) = run_fdl(
+        t,
+        w,
+        own,
+        &["cluster", "link", name, "--json"],
+        timeout,
+        &parse,
+    )?;
+    answer.map_err(|why| anyhow!("{why}"))
 }
 
 /// Copies the controller's fdl to the worker's cache, checked by sha256 there before it
@@ -237,63 +333,83 @@ pub fn query_all(
     )
 }
 
-/// The verdicts for the cluster, in the order status prints them.
+/// The verdicts for the cluster, in the order status prints them. A worker without a
+/// report leaves every verdict at best unknown: its facts are missing.
 pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
     let mut out = Vec::new();
     let down: Vec<String> = workers
         .iter()
         .filter_map(|w| w.error.as_ref().map(|e| format!("{}: {e}", w.host)))
         .collect();
-    out.push(Verdict {
-        name: "reach",
-        ok: down.is_empty(),
-        detail: if down.is_empty() {
+    let silent: Vec<String> = workers
+        .iter()
+        .filter(|w| w.report.is_none())
+        .map(|w| format!("{} did not answer", w.host))
+        .collect();
+    out.push(Verdict::new(
+        "reach",
+        if down.is_empty() && silent.is_empty() {
+            State::Ok
+        } else {
+            State::Red
+        },
+        if down.is_empty() && silent.is_empty() {
             format!("all {} workers answered", workers.len())
+        } else if down.is_empty() {
+            silent.join("; ")
         } else {
             down.join("; ")
         },
-    });
+    ));
     let reports: Vec<(&str, &HostReport)> = workers
         .iter()
         .filter_map(|w| w.report.as_ref().map(|r| (w.host.as_str(), r)))
         .collect();
+    // Facts every verdict lacks: the workers that did not answer, or none at all.
+    let mut missing_hosts = silent.clone();
+    if workers.is_empty() {
+        missing_hosts.push("no workers".into());
+    }
 
     // skew: one effective NCCL version, exactly.
     let mut versions: Vec<(String, &str)> = Vec::new();
-    let mut unknown = Vec::new();
+    let mut unknown = missing_hosts.clone();
+    let mut red = Vec::new();
     for (host, r) in &reports {
         match &r.effective {
             Facts::Known(n) => versions.push((n.version.clone(), host)),
-            Facts::Unknown(why) => unknown.push(format!("{host}: {why}")),
+            Facts::Unknown(why) if why.starts_with(super::host::SPLIT) => {
+                red.push(format!("{host}: {why}"))
+            }
+            Facts::Unknown(why) => unknown.push(format!("{host}: effective NCCL unknown: {why}")),
         }
     }
     let mut distinct: Vec<&String> = versions.iter().map(|(v, _)| v).collect();
     distinct.sort();
     distinct.dedup();
-    out.push(Verdict {
-        name: "skew",
-        ok: distinct.len() <= 1 && unknown.is_empty(),
-        detail: if !unknown.is_empty() {
-            format!("effective NCCL unknown on {}", unknown.join("; "))
-        } else if distinct.len() <= 1 {
-            format!(
-                "every worker loads NCCL {}",
-                distinct.first().map(|s| s.as_str()).unwrap_or("?")
-            )
-        } else {
-            format!(
-                "NCCL versions differ, so NCCL will refuse to form a communicator: {}",
-                versions
-                    .iter()
-                    .map(|(v, h)| format!("{h} {v}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
+    if distinct.len() > 1 {
+        red.push(format!(
+            "NCCL versions differ, so NCCL will refuse to form a communicator: {}",
+            versions
+                .iter()
+                .map(|(v, h)| format!("{h} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let state = judge(&red, &unknown);
+    out.push(Verdict::new(
+        "skew",
+        state,
+        match state {
+            State::Red => red.join("; "),
+            State::Unknown => unknown.join("; "),
+            State::Ok => format!("every worker loads NCCL {}", distinct[0]),
         },
-    });
+    ));
 
-    // coverage: every GPU on every host.
-    let uncovered: Vec<String> = reports
+    // coverage: every GPU on every host, judged on the NCCL it really loads.
+    let red: Vec<String> = reports
         .iter()
         .flat_map(|(host, r)| {
             r.coverage
@@ -302,40 +418,50 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
                 .map(move |c| format!("{host} GPU {} ({})", c.index, c.arch))
         })
         .collect();
-    let no_gpus: Vec<String> = reports
-        .iter()
-        .filter(|(_, r)| r.gpus.known().is_none())
-        .map(|(h, r)| match &r.gpus {
-            Facts::Unknown(why) => format!("{h}: {why}"),
-            Facts::Known(_) => String::new(),
-        })
-        .collect();
-    out.push(Verdict {
-        name: "coverage",
-        ok: uncovered.is_empty() && no_gpus.is_empty(),
-        detail: if !uncovered.is_empty() {
-            format!(
-                "the effective NCCL has no code for {}",
-                uncovered.join(", ")
-            )
-        } else if !no_gpus.is_empty() {
-            format!("GPUs unknown on {}", no_gpus.join("; "))
-        } else {
-            "every GPU has code in its host's NCCL".into()
+    let mut unknown = missing_hosts.clone();
+    for (h, r) in &reports {
+        if let Facts::Unknown(why) = &r.gpus {
+            unknown.push(format!("{h}: GPUs unknown: {why}"));
+        }
+        if r.effective.known().is_none() {
+            unknown.push(format!(
+                "{h}: its effective NCCL is unknown, so is its code"
+            ));
+        }
+    }
+    let state = judge(&red, &unknown);
+    out.push(Verdict::new(
+        "coverage",
+        state,
+        match state {
+            State::Red => format!("the effective NCCL has no code for {}", red.join(", ")),
+            State::Unknown => unknown.join("; "),
+            State::Ok => "every GPU has code in its host's NCCL".into(),
         },
-    });
+    ));
 
     // driver: each host's driver runs the CUDA its effective NCCL was built with.
-    let mut bad = Vec::new();
+    let mut red = Vec::new();
+    let mut unknown = missing_hosts.clone();
     let mut notes = Vec::new();
     for (host, r) in &reports {
-        let (Some(d), Some(n)) = (r.driver.known(), r.effective.known()) else {
-            if let Facts::Unknown(why) = &r.driver {
-                bad.push(format!("{host}: driver unknown ({why})"));
+        let d = match &r.driver {
+            Facts::Known(d) => d,
+            Facts::Unknown(why) => {
+                unknown.push(format!("{host}: driver unknown ({why})"));
+                continue;
             }
+        };
+        let Some(n) = r.effective.known() else {
+            unknown.push(format!(
+                "{host}: its effective NCCL is unknown, so is its CUDA"
+            ));
             continue;
         };
         let (Some(runs), Some(built)) = (d.cuda, n.cuda) else {
+            unknown.push(format!(
+                "{host}: the CUDA of its driver or of its NCCL is not known"
+            ));
             continue;
         };
         match driver_runs(runs, built) {
@@ -344,73 +470,95 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
                 "{host}: driver {} (CUDA {runs}) runs NCCL's CUDA {built} by minor-version compatibility",
                 d.version
             )),
-            DriverFit::No => bad.push(format!(
+            DriverFit::No => red.push(format!(
                 "{host}: driver {} runs CUDA up to {runs}, but its NCCL was built with CUDA {built}: update the driver",
                 d.version
             )),
         }
     }
-    out.push(Verdict {
-        name: "driver",
-        ok: bad.is_empty(),
-        detail: if bad.is_empty() {
-            if notes.is_empty() {
-                "every driver runs its NCCL's CUDA".into()
-            } else {
-                notes.join("; ")
-            }
-        } else {
-            bad.join("; ")
+    let state = judge(&red, &unknown);
+    out.push(Verdict::new(
+        "driver",
+        state,
+        match state {
+            State::Red => red.join("; "),
+            State::Unknown => unknown.join("; "),
+            State::Ok if notes.is_empty() => "every driver runs its NCCL's CUDA".into(),
+            State::Ok => notes.join("; "),
         },
-    });
+    ));
 
     // symbols: what each libtorch imports, its effective NCCL exports.
-    let missing: Vec<String> = reports
+    let red: Vec<String> = reports
         .iter()
         .filter(|(_, r)| !r.missing_symbols.is_empty())
         .map(|(h, r)| format!("{h} lacks {}", r.missing_symbols.join(", ")))
         .collect();
-    out.push(Verdict {
-        name: "symbols",
-        ok: missing.is_empty(),
-        detail: if missing.is_empty() {
-            "each effective NCCL exports every nccl* function its libtorch imports".into()
-        } else {
-            missing.join("; ")
+    let mut unknown = missing_hosts.clone();
+    for (h, r) in &reports {
+        match (r.libtorch.known(), r.effective.known()) {
+            (Some(lt), Some(_)) => {
+                if let Facts::Unknown(why) = &lt.bridge {
+                    unknown.push(format!("{h}: the libtorch's imports are unknown ({why})"));
+                }
+            }
+            _ => unknown.push(format!(
+                "{h}: its libtorch or its effective NCCL is unknown"
+            )),
+        }
+    }
+    let state = judge(&red, &unknown);
+    out.push(Verdict::new(
+        "symbols",
+        state,
+        match state {
+            State::Red => red.join("; "),
+            State::Unknown => unknown.join("; "),
+            State::Ok => {
+                "each effective NCCL exports every nccl* function its libtorch imports".into()
+            }
         },
-    });
+    ));
 
     // bridge: where a preload is set, it must take effect.
-    let preloading = reports
+    let preloading: Vec<&(&str, &HostReport)> = reports
         .iter()
         .filter(|(_, r)| r.effective.known().is_some_and(|n| n.linkage == "preload"))
-        .count();
-    let ineffective: Vec<String> = reports
-        .iter()
-        .filter(|(_, r)| r.effective.known().is_some_and(|n| n.linkage == "preload"))
-        .filter_map(|(h, r)| {
-            let lt = r.libtorch.known()?;
-            match &lt.bridge {
-                Facts::Known(b) if !b.takes_effect => Some(format!("{h}: {}", b.why)),
-                Facts::Unknown(why) => Some(format!("{h}: unknown ({why})")),
-                _ => None,
-            }
-        })
         .collect();
-    out.push(Verdict {
-        name: "bridge",
-        ok: ineffective.is_empty(),
-        detail: if preloading == 0 {
-            "no worker sets LD_PRELOAD: each runs its libtorch's own NCCL".into()
-        } else if ineffective.is_empty() {
-            format!("the LD_PRELOAD of {preloading} worker(s) takes effect")
-        } else {
-            format!(
+    let mut red = Vec::new();
+    let mut unknown = missing_hosts.clone();
+    for (h, r) in &reports {
+        if r.effective.known().is_none() {
+            unknown.push(format!("{h}: which NCCL its ranks load is unknown"));
+        }
+    }
+    for (h, r) in &preloading {
+        match r.libtorch.known().map(|lt| &lt.bridge) {
+            Some(Facts::Known(b)) if !b.takes_effect => red.push(format!("{h}: {}", b.why)),
+            Some(Facts::Known(_)) => {}
+            Some(Facts::Unknown(why)) => unknown.push(format!("{h}: {why}")),
+            None => unknown.push(format!("{h}: its libtorch is unknown")),
+        }
+    }
+    let state = judge(&red, &unknown);
+    out.push(Verdict::new(
+        "bridge",
+        state,
+        match state {
+            State::Red => format!(
                 "LD_PRELOAD is set but replaces nothing, so the bundled NCCL still runs: {}",
-                ineffective.join("; ")
-            )
+                red.join("; ")
+            ),
+            State::Unknown => unknown.join("; "),
+            State::Ok if preloading.is_empty() => {
+                "no worker sets LD_PRELOAD: each runs its libtorch's own NCCL".into()
+            }
+            State::Ok => format!(
+                "the LD_PRELOAD of {} worker(s) takes effect",
+                preloading.len()
+            ),
         },
-    });
+    ));
     out
 }
 
@@ -457,6 +605,35 @@ mod tests {
         assert!(runs_there("x86_64", "glibc 2.4", "x86_64", Some("2.36")).is_err());
         let e = runs_there("x86_64", "no-glibc", "x86_64", Some("2.36")).unwrap_err();
         assert!(e.to_string().contains("no GNU libc (no-glibc)"));
+    }
+
+    fn silent(host: &str) -> WorkerStatus {
+        WorkerStatus {
+            host: host.into(),
+            target: host.into(),
+            path: "/p".into(),
+            report: None,
+            error: Some("unreachable".into()),
+            shipped_fdl: false,
+        }
+    }
+
+    /// With no worker answering there are no facts: reach is red and every other verdict
+    /// unknown, never "ok" (fdl 0.1 said `ok skew every worker loads NCCL ?`).
+    #[test]
+    fn no_facts_is_never_ok() {
+        let v = verdicts(&[silent("a"), silent("b")]);
+        assert_eq!(v[0].state, State::Red);
+        for verdict in &v[1..] {
+            assert_eq!(verdict.state, State::Unknown, "{verdict:?}");
+            assert!(!verdict.ok);
+            assert!(verdict.detail.contains("a did not answer"), "{verdict:?}");
+        }
+        let none = verdicts(&[]);
+        assert!(
+            none[1..].iter().all(|v| v.state == State::Unknown),
+            "{none:?}"
+        );
     }
 
     #[test]

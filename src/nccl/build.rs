@@ -107,7 +107,14 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
             (gpu::distinct_archs(&gpus), ArchOrigin::Gpus { gpus })
         }
     };
-    let warnings = libtorch_gaps(src.project, &archs);
+    let mut warnings = libtorch_gaps(src.project, &archs);
+    if arch_origin == ArchOrigin::Flag {
+        // `--archs` is for other hosts too; this host's GPUs must still be named, or the
+        // build (and `fdl nccl verify` here) will not cover them. No GPUs readable: no word.
+        if let Ok(gpus) = (src.gpus)() {
+            warnings.extend(left_out(&gpus, &archs));
+        }
+    }
     Ok(Inferred {
         tag,
         tag_origin,
@@ -117,6 +124,30 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
         arch_origin,
         warnings,
     })
+}
+
+/// A warning for each local GPU no planned arch has SASS for.
+pub fn left_out(gpus: &[gpu::Gpu], archs: &[Arch]) -> Vec<String> {
+    gpus.iter()
+        .filter(|g| {
+            !archs
+                .iter()
+                .any(|&a| crate::arch::GpuTarget::generic(a).sass_runs_on(g.compute_cap))
+        })
+        .map(|g| {
+            let mut all: Vec<Arch> = archs.to_vec();
+            all.push(g.compute_cap);
+            all.sort();
+            all.dedup();
+            format!(
+                "--archs leaves out this host's GPU {} ({}, {}): the build will have no code for it, and `fdl nccl verify` here will say so. To cover it, pass --archs \"{}\"",
+                g.index,
+                g.name,
+                g.compute_cap,
+                all.iter().map(|a| a.capability()).collect::<Vec<_>>().join(";")
+            )
+        })
+        .collect()
 }
 
 /// A new NCCL does not make training run on a GPU the libtorch itself has no code for

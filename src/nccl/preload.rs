@@ -57,7 +57,10 @@ pub fn link_path(lib: &Path, name: &str, cache: &Path) -> PathBuf {
 /// place by rename, which replaces a directory entry and follows nothing.
 fn make_link(link: &Path, target: &Path) -> Result<()> {
     let dir = link.parent().expect("a link path has a parent");
-    let cache = dir.parent().and_then(Path::parent).expect("cache/preload/<name>");
+    let cache = dir
+        .parent()
+        .and_then(Path::parent)
+        .expect("cache/preload/<name>");
     own_dir(cache)?;
     own_dir(&cache.join("preload"))?;
     own_dir(dir)?;
@@ -102,8 +105,8 @@ pub fn own_dir(dir: &Path) -> Result<()> {
 }
 
 fn check_own(dir: &Path) -> Result<()> {
-    let meta = std::fs::symlink_metadata(dir)
-        .with_context(|| format!("cannot read {}", dir.display()))?;
+    let meta =
+        std::fs::symlink_metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if !meta.file_type().is_dir() {
@@ -150,7 +153,10 @@ mod tests {
         assert_eq!(std::fs::read_link(&link).unwrap(), spaced);
         assert_eq!(std::fs::read(&link).unwrap(), b"lib");
         // Again: the same link, untouched.
-        assert_eq!(preload_path_in(&spaced, "v2.27.5-sm61", &cache).unwrap(), link);
+        assert_eq!(
+            preload_path_in(&spaced, "v2.27.5-sm61", &cache).unwrap(),
+            link
+        );
         let mode = std::fs::metadata(&cache).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o700);
     }
@@ -166,7 +172,9 @@ mod tests {
         let elsewhere = t.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, cache.join("preload")).unwrap();
-        let e = preload_path_in(&spaced, "b", &cache).unwrap_err().to_string();
+        let e = preload_path_in(&spaced, "b", &cache)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a directory"), "{e}");
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
         // A cache whose own path would be split: no honest path exists.

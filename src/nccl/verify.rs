@@ -52,6 +52,11 @@ pub struct Report {
     pub build: String,
     pub dir: PathBuf,
     pub checks: Vec<Check>,
+    /// How the build runs on this host's GPUs: a separate question from whether the build
+    /// is what its plan says (a build may be made for other hosts), so it never makes
+    /// [`Report::passed`] false.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub host_coverage: Vec<Check>,
     /// What the layout check established, when it passed; a build seals its manifest
     /// with it instead of checking the tree again.
     #[serde(skip)]
@@ -68,6 +73,11 @@ impl Report {
             .iter()
             .filter(|c| c.status == Status::Fail)
             .collect()
+    }
+
+    /// Whether every local GPU the report looked at has code in the build.
+    pub fn covers_this_host(&self) -> bool {
+        self.host_coverage.iter().all(|c| c.status != Status::Fail)
     }
 
     fn push(&mut self, check: impl Into<String>, status: Status, detail: impl Into<String>) {
@@ -107,6 +117,7 @@ pub fn verify(name: &str, dir: &Path, plan: &BuildPlan, against: &Against) -> Re
         build: name.to_string(),
         dir: dir.to_path_buf(),
         checks: Vec::new(),
+        host_coverage: Vec::new(),
         checked: None,
     };
     // A manifest's record means an installed build; without one the tree is staged.
@@ -162,15 +173,27 @@ pub fn verify(name: &str, dir: &Path, plan: &BuildPlan, against: &Against) -> Re
             match against.gpus {
                 LocalGpus::Known(gpus) => {
                     for g in gpus {
-                        let (status, detail) = sass_verdict(&ins.gpu_code, g.compute_cap, false);
-                        r.push(format!("gpu {} ({})", g.index, g.name), status, detail);
+                        let (status, mut detail) =
+                            sass_verdict(&ins.gpu_code, g.compute_cap, false);
+                        if status == Status::Fail && !plan.archs.contains(&g.compute_cap) {
+                            detail.push_str(&format!(
+                                ": the build's plan leaves {} out; for this host, build with --archs naming it",
+                                g.compute_cap
+                            ));
+                        }
+                        r.host_coverage.push(Check {
+                            check: format!("gpu {} ({})", g.index, g.name),
+                            status,
+                            detail,
+                        });
                     }
                 }
-                LocalGpus::Unknown => r.push(
-                    "local gpus",
-                    Status::Skipped,
-                    "not checked: the local GPUs are unknown (nvidia-smi unavailable)",
-                ),
+                LocalGpus::Unknown => r.host_coverage.push(Check {
+                    check: "local gpus".into(),
+                    status: Status::Skipped,
+                    detail: "not checked: the local GPUs are unknown (nvidia-smi unavailable)"
+                        .into(),
+                }),
                 LocalGpus::NotChecked => {}
             }
         }
