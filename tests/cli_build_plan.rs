@@ -312,6 +312,70 @@ fn archs_the_cuda_cannot_compile_are_refused() {
     );
 }
 
+/// `--archs` plans for other hosts too, but a GPU of this host it leaves out gets a
+/// warning naming the --archs that would cover it (dry run and JSON alike); a build and
+/// `fdl nccl verify` here would otherwise disagree about that GPU without a word.
+#[test]
+fn archs_that_leave_out_a_local_gpu_are_warned_about() {
+    let p = ProjectFixture::empty();
+    let smi = fake_nvidia_smi(MIXED_SMI, 0);
+    let out = fdl_in(p.root())
+        .env("PATH", path_with(smi.path()))
+        .args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "12.0",
+            "--dry-run",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let warnings: Vec<&str> = v["plan"]["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    // Both GTX 1060s (GPUs 0 and 2) are left out; the RTX 5060 Ti is covered.
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings[0]
+            .contains("--archs leaves out this host's GPU 0 (NVIDIA GeForce GTX 1060 6GB, sm_61)")
+            && warnings[0].contains("--archs \"6.1;12.0\""),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[1].contains("GPU 2 (NVIDIA GeForce GTX 1060 3GB"),
+        "{warnings:?}"
+    );
+    // Naming every local arch: no warning.
+    let out = fdl_in(p.root())
+        .env("PATH", path_with(smi.path()))
+        .args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "6.1;12.0",
+            "--dry-run",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["plan"]["warnings"].is_null(), "{v}");
+}
+
 #[test]
 fn gpus_come_from_nvidia_smi() {
     let p = ProjectFixture::empty();

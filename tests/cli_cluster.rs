@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 
-const CLUSTER: &str = "cluster:\n  controller:\n    host: 10.0.0.1\n    path: /c\n  workers:\n    - host: node-a\n      path: /opt/flodl\n    - host: node-b\n      path: \"/srv/it's here\"\n";
+const CLUSTER: &str = "cluster:\n  controller:\n    host: 10.0.0.1\n    path: /c\n  workers:\n    - host: node-a\n      path: /opt/flodl\n    - host: node-b\n      path: \"/srv/it's-here\"\n";
 
 fn run(f: &BuildsFixture, args: &[&str]) -> std::process::Output {
     f.fdl().args(args).output().unwrap()
@@ -73,10 +73,31 @@ fn env_blocks_need_no_host_and_ship_refuses_an_unknown_worker_before_connecting(
     )), "{text}");
     assert!(
         text.contains(&format!(
-            "LD_PRELOAD: \"/srv/it's here/libtorch/nccl/builds/{name}/lib/libnccl.so.2\""
+            "LD_PRELOAD: \"/srv/it's-here/libtorch/nccl/builds/{name}/lib/libnccl.so.2\""
         )),
         "{text}"
     );
+    // A worker whose path holds a space would have its LD_PRELOAD split by glibc: only a
+    // link the worker makes in its own cache names the build honestly, and a worker that
+    // cannot be reached cannot make one. A clear refusal, nothing to paste.
+    std::fs::write(
+        f.project.root().join("fdl.cluster.yml"),
+        CLUSTER.replace("it's-here", "it's here"),
+    )
+    .unwrap();
+    let out = run(&f, &["cluster", "env", "--timeout", "5"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("node-b") && err.contains("glibc splits LD_PRELOAD"),
+        "{err}"
+    );
+    std::fs::write(f.project.root().join("fdl.cluster.yml"), CLUSTER).unwrap();
 
     let before = snapshot(f.project.root());
     let out = run(&f, &["cluster", "ship", "--workers", "node-a,node-c"]);

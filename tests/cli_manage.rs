@@ -296,13 +296,15 @@ fn env_output_is_quoted_for_eval_whatever_the_root_holds() {
         let root = tmp.path().join(format!("p{i} {name}"));
         std::fs::create_dir_all(&root).unwrap();
         let build = install_build(&root, cache.path(), &tree, "v2.27.5-1", "8.6").unwrap();
-        let want = root
+        let raw = root
             .join("libtorch/nccl/builds")
             .join(&build)
             .join("lib/libnccl.so.2");
-        let want = want.to_str().unwrap();
-
+        // Every root here holds a space, where glibc splits LD_PRELOAD: the value is the
+        // build's link in fdl's cache, which leads to the build.
+        let links = cache.path().join("links");
         let out = fdl_in(&root)
+            .env("XDG_CACHE_HOME", &links)
             .args(["nccl", "env", &build])
             .output()
             .unwrap();
@@ -312,6 +314,9 @@ fn env_output_is_quoted_for_eval_whatever_the_root_holds() {
             String::from_utf8_lossy(&out.stderr)
         );
         let script = String::from_utf8(out.stdout).unwrap();
+        let link = fdl::nccl::preload::link_path(&raw, &build, &links.join("fdl"));
+        assert_eq!(std::fs::read_link(&link).unwrap(), raw);
+        let want = link.to_str().unwrap();
         for shell in &shells {
             let run = std::process::Command::new(shell)
                 .arg("-c")
@@ -332,6 +337,7 @@ fn env_output_is_quoted_for_eval_whatever_the_root_holds() {
             );
         }
         let yaml = fdl_in(&root)
+            .env("XDG_CACHE_HOME", &links)
             .args(["nccl", "env", &build, "--format", "yaml"])
             .output()
             .unwrap();
