@@ -93,6 +93,81 @@ fn registers_an_archive_as_links_with_arch_from_the_binaries() {
     assert_eq!(v["plan"]["tag"], "v2.27.3-1");
 }
 
+/// A pip torch whose nvidia-nccl wheel is not installed: the loader cannot find
+/// libnccl.so.2, and the version torch's METADATA pins is the answer everywhere —
+/// `libtorch add` records it as pinned, `nccl detect` says unknown and names it (exit 3),
+/// and the build's tag is inferred from it.
+#[test]
+fn a_pip_torch_without_its_nccl_wheel_answers_with_the_pinned_version_everywhere() {
+    let p = ProjectFixture::empty();
+    let site = tempfile::tempdir().unwrap();
+    let torch = pip_torch(site.path());
+    std::fs::remove_dir_all(site.path().join("nvidia")).unwrap();
+    let dist = site.path().join("torch-2.9.1.dist-info");
+    std::fs::create_dir_all(&dist).unwrap();
+    std::fs::write(
+        dist.join("METADATA"),
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.9.1\nRequires-Dist: filelock\nRequires-Dist: nvidia-nccl-cu13==2.28.9; platform_system == \"Linux\"\n\nA description mentioning Requires-Dist: nvidia-nccl-cu13==9.9.9\n",
+    )
+    .unwrap();
+    let out = fdl_in(p.root())
+        .env_remove("LD_LIBRARY_PATH")
+        .args(["libtorch", "add", "pip", "--json"])
+        .arg(&torch)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["arch"]["nccl"], "2.28.9", "{v}");
+    assert_eq!(
+        v["arch"]["nccl_linkage"], "pinned by nvidia-nccl-cu13, not installed",
+        "{v}"
+    );
+    let lib = p
+        .root()
+        .join("libtorch/precompiled/pip/lib/libtorch_cuda.so");
+    let out = fdl_in(p.root())
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("LD_PRELOAD")
+        .args(["nccl", "detect", "--json"])
+        .arg(&lib)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["answer"], "unknown");
+    assert_eq!(v["pin"]["version"], "2.28.9", "{v}");
+    assert_eq!(v["pin"]["distribution"], "nvidia-nccl-cu13", "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("pip install nvidia-nccl-cu13==2.28.9"),
+        "{reason}"
+    );
+    let out = fdl_in(p.root())
+        .env_remove("LD_LIBRARY_PATH")
+        .args(["nccl", "build", "--archs", "8.6", "--dry-run", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["plan"]["tag"], "v2.28.9-1", "{v}");
+    assert!(
+        v["plan"]["tag_origin"]["linkage"]
+            .as_str()
+            .unwrap()
+            .contains("nvidia-nccl-cu13==2.28.9"),
+        "{v}"
+    );
+}
+
 #[test]
 fn registers_a_pip_torch_with_dynamic_nccl() {
     let p = ProjectFixture::empty();

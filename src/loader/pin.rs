@@ -39,6 +39,9 @@ const MAX_METADATA: u64 = 4 << 20;
 /// The pin written by the distribution that owns `lib`, for a pip layout
 /// `site-packages/<pkg>/lib/<lib>` with `site-packages/<pkg>-<version>.dist-info/METADATA`.
 pub fn find(lib: &Path) -> Option<Pin> {
+    // Where pip put it, whatever link it is reached through (a registered variant's
+    // `lib` is a link into site-packages).
+    let lib = lib.canonicalize().ok()?;
     let pkg_dir = lib.parent()?.parent()?;
     let pkg = pkg_dir.file_name()?.to_str()?;
     let site = pkg_dir.parent()?;
