@@ -169,6 +169,45 @@ pub fn dynamic_nccl(path: &Path) -> Result<Option<DynamicNccl>> {
     Ok(Some(out))
 }
 
+/// Which of `names` the object at `path` exports as a symbol lookup can bind to: defined,
+/// global or weak, default or protected visibility. Found through the object's symbol
+/// hash table (DT_GNU_HASH, else DT_HASH) as the loader finds them — a few probes per name
+/// instead of reading a `.dynsym` of 100,000 entries — and by a scan only when there is
+/// no hash table.
+pub fn exported_among(path: &Path, names: &[&str]) -> Result<BTreeSet<String>> {
+    let src = Source::open(path)?;
+    let t = Tables::read(&src)?;
+    let e = t.endian;
+    let exported = |s: &Sym| {
+        s.st_shndx(e) != elf::SHN_UNDEF
+            && matches!(s.st_bind(), elf::STB_GLOBAL | elf::STB_WEAK | elf::STB_GNU_UNIQUE)
+            && matches!(s.st_visibility(), elf::STV_DEFAULT | elf::STV_PROTECTED)
+            && !matches!(s.st_type(), elf::STT_SECTION | elf::STT_FILE)
+    };
+    let name_is = |s: &Sym, want: &[u8]| {
+        usize::try_from(s.st_name(e))
+            .ok()
+            .and_then(|o| t.dynstr.get(o..))
+            .is_some_and(|rest| rest.starts_with(want) && rest.get(want.len()) == Some(&0))
+    };
+    let mut out = BTreeSet::new();
+    for name in names {
+        let want = name.as_bytes();
+        let found = match t.hash_lookup(want) {
+            Some(candidates) => candidates
+                .into_iter()
+                .filter_map(|i| t.dynsym.get(i))
+                .any(|s| name_is(s, want) && exported(s)),
+            None => t.dynsym.iter().skip(1).any(|s| name_is(s, want) && exported(s)),
+        };
+        if found {
+            out.insert(name.to_string());
+        }
+    }
+    src.check_len()?;
+    Ok(out)
+}
+
 /// Whether the object at `path` imports the function `name` (an undefined `.dynsym`
 /// entry), e.g. `dlopen`: what says it can load code no file names.
 pub fn imports(path: &Path, name: &str) -> Result<bool> {
@@ -638,6 +677,78 @@ impl<'a> Tables<'a> {
             }
         };
         Ok(())
+    }
+
+    /// The `.dynsym` indices the object's hash table lists under `name`'s hash: `None`
+    /// when it has no hash table fdl can read (the caller then scans).
+    fn hash_lookup(&self, name: &[u8]) -> Option<Vec<usize>> {
+        let e = self.endian;
+        let words = |addr: u64| -> Option<&'a [u8]> {
+            let off = self.info.vaddr_to_offset(addr, 16)?;
+            Some(self.src.bytes_clipped(off, u64::MAX))
+        };
+        let word = |table: &[u8], i: u64| -> Option<u32> {
+            let at = usize::try_from(i.checked_mul(4)?).ok()?;
+            let b = table.get(at..at.checked_add(4)?)?;
+            Some(e.read_u32_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        if let Some(table) = self.tags.gnu_hash.and_then(words) {
+            let h = name
+                .iter()
+                .fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(u32::from(c)));
+            let nbuckets = u64::from(word(table, 0)?);
+            let symoffset = u64::from(word(table, 1)?);
+            let bloom_words = u64::from(word(table, 2)?);
+            if nbuckets == 0 {
+                return Some(Vec::new());
+            }
+            // The Bloom filter (64-bit words in ELF64) only speeds up misses; the chains
+            // decide, so it is not consulted.
+            let buckets = 4u64.checked_add(bloom_words.checked_mul(2)?)?;
+            let chains = buckets.checked_add(nbuckets)?;
+            let mut i = u64::from(word(table, buckets + u64::from(h) % nbuckets)?);
+            let mut out = Vec::new();
+            if i < symoffset {
+                return Some(out);
+            }
+            // A chain ends at an entry with its low bit set; a hostile one that never does
+            // ends where the table or the symbol count does.
+            let limit = self.dynsym.len() as u64;
+            while i < limit {
+                let h2 = word(table, chains.checked_add(i - symoffset)?)?;
+                if h2 | 1 == h | 1 {
+                    out.push(usize::try_from(i).ok()?);
+                }
+                if h2 & 1 != 0 {
+                    break;
+                }
+                i += 1;
+            }
+            return Some(out);
+        }
+        if let Some(table) = self.tags.hash.and_then(words) {
+            // SysV hash: nbucket, nchain, buckets, chains.
+            let h = name.iter().fold(0u32, |h, &c| {
+                let h = (h << 4).wrapping_add(u32::from(c));
+                let g = h & 0xf000_0000;
+                (h ^ (g >> 24)) & !g
+            });
+            let nbucket = u64::from(word(table, 0)?);
+            let nchain = u64::from(word(table, 1)?);
+            if nbucket == 0 {
+                return Some(Vec::new());
+            }
+            let mut i = u64::from(word(table, 2 + u64::from(h) % nbucket)?);
+            let mut out = Vec::new();
+            let mut steps = 0u64;
+            while i != 0 && i < nchain && steps <= nchain {
+                out.push(usize::try_from(i).ok()?);
+                i = u64::from(word(table, 2 + nbucket + i)?);
+                steps += 1;
+            }
+            return Some(out);
+        }
+        None
     }
 
     fn count_from_hash(&self) -> Result<u64> {

@@ -17,7 +17,7 @@ use crate::inspect::interpose::{self, Binding, DynamicNccl};
 use crate::inspect::{self, Linkage, NcclDetection, SelfId};
 use anyhow::Result;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The answer to "which NCCL does this process run".
@@ -94,29 +94,79 @@ pub struct Which {
 /// Which NCCL a process runs whose program is `target`, or that links `target`, in `env`.
 pub fn which_nccl(target: &Path, env: &LoaderEnv) -> Result<Which> {
     let map = map::load(target, env)?;
-    let mut facts: Vec<Option<DynamicNccl>> = Vec::with_capacity(map.objects.len());
-    // Objects whose symbols fdl cannot read: like failures, they hide definitions.
-    let mut blind: Vec<(usize, String)> = Vec::new();
-    for (i, o) in map.objects.iter().enumerate() {
-        if o.is_stand_in() {
-            facts.push(None);
-            continue;
-        }
-        match interpose::dynamic_nccl(&o.path) {
-            Ok(f) => facts.push(f),
-            Err(e) => {
-                blind.push((
-                    i,
-                    format!("the symbols of {} cannot be read: {e:#}", o.path.display()),
-                ));
-                facts.push(None);
-            }
-        }
-    }
     let asked = map
         .objects
         .iter()
         .position(|o| matches!(o.found_by, FoundBy::Program | FoundBy::Asked));
+    // Objects whose symbols fdl cannot read: like failures, they hide definitions.
+    let mut blind: Vec<(usize, String)> = Vec::new();
+    let read_facts = |i: usize, blind: &mut Vec<(usize, String)>| -> Option<DynamicNccl> {
+        let o = &map.objects[i];
+        if o.is_stand_in() {
+            return None;
+        }
+        interpose::dynamic_nccl(&o.path).unwrap_or_else(|e| {
+            blind.push((i, format!("the symbols of {} cannot be read: {e:#}", o.path.display())));
+            None
+        })
+    };
+    let mut facts: Vec<Option<DynamicNccl>> = vec![None; map.objects.len()];
+    // What each object exports of the names looked up; `None` where not looked at.
+    let mut exports: Vec<Option<BTreeSet<String>>> = vec![None; map.objects.len()];
+    let asked_calls = asked
+        .and_then(|a| read_facts(a, &mut blind).map(|f| (a, f)))
+        .filter(|(_, f)| !f.symbols.is_empty());
+    match asked_calls {
+        // The common case, a libtorch naming its nccl* functions: only the names it binds
+        // by lookup are looked up in the objects before their first definer, through
+        // each object's hash table, as the loader looks them up.
+        Some((a, f)) => {
+            let mut wanted: Vec<&str> = f
+                .symbols
+                .iter()
+                .filter(|s| matches!(s.binding, Binding::Imported | Binding::Interposable))
+                .map(|s| s.name.as_str())
+                .collect();
+            for i in 0..map.objects.len() {
+                if wanted.is_empty() {
+                    break;
+                }
+                let found = if i == a {
+                    f.exported.clone()
+                } else if map.objects[i].is_stand_in() {
+                    BTreeSet::new()
+                } else {
+                    match interpose::exported_among(&map.objects[i].path, &wanted) {
+                        Ok(found) => found,
+                        Err(e) => {
+                            blind.push((
+                                i,
+                                format!(
+                                    "the symbols of {} cannot be read: {e:#}",
+                                    map.objects[i].path.display()
+                                ),
+                            ));
+                            BTreeSet::new()
+                        }
+                    }
+                };
+                wanted.retain(|n| !found.contains(*n));
+                exports[i] = Some(found);
+            }
+            facts[a] = Some(f);
+        }
+        None => {
+            for i in 0..map.objects.len() {
+                if Some(i) == asked {
+                    continue;
+                }
+                facts[i] = read_facts(i, &mut blind);
+            }
+            for (i, f) in facts.iter().enumerate() {
+                exports[i] = f.as_ref().map(|f| f.exported.clone());
+            }
+        }
+    }
     // Everything that hides what lies at or after a place in the order.
     let mut hidden: Vec<(usize, String)> = map
         .failures
@@ -197,10 +247,8 @@ pub fn which_nccl(target: &Path, env: &LoaderEnv) -> Result<Which> {
             let (target, how) = match &s.binding {
                 Binding::BoundLocally { why } => (Some(c), why.clone()),
                 Binding::Imported | Binding::Interposable => {
-                    let t = (0..facts.len()).find(|&i| {
-                        facts[i]
-                            .as_ref()
-                            .is_some_and(|d| d.exported.contains(&s.name))
+                    let t = (0..exports.len()).find(|&i| {
+                        exports[i].as_ref().is_some_and(|d| d.contains(&s.name))
                     });
                     let limit = t.unwrap_or(usize::MAX);
                     for (_, why) in hidden.iter().filter(|(p, _)| *p <= limit) {

@@ -103,20 +103,56 @@ pub fn parse_ld_so_help(text: &str) -> Option<SystemSearch> {
     (!out.default_dirs.is_empty()).then_some(out)
 }
 
-/// This machine's loader's search facts, asked once per process: the interpreter that
-/// runs fdl itself is the one that runs the training processes beside it.
+/// This machine's loader's search facts: the interpreter that runs fdl itself is the one
+/// that runs the training processes beside it. Its `--help` is kept in fdl's cache under
+/// the interpreter's identity (path, inode, size, time), so the loader is started once
+/// per glibc, not once per question (a start costs about 4 ms).
 fn system_search() -> &'static Result<SystemSearch, String> {
     static FACTS: OnceLock<Result<SystemSearch, String>> = OnceLock::new();
     FACTS.get_or_init(|| {
         let interp = own_interpreter().ok_or("fdl's own program names no ELF interpreter")?;
-        let out = loader_help(&interp).map_err(|e| format!("{} --help: {e}", interp.display()))?;
-        parse_ld_so_help(&String::from_utf8_lossy(&out)).ok_or_else(|| {
+        let text = cached_help(&interp, &crate::cache::cache_dir())?;
+        parse_ld_so_help(&text).ok_or_else(|| {
             format!(
                 "{} --help lists no system search path (glibc older than 2.33?)",
                 interp.display()
             )
         })
     })
+}
+
+/// `interp --help`, from fdl's cache when this very interpreter answered before.
+fn cached_help(interp: &Path, cache: &Path) -> Result<String, String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(interp).map_err(|e| format!("{}: {e}", interp.display()))?;
+    let key = crate::cache::sha256_hex(
+        format!(
+            "{}\0{}\0{}\0{}\0{}",
+            interp.display(),
+            meta.dev(),
+            meta.ino(),
+            meta.size(),
+            meta.mtime()
+        )
+        .as_bytes(),
+    );
+    let dir = cache.join("ld.so");
+    let file = dir.join(&key[..32]);
+    if let Ok(text) = crate::fsread::read_text(&file, 1 << 20) {
+        if crate::cache::own_dir(&dir).is_ok() {
+            return Ok(text);
+        }
+    }
+    let out = loader_help(interp).map_err(|e| format!("{} --help: {e}", interp.display()))?;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    // Best effort: a cache that cannot be written only costs the next run a start.
+    if crate::cache::own_dir(cache).is_ok() && crate::cache::own_dir(&dir).is_ok() {
+        let tmp = dir.join(format!(".{}.{}", &key[..32], std::process::id()));
+        if std::fs::write(&tmp, &out).is_ok() && std::fs::rename(&tmp, &file).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok(text)
 }
 
 /// The loader's `--help` text, at most 1 MiB of it. The loader is the system's own and

@@ -10,7 +10,6 @@
 
 use crate::loader::preload::is_one_element;
 use anyhow::{bail, Context, Result};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The path to print for `lib` (a build's `lib/libnccl.so.2`) of build `name`: `lib`
@@ -61,9 +60,9 @@ fn make_link(link: &Path, target: &Path) -> Result<()> {
         .parent()
         .and_then(Path::parent)
         .expect("cache/preload/<name>");
-    own_dir(cache)?;
-    own_dir(&cache.join("preload"))?;
-    own_dir(dir)?;
+    crate::cache::own_dir(cache)?;
+    crate::cache::own_dir(&cache.join("preload"))?;
+    crate::cache::own_dir(dir)?;
     if let Ok(current) = std::fs::read_link(link) {
         if current == target {
             return Ok(());
@@ -79,63 +78,10 @@ fn make_link(link: &Path, target: &Path) -> Result<()> {
     })
 }
 
-/// `dir` exists as a real directory owned by this user, writable by no one else; it is
-/// created (0700) when missing. A link or another user's directory is refused: another
-/// user could otherwise choose what fdl's links point to.
-pub fn own_dir(dir: &Path) -> Result<()> {
-    match std::fs::symlink_metadata(dir) {
-        Err(_) => {
-            std::fs::create_dir_all(dir.parent().unwrap_or(Path::new("/")))
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-            match std::fs::create_dir(dir) {
-                Ok(()) => {
-                    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                        .with_context(|| format!("cannot set the mode of {}", dir.display()))?;
-                }
-                // Made by a concurrent fdl: checked below like any existing one.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => {
-                    return Err(e).with_context(|| format!("cannot create {}", dir.display()))
-                }
-            }
-            check_own(dir)
-        }
-        Ok(_) => check_own(dir),
-    }
-}
-
-fn check_own(dir: &Path) -> Result<()> {
-    let meta =
-        std::fs::symlink_metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if !meta.file_type().is_dir() {
-        bail!(
-            "{} is not a directory (a link or a file is there): fdl will not write through it. Remove it and run again",
-            dir.display()
-        );
-    }
-    if meta.uid() != me {
-        bail!(
-            "{} belongs to another user (uid {}): fdl keeps its links only in directories of its own. Remove it, or set XDG_CACHE_HOME to a directory of yours",
-            dir.display(),
-            meta.uid()
-        );
-    }
-    if meta.mode() & 0o022 != 0 {
-        bail!(
-            "{} is writable by others (mode {:o}): fdl keeps its links only where no one else can change them. Run `chmod go-w {}`",
-            dir.display(),
-            meta.mode() & 0o7777,
-            dir.display()
-        );
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     #[test]
     fn a_plain_path_is_its_own_preload_and_a_spaced_one_goes_through_a_link() {
