@@ -90,6 +90,18 @@ fn stdout_of(what: &str, out: &Output) -> String {
     stdout
 }
 
+/// The stdout of a dry run whose plan has problems: it shows the plan with them, and its
+/// status says a real run would not start.
+fn problems_of(what: &str, out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        !out.status.success() && stdout.contains("Problems"),
+        "fdl {what} should show the plan with its problems and fail:\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// `needle` occurs in the library's bytes (the stand-in records what make received).
 fn contains(lib: &Path, needle: &str) -> bool {
     let bytes = std::fs::read(lib).unwrap();
@@ -299,7 +311,7 @@ fn base_images_that_cannot_build_are_refused_before_the_build() {
 
     // No nvcc: a problem in the plan, and a build that refuses to start.
     let out = build(DEBIAN_IMAGE, "8.6", &["--dry-run"]);
-    let text = stdout_of("dry run", &out);
+    let text = problems_of("dry run", &out);
     assert!(
         text.contains(&format!("--base-image {DEBIAN_IMAGE} has no nvcc")),
         "{text}"
@@ -311,12 +323,12 @@ fn base_images_that_cannot_build_are_refused_before_the_build() {
 
     // An arch the image's nvcc cannot compile.
     let out = build(CUDA_IMAGE, "3.5", &["--dry-run"]);
-    let text = stdout_of("dry run", &out);
+    let text = problems_of("dry run", &out);
     assert!(text.contains("cannot compile sm_35"), "{text}");
 
     // --cuda against the image's CUDA.
     let out = build(CUDA_IMAGE, "8.6", &["--cuda", "12.8", "--dry-run"]);
-    let text = stdout_of("dry run", &out);
+    let text = problems_of("dry run", &out);
     assert!(
         text.contains("holds CUDA 13.5.37, but --cuda asks for 12.8"),
         "{text}"

@@ -114,7 +114,12 @@ fn real_nvcc_from_the_pypi_wheel() {
     // Another CUDA: refused, unless allowed.
     let out = dry_run("12.8", "8.6", &[]);
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    // The plan's problems are shown with the plan, on stdout.
+    let err = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         err.contains(&format!(
             "is CUDA {}, but the build asks for CUDA 12.8",
@@ -132,7 +137,12 @@ fn real_nvcc_from_the_pypi_wheel() {
     // An arch this nvcc cannot compile: refused, naming it and what it offers.
     let out = dry_run(&mm, "6.1;8.6", &[]);
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    // The plan's problems are shown with the plan, on stdout.
+    let err = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(err.contains("cannot compile sm_61"), "{err}");
     assert!(
         err.contains("--list-gpu-arch") && err.contains("sm_75"),
