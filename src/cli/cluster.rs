@@ -292,12 +292,16 @@ fn render_status(workers: &[WorkerStatus]) -> String {
     for w in workers {
         s.push_str(&format!("{} ({}:{})\n", w.host, w.target, w.path));
         let Some(r) = &w.report else {
+            // The error says what failed ("unreachable over SSH: …"); the hint, what next.
+            let error = w.error.as_deref().unwrap_or("no answer");
+            let next = if error.starts_with("unreachable over SSH") {
+                ". Check the host, or its ssh: block in the cluster file, then rerun `fdl cluster status`"
+            } else {
+                ""
+            };
             s.push_str(&format!(
                 "  {}\n",
-                paint(
-                    &format!("unreachable: {}", w.error.as_deref().unwrap_or("?")),
-                    Color::Red
-                )
+                paint(&format!("{error}{next}"), Color::Red)
             ));
             continue;
         };
@@ -405,7 +409,11 @@ fn env_cmd(
 ) -> Result<()> {
     let cluster = load(project, common)?;
     let store = BuildStore::new(project.nccl_builds_dir());
-    let (name, _, why) = super::manage::pick_build(project, &store, build)?;
+    let wiring = super::manage::Wiring {
+        make: "fdl cluster build",
+        this: "fdl cluster env",
+    };
+    let (name, _, why) = super::manage::pick_build(project, &store, build, &wiring)?;
     let rel = format!("libtorch/nccl/builds/{name}/lib/libnccl.so.2");
     let mut entries = Vec::new();
     for w in &cluster.workers {
@@ -473,7 +481,11 @@ fn ship_cmd(
         .filter(|w| only.is_empty() || only.contains(&w.host))
         .collect();
     let store = BuildStore::new(project.nccl_builds_dir());
-    let (name, _, _) = super::manage::pick_build(project, &store, build)?;
+    let wiring = super::manage::Wiring {
+        make: "fdl cluster build",
+        this: "fdl cluster ship",
+    };
+    let (name, _, _) = super::manage::pick_build(project, &store, build, &wiring)?;
     let dir = store.path_of(&name);
     let req = ShipRequest::new(
         &name,
@@ -521,10 +533,22 @@ fn ship_cmd(
         }
     }
     if !failed.is_empty() {
-        let e = anyhow::anyhow!(
-            "the build did not reach {}; the others are done. Rerun `fdl cluster ship` to finish: it resumes and skips workers that have it",
-            failed.join(", ")
-        );
+        let e = if dry_run {
+            anyhow::anyhow!(
+                "a ship would not reach {}: see why in the table. Nothing was copied anywhere; fix that, then rerun `fdl cluster ship --dry-run`",
+                failed.join(", ")
+            )
+        } else if failed.len() == results.len() {
+            anyhow::anyhow!(
+                "the build reached none of the workers ({}): see why in the table. Fix that, then rerun `fdl cluster ship`",
+                failed.join(", ")
+            )
+        } else {
+            anyhow::anyhow!(
+                "the build did not reach {}; the others are done. Rerun `fdl cluster ship` to finish: it resumes and skips workers that have it",
+                failed.join(", ")
+            )
+        };
         return Err(if json {
             super::JsonReported(e).into()
         } else {

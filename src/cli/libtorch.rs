@@ -85,7 +85,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 print_json(&json!({ "libtorch_dir": lt.dir, "active": active, "variants": rows }));
             } else if variants.is_empty() {
                 println!(
-                    "No libtorch variants under {} (expected precompiled/<name> or builds/<name>).",
+                    "No libtorch variants under {} (expected precompiled/<name> or builds/<name>).\nRegister one with `fdl libtorch add NAME PATH` (an unpacked libtorch, or a pip torch's torch/ directory).",
                     lt.dir.display()
                 );
             } else {

@@ -417,8 +417,8 @@ impl Backend for DockerBackend {
         if let Err(e) = built {
             let hint = if last_step.contains("FROM") {
                 ". The base image could not be had: if no registry is reachable from here, \
-                 save `fdl nccl dockerfile` to a file, point its FROM at an image you have \
-                 (e.g. a mirror), and pass it with --dockerfile"
+                 pass --base-image IMAGE, an image with a CUDA toolkit that this engine \
+                 has (a mirror's, or one `docker load`ed): the build starts FROM it"
             } else {
                 ""
             };

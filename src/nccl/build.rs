@@ -50,7 +50,7 @@ pub struct CheckedFlags {
 }
 
 pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
-    let tag = req.tag.as_deref().map(Tag::parse).transpose()?;
+    let tag = req.tag.as_deref().map(Tag::parse_flag).transpose()?;
     let archs = req
         .archs
         .as_deref()
