@@ -154,6 +154,13 @@ pub(super) fn nccl_json(a: &NcclAnswer) -> serde_json::Value {
 
 pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> Result<()> {
     let ins = inspect::inspect(path)?;
+    // A README or a script has no SONAME, NCCL or GPU code to judge: no verdict at all.
+    if !ins.elf {
+        anyhow::bail!(
+            "{} is not an ELF file, so it holds no NCCL or GPU code to inspect. Give a shared library: a libtorch's lib/libtorch_cuda.so, a libnccl.so.2, or any .so",
+            path.display()
+        );
+    }
     let nccl = nccl_in(&ins)?;
     let targets = targets(archs)?;
     let rows = coverage_rows(&ins.gpu_code, &targets);

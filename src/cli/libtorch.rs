@@ -14,6 +14,7 @@ pub enum LibtorchCommand {
     /// List the variants; the active one is marked
     #[command(after_help = "Example:\n  fdl libtorch list")]
     List {
+        /// Print one JSON object
         #[arg(long)]
         json: bool,
     },
@@ -35,6 +36,7 @@ as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch
         name: String,
         /// The libtorch directory (holding lib/libtorch_cuda.so)
         path: std::path::PathBuf,
+        /// Print one JSON object
         #[arg(long)]
         json: bool,
     },
@@ -55,6 +57,7 @@ as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch
         /// Judge coverage for these archs instead of the local GPUs
         #[arg(long)]
         archs: Option<String>,
+        /// Print one JSON object
         #[arg(long)]
         json: bool,
     },

@@ -259,6 +259,11 @@ impl Libtorch {
             .tempfile_in(&self.dir)
             .with_context(|| format!("cannot write in {}", self.dir.display()))?;
         writeln!(tmp, "{}", variant.name)?;
+        // A temporary file is private (0600); `.active` is an ordinary project file,
+        // readable like every other one fdl writes.
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
         tmp.as_file().sync_all()?;
         tmp.persist(self.active_file())
             .map_err(|e| e.error)
