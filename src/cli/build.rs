@@ -275,6 +275,7 @@ pub(super) fn run_with(
     let inferred = infer(flags)?;
     let (inputs, reason, mut chosen) = choose(&args, &inferred.tag)?;
     let mut plan = build::plan(&req, inferred, project.nccl_builds_dir(), inputs, reason)?;
+    plan.warnings.extend(project.fallback_note());
     // The engine the build needs is asked for now, so that a dry run meets what a real
     // run would meet first.
     if let Chosen::Docker { engine, .. } = &mut chosen {

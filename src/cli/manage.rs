@@ -35,6 +35,9 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
         print_json(&json!({ "builds_dir": store.dir, "entries": rows }));
         return Ok(());
     }
+    if let Some(note) = project.fallback_note() {
+        println!("Note: {note}.");
+    }
     if entries.is_empty() {
         println!(
             "No NCCL builds in {}. Make one with `fdl nccl build`.",

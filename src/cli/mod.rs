@@ -207,7 +207,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Nccl(_) | Command::Libtorch(_) | Command::Cluster(_)
     );
     let json_errors = cli.command.wants_json();
-    let result = dispatch(cli, &project);
+    let result = if uses_project {
+        project
+            .check_exists()
+            .and_then(|()| dispatch(cli, &project))
+    } else {
+        dispatch(cli, &project)
+    };
     if let (Err(e), true) = (&result, json_errors) {
         // Scripts read stdout: the error is there as one object too (stderr still says it).
         if e.downcast_ref::<crate::process::Interrupted>().is_none()
