@@ -109,7 +109,7 @@ fn contains(lib: &Path, needle: &str) -> bool {
 }
 
 #[test]
-#[ignore = "drives the real Docker engine and needs the CUDA wheels: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "drives the real Docker engine and needs the CUDA wheels: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn offline_build_through_the_embedded_dockerfile() {
     let _engine = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
     let image = cuda_image();

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::process::Output;
 
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn real_nvcc_from_the_pypi_wheel() {
     let home = oracle_input("FDL_TEST_CUDA_HOME");
 
@@ -158,7 +158,7 @@ fn real_nvcc_from_the_pypi_wheel() {
 /// (a no-op), `--force`, and `remove`: each must succeed on the build it made, whose
 /// library holds SASS for exactly the planned archs, as fdl and cuobjdump read it.
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn real_native_build_with_the_newest_nvcc() {
     let (home, cuobjdump) = (
         oracle_input("FDL_TEST_CUDA_HOME_NEWEST"),

@@ -354,7 +354,7 @@ pub fn oracle_input(var: &str) -> PathBuf {
     match std::env::var_os(var) {
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => panic!(
-            "{var} is not set: this oracle test needs the real NVIDIA inputs that `source .ci/fetch-oracles` provides (it is #[ignore]d unless asked for with --include-ignored)"
+            "{var} is not set: this oracle test needs the real NVIDIA inputs that `source .ci/setup` provides (it is #[ignore]d unless asked for with --include-ignored)"
         ),
     }
 }
