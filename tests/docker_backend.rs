@@ -33,19 +33,8 @@ fn docker(args: &[&str]) -> std::process::Output {
     Std::new("docker").args(args).output().unwrap()
 }
 
-/// Images made by one test, removed when it ends.
-struct Images(Vec<String>);
-
-impl Drop for Images {
-    fn drop(&mut self) {
-        for image in &self.0 {
-            let _ = docker(&["rmi", "--force", image]);
-        }
-    }
-}
-
 /// Builds `FROM scratch` + `COPY tree /usr/local/nccl` (or an image without NCCL).
-fn base_image(name: &str, tree: Option<&Path>, images: &mut Images) {
+fn base_image(name: &str, tree: Option<&Path>, images: &mut EngineGuard) {
     let ctx = tempfile::tempdir().unwrap();
     let dockerfile = match tree {
         Some(tree) => {
@@ -69,7 +58,7 @@ fn base_image(name: &str, tree: Option<&Path>, images: &mut Images) {
         "base image: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    images.0.push(name.to_string());
+    images.name(name);
 }
 
 /// A suffix no other test run uses, for image names.
@@ -135,7 +124,8 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         return;
     }
     let unique = unique_suffix();
-    let mut images = Images(Vec::new());
+    // Everything this test makes in the engine goes when it ends, also on failure.
+    let mut images = EngineGuard::new();
     let work = tempfile::tempdir().unwrap();
     let tree = work.path().join("tree");
     write_nccl_tree(&tree, (2, 27, 5), &[61, 120]);
@@ -167,15 +157,9 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         cmd
     };
     // fdl names the image after the plan; remember it so the test leaves no image.
-    images
-        .0
-        .push("flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8".into());
-    images
-        .0
-        .push("flodl-nccl-build:v2.27.5-sm86-cuda12.8".into());
-    images
-        .0
-        .push("flodl-nccl-build:v2.27.5-sm90-cuda12.8".into());
+    images.name("flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8");
+    images.name("flodl-nccl-build:v2.27.5-sm86-cuda12.8");
+    images.name("flodl-nccl-build:v2.27.5-sm90-cuda12.8");
 
     // 1. A successful build, installed with its manifest.
     let out = build(&good, "6.1;12.0", &["--json"]).output().unwrap();
@@ -344,16 +328,15 @@ fn a_build_whose_output_fails_the_check_is_not_installed() {
         return;
     }
     let unique = format!("{}-chk", std::process::id());
-    let mut images = Images(Vec::new());
+    // Everything this test makes in the engine goes when it ends, also on failure.
+    let mut images = EngineGuard::new();
     let work = tempfile::tempdir().unwrap();
     // The tree claims 2.27.6 in its header while the tag asks for 2.27.5.
     let tree = work.path().join("tree");
     write_nccl_tree(&tree, (2, 27, 6), &[75]);
     let base = format!("fdl-test-nccl-base:{unique}");
     base_image(&base, Some(&tree), &mut images);
-    images
-        .0
-        .push("flodl-nccl-build:v2.27.5-sm75-cuda12.8".into());
+    images.name("flodl-nccl-build:v2.27.5-sm75-cuda12.8");
     let project = ProjectFixture::empty();
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
     let before = snapshot(project.root());
@@ -387,7 +370,8 @@ fn an_interrupted_build_leaves_nothing_behind() {
         return;
     }
     let unique = format!("{}-int", std::process::id());
-    let mut images = Images(Vec::new());
+    // Everything this test makes in the engine goes when it ends, also on failure.
+    let mut images = EngineGuard::new();
     let work = tempfile::tempdir().unwrap();
     let tree = work.path().join("tree");
     write_nccl_tree(&tree, (2, 27, 5), &[61, 120]);
@@ -401,9 +385,7 @@ fn an_interrupted_build_leaves_nothing_behind() {
     drop(big);
     let base = format!("fdl-test-nccl-base:{unique}");
     base_image(&base, Some(&tree), &mut images);
-    images
-        .0
-        .push("flodl-nccl-build:v2.27.5-sm80-cuda12.8".into());
+    images.name("flodl-nccl-build:v2.27.5-sm80-cuda12.8");
     let project = ProjectFixture::empty();
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
     let containers_before = fdl_containers();
@@ -474,7 +456,8 @@ fn planted_links_in_an_images_tree_write_nothing_outside() {
         return;
     }
     let unique = unique_suffix();
-    let mut images = Images(vec!["flodl-nccl-build:v2.27.5-sm86-cuda12.8".into()]);
+    let mut images = EngineGuard::new();
+    images.name("flodl-nccl-build:v2.27.5-sm86-cuda12.8");
     let work = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     let project = ProjectFixture::empty();

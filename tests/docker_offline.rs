@@ -113,6 +113,9 @@ fn contains(lib: &Path, needle: &str) -> bool {
 fn offline_build_through_the_embedded_dockerfile() {
     let _engine = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
     let image = cuda_image();
+    // The CUDA image stays (made once, reused); what this test builds goes, also on
+    // failure.
+    let mut engine = EngineGuard::new();
     let cuobjdump = oracle_input("FDL_TEST_CUOBJDUMP");
     let env = Env::new();
     let tree = env.work.path().join("nccl-2.27.5");
@@ -165,6 +168,7 @@ fn offline_build_through_the_embedded_dockerfile() {
 
     // A fresh build, so the log shows every step run rather than taken from the cache.
     let built_image = docker_plan["image"].as_str().unwrap().to_string();
+    engine.name(&built_image);
     let _ = docker(&["rmi", "--force", &built_image]);
 
     let mut run = args.to_vec();
@@ -275,7 +279,6 @@ fn offline_build_through_the_embedded_dockerfile() {
             "{leak} leaked:\nstdout: {text}\nstderr: {stderr}"
         );
     }
-    let _ = docker(&["rmi", "--force", &built_image]);
 }
 
 /// An image without nvcc, or not in the engine at all: the plan says so before anything
@@ -285,6 +288,7 @@ fn offline_build_through_the_embedded_dockerfile() {
 fn base_images_that_cannot_build_are_refused_before_the_build() {
     let _engine = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
     cuda_image();
+    let _engine_guard = EngineGuard::new();
     let env = Env::new();
     let tree = env.work.path().join("nccl");
     native_fixture::nvcc_tree(&tree, (2, 27, 5));
