@@ -595,9 +595,17 @@ fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
                 NativeSource::Dir { path, version } => {
                     format!("{} (NCCL {version})", path.display())
                 }
-                NativeSource::Clone { repo, cache_dir } => {
-                    format!("{repo} at {} (cached in {})", plan.tag, cache_dir.display())
-                }
+                // Said as it is now: a dry run before the first build clones nothing.
+                NativeSource::Clone { repo, cache_dir } if cache_dir.is_dir() => format!(
+                    "{repo} at {} (already cloned in {}: reused)",
+                    plan.tag,
+                    cache_dir.display()
+                ),
+                NativeSource::Clone { repo, cache_dir } => format!(
+                    "{repo} at {} (to be cloned into {}, then reused)",
+                    plan.tag,
+                    cache_dir.display()
+                ),
             },
         );
     }
