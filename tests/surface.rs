@@ -186,3 +186,32 @@ fn cluster_env_has_json() {
         format!("/a/libtorch/nccl/builds/{name}/lib/libnccl.so.2")
     );
 }
+
+/// The README names every command a user can run (`fdl libtorch remove` was missing).
+#[test]
+fn the_readme_lists_every_command() {
+    fn leaves(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        let subs: Vec<_> = cmd
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+            .collect();
+        if subs.is_empty() {
+            out.push(path.to_string());
+        }
+        for s in subs {
+            leaves(s, &format!("{path} {}", s.get_name()), out);
+        }
+    }
+    let mut cmd = fdl::cli::Cli::command();
+    cmd.build();
+    let mut all = Vec::new();
+    leaves(&cmd, "fdl", &mut all);
+    assert!(all.len() > 15, "{all:?}");
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let missing: Vec<&String> = all
+        .iter()
+        .filter(|c| !readme.contains(c.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "README.md does not name {missing:?}");
+}
