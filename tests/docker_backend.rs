@@ -513,3 +513,54 @@ fn planted_links_in_an_images_tree_write_nothing_outside() {
     }
     assert!(fdl_containers().is_empty());
 }
+
+/// The guard every Docker test holds removes what the test made — the images it names
+/// and the `<none>` layer a failed classic build leaves — and keeps a tagged image it
+/// did not name (the cached base images of tests/support).
+#[test]
+#[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
+fn the_engine_guard_removes_what_a_test_made_and_keeps_cached_images() {
+    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    if !engine_available() {
+        return;
+    }
+    let unique = unique_suffix();
+    let kept = format!("fdl-test-kept:{unique}");
+    let named = format!("fdl-test-named:{unique}");
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::write(ctx.path().join("a"), &unique).unwrap();
+    let build = |tag: Option<&str>, dockerfile: &str| {
+        std::fs::write(ctx.path().join("Dockerfile"), dockerfile).unwrap();
+        let mut cmd = Std::new("docker");
+        cmd.env("DOCKER_BUILDKIT", "0").args(["build", "-q"]);
+        if let Some(t) = tag {
+            cmd.args(["-t", t]);
+        }
+        cmd.arg(ctx.path()).output().unwrap()
+    };
+    let images = || {
+        String::from_utf8_lossy(&docker(&["images", "-a", "-q", "--no-trunc"]).stdout).into_owned()
+    };
+    let guard = EngineGuard::new();
+    // Made while the guard lives, but tagged and not named: like a cached base image.
+    assert!(build(Some(&kept), "FROM scratch\nCOPY a /kept\n")
+        .status
+        .success());
+    let mut guard = guard;
+    assert!(build(Some(&named), "FROM scratch\nCOPY a /named\n")
+        .status
+        .success());
+    guard.name(&named);
+    // A classic build that fails after one step leaves that step's image, untagged.
+    let failed = build(None, "FROM scratch\nCOPY a /left\nCOPY missing /nowhere\n");
+    assert!(!failed.status.success());
+    let (_, leftovers) = guard.leftovers();
+    assert!(leftovers.len() >= 2, "{leftovers:?}");
+    drop(guard);
+    let after = images();
+    for id in &leftovers {
+        assert!(!after.contains(id.as_str()), "{id} is still there");
+    }
+    assert!(docker(&["image", "inspect", &kept]).status.success());
+    let _ = docker(&["rmi", "--force", &kept]);
+}
