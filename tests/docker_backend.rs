@@ -288,6 +288,28 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         );
         assert_eq!(fdl_containers(), containers_before);
     }
+    // A step that fails while running (the base has no shell) leaves no container of
+    // the builder's either.
+    // (Containers of this base or an image made from it: the engine may be shared.)
+    let all_containers = || {
+        let filter = format!("ancestor={good_base}");
+        docker(&["ps", "-a", "-q", "--filter", &filter]).stdout
+    };
+    let containers_at_start = all_containers();
+    let run_fails = user_dockerfile(
+        work.path(),
+        "runfails.Dockerfile",
+        &good_base,
+        "RUN false\n",
+    );
+    let out = build(&run_fails, "8.6", &[]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("image build failed"));
+    assert_eq!(
+        all_containers(),
+        containers_at_start,
+        "a build container was left"
+    );
 
     // 5. A failing copy (no /usr/local/nccl in the image) leaves nothing and no container.
     let no_nccl = user_dockerfile(work.path(), "nonccl.Dockerfile", &empty_base, "");

@@ -360,12 +360,14 @@ pub fn oracle_input(var: &str) -> PathBuf {
 }
 
 /// What one test makes in the Docker engine, removed when the guard drops — also when the
-/// test fails: the images it names (`fdl nccl build`'s, its own bases), then every
-/// container and every untagged image that appeared while it lived (a failed classic
-/// build leaves its last layer as a `<none>` image; a rebuild under the same tag leaves
-/// the old one). Tagged images it did not name stay: the cached base images the support
-/// scripts make (tests/support/*.sh) are made once and reused. Take it while holding the
-/// engine lock of the test file, so that what appears is this test's own.
+/// test fails: the images it names (`fdl nccl build`'s, its own bases) and the containers
+/// made from them, then every untagged image that appeared while it lived (a failed
+/// classic build leaves its last layer as a `<none>` image; a rebuild under the same tag
+/// leaves the old one) and the containers made from those. Tagged images it did not name
+/// stay: the cached base images the support scripts make (tests/support/*.sh) are made
+/// once and reused. Take it while holding the engine lock of the test file, so that what
+/// appears is this test's own; containers of images it did not make are never touched (an
+/// engine shared with other work keeps its containers).
 pub struct EngineGuard {
     images_before: std::collections::BTreeSet<String>,
     containers_before: std::collections::BTreeSet<String>,
@@ -403,13 +405,24 @@ impl EngineGuard {
         self.named.push(image.to_string());
     }
 
-    /// What the guard would remove now: containers, named images, untagged new images.
+    /// What the guard would remove now: the new containers made from its images, and its
+    /// images (named, or untagged and new).
     pub fn leftovers(&self) -> (Vec<String>, Vec<String>) {
-        let containers = docker_lines(&["ps", "-a", "-q", "--no-trunc"])
-            .into_iter()
-            .filter(|c| !self.containers_before.contains(c))
-            .collect();
-        let images = docker_lines(&[
+        let images = self.images();
+        let mut containers = Vec::new();
+        for image in self.named.iter().chain(&images) {
+            let filter = format!("ancestor={image}");
+            for c in docker_lines(&["ps", "-a", "-q", "--no-trunc", "--filter", &filter]) {
+                if !self.containers_before.contains(&c) && !containers.contains(&c) {
+                    containers.push(c);
+                }
+            }
+        }
+        (containers, images)
+    }
+
+    fn images(&self) -> Vec<String> {
+        docker_lines(&[
             "images",
             "-a",
             "--no-trunc",
@@ -423,8 +436,7 @@ impl EngineGuard {
                 || (tag == "<none>:<none>" && !self.images_before.contains(id));
             ours.then(|| id.to_string())
         })
-        .collect();
-        (containers, images)
+        .collect()
     }
 }
 
