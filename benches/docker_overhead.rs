@@ -89,7 +89,7 @@ fn main() {
         fail("set FDL_BENCH_NCCL_TREE to an unpacked NCCL release tree (e.g. `git archive v2.30.7-1` of NVIDIA/nccl)");
     };
     let home = var("FDL_TEST_CUDA_HOME_NEWEST")
-        .unwrap_or_else(|| fail("set FDL_TEST_CUDA_HOME_NEWEST: `source .ci/fetch-oracles`"));
+        .unwrap_or_else(|| fail("set FDL_TEST_CUDA_HOME_NEWEST: `source .ci/setup`"));
     let mk = std::fs::read_to_string(Path::new(&tree).join("makefiles/version.mk"))
         .unwrap_or_else(|e| fail(&format!("{tree} is not an NCCL tree: {e}")));
     let version = fdl::native::parse_version_mk(&mk).unwrap_or_else(|e| fail(&e));

@@ -505,10 +505,10 @@ pub fn choose_image(cuda: CudaVersion, archs: &[Arch]) -> Result<ImageChoice, Im
                 .map(|(mm, _, _)| fmt_mm(*mm))
                 .collect();
             let fix = if working.is_empty() {
-                "no known image compiles all of them; build the archs separately, or give --base-image IMAGE".to_string()
+                "no known image compiles all of them; build the archs separately, give --base-image IMAGE, or build with --backend native and a toolkit that compiles them".to_string()
             } else {
                 format!(
-                    "pass --cuda {} (known images that compile all of them), or give --base-image IMAGE",
+                    "pass --cuda {} (known images that compile all of them), give --base-image IMAGE, or build with --backend native and a toolkit that compiles them",
                     working.join(" or ")
                 )
             };

@@ -90,4 +90,3 @@ fn check_own(dir: &Path) -> Result<()> {
     }
     Ok(())
 }
-

@@ -62,6 +62,43 @@ impl Project {
         Ok(Project::discover(flag, env.as_deref(), &cwd))
     }
 
+    /// A root named by `--root` or `$FDL_ROOT` must exist: a typo would otherwise read
+    /// as an empty project ("No NCCL builds in …").
+    pub fn check_exists(&self) -> Result<()> {
+        let named = match self.source {
+            RootSource::Flag => "--root",
+            RootSource::Env => "$FDL_ROOT",
+            RootSource::Marker | RootSource::WorkingDir => return Ok(()),
+        };
+        match std::fs::metadata(&self.root) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => anyhow::bail!(
+                "the project root {} ({named}) is not a directory: name the project's directory with {named}",
+                self.root.display()
+            ),
+            Err(_) => anyhow::bail!(
+                "the project root {} ({named}) does not exist: name an existing project directory with {named}{}",
+                self.root.display(),
+                if self.source == RootSource::Env {
+                    ", or unset FDL_ROOT to find the project from the working directory"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+
+    /// When the root is only the working directory (no project was found above it), a
+    /// line saying so: plans and listings show it, since nothing else would.
+    pub fn fallback_note(&self) -> Option<String> {
+        (self.source == RootSource::WorkingDir).then(|| {
+            format!(
+                "the project root is the working directory {}: no fdl.yml or project libtorch/ was found above it. Pass --root DIR (or set FDL_ROOT) if the project is elsewhere",
+                self.root.display()
+            )
+        })
+    }
+
     /// Which root this is and why, for messages.
     pub fn describe(&self) -> String {
         let why = match self.source {

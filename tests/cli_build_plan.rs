@@ -16,6 +16,12 @@ const char *fdl_floor3 = "Using NCCL version 2.4.2 or newer is recommended";
 }
 
 fn json_plan(args: &[&str], project: &std::path::Path) -> Value {
+    dry_json(args, project, true)
+}
+
+/// The plan of a dry run that must exit as `runnable` says: 0 exactly when a real run
+/// would start (no problems), and one JSON object on stdout either way.
+fn dry_json(args: &[&str], project: &std::path::Path, runnable: bool) -> Value {
     let out = fdl()
         .args(["--root"])
         .arg(project)
@@ -23,24 +29,40 @@ fn json_plan(args: &[&str], project: &std::path::Path) -> Value {
         .args(args)
         .output()
         .unwrap();
-    assert!(
+    assert_eq!(
         out.status.success(),
-        "stderr: {}",
+        runnable,
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    assert_eq!(
+        v["plan"]["problems"]
+            .as_array()
+            .is_none_or(|p| p.is_empty()),
+        runnable,
+        "{v}"
+    );
     v["plan"].clone()
 }
 
-/// Runs a build that must fail; asserts the message and that the project is untouched.
+/// Runs a build that must fail; asserts the message (on either stream: a dry run shows a
+/// plan's problems with the plan on stdout) and that the project is untouched.
 fn fails_cleanly(project: &std::path::Path, args: &[&str], needle: &str) {
     let before = snapshot(project);
-    fdl_in(project)
+    let out = fdl_in(project)
         .args(["nccl", "build"])
         .args(args)
-        .assert()
-        .failure()
-        .stderr(predicate::str::contains(needle));
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains(needle), "no {needle:?} in:\n{text}");
     assert_eq!(
         before,
         snapshot(project),
@@ -119,7 +141,7 @@ fn tag_and_cuda_are_inferred_from_the_active_libtorch() {
 /// torch 2.15's pip NCCL is 2.30.7 built with CUDA 13.3, newer than any nvidia/cuda image
 /// fdl knows: the plan still forms, on the newest 13.x image, and says why. A mix that
 /// no 13.x image compiles still shows its plan in a dry run, with the problem and the way
-/// out, and exits 0; the build itself refuses before touching anything.
+/// out, and exits non-zero; the build itself refuses before touching anything.
 #[test]
 fn a_libtorch_newer_than_the_image_table_still_plans() {
     let src = format!("{}{}", floors(), nccl_like_source((2, 30, 7), "13.3"));
@@ -160,7 +182,7 @@ fn a_libtorch_newer_than_the_image_table_still_plans() {
         "--cuda",
         "13.3",
     ];
-    let plan = json_plan(&pinned, p.root());
+    let plan = dry_json(&pinned, p.root(), false);
     let problems = plan["problems"].to_string();
     assert!(problems.contains("--cuda 12.8 or 12.9"), "{problems}");
     fails_cleanly(p.root(), &pinned, "the plan cannot run");
@@ -451,12 +473,14 @@ fn missing_or_broken_nvidia_smi_suggests_archs() {
         );
 }
 
+/// Without Docker (and no toolkit) a dry run still shows the whole plan, then what stops
+/// a real run here, and exits non-zero: the status says whether a build would start.
 #[test]
-fn dry_run_needs_no_docker_and_writes_nothing() {
+fn dry_run_without_docker_shows_the_plan_then_the_problem_and_writes_nothing() {
     let p = ProjectFixture::empty();
     let no_tools = tempfile::tempdir().unwrap();
     let before = snapshot(p.root());
-    fdl_in(p.root())
+    let out = fdl_in(p.root())
         .env("PATH", no_tools.path())
         .args([
             "nccl",
@@ -467,20 +491,201 @@ fn dry_run_needs_no_docker_and_writes_nothing() {
             "6.1;12.0",
             "--dry-run",
         ])
-        .assert()
-        .success()
-        .stdout(
-            predicate::str::contains(
-                "docker build --tag flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8",
-            )
-            .and(predicate::str::contains(
-                "docker cp '<container>:/usr/local/nccl/.' '<staging>'",
-            ))
-            .and(predicate::str::contains("docker rm --force '<container>'"))
-            .and(predicate::str::contains("Dry run: nothing was built")),
-        );
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    for needle in [
+        "docker build --tag flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8",
+        "docker cp '<container>:/usr/local/nccl/.' '<staging>'",
+        "docker rm --force '<container>'",
+        "Problems (the build will not start until they are solved):",
+        "docker command was not found",
+        "Dry run: nothing was built",
+    ] {
+        assert!(stdout.contains(needle), "no {needle:?} in:\n{stdout}");
+    }
+    // The plan comes first, then the problems.
+    assert!(
+        stdout.find("Commands:") < stdout.find("Problems"),
+        "{stdout}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("the plan cannot run"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(before, snapshot(p.root()));
     assert!(!p.root().join("libtorch").exists());
+}
+
+/// `--cuda X.Y` is a pin: with no image for it the plan keeps X.Y and says what would
+/// work (`--base-image`, the closest image's `--cuda`, `--backend native`), never
+/// "then adjusted".
+#[test]
+fn cuda_is_a_pin() {
+    let p = ProjectFixture::empty();
+    let args = [
+        "--tag",
+        "v2.30.7-1",
+        "--cuda",
+        "13.3",
+        "--archs",
+        "12.0",
+        "--backend",
+        "docker",
+    ];
+    let plan = dry_json(&args, p.root(), false);
+    assert_eq!(plan["cuda"], "13.3", "{plan}");
+    assert_eq!(plan["cuda_origin"], "flag");
+    assert!(plan["cuda_note"].is_null(), "{plan}");
+    let problems = plan["problems"].to_string();
+    for needle in [
+        "--cuda pins it",
+        "--base-image IMAGE",
+        "--cuda 13.2",
+        "nvidia/cuda:13.2",
+        "--backend native",
+    ] {
+        assert!(problems.contains(needle), "no {needle:?} in {problems}");
+    }
+    fails_cleanly(p.root(), &args, "--cuda pins it");
+    // The text form: plan first, the problem after, no "adjusted".
+    let out = fdl_in(p.root())
+        .args(["nccl", "build", "--dry-run"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        stdout.contains("CUDA       13.3  (from --cuda)"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("adjusted"), "{stdout}");
+    // A --cuda an image exists for is used as asked.
+    let plan = json_plan(
+        &[
+            "--tag",
+            "v2.30.7-1",
+            "--cuda",
+            "13.2",
+            "--archs",
+            "12.0",
+            "--backend",
+            "docker",
+        ],
+        p.root(),
+    );
+    assert_eq!(plan["cuda"], "13.2", "{plan}");
+}
+
+/// Every dry run follows one rule: the plan, then every problem, then exit 0 only when a
+/// real run would start. A CUDA that cannot compile an arch is such a problem.
+#[test]
+fn a_cuda_that_cannot_compile_an_arch_still_shows_the_plan() {
+    let p = ProjectFixture::empty();
+    let out = fdl_in(p.root())
+        .args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--cuda",
+            "13.0",
+            "--archs",
+            "6.1;12.0",
+            "--backend",
+            "docker",
+            "--dry-run",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stdout.starts_with("NCCL build plan"), "{stdout}");
+    let problems = &stdout[stdout.find("Problems").expect("a Problems section")..];
+    assert!(
+        problems.contains("CUDA 13.0 cannot compile sm_61"),
+        "{stdout}"
+    );
+    assert!(problems.contains("--cuda"), "{stdout}");
+}
+
+/// A dry run checks what the build checks first: a build from another plan at the same
+/// place is a problem (exit non-zero, the message named), the same plan a no-op warning.
+#[test]
+fn a_dry_run_reports_a_conflict_with_an_existing_build() {
+    let b = BuildsFixture::new(ProjectFixture::empty());
+    let tree = b.tree("t", (2, 27, 5), &[61, 120]);
+    b.install(&tree, "v2.27.5-1", "6.1;12.0").unwrap();
+    let before = snapshot(b.project.root());
+    let out = b
+        .fdl()
+        .args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "6.1;12.0",
+            "--backend",
+            "docker",
+            "--dry-run",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("already holds a build from a different plan"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("--force"), "{stdout}");
+    // --force would replace it: then the dry run has nothing against it.
+    let out = b
+        .fdl()
+        .args([
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "6.1;12.0",
+            "--backend",
+            "docker",
+            "--dry-run",
+            "--force",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("already holds"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(before, snapshot(b.project.root()));
+}
+
+/// A name longer than a directory name may be fails before any plan, dry or not.
+#[test]
+fn a_build_name_over_255_bytes_is_refused_at_once() {
+    let p = ProjectFixture::empty();
+    let archs: Vec<String> = (1..=9)
+        .flat_map(|m| (0..=9).map(move |n| format!("{m}.{n}")))
+        .collect();
+    let archs = archs.join(";");
+    for extra in [&["--dry-run"][..], &[]] {
+        fails_cleanly(
+            p.root(),
+            &[
+                &["--tag", "v2.27.5-1", "--archs", archs.as_str()][..],
+                extra,
+            ]
+            .concat(),
+            "more than a directory name may hold (255)",
+        );
+    }
 }
 
 #[test]

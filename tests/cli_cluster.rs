@@ -19,7 +19,7 @@ fn no_cluster_file_and_wrong_shapes_are_clear_errors() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("no cluster file at") && err.contains("fdl.cluster.yml.example"),
+        err.contains("no cluster file at") && err.contains("identity_file:"),
         "{err}"
     );
     assert_eq!(snapshot(f.project.root()), before);

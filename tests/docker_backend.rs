@@ -33,19 +33,8 @@ fn docker(args: &[&str]) -> std::process::Output {
     Std::new("docker").args(args).output().unwrap()
 }
 
-/// Images made by one test, removed when it ends.
-struct Images(Vec<String>);
-
-impl Drop for Images {
-    fn drop(&mut self) {
-        for image in &self.0 {
-            let _ = docker(&["rmi", "--force", image]);
-        }
-    }
-}
-
 /// Builds `FROM scratch` + `COPY tree /usr/local/nccl` (or an image without NCCL).
-fn base_image(name: &str, tree: Option<&Path>, images: &mut Images) {
+fn base_image(name: &str, tree: Option<&Path>, images: &mut EngineGuard) {
     let ctx = tempfile::tempdir().unwrap();
     let dockerfile = match tree {
         Some(tree) => {
@@ -69,7 +58,7 @@ fn base_image(name: &str, tree: Option<&Path>, images: &mut Images) {
         "base image: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    images.0.push(name.to_string());
+    images.name(name);
 }
 
 /// A suffix no other test run uses, for image names.
@@ -135,7 +124,8 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         return;
     }
     let unique = unique_suffix();
-    let mut images = Images(Vec::new());
+    // Everything this test makes in the engine goes when it ends, also on failure.
+    let mut images = EngineGuard::new();
     let work = tempfile::tempdir().unwrap();
     let tree = work.path().join("tree");
     write_nccl_tree(&tree, (2, 27, 5), &[61, 120]);
@@ -167,15 +157,9 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         cmd
     };
     // fdl names the image after the plan; remember it so the test leaves no image.
-    images
-        .0
-        .push("flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8".into());
-    images
-        .0
-        .push("flodl-nccl-build:v2.27.5-sm86-cuda12.8".into());
-    images
-        .0
-        .push("flodl-nccl-build:v2.27.5-sm90-cuda12.8".into());
+    images.name("flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8");
+    images.name("flodl-nccl-build:v2.27.5-sm86-cuda12.8");
+    images.name("flodl-nccl-build:v2.27.5-sm90-cuda12.8");
 
     // 1. A successful build, installed with its manifest.
     let out = build(&good, "6.1;12.0", &["--json"]).output().unwrap();
@@ -304,6 +288,28 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         );
         assert_eq!(fdl_containers(), containers_before);
     }
+    // A step that fails while running (the base has no shell) leaves no container of
+    // the builder's either.
+    // (Containers of this base or an image made from it: the engine may be shared.)
+    let all_containers = || {
+        let filter = format!("ancestor={good_base}");
+        docker(&["ps", "-a", "-q", "--filter", &filter]).stdout
+    };
+    let containers_at_start = all_containers();
+    let run_fails = user_dockerfile(
+        work.path(),
+        "runfails.Dockerfile",
+        &good_base,
+        "RUN false\n",
+    );
+    let out = build(&run_fails, "8.6", &[]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("image build failed"));
+    assert_eq!(
+        all_containers(),
+        containers_at_start,
+        "a build container was left"
+    );
 
     // 5. A failing copy (no /usr/local/nccl in the image) leaves nothing and no container.
     let no_nccl = user_dockerfile(work.path(), "nonccl.Dockerfile", &empty_base, "");
@@ -344,16 +350,15 @@ fn a_build_whose_output_fails_the_check_is_not_installed() {
         return;
     }
     let unique = format!("{}-chk", std::process::id());
-    let mut images = Images(Vec::new());
+    // Everything this test makes in the engine goes when it ends, also on failure.
+    let mut images = EngineGuard::new();
     let work = tempfile::tempdir().unwrap();
     // The tree claims 2.27.6 in its header while the tag asks for 2.27.5.
     let tree = work.path().join("tree");
     write_nccl_tree(&tree, (2, 27, 6), &[75]);
     let base = format!("fdl-test-nccl-base:{unique}");
     base_image(&base, Some(&tree), &mut images);
-    images
-        .0
-        .push("flodl-nccl-build:v2.27.5-sm75-cuda12.8".into());
+    images.name("flodl-nccl-build:v2.27.5-sm75-cuda12.8");
     let project = ProjectFixture::empty();
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
     let before = snapshot(project.root());
@@ -387,7 +392,8 @@ fn an_interrupted_build_leaves_nothing_behind() {
         return;
     }
     let unique = format!("{}-int", std::process::id());
-    let mut images = Images(Vec::new());
+    // Everything this test makes in the engine goes when it ends, also on failure.
+    let mut images = EngineGuard::new();
     let work = tempfile::tempdir().unwrap();
     let tree = work.path().join("tree");
     write_nccl_tree(&tree, (2, 27, 5), &[61, 120]);
@@ -401,9 +407,7 @@ fn an_interrupted_build_leaves_nothing_behind() {
     drop(big);
     let base = format!("fdl-test-nccl-base:{unique}");
     base_image(&base, Some(&tree), &mut images);
-    images
-        .0
-        .push("flodl-nccl-build:v2.27.5-sm80-cuda12.8".into());
+    images.name("flodl-nccl-build:v2.27.5-sm80-cuda12.8");
     let project = ProjectFixture::empty();
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
     let containers_before = fdl_containers();
@@ -474,7 +478,8 @@ fn planted_links_in_an_images_tree_write_nothing_outside() {
         return;
     }
     let unique = unique_suffix();
-    let mut images = Images(vec!["flodl-nccl-build:v2.27.5-sm86-cuda12.8".into()]);
+    let mut images = EngineGuard::new();
+    images.name("flodl-nccl-build:v2.27.5-sm86-cuda12.8");
     let work = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     let project = ProjectFixture::empty();
@@ -529,4 +534,55 @@ fn planted_links_in_an_images_tree_write_nothing_outside() {
         );
     }
     assert!(fdl_containers().is_empty());
+}
+
+/// The guard every Docker test holds removes what the test made — the images it names
+/// and the `<none>` layer a failed classic build leaves — and keeps a tagged image it
+/// did not name (the cached base images of tests/support).
+#[test]
+#[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
+fn the_engine_guard_removes_what_a_test_made_and_keeps_cached_images() {
+    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    if !engine_available() {
+        return;
+    }
+    let unique = unique_suffix();
+    let kept = format!("fdl-test-kept:{unique}");
+    let named = format!("fdl-test-named:{unique}");
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::write(ctx.path().join("a"), &unique).unwrap();
+    let build = |tag: Option<&str>, dockerfile: &str| {
+        std::fs::write(ctx.path().join("Dockerfile"), dockerfile).unwrap();
+        let mut cmd = Std::new("docker");
+        cmd.env("DOCKER_BUILDKIT", "0").args(["build", "-q"]);
+        if let Some(t) = tag {
+            cmd.args(["-t", t]);
+        }
+        cmd.arg(ctx.path()).output().unwrap()
+    };
+    let images = || {
+        String::from_utf8_lossy(&docker(&["images", "-a", "-q", "--no-trunc"]).stdout).into_owned()
+    };
+    let guard = EngineGuard::new();
+    // Made while the guard lives, but tagged and not named: like a cached base image.
+    assert!(build(Some(&kept), "FROM scratch\nCOPY a /kept\n")
+        .status
+        .success());
+    let mut guard = guard;
+    assert!(build(Some(&named), "FROM scratch\nCOPY a /named\n")
+        .status
+        .success());
+    guard.name(&named);
+    // A classic build that fails after one step leaves that step's image, untagged.
+    let failed = build(None, "FROM scratch\nCOPY a /left\nCOPY missing /nowhere\n");
+    assert!(!failed.status.success());
+    let (_, leftovers) = guard.leftovers();
+    assert!(leftovers.len() >= 2, "{leftovers:?}");
+    drop(guard);
+    let after = images();
+    for id in &leftovers {
+        assert!(!after.contains(id.as_str()), "{id} is still there");
+    }
+    assert!(docker(&["image", "inspect", &kept]).status.success());
+    let _ = docker(&["rmi", "--force", &kept]);
 }

@@ -90,6 +90,18 @@ fn stdout_of(what: &str, out: &Output) -> String {
     stdout
 }
 
+/// The stdout of a dry run whose plan has problems: it shows the plan with them, and its
+/// status says a real run would not start.
+fn problems_of(what: &str, out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        !out.status.success() && stdout.contains("Problems"),
+        "fdl {what} should show the plan with its problems and fail:\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// `needle` occurs in the library's bytes (the stand-in records what make received).
 fn contains(lib: &Path, needle: &str) -> bool {
     let bytes = std::fs::read(lib).unwrap();
@@ -97,10 +109,13 @@ fn contains(lib: &Path, needle: &str) -> bool {
 }
 
 #[test]
-#[ignore = "drives the real Docker engine and needs the CUDA wheels: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "drives the real Docker engine and needs the CUDA wheels: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn offline_build_through_the_embedded_dockerfile() {
     let _engine = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
     let image = cuda_image();
+    // The CUDA image stays (made once, reused); what this test builds goes, also on
+    // failure.
+    let mut engine = EngineGuard::new();
     let cuobjdump = oracle_input("FDL_TEST_CUOBJDUMP");
     let env = Env::new();
     let tree = env.work.path().join("nccl-2.27.5");
@@ -153,6 +168,7 @@ fn offline_build_through_the_embedded_dockerfile() {
 
     // A fresh build, so the log shows every step run rather than taken from the cache.
     let built_image = docker_plan["image"].as_str().unwrap().to_string();
+    engine.name(&built_image);
     let _ = docker(&["rmi", "--force", &built_image]);
 
     let mut run = args.to_vec();
@@ -263,7 +279,6 @@ fn offline_build_through_the_embedded_dockerfile() {
             "{leak} leaked:\nstdout: {text}\nstderr: {stderr}"
         );
     }
-    let _ = docker(&["rmi", "--force", &built_image]);
 }
 
 /// An image without nvcc, or not in the engine at all: the plan says so before anything
@@ -273,6 +288,7 @@ fn offline_build_through_the_embedded_dockerfile() {
 fn base_images_that_cannot_build_are_refused_before_the_build() {
     let _engine = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
     cuda_image();
+    let _engine_guard = EngineGuard::new();
     let env = Env::new();
     let tree = env.work.path().join("nccl");
     native_fixture::nvcc_tree(&tree, (2, 27, 5));
@@ -299,7 +315,7 @@ fn base_images_that_cannot_build_are_refused_before_the_build() {
 
     // No nvcc: a problem in the plan, and a build that refuses to start.
     let out = build(DEBIAN_IMAGE, "8.6", &["--dry-run"]);
-    let text = stdout_of("dry run", &out);
+    let text = problems_of("dry run", &out);
     assert!(
         text.contains(&format!("--base-image {DEBIAN_IMAGE} has no nvcc")),
         "{text}"
@@ -311,12 +327,12 @@ fn base_images_that_cannot_build_are_refused_before_the_build() {
 
     // An arch the image's nvcc cannot compile.
     let out = build(CUDA_IMAGE, "3.5", &["--dry-run"]);
-    let text = stdout_of("dry run", &out);
+    let text = problems_of("dry run", &out);
     assert!(text.contains("cannot compile sm_35"), "{text}");
 
     // --cuda against the image's CUDA.
     let out = build(CUDA_IMAGE, "8.6", &["--cuda", "12.8", "--dry-run"]);
-    let text = stdout_of("dry run", &out);
+    let text = problems_of("dry run", &out);
     assert!(
         text.contains("holds CUDA 13.5.37, but --cuda asks for 12.8"),
         "{text}"

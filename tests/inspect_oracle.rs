@@ -29,7 +29,7 @@ use std::process::Command;
 
 /// The nvidia-nccl-cu12 wheel's library (CUDA 12 build).
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn real_nccl_cu12_matches_cuobjdump_and_ncclgetversion() {
     real_nccl_from("FDL_TEST_NCCL_LIB", 12);
 }
@@ -38,14 +38,14 @@ fn real_nccl_cu12_matches_cuobjdump_and_ncclgetversion() {
 /// pre-Turing cubins, and with four sm_100 cubins whose fatbin header says family (`f`)
 /// where their ELF header (and so cuobjdump) says plain `sm_100`.
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn real_nccl_cu13_matches_cuobjdump_and_ncclgetversion() {
     real_nccl_from("FDL_TEST_NCCL_LIB_CU13", 13);
 }
 
 /// The newest nvidia-nccl-cu13 (2.32.3, built with CUDA 13.4): SASS for sm_107 too.
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn real_nccl_cu13_newest_matches_cuobjdump_and_ncclgetversion() {
     real_nccl_from("FDL_TEST_NCCL_LIB_CU13_NEWEST", 13);
 }
@@ -88,7 +88,7 @@ fn real_nccl_matches(lib: &Path, cuobjdump: &Path, cuda_major: u32) -> NcclDetec
 /// only together with more of a real cubin than the synthetic minimal one carries (checked
 /// by hand on a real sm_100 cubin: flipping e_flags bit 3 alone flips sm_100/sm_100a).
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn synth_reads_the_same_in_cuobjdump() {
     let cuobjdump = oracle_input("FDL_TEST_CUOBJDUMP");
     let t = |n: u32, variant| GpuTarget {
@@ -171,7 +171,7 @@ fn extracted(cuobjdump: &Path, lib: &Path) -> Vec<Vec<u8>> {
 /// `FDL_TEST_TORCH_LIB`: torch 2.8.0's `libtorch_cuda.so` (CUDA 12.8), laid out here as
 /// pip lays it out beside the nvidia-nccl-cu12 wheel's `libnccl.so.2`.
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn real_libtorch_cuda_matches_cuobjdump_and_finds_its_pip_nccl() {
     let (torch, cuobjdump, nccl) = (
         oracle_input("FDL_TEST_TORCH_LIB"),
@@ -199,7 +199,7 @@ fn real_libtorch_cuda_matches_cuobjdump_and_finds_its_pip_nccl() {
 /// nvidia-nccl-cu13 wheel (2.30.7) it requires. What `fdl libtorch add` would write for it
 /// comes from the same files and its `version.py`.
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn real_libtorch_cuda13_matches_cuobjdump_and_finds_its_pip_nccl() {
     let (torch, cuobjdump) = (
         oracle_input("FDL_TEST_TORCH_LIB_CU13"),
@@ -315,7 +315,7 @@ fn gencode(spec: &str) -> String {
 /// and PTX, plain ones, and one multi-target fatbin in each compression nvcc offers. fdl's
 /// lists must be cuobjdump's, and the ones nvcc was asked for.
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn nvcc_fatbins_list_like_cuobjdump() {
     let (home, cuobjdump) = (
         oracle_input("FDL_TEST_CUDA_HOME_NEWEST"),
@@ -370,7 +370,7 @@ fn nvcc_fatbins_list_like_cuobjdump() {
 /// multi-architecture builds") stores several entries behind one header of a new kind;
 /// cuobjdump lists each of them, so fdl must too.
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn nvcc_concat_fatbins_list_like_cuobjdump() {
     let (home, cuobjdump) = (
         oracle_input("FDL_TEST_CUDA_HOME_NEWEST"),

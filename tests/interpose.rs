@@ -387,7 +387,7 @@ fn broken_files_are_refused_cleanly() {
 /// nccl* functions `readelf --dyn-syms` lists, each must be named by a relocation in
 /// `readelf -r`, and the libnccl.so.2 each torch is installed with must export them all.
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn real_libtorch_imports_nccl_through_the_dynamic_linker() {
     let torch = oracle_input("FDL_TEST_TORCH_LIB");
     let torch13 = oracle_input("FDL_TEST_TORCH_LIB_CU13");

@@ -1261,3 +1261,32 @@ fn words(line: &str) -> Vec<String> {
     }
     out
 }
+
+/// A dry run says what is true now: before the first build the tag is still to be
+/// cloned; after it, the clone in the cache is reused.
+#[test]
+fn a_dry_run_says_whether_the_source_is_cloned_yet() {
+    let env = Env::new();
+    let repo = env.repo();
+    let dry = || {
+        let out = env
+            .build("8.6", &["--dry-run"])
+            .env("FDL_NCCL_REPO", &repo)
+            .output()
+            .unwrap();
+        stdout_of(&out)
+    };
+    let text = dry();
+    assert!(text.contains("(to be cloned into "), "{text}");
+    assert!(!text.contains("already cloned"), "{text}");
+    env.build("8.6", &["--quiet"])
+        .env("FDL_NCCL_REPO", &repo)
+        .assert()
+        .success();
+    let text = dry();
+    assert!(text.contains("(already cloned in "), "{text}");
+    assert!(
+        text.contains("already holds a build from this plan"),
+        "{text}"
+    );
+}

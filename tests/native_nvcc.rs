@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::process::Output;
 
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn real_nvcc_from_the_pypi_wheel() {
     let home = oracle_input("FDL_TEST_CUDA_HOME");
 
@@ -114,7 +114,12 @@ fn real_nvcc_from_the_pypi_wheel() {
     // Another CUDA: refused, unless allowed.
     let out = dry_run("12.8", "8.6", &[]);
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    // The plan's problems are shown with the plan, on stdout.
+    let err = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         err.contains(&format!(
             "is CUDA {}, but the build asks for CUDA 12.8",
@@ -132,7 +137,12 @@ fn real_nvcc_from_the_pypi_wheel() {
     // An arch this nvcc cannot compile: refused, naming it and what it offers.
     let out = dry_run(&mm, "6.1;8.6", &[]);
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    // The plan's problems are shown with the plan, on stdout.
+    let err = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(err.contains("cannot compile sm_61"), "{err}");
     assert!(
         err.contains("--list-gpu-arch") && err.contains("sm_75"),
@@ -148,7 +158,7 @@ fn real_nvcc_from_the_pypi_wheel() {
 /// (a no-op), `--force`, and `remove`: each must succeed on the build it made, whose
 /// library holds SASS for exactly the planned archs, as fdl and cuobjdump read it.
 #[test]
-#[ignore = "needs the real NVIDIA inputs: `source .ci/fetch-oracles`, then `cargo test -- --include-ignored`"]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn real_native_build_with_the_newest_nvcc() {
     let (home, cuobjdump) = (
         oracle_input("FDL_TEST_CUDA_HOME_NEWEST"),

@@ -10,7 +10,7 @@ use crate::nccl::plan::{
     ArchOrigin, BackendInputs, BackendPlan, BuildPlan, CudaOrigin, DockerSource, DockerSteps,
     DockerfileSpec, NativeSource, TagOrigin,
 };
-use crate::nccl::store::BuildStore;
+use crate::nccl::store::{BuildStore, Existing};
 use crate::nccl::tag::Tag;
 use crate::nccl::verify;
 use crate::progress::Verbosity;
@@ -273,16 +273,45 @@ pub(super) fn run_with(
         eprintln!("project root: {}", project.describe());
     }
     let inferred = infer(flags)?;
-    let (inputs, reason, chosen) = choose(&args, &inferred.tag)?;
-    let plan = build::plan(&req, inferred, project.nccl_builds_dir(), inputs, reason)?;
+    let (inputs, reason, mut chosen) = choose(&args, &inferred.tag)?;
+    let mut plan = build::plan(&req, inferred, project.nccl_builds_dir(), inputs, reason)?;
+    plan.warnings.extend(project.fallback_note());
+    // The engine the build needs is asked for now, so that a dry run meets what a real
+    // run would meet first.
+    if let Chosen::Docker { engine, .. } = &mut chosen {
+        if engine.is_none() {
+            match Engine::probe() {
+                Ok(e) => *engine = Some(e),
+                Err(e) => plan.problems.push(format!(
+                    "{e}; or build with --backend native where a CUDA toolkit is installed"
+                )),
+            }
+        }
+    }
+    if args.dry_run {
+        // What the build checks first under its lock, checked here without one.
+        let store = BuildStore::new(project.nccl_builds_dir());
+        let existing = store.existing(&plan.name)?;
+        let dir = store.path_of(&plan.name);
+        match build::conflict(&plan, existing.as_ref(), &dir, args.force) {
+            Some(why) => plan.problems.push(why),
+            None => {
+                if let Some(Existing::Build(m)) = &existing {
+                    if !args.force && plan.differences(&m.plan).is_empty() {
+                        plan.warnings.push(format!(
+                            "{} already holds a build from this plan ({}): a real run does nothing (--force rebuilds it)",
+                            dir.display(),
+                            m.built_at
+                        ));
+                    }
+                }
+            }
+        }
+    }
     let steps = plan_steps(&plan);
     let commands: Vec<String> = steps.iter().map(Step::render).collect();
-    if !args.dry_run && !plan.problems.is_empty() {
-        bail!(
-            "the plan cannot run (see it with --dry-run):\n  {}",
-            plan.problems.join("\n  ")
-        );
-    }
+    // One rule for every dry run: the plan, then every problem, then a status that is 0
+    // only when a real run would start.
     if args.dry_run {
         if args.json {
             print_json(&json!({ "dry_run": true, "plan": plan, "commands": commands }));
@@ -290,7 +319,24 @@ pub(super) fn run_with(
             print!("{}", render_plan(&plan, &commands));
             println!("Dry run: nothing was built, written or started.");
         }
+        if !plan.problems.is_empty() {
+            let e = anyhow::anyhow!(
+                "the plan cannot run: {} problem(s), listed with the plan",
+                plan.problems.len()
+            );
+            return Err(if args.json {
+                super::JsonReported(e).into()
+            } else {
+                e
+            });
+        }
         return Ok(());
+    }
+    if !plan.problems.is_empty() {
+        bail!(
+            "the plan cannot run (see it with --dry-run):\n  {}",
+            plan.problems.join("\n  ")
+        );
     }
     let backend: Box<dyn Backend> = match chosen {
         Chosen::Docker { engine, dockerfile } => Box::new(DockerBackend {
@@ -563,9 +609,17 @@ fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
                 NativeSource::Dir { path, version } => {
                     format!("{} (NCCL {version})", path.display())
                 }
-                NativeSource::Clone { repo, cache_dir } => {
-                    format!("{repo} at {} (cached in {})", plan.tag, cache_dir.display())
-                }
+                // Said as it is now: a dry run before the first build clones nothing.
+                NativeSource::Clone { repo, cache_dir } if cache_dir.is_dir() => format!(
+                    "{repo} at {} (already cloned in {}: reused)",
+                    plan.tag,
+                    cache_dir.display()
+                ),
+                NativeSource::Clone { repo, cache_dir } => format!(
+                    "{repo} at {} (to be cloned into {}, then reused)",
+                    plan.tag,
+                    cache_dir.display()
+                ),
             },
         );
     }

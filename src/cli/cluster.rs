@@ -24,13 +24,22 @@ pub enum ClusterCommand {
     Status {
         #[command(flatten)]
         common: Common,
+        /// Print one JSON object (the exit status still says whether it is ready)
         #[arg(long)]
         json: bool,
     },
     /// The one NCCL build for the whole cluster (the tag of the highest libtorch NCCL, the
     /// union of every worker's GPUs, a CUDA every driver runs), printed as `nccl build
     /// --dry-run` prints a plan
-    #[command(after_help = "Example:\n  fdl cluster plan --json")]
+    #[command(
+        after_help = "Example:\n  fdl cluster plan --json",
+        mut_arg("tag", |a| a.help(CLUSTER_TAG_HELP)),
+        mut_arg("archs", |a| a.help(CLUSTER_ARCHS_HELP)),
+        mut_arg("cuda", |a| a.help(CLUSTER_CUDA_HELP)),
+        // A plan is always a dry run.
+        mut_arg("dry_run", |a| a.hide(true)),
+        mut_arg("json", |a| a.help("Print the plan as one JSON object"))
+    )]
     Plan {
         #[command(flatten)]
         common: Common,
@@ -38,7 +47,12 @@ pub enum ClusterCommand {
         build: super::BuildArgs,
     },
     /// Build that plan here, on the controller, with `fdl nccl build`'s backends
-    #[command(after_help = "Example:\n  fdl cluster build --backend docker")]
+    #[command(
+        after_help = "Example:\n  fdl cluster build --backend docker",
+        mut_arg("tag", |a| a.help(CLUSTER_TAG_HELP)),
+        mut_arg("archs", |a| a.help(CLUSTER_ARCHS_HELP)),
+        mut_arg("cuda", |a| a.help(CLUSTER_CUDA_HELP))
+    )]
     Build {
         #[command(flatten)]
         common: Common,
@@ -52,8 +66,12 @@ pub enum ClusterCommand {
         build: Option<String>,
         #[command(flatten)]
         common: Common,
+        /// How to print the blocks: YAML to paste, or one JSON object
         #[arg(long, value_enum, default_value_t = EnvFormat::Yaml)]
         format: EnvFormat,
+        /// The same as --format json
+        #[arg(long, conflicts_with = "format")]
+        json: bool,
     },
     /// Copy a build to every worker's <path>/libtorch/nccl/builds/<name>/, verify it
     /// there, and install it atomically (a no-op where the same bytes are already there)
@@ -74,6 +92,7 @@ pub enum ClusterCommand {
         dry_run: bool,
         #[command(flatten)]
         common: Common,
+        /// Print one JSON object (the exit status still says whether all got it)
         #[arg(long)]
         json: bool,
     },
@@ -89,8 +108,10 @@ pub enum ClusterCommand {
         /// Verify and install the copy in .incoming-<name>/
         #[arg(long, value_name = "NAME", requires = "digest")]
         install: Option<String>,
+        /// With --install: the sha256 the copy must have
         #[arg(long)]
         digest: Option<String>,
+        /// With --install: replace a different build of that name
         #[arg(long)]
         force: bool,
     },
@@ -110,13 +131,20 @@ pub enum ClusterCommand {
         /// The libtorch variant (default: the active one)
         #[arg(long)]
         arch: Option<String>,
-        /// The library the worker's env preloads
+        /// The worker's LD_PRELOAD, as its env: block writes it
         #[arg(long)]
         ld_preload: Option<String>,
+        /// Print one JSON object (the only form the controller reads)
         #[arg(long)]
         json: bool,
     },
 }
+
+/// What `cluster plan` and `cluster build` infer, which is not what `nccl build` does.
+const CLUSTER_TAG_HELP: &str = "NCCL git tag, e.g. v2.27.5-1 (default: the highest NCCL the workers' libtorch variants bundle)";
+const CLUSTER_ARCHS_HELP: &str =
+    "GPU architectures, e.g. \"6.1;12.0\" (default: the union of every worker's GPUs)";
+const CLUSTER_CUDA_HELP: &str = "CUDA version, e.g. 12.8 (default: the CUDA of that libtorch's NCCL, unless a worker's driver cannot run it)";
 
 #[derive(Debug, Args)]
 pub struct Common {
@@ -153,7 +181,7 @@ impl ClusterCommand {
     pub(super) fn wants_json(&self) -> bool {
         match self {
             ClusterCommand::Status { json, .. } | ClusterCommand::SelfReport { json, .. } => *json,
-            ClusterCommand::Env { format, .. } => *format == EnvFormat::Json,
+            ClusterCommand::Env { format, json, .. } => *json || *format == EnvFormat::Json,
             ClusterCommand::Ship { json, .. } => *json,
             ClusterCommand::Receive { .. } => true,
             ClusterCommand::Link { json, .. } => *json,
@@ -239,7 +267,11 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             build,
             common,
             format,
-        } => env_cmd(project, &common, build.as_deref(), format),
+            json,
+        } => {
+            let format = if json { EnvFormat::Json } else { format };
+            env_cmd(project, &common, build.as_deref(), format)
+        }
     }
 }
 
@@ -336,12 +368,16 @@ fn render_status(workers: &[WorkerStatus]) -> String {
     for w in workers {
         s.push_str(&format!("{} ({}:{})\n", w.host, w.target, w.path));
         let Some(r) = &w.report else {
+            // The error says what failed ("unreachable over SSH: …"); the hint, what next.
+            let error = w.error.as_deref().unwrap_or("no answer");
+            let next = if error.starts_with("unreachable over SSH") {
+                ". Check the host, or its ssh: block in the cluster file, then rerun `fdl cluster status`"
+            } else {
+                ""
+            };
             s.push_str(&format!(
                 "  {}\n",
-                paint(
-                    &format!("unreachable: {}", w.error.as_deref().unwrap_or("?")),
-                    Color::Red
-                )
+                paint(&format!("{error}{next}"), Color::Red)
             ));
             continue;
         };
@@ -449,7 +485,11 @@ fn env_cmd(
 ) -> Result<()> {
     let cluster = load(project, common)?;
     let store = BuildStore::new(project.nccl_builds_dir());
-    let (name, _, why) = super::manage::pick_build(project, &store, build)?;
+    let wiring = super::manage::Wiring {
+        make: "fdl cluster build",
+        this: "fdl cluster env",
+    };
+    let (name, _, why) = super::manage::pick_build(project, &store, build, &wiring)?;
     let rel = format!("libtorch/nccl/builds/{name}/lib/libnccl.so.2");
     let mut entries = Vec::new();
     for w in &cluster.workers {
@@ -545,7 +585,11 @@ fn ship_cmd(
         .filter(|w| only.is_empty() || only.contains(&w.host))
         .collect();
     let store = BuildStore::new(project.nccl_builds_dir());
-    let (name, _, _) = super::manage::pick_build(project, &store, build)?;
+    let wiring = super::manage::Wiring {
+        make: "fdl cluster build",
+        this: "fdl cluster ship",
+    };
+    let (name, _, _) = super::manage::pick_build(project, &store, build, &wiring)?;
     let dir = store.path_of(&name);
     let req = ShipRequest::new(
         &name,
@@ -593,10 +637,22 @@ fn ship_cmd(
         }
     }
     if !failed.is_empty() {
-        let e = anyhow::anyhow!(
-            "the build did not reach {}; the others are done. Rerun `fdl cluster ship` to finish: it resumes and skips workers that have it",
-            failed.join(", ")
-        );
+        let e = if dry_run {
+            anyhow::anyhow!(
+                "a ship would not reach {}: see why in the table. Nothing was copied anywhere; fix that, then rerun `fdl cluster ship --dry-run`",
+                failed.join(", ")
+            )
+        } else if failed.len() == results.len() {
+            anyhow::anyhow!(
+                "the build reached none of the workers ({}): see why in the table. Fix that, then rerun `fdl cluster ship`",
+                failed.join(", ")
+            )
+        } else {
+            anyhow::anyhow!(
+                "the build did not reach {}; the others are done. Rerun `fdl cluster ship` to finish: it resumes and skips workers that have it",
+                failed.join(", ")
+            )
+        };
         return Err(if json {
             super::JsonReported(e).into()
         } else {

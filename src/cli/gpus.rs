@@ -8,10 +8,14 @@ use serde_json::json;
 pub(super) fn run(json_out: bool) -> Result<()> {
     let gpus = match gpu::query() {
         Ok(g) => g,
-        // No GPU is an answer: an empty list, and why on stderr.
-        Err(e @ (gpu::GpuError::NoGpu | gpu::GpuError::NoNvidiaSmi)) if json_out => {
-            eprintln!("{e}");
-            print_json(&json!({ "gpus": [], "archs": [] }));
+        // No GPU is an answer, in text as in JSON: exit 0, an empty list, and why.
+        Err(e @ (gpu::GpuError::NoGpu | gpu::GpuError::NoNvidiaSmi)) => {
+            if json_out {
+                eprintln!("{e}");
+                print_json(&json!({ "gpus": [], "archs": [] }));
+            } else {
+                println!("No NVIDIA GPU here: {e}");
+            }
             return Ok(());
         }
         Err(e) => return Err(e.into()),

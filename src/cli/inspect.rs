@@ -163,6 +163,13 @@ pub(super) fn which_json(w: &Which) -> serde_json::Value {
 
 pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> Result<()> {
     let ins = inspect::inspect(path)?;
+    // A README or a script has no SONAME, NCCL or GPU code to judge: no verdict at all.
+    if !ins.elf {
+        anyhow::bail!(
+            "{} is not an ELF file, so it holds no NCCL or GPU code to inspect. Give a shared library: a libtorch's lib/libtorch_cuda.so, a libnccl.so.2, or any .so",
+            path.display()
+        );
+    }
     // The file's own facts stand whatever the loader model makes of it (a raw or
     // synthetic ELF file need not be loadable).
     let nccl = nccl_in(&ins).map_err(|e| format!("{e:#}"));

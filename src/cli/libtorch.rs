@@ -14,6 +14,7 @@ pub enum LibtorchCommand {
     /// List the variants; the active one is marked
     #[command(after_help = "Example:\n  fdl libtorch list")]
     List {
+        /// Print one JSON object
         #[arg(long)]
         json: bool,
     },
@@ -35,6 +36,7 @@ as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch
         name: String,
         /// The libtorch directory (holding lib/libtorch_cuda.so)
         path: std::path::PathBuf,
+        /// Print one JSON object
         #[arg(long)]
         json: bool,
     },
@@ -55,6 +57,7 @@ as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch
         /// Judge coverage for these archs instead of the local GPUs
         #[arg(long)]
         archs: Option<String>,
+        /// Print one JSON object
         #[arg(long)]
         json: bool,
     },
@@ -85,7 +88,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 print_json(&json!({ "libtorch_dir": lt.dir, "active": active, "variants": rows }));
             } else if variants.is_empty() {
                 println!(
-                    "No libtorch variants under {} (expected precompiled/<name> or builds/<name>).",
+                    "No libtorch variants under {} (expected precompiled/<name> or builds/<name>).\nRegister one with `fdl libtorch add NAME PATH` (an unpacked libtorch, or a pip torch's torch/ directory).",
                     lt.dir.display()
                 );
             } else {

@@ -35,6 +35,9 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
         print_json(&json!({ "builds_dir": store.dir, "entries": rows }));
         return Ok(());
     }
+    if let Some(note) = project.fallback_note() {
+        println!("Note: {note}.");
+    }
     if entries.is_empty() {
         println!(
             "No NCCL builds in {}. Make one with `fdl nccl build`.",
@@ -195,7 +198,7 @@ pub enum EnvFormat {
 
 pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> Result<()> {
     let store = BuildStore::new(project.nccl_builds_dir());
-    let (name, manifest, why) = pick_build(project, &store, build)?;
+    let (name, manifest, why) = pick_build(project, &store, build, &Wiring::NCCL_ENV)?;
     let lib: PathBuf = store.path_of(&name).join("lib").join("libnccl.so.2");
     // A path the loader reads as one LD_PRELOAD element: the build's own, or a link in
     // the per-user cache when the project's path holds a space or a colon.
@@ -228,12 +231,29 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
     Ok(())
 }
 
+/// Which command asks for a build, so that its hints name the commands that fix things
+/// in its own world: `fdl nccl build` for one host, `fdl cluster build` for a cluster.
+pub(super) struct Wiring {
+    /// Makes a build: `fdl nccl build`.
+    pub make: &'static str,
+    /// This command, to be given a build's name: `fdl nccl env`.
+    pub this: &'static str,
+}
+
+impl Wiring {
+    pub const NCCL_ENV: Wiring = Wiring {
+        make: "fdl nccl build",
+        this: "fdl nccl env",
+    };
+}
+
 /// The build a wiring command is about: the one named, else the default (newest
 /// matching the active libtorch), with why it was picked.
 pub(super) fn pick_build(
     project: &Project,
     store: &BuildStore,
     build: Option<&str>,
+    wiring: &Wiring,
 ) -> Result<(String, Manifest, String)> {
     Ok(match build {
         Some(name) => {
@@ -241,16 +261,17 @@ pub(super) fn pick_build(
             match store.existing(name)? {
                 Some(Existing::Build(m)) => (name.to_string(), *m, "named".to_string()),
                 Some(Existing::Unreadable(why)) => bail!(
-                    "the manifest of build '{name}' cannot be read ({why}); rebuild it with `fdl nccl build --force`"
+                    "the manifest of build '{name}' cannot be read ({why}); rebuild it with `{} --force`",
+                    wiring.make
                 ),
                 Some(Existing::NotABuild(why)) => bail!(
                     "{} is not an fdl build ({why})",
                     store.path_of(name).display()
                 ),
-                None => bail!("no build named '{name}'. {}", builds_hint(store)?),
+                None => bail!("no build named '{name}'. {}", builds_hint(store, wiring)?),
             }
         }
-        None => default_build(project, store)?,
+        None => default_build(project, store, wiring)?,
     })
 }
 
@@ -283,17 +304,21 @@ fn candidates(store: &BuildStore) -> Result<Vec<String>> {
 }
 
 /// What to say about the builds there are: their names, or that there are none yet.
-fn builds_hint(store: &BuildStore) -> Result<String> {
+fn builds_hint(store: &BuildStore, wiring: &Wiring) -> Result<String> {
     let names = candidates(store)?;
     Ok(if names.is_empty() {
-        "There are no builds yet: make one with `fdl nccl build`".into()
+        format!("There are no builds yet: make one with `{}`", wiring.make)
     } else {
         format!("Builds: {}", names.join(", "))
     })
 }
 
 /// The newest full build whose NCCL version is the active libtorch's.
-fn default_build(project: &Project, store: &BuildStore) -> Result<(String, Manifest, String)> {
+fn default_build(
+    project: &Project,
+    store: &BuildStore,
+    wiring: &Wiring,
+) -> Result<(String, Manifest, String)> {
     let builds: Vec<(String, Manifest)> = store
         .list()?
         .into_iter()
@@ -305,7 +330,8 @@ fn default_build(project: &Project, store: &BuildStore) -> Result<(String, Manif
         })
         .collect();
     let lt = Libtorch::new(project.libtorch_dir());
-    let wanted = lt.active().ok().and_then(|v| {
+    let active = lt.active();
+    let wanted = active.as_ref().ok().cloned().and_then(|v| {
         let lib = v.libtorch_cuda();
         // The NCCL it brings (static, pip-style, or pinned): the same answer as `fdl nccl
         // detect` without a preload.
@@ -317,11 +343,25 @@ fn default_build(project: &Project, store: &BuildStore) -> Result<(String, Manif
     let Some((variant, version)) = wanted else {
         return match builds.as_slice() {
             [(name, m)] => Ok((name.clone(), m.clone(), "the only build".into())),
-            _ => bail!(
-                "cannot choose a build: the active libtorch's NCCL version is unknown. {}{}",
-                builds_hint(store)?,
-                if builds.is_empty() { "" } else { "; name one" }
-            ),
+            _ => {
+                let why = match &active {
+                    // No libtorch to match: say that, not that its NCCL is unknown.
+                    Err(e) => format!("there is no active libtorch to match ({e:#})"),
+                    Ok(v) => format!(
+                        "the NCCL version of the active libtorch {} is unknown (`fdl nccl detect` says why)",
+                        v.name
+                    ),
+                };
+                let name_one = if builds.is_empty() {
+                    String::new()
+                } else {
+                    format!(". Name one: `{} BUILD`", wiring.this)
+                };
+                bail!(
+                    "cannot choose a build: {why}. {}{name_one}",
+                    builds_hint(store, wiring)?
+                )
+            }
         };
     };
     let same = |m: &Manifest| {
@@ -339,11 +379,14 @@ fn default_build(project: &Project, store: &BuildStore) -> Result<(String, Manif
             format!("newest build matching {variant}'s NCCL {version}"),
         )),
         None if builds.is_empty() => bail!(
-            "no build matches the active libtorch {variant} (NCCL {version}): there are no builds yet. Make one with `fdl nccl build`"
+            "no build matches the active libtorch {variant} (NCCL {version}): there are no builds yet. Make one with `{}`",
+            wiring.make
         ),
         None => bail!(
-            "no build matches the active libtorch {variant} (NCCL {version}): make one with `fdl nccl build`, or name one. {}",
-            builds_hint(store)?
+            "no build matches the active libtorch {variant} (NCCL {version}): make one with `{}`, or name one (`{} BUILD`). {}",
+            wiring.make,
+            wiring.this,
+            builds_hint(store, wiring)?
         ),
     }
 }

@@ -51,16 +51,21 @@ pub enum Command {
         after_help = "Examples:\n  fdl inspect libtorch/precompiled/cu128/lib/libtorch_cuda.so\n  fdl inspect libnccl.so.2 --archs \"6.1;12.0\" --json"
     )]
     Inspect {
+        /// The ELF shared library to read (libtorch_cuda.so, libnccl.so.2, any .so)
         path: PathBuf,
         /// Judge coverage for these archs instead of the local GPUs
         #[arg(long)]
         archs: Option<String>,
+        /// Print one JSON object
         #[arg(long)]
         json: bool,
     },
     /// Loads a library and prints ncclGetVersion (run by fdl in a child process)
     #[command(name = "__probe-nccl", hide = true)]
-    ProbeNccl { path: PathBuf },
+    ProbeNccl {
+        /// The libnccl.so.2 to load
+        path: PathBuf,
+    },
     /// Many hosts, one NCCL: read fdl.cluster.yml and check every worker over SSH
     #[command(
         subcommand,
@@ -71,7 +76,10 @@ pub enum Command {
     #[command(
         after_help = "Example:\n  fdl completions bash > ~/.local/share/bash-completion/completions/fdl"
     )]
-    Completions { shell: clap_complete::Shell },
+    Completions {
+        /// The shell to complete for
+        shell: clap_complete::Shell,
+    },
     /// Show the local GPUs (from nvidia-smi)
     #[command(after_help = "Example:\n  fdl gpus --json")]
     Gpus {
@@ -122,12 +130,14 @@ Without --tag the version is read from the active libtorch; without --archs the 
     Verify {
         /// Default: every build
         build: Option<String>,
+        /// Print one JSON object (the exit status still says whether all passed)
         #[arg(long)]
         json: bool,
     },
     /// List every NCCL build, and anything partial or broken beside them
     #[command(after_help = "Example:\n  fdl nccl list --json")]
     List {
+        /// Print one JSON object
         #[arg(long)]
         json: bool,
     },
@@ -149,7 +159,10 @@ Without --tag the version is read from the active libtorch; without --archs the 
         after_help = "Examples:\n  eval \"$(fdl nccl env)\"\n  fdl nccl env v2.27.5-sm61-sm120 --format yaml   # for fdl.cluster.yml"
     )]
     Env {
+        /// A build as `fdl nccl list` names it (default: the newest matching the active
+        /// libtorch's NCCL)
         build: Option<String>,
+        /// How to print it: shell `export` lines, a YAML env: block, or JSON
         #[arg(long, value_enum, default_value_t = manage::EnvFormat::Shell)]
         format: manage::EnvFormat,
         /// The same as --format json
@@ -212,7 +225,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Nccl(_) | Command::Libtorch(_) | Command::Cluster(_)
     );
     let json_errors = cli.command.wants_json();
-    let result = dispatch(cli, &project);
+    let result = if uses_project {
+        project
+            .check_exists()
+            .and_then(|()| dispatch(cli, &project))
+    } else {
+        dispatch(cli, &project)
+    };
     if let (Err(e), true) = (&result, json_errors) {
         // Scripts read stdout: the error is there as one object too (stderr still says it).
         if e.downcast_ref::<crate::process::Interrupted>().is_none()
@@ -289,7 +308,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
-                &mut <Cli as clap::CommandFactory>::command(),
+                &mut visible(&<Cli as clap::CommandFactory>::command()),
                 "fdl",
                 &mut std::io::stdout(),
             );
@@ -297,6 +316,26 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
         }
         Command::Gpus { json } => gpus::run(json),
     }
+}
+
+/// `cmd` without its hidden subcommands and arguments (fdl's own plumbing, such as
+/// `__probe-nccl` or `cluster self`): what completions offer. clap's generators list
+/// hidden ones too.
+pub fn visible(cmd: &clap::Command) -> clap::Command {
+    let mut out = clap::Command::new(cmd.get_name().to_string())
+        .args(cmd.get_arguments().filter(|a| !a.is_hide_set()).cloned())
+        .subcommands(
+            cmd.get_subcommands()
+                .filter(|s| !s.is_hide_set())
+                .map(visible),
+        );
+    if let Some(v) = cmd.get_version() {
+        out = out.version(v.to_string());
+    }
+    if let Some(about) = cmd.get_about() {
+        out = out.about(about.clone());
+    }
+    out
 }
 
 /// Asks `question` on a terminal; `Ok(false)` unless the answer is yes. Without a

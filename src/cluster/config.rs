@@ -67,6 +67,25 @@ pub struct Cluster {
     pub workers: Vec<Worker>,
 }
 
+/// The smallest cluster file that describes two workers, one reached with a custom SSH
+/// port and key: shown when there is none, quoted in the README, and parsed by the tests.
+pub const MINIMAL_EXAMPLE: &str = "\
+cluster:
+  controller:
+    host: trainer              # this machine, where fdl runs
+    path: /home/me/proj        # the project checkout here
+  workers:
+    - host: pascal             # reached as `ssh pascal` (your ~/.ssh/config applies)
+      path: /home/me/proj      # the project checkout on that host
+    - host: blackwell
+      path: /srv/proj
+      ssh:
+        target: 192.168.1.20   # address (default: host)
+        port: 2222
+        user: me
+        identity_file: ~/.ssh/id_blackwell
+";
+
 /// Reads the cluster of the project at `root`: `fdl.cluster.yml` over `fdl.yml` (which
 /// may be absent). `cluster_file` replaces the overlay's path.
 pub fn load(root: &Path, cluster_file: Option<&Path>) -> Result<Cluster> {
@@ -85,8 +104,9 @@ pub fn load(root: &Path, cluster_file: Option<&Path>) -> Result<Cluster> {
     }
     if !overlay_path.is_file() {
         bail!(
-            "no cluster file at {}: copy floDl's fdl.cluster.yml.example there and describe your controller and workers",
-            overlay_path.display()
+            "no cluster file at {}. Write one there (or name one with --file PATH) describing the controller and each worker; the smallest one (README, \"The cluster file\"):\n{}",
+            overlay_path.display(),
+            MINIMAL_EXAMPLE.trim_end()
         );
     }
     sources.push((overlay_path.clone(), read(&overlay_path)?));

@@ -77,7 +77,8 @@ impl Engine {
     }
 
     /// A plan's step, run against this engine (which adds only the builder choice, and
-    /// BuildKit's plain progress: one line per event, for the log).
+    /// BuildKit's plain progress: one line per event, for the log). The image build adds
+    /// `--force-rm` for the classic builder (see `DockerBackend::build`).
     fn step(&self, step: &Step) -> Command {
         let mut cmd = step.command();
         cmd.env("DOCKER_BUILDKIT", if self.buildkit { "1" } else { "0" });
@@ -409,16 +410,18 @@ impl Backend for DockerBackend {
                 last_step = line.to_string();
             }
         };
-        let built = process::stream(
-            &mut self.engine.step(&steps.build),
-            &steps.build.what,
-            &mut on_line,
-        );
+        let mut build = self.engine.step(&steps.build);
+        if !self.engine.buildkit {
+            // The classic builder keeps the container of a failed step (and of an
+            // interrupted one) unless told otherwise; BuildKit leaves none.
+            build.arg("--force-rm");
+        }
+        let built = process::stream(&mut build, &steps.build.what, &mut on_line);
         if let Err(e) = built {
             let hint = if last_step.contains("FROM") {
                 ". The base image could not be had: if no registry is reachable from here, \
-                 save `fdl nccl dockerfile` to a file, point its FROM at an image you have \
-                 (e.g. a mirror), and pass it with --dockerfile"
+                 pass --base-image IMAGE, an image with a CUDA toolkit that this engine \
+                 has (a mirror's, or one `docker load`ed): the build starts FROM it"
             } else {
                 ""
             };

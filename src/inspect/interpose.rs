@@ -180,7 +180,10 @@ pub fn exported_among(path: &Path, names: &[&str]) -> Result<BTreeSet<String>> {
     let e = t.endian;
     let exported = |s: &Sym| {
         s.st_shndx(e) != elf::SHN_UNDEF
-            && matches!(s.st_bind(), elf::STB_GLOBAL | elf::STB_WEAK | elf::STB_GNU_UNIQUE)
+            && matches!(
+                s.st_bind(),
+                elf::STB_GLOBAL | elf::STB_WEAK | elf::STB_GNU_UNIQUE
+            )
             && matches!(s.st_visibility(), elf::STV_DEFAULT | elf::STV_PROTECTED)
             && !matches!(s.st_type(), elf::STT_SECTION | elf::STT_FILE)
     };
@@ -198,7 +201,11 @@ pub fn exported_among(path: &Path, names: &[&str]) -> Result<BTreeSet<String>> {
                 .into_iter()
                 .filter_map(|i| t.dynsym.get(i))
                 .any(|s| name_is(s, want) && exported(s)),
-            None => t.dynsym.iter().skip(1).any(|s| name_is(s, want) && exported(s)),
+            None => t
+                .dynsym
+                .iter()
+                .skip(1)
+                .any(|s| name_is(s, want) && exported(s)),
         };
         if found {
             out.insert(name.to_string());
@@ -693,9 +700,9 @@ impl<'a> Tables<'a> {
             Some(e.read_u32_bytes([b[0], b[1], b[2], b[3]]))
         };
         if let Some(table) = self.tags.gnu_hash.and_then(words) {
-            let h = name
-                .iter()
-                .fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(u32::from(c)));
+            let h = name.iter().fold(5381u32, |h, &c| {
+                h.wrapping_mul(33).wrapping_add(u32::from(c))
+            });
             let nbuckets = u64::from(word(table, 0)?);
             let symoffset = u64::from(word(table, 1)?);
             let bloom_words = u64::from(word(table, 2)?);

@@ -112,6 +112,12 @@ impl Libtorch {
                 .collect();
             match found.as_slice() {
                 [one] => return self.variant(one),
+                // A bare name is accepted: one that names nothing is a missing variant.
+                [] if std::fs::symlink_metadata(self.dir.join(name)).is_err() => bail!(
+                    "there is no libtorch variant '{name}' in {}. {}",
+                    self.dir.display(),
+                    self.known_hint()
+                ),
                 [] => {}
                 many => bail!(
                     "'{name}' is ambiguous: it is {}. Name one of them",
@@ -132,20 +138,10 @@ impl Libtorch {
         }
         let dir = self.dir.join(rel);
         if !dir.is_dir() && std::fs::symlink_metadata(&dir).is_err() {
-            let known = self
-                .variants()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|v| v.name)
-                .collect::<Vec<_>>();
             bail!(
-                "libtorch variant '{name}' does not exist (no directory {}). Known variants: {}",
+                "libtorch variant '{name}' does not exist (no directory {}). {}",
                 dir.display(),
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
+                self.known_hint()
             );
         }
         Ok(Variant {
@@ -161,21 +157,53 @@ impl Libtorch {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(anyhow!(
-                    "no active libtorch: {} does not exist. Run `fdl libtorch activate <variant>` (see `fdl libtorch list`)",
-                    file.display()
+                    "no active libtorch: {} does not exist. {}",
+                    file.display(),
+                    self.activate_hint()
                 ))
             }
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
         };
         let name = text.lines().next().unwrap_or("").trim();
         if name.is_empty() {
-            bail!(
-                "{} is empty. Run `fdl libtorch activate <variant>`",
-                file.display()
-            );
+            bail!("{} is empty. {}", file.display(), self.activate_hint());
         }
         self.variant(name)
             .with_context(|| format!("{} names '{name}'", file.display()))
+    }
+
+    /// The variants there are, or, when there are none, how to register one.
+    pub fn known_hint(&self) -> String {
+        let known: Vec<String> = self
+            .variants()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        if known.is_empty() {
+            "There are no variants yet: register one with `fdl libtorch add NAME PATH` (an unpacked libtorch, or a pip torch's torch/ directory)".to_string()
+        } else {
+            format!("Known variants: {}", known.join(", "))
+        }
+    }
+
+    /// How to get an active variant: activate one of those there are, or add the first
+    /// (which becomes active).
+    fn activate_hint(&self) -> String {
+        let known: Vec<String> = self
+            .variants()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        match known.as_slice() {
+            [] => "There are no variants yet: register one with `fdl libtorch add NAME PATH` (the first one becomes active)".to_string(),
+            [one] => format!("Run `fdl libtorch activate {one}`"),
+            many => format!(
+                "Run `fdl libtorch activate VARIANT` with one of: {}",
+                many.join(", ")
+            ),
+        }
     }
 
     pub fn active_name(&self) -> Option<String> {
@@ -231,6 +259,11 @@ impl Libtorch {
             .tempfile_in(&self.dir)
             .with_context(|| format!("cannot write in {}", self.dir.display()))?;
         writeln!(tmp, "{}", variant.name)?;
+        // A temporary file is private (0600); `.active` is an ordinary project file,
+        // readable like every other one fdl writes.
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
         tmp.as_file().sync_all()?;
         tmp.persist(self.active_file())
             .map_err(|e| e.error)

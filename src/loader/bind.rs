@@ -106,7 +106,10 @@ pub fn which_nccl(target: &Path, env: &LoaderEnv) -> Result<Which> {
             return None;
         }
         interpose::dynamic_nccl(&o.path).unwrap_or_else(|e| {
-            blind.push((i, format!("the symbols of {} cannot be read: {e:#}", o.path.display())));
+            blind.push((
+                i,
+                format!("the symbols of {} cannot be read: {e:#}", o.path.display()),
+            ));
             None
         })
     };
@@ -247,9 +250,8 @@ pub fn which_nccl(target: &Path, env: &LoaderEnv) -> Result<Which> {
             let (target, how) = match &s.binding {
                 Binding::BoundLocally { why } => (Some(c), why.clone()),
                 Binding::Imported | Binding::Interposable => {
-                    let t = (0..exports.len()).find(|&i| {
-                        exports[i].as_ref().is_some_and(|d| d.contains(&s.name))
-                    });
+                    let t = (0..exports.len())
+                        .find(|&i| exports[i].as_ref().is_some_and(|d| d.contains(&s.name)));
                     let limit = t.unwrap_or(usize::MAX);
                     for (_, why) in hidden.iter().filter(|(p, _)| *p <= limit) {
                         if !doubts.contains(why) {

@@ -278,7 +278,15 @@ pub fn ensure_clone(
         &mut cmd,
         &format!("git clone of {repo} at {tag}"),
         &mut |l| progress.output(l),
-    )?;
+    )
+    .map_err(|e| {
+        if e.downcast_ref::<process::Interrupted>().is_some() {
+            return e;
+        }
+        e.context(format!(
+            "cannot clone {repo} at {tag}. Without access to it, build from a copy of NCCL's source: unpack the {tag} release tarball (or any checkout of that tag) and pass it with --source DIR"
+        ))
+    })?;
     if let Some(why) = cache_entry_problem(txn.path(), repo, tag, git) {
         bail!("the clone of {repo} at {tag} cannot be built: {why}");
     }

@@ -50,7 +50,7 @@ pub struct CheckedFlags {
 }
 
 pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
-    let tag = req.tag.as_deref().map(Tag::parse).transpose()?;
+    let tag = req.tag.as_deref().map(Tag::parse_flag).transpose()?;
     let archs = req
         .archs
         .as_deref()
@@ -329,6 +329,39 @@ pub struct ExecOptions<'a> {
     pub probe: Option<verify::Probe<'a>>,
 }
 
+/// Why `plan` cannot be installed where `existing` is (without `--force`): a build from
+/// another plan, or something at its place that is no readable fdl build. The build
+/// refuses with it; a dry run lists it among the plan's problems.
+pub fn conflict(
+    plan: &BuildPlan,
+    existing: Option<&Existing>,
+    dir: &Path,
+    force: bool,
+) -> Option<String> {
+    if force {
+        return None;
+    }
+    match existing? {
+        Existing::Build(m) => {
+            let diff = plan.differences(&m.plan);
+            (!diff.is_empty()).then(|| format!(
+                "{} already holds a build from a different plan:\n  {}\nPass --force to replace it (the old build is kept until the new one succeeds)",
+                dir.display(),
+                diff.join("\n  ")
+            ))
+        }
+        Existing::Unreadable(why) => Some(format!(
+            "{} holds an fdl build whose manifest cannot be read ({why}). Pass --force to replace it once the new build succeeds, or remove it with `fdl nccl remove {}`",
+            dir.display(),
+            plan.name
+        )),
+        Existing::NotABuild(why) => Some(format!(
+            "{} exists but is not an fdl build ({why}). Move it away, or pass --force to replace it once the new build succeeds",
+            dir.display()
+        )),
+    }
+}
+
 /// A failed build whose log was kept: the error says where, and shows its end.
 #[derive(Debug, thiserror::Error)]
 #[error("{cause:#}\nThe full build log is kept at {}; its last lines:\n{}", log.display(), tail.join("\n"))]
@@ -357,31 +390,16 @@ pub fn execute(
         eprintln!("{done}");
     }
     let existing = store.existing(&plan.name)?;
-    match &existing {
-        Some(Existing::Build(m)) if !opts.force => {
-            let diff = plan.differences(&m.plan);
-            if diff.is_empty() {
-                return Ok(Outcome::AlreadyBuilt {
-                    manifest: m.clone(),
-                    dir,
-                });
-            }
-            bail!(
-                "{} already holds a build from a different plan:\n  {}\nPass --force to replace it (the old build is kept until the new one succeeds)",
-                dir.display(),
-                diff.join("\n  ")
-            );
+    if let Some(Existing::Build(m)) = &existing {
+        if !opts.force && plan.differences(&m.plan).is_empty() {
+            return Ok(Outcome::AlreadyBuilt {
+                manifest: m.clone(),
+                dir,
+            });
         }
-        Some(Existing::Unreadable(why)) if !opts.force => bail!(
-            "{} holds an fdl build whose manifest cannot be read ({why}). Pass --force to replace it once the new build succeeds, or remove it with `fdl nccl remove {}`",
-            dir.display(),
-            plan.name
-        ),
-        Some(Existing::NotABuild(why)) if !opts.force => bail!(
-            "{} exists but is not an fdl build ({why}). Move it away, or pass --force to replace it once the new build succeeds",
-            dir.display()
-        ),
-        _ => {}
+    }
+    if let Some(why) = conflict(plan, existing.as_ref(), &dir, opts.force) {
+        bail!("{why}");
     }
     // Staging first: if it cannot be made, no log file is left behind either.
     let staging = store.begin(&lock)?;

@@ -339,6 +339,9 @@ pub struct BuildPlan {
     pub warnings: Vec<String>,
 }
 
+/// The longest build name: a directory name (NAME_MAX on Linux file systems).
+pub const MAX_NAME_BYTES: usize = 255;
+
 /// `-ptx` and `-only-<digest>` mark builds that differ from a plain full build, so such a
 /// build can never pass for one.
 fn build_name(tag: &Tag, archs: &[Arch], ptx: bool, only_funcs: Option<&str>) -> String {
@@ -412,6 +415,16 @@ impl BuildPlan {
             inputs.ptx,
             inputs.only_funcs.as_deref(),
         );
+        // The name becomes a directory: the real build would fail to create it, so no
+        // plan (dry or not) is made for one.
+        if name.len() > MAX_NAME_BYTES {
+            anyhow::bail!(
+                "the build's name would be {} bytes ({}…), more than a directory name may hold ({MAX_NAME_BYTES}): {} archs are too many for one build. Build fewer at once with --archs (the archs of the hosts that will load it)",
+                name.len(),
+                name.chars().take(48).collect::<String>(),
+                inputs.archs.len()
+            );
+        }
         let gencode = arch::gencode(&inputs.archs, inputs.ptx);
         let mut problems = Vec::new();
         let backend = match inputs.backend {
@@ -452,6 +465,16 @@ impl BuildPlan {
                         Some(img)
                     }
                     None => match arch::choose_image(cuda, &inputs.archs) {
+                        // --cuda is a pin: another release's image is a problem to solve,
+                        // never a quiet substitute.
+                        Ok(choice) if choice.note.is_some() && cuda_origin == CudaOrigin::Flag => {
+                            problems.push(format!(
+                                "no nvidia/cuda image for CUDA {cuda} is known to fdl, and --cuda pins it. Give an image holding CUDA {cuda} with --base-image IMAGE, pass --cuda {} to use {} (the closest known image that compiles every planned arch), or build with --backend native and a CUDA {cuda} toolkit (--cuda-home DIR)",
+                                choice.cuda.without_patch(),
+                                choice.image.reference()
+                            ));
+                            None
+                        }
                         Ok(choice) => {
                             if let Some(note) = choice.note {
                                 cuda = choice.cuda;
@@ -463,7 +486,12 @@ impl BuildPlan {
                             cuda_arg = choice.image.cuda_version.clone();
                             Some(choice.image.reference())
                         }
-                        Err(ImageError::Arch(e)) => return Err(e.into()),
+                        // No image compiles the archs as asked: the plan still shows,
+                        // with the problem and the way out.
+                        Err(ImageError::Arch(e)) => {
+                            problems.push(e.to_string());
+                            None
+                        }
                         // A user's own Dockerfile may start from any image.
                         Err(e @ ImageError::NoImage { .. }) => {
                             if let DockerfileSpec::Embedded { .. } = dockerfile {
@@ -499,13 +527,15 @@ impl BuildPlan {
                 source,
                 allow_cuda_mismatch,
             } => {
-                check_toolkit(
+                if let Err(e) = check_toolkit(
                     &toolkit,
                     cuda,
                     cuda_origin,
                     allow_cuda_mismatch,
                     &inputs.archs,
-                )?;
+                ) {
+                    problems.push(format!("{e:#}"));
+                }
                 let mut make_vars = vec![
                     ("NVCC_GENCODE".to_string(), gencode.clone()),
                     (
@@ -1095,8 +1125,12 @@ mod tests {
             BuildPlan::new(i.clone()).unwrap().cuda,
             CudaVersion::new(12, 9)
         );
+        // A pinned CUDA that cannot compile an arch is a problem the plan carries (a dry
+        // run shows it with the plan), not a plan that never forms.
         i.cuda_flag = Some(CudaVersion::new(13, 0));
-        let err = BuildPlan::new(i).unwrap_err().to_string();
+        let p = BuildPlan::new(i).unwrap();
+        assert_eq!(p.cuda, CudaVersion::new(13, 0));
+        let err = p.problems.join("\n");
         assert!(err.contains("sm_61") && err.contains("12.9"), "{err}");
     }
 
@@ -1245,10 +1279,9 @@ mod tests {
         // --cuda insists: a toolkit of another release is refused unless allowed.
         let mut pinned = native_inputs("v2.27.5-1", &MIXED, "12.9.1", None);
         pinned.cuda_flag = Some(CudaVersion::new(12, 8));
-        let err = BuildPlan::new(pinned).unwrap_err();
+        let err = BuildPlan::new(pinned).unwrap().problems.join("\n");
         assert!(
-            err.to_string()
-                .contains("is CUDA 12.9.1, but the build asks for CUDA 12.8"),
+            err.contains("is CUDA 12.9.1, but the build asks for CUDA 12.8"),
             "{err}"
         );
         let mut allowed = native_inputs("v2.27.5-1", &MIXED, "12.9.1", None);
@@ -1260,7 +1293,7 @@ mod tests {
         {
             *allow_cuda_mismatch = true;
         }
-        assert!(BuildPlan::new(allowed).is_ok());
+        assert!(BuildPlan::new(allowed).unwrap().problems.is_empty());
 
         let offered = [Arch::new(7, 5), Arch::new(12, 0)];
         let err = BuildPlan::new(native_inputs(
@@ -1269,9 +1302,11 @@ mod tests {
             "12.8.93",
             Some(&offered),
         ))
-        .unwrap_err();
-        assert!(err.to_string().contains("cannot compile sm_61"), "{err}");
-        assert!(err.to_string().contains("sm_75 sm_120"), "{err}");
+        .unwrap()
+        .problems
+        .join("\n");
+        assert!(err.contains("cannot compile sm_61"), "{err}");
+        assert!(err.contains("sm_75 sm_120"), "{err}");
 
         // The toolkit's own list admits archs fdl's table has never heard of.
         let sm107 = [Arch::new(8, 6), Arch::new(10, 7)];
@@ -1284,10 +1319,11 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(p.archs, sm107);
-        let err = BuildPlan::new(native_inputs("v2.32.3-1", &sm107, "12.8.93", None)).unwrap_err();
-        assert!(
-            err.to_string().contains("does not answer --list-gpu-arch"),
-            "{err}"
-        );
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        let err = BuildPlan::new(native_inputs("v2.32.3-1", &sm107, "12.8.93", None))
+            .unwrap()
+            .problems
+            .join("\n");
+        assert!(err.contains("does not answer --list-gpu-arch"), "{err}");
     }
 }

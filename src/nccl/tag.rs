@@ -24,6 +24,8 @@ pub enum TagError {
     BadChar { tag: String, ch: char },
     #[error("invalid tag '{0}': longer than 64 characters")]
     TooLong(String),
+    #[error("--tag {tag} is a version, not one of NCCL's git tags, which start with 'v' and end with a package revision: did you mean --tag {suggestion}?")]
+    BareVersion { tag: String, suggestion: String },
 }
 
 /// How much of a bad tag an error shows: enough to recognise it, not a 10,000-character
@@ -66,6 +68,22 @@ impl Tag {
             return Err(TagError::TooLong(tag));
         }
         Ok(Tag(s.to_string()))
+    }
+
+    /// A tag as the user typed it in `--tag`: besides [`Tag::parse`]'s rules, a bare
+    /// version (`2.27.5`, `2.27.5-1`) is refused with the tag it most likely means, since
+    /// it would be taken as a git ref NCCL does not have. (Manifests are read with
+    /// `parse` alone.)
+    pub fn parse_flag(s: &str) -> Result<Tag, TagError> {
+        let tag = Tag::parse(s)?;
+        let (version, revision) = s.split_once('-').unwrap_or((s, "1"));
+        if version.parse::<NcclVersion>().is_ok() && !revision.is_empty() {
+            return Err(TagError::BareVersion {
+                tag: shown(s),
+                suggestion: format!("v{version}-{revision}"),
+            });
+        }
+        Ok(tag)
     }
 
     /// The tag NVIDIA uses for a release: `v2.27.5-1`.

@@ -354,7 +354,7 @@ pub fn oracle_input(var: &str) -> PathBuf {
     match std::env::var_os(var) {
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => panic!(
-            "{var} is not set: this oracle test needs the real NVIDIA inputs that `source .ci/fetch-oracles` provides (it is #[ignore]d unless asked for with --include-ignored)"
+            "{var} is not set: this oracle test needs the real NVIDIA inputs that `source .ci/setup` provides (it is #[ignore]d unless asked for with --include-ignored)"
         ),
     }
 }
@@ -390,4 +390,124 @@ pub fn stubs_for_missing(lib: &Path) -> tempfile::TempDir {
         }
     }
     panic!("{}: ldd still reports missing libraries", lib.display());
+}
+
+/// What one test makes in the Docker engine, removed when the guard drops — also when the
+/// test fails: the images it names (`fdl nccl build`'s, its own bases) and the containers
+/// made from them, then every untagged image that appeared while it lived (a failed
+/// classic build leaves its last layer as a `<none>` image; a rebuild under the same tag
+/// leaves the old one) and the containers made from those. Tagged images it did not name
+/// stay: the cached base images the support scripts make (tests/support/*.sh) are made
+/// once and reused. Take it while holding the engine lock of the test file, so that what
+/// appears is this test's own; containers of images it did not make are never touched (an
+/// engine shared with other work keeps its containers).
+pub struct EngineGuard {
+    images_before: std::collections::BTreeSet<String>,
+    containers_before: std::collections::BTreeSet<String>,
+    named: Vec<String>,
+}
+
+fn docker_lines(args: &[&str]) -> Vec<String> {
+    std::process::Command::new("docker")
+        .args(args)
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl EngineGuard {
+    pub fn new() -> EngineGuard {
+        EngineGuard {
+            images_before: docker_lines(&["images", "-a", "-q", "--no-trunc"])
+                .into_iter()
+                .collect(),
+            containers_before: docker_lines(&["ps", "-a", "-q", "--no-trunc"])
+                .into_iter()
+                .collect(),
+            named: Vec::new(),
+        }
+    }
+
+    /// An image (by tag) this test makes, or that `fdl nccl build` makes for it.
+    pub fn name(&mut self, image: &str) {
+        self.named.push(image.to_string());
+    }
+
+    /// What the guard would remove now: the new containers made from its images, and its
+    /// images (named, or untagged and new).
+    pub fn leftovers(&self) -> (Vec<String>, Vec<String>) {
+        let images = self.images();
+        let mut containers = Vec::new();
+        for image in self.named.iter().chain(&images) {
+            let filter = format!("ancestor={image}");
+            for c in docker_lines(&["ps", "-a", "-q", "--no-trunc", "--filter", &filter]) {
+                if !self.containers_before.contains(&c) && !containers.contains(&c) {
+                    containers.push(c);
+                }
+            }
+        }
+        (containers, images)
+    }
+
+    fn images(&self) -> Vec<String> {
+        docker_lines(&[
+            "images",
+            "-a",
+            "--no-trunc",
+            "--format",
+            "{{.ID}} {{.Repository}}:{{.Tag}}",
+        ])
+        .into_iter()
+        .filter_map(|l| {
+            let (id, tag) = l.split_once(' ')?;
+            let ours = self.named.iter().any(|n| n == tag)
+                || (tag == "<none>:<none>" && !self.images_before.contains(id));
+            ours.then(|| id.to_string())
+        })
+        .collect()
+    }
+}
+
+impl Default for EngineGuard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for EngineGuard {
+    fn drop(&mut self) {
+        let (containers, _) = self.leftovers();
+        for c in &containers {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "--force", c])
+                .output();
+        }
+        for image in &self.named {
+            let _ = std::process::Command::new("docker")
+                .args(["rmi", "--force", image])
+                .output();
+        }
+        // Untagged images go child first: without --force the engine refuses a parent
+        // of a kept image, or one a container still uses, so nothing else is touched.
+        for _ in 0..32 {
+            let (_, images) = self.leftovers();
+            let removed = images
+                .iter()
+                .filter(|id| {
+                    std::process::Command::new("docker")
+                        .args(["rmi", id.as_str()])
+                        .output()
+                        .is_ok_and(|o| o.status.success())
+                })
+                .count();
+            if removed == 0 {
+                break;
+            }
+        }
+    }
 }

@@ -1,0 +1,84 @@
+//! The project root: one named by `--root` or `$FDL_ROOT` must exist, and a root that is
+//! only the working directory (no project found above it) is said in every plan and in
+//! `nccl list`, since nothing else would show it.
+
+mod common;
+use common::*;
+
+#[test]
+fn a_named_root_that_does_not_exist_is_an_error() {
+    let t = tempfile::tempdir().unwrap();
+    let missing = t.path().join("no-such-project");
+    let out = fdl_in(&missing).args(["nccl", "list"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not exist")
+            && err.contains("(--root)")
+            && !err.contains("No NCCL builds"),
+        "{err}"
+    );
+    let out = fdl()
+        .env("FDL_ROOT", &missing)
+        .args(["libtorch", "list"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("($FDL_ROOT)") && err.contains("unset FDL_ROOT"),
+        "{err}"
+    );
+    // A file is no root either.
+    let file = t.path().join("f");
+    std::fs::write(&file, "").unwrap();
+    let out = fdl_in(&file).args(["nccl", "list"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a directory"));
+    // Commands that need no project do not care.
+    fdl()
+        .env("FDL_ROOT", &missing)
+        .args(["completions", "bash"])
+        .assert()
+        .success();
+    assert!(!missing.exists());
+}
+
+#[test]
+fn a_root_taken_from_the_working_directory_is_named() {
+    let cwd = tempfile::tempdir().unwrap();
+    let note = format!(
+        "the project root is the working directory {}",
+        cwd.path().display()
+    );
+    for args in [
+        &[
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "8.6",
+            "--dry-run",
+        ][..],
+        &[
+            "nccl",
+            "build",
+            "--tag",
+            "v2.27.5-1",
+            "--archs",
+            "8.6",
+            "--dry-run",
+            "--json",
+        ][..],
+        &["nccl", "list"][..],
+    ] {
+        let out = fdl().current_dir(cwd.path()).args(args).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(&note), "{args:?}: {stdout}");
+        assert!(stdout.contains("--root DIR"), "{args:?}: {stdout}");
+    }
+    // A root that was named is not remarked on.
+    let out = fdl_in(cwd.path()).args(["nccl", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("working directory"));
+}
