@@ -130,7 +130,7 @@ pub fn which_nccl(target: &Path, env: &LoaderEnv) -> Result<Which> {
                 .filter(|s| matches!(s.binding, Binding::Imported | Binding::Interposable))
                 .map(|s| s.name.as_str())
                 .collect();
-            for i in 0..map.objects.len() {
+            for (i, slot) in exports.iter_mut().enumerate() {
                 if wanted.is_empty() {
                     break;
                 }
@@ -154,16 +154,15 @@ pub fn which_nccl(target: &Path, env: &LoaderEnv) -> Result<Which> {
                     }
                 };
                 wanted.retain(|n| !found.contains(*n));
-                exports[i] = Some(found);
+                *slot = Some(found);
             }
             facts[a] = Some(f);
         }
         None => {
-            for i in 0..map.objects.len() {
-                if Some(i) == asked {
-                    continue;
+            for (i, slot) in facts.iter_mut().enumerate() {
+                if Some(i) != asked {
+                    *slot = read_facts(i, &mut blind);
                 }
-                facts[i] = read_facts(i, &mut blind);
             }
             for (i, f) in facts.iter().enumerate() {
                 exports[i] = f.as_ref().map(|f| f.exported.clone());
