@@ -473,10 +473,12 @@ fn missing_or_broken_nvidia_smi_suggests_archs() {
         );
 }
 
-/// Without Docker (and no toolkit) a dry run still shows the whole plan, then what stops
-/// a real run here, and exits non-zero: the status says whether a build would start.
+/// Without Docker (and no toolkit) a dry run still shows the whole plan and, since the
+/// plan itself is sound, exits 0 — the README's main command works on such a machine —
+/// naming this host's missing engine as a warning. The real build refuses on it
+/// (`docker_missing_is_named`).
 #[test]
-fn dry_run_without_docker_shows_the_plan_then_the_problem_and_writes_nothing() {
+fn dry_run_without_docker_shows_the_plan_then_the_warning_and_writes_nothing() {
     let p = ProjectFixture::empty();
     let no_tools = tempfile::tempdir().unwrap();
     let before = snapshot(p.root());
@@ -494,26 +496,26 @@ fn dry_run_without_docker_shows_the_plan_then_the_problem_and_writes_nothing() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for needle in [
         "docker build --tag flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8",
         "docker cp '<container>:/usr/local/nccl/.' '<staging>'",
         "docker rm --force '<container>'",
-        "Problems (the build will not start until they are solved):",
+        "this host cannot run the build",
         "docker command was not found",
         "Dry run: nothing was built",
     ] {
         assert!(stdout.contains(needle), "no {needle:?} in:\n{stdout}");
     }
-    // The plan comes first, then the problems.
+    assert!(!stdout.contains("Problems"), "{stdout}");
+    // The plan comes first, then the warning.
     assert!(
-        stdout.find("Commands:") < stdout.find("Problems"),
+        stdout.find("Commands:") < stdout.find("this host cannot run"),
         "{stdout}"
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("the plan cannot run"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(before, snapshot(p.root()));
     assert!(!p.root().join("libtorch").exists());

@@ -277,11 +277,16 @@ pub(super) fn run_with(
     let mut plan = build::plan(&req, inferred, project.nccl_builds_dir(), inputs, reason)?;
     plan.warnings.extend(project.fallback_note());
     // The engine the build needs is asked for now, so that a dry run meets what a real
-    // run would meet first.
+    // run would meet first. A plan is about its inputs, and is sound whichever host it
+    // is made on (a dry run on a laptop before the build host, say): a dry run names this
+    // host's missing engine as a warning; a real build refuses on it.
     if let Chosen::Docker { engine, .. } = &mut chosen {
         if engine.is_none() {
             match Engine::probe() {
                 Ok(e) => *engine = Some(e),
+                Err(e) if args.dry_run => plan.warnings.push(format!(
+                    "this host cannot run the build: {e}; run it where a Docker engine answers, or with --backend native where a CUDA toolkit is installed"
+                )),
                 Err(e) => plan.problems.push(format!(
                     "{e}; or build with --backend native where a CUDA toolkit is installed"
                 )),
