@@ -14,6 +14,9 @@
 //! runs. Speed targets are reported as ratios, never asserted; the exit status is
 //! non-zero only when a contender gives a wrong answer.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use fdl::arch::{Arch, GpuTarget, Variant};
 use fdl_synth as synth;
 use std::fmt::Write as _;
@@ -163,28 +166,11 @@ fn run_child(cmd: &mut Command, out: &Path, err: &Path) -> Res<(Sample, i32)> {
     let stdout = File::create(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let stderr = File::create(err).map_err(|e| format!("{}: {e}", err.display()))?;
     cmd.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
-    let start = Instant::now();
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
-    let pid = child.id() as libc::pid_t;
-    let mut status: libc::c_int = 0;
-    // SAFETY: a zeroed rusage is a valid value to be overwritten by wait4.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: `pid` is our own unreaped child; both pointers are to live locals.
-        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-        if r == pid {
-            break;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(format!("wait4 failed: {e}"));
-        }
-    }
-    let wall = start.elapsed();
-    // Reaped above; dropping `Child` neither waits nor kills.
-    drop(child);
+    let support::Reaped {
+        wall,
+        status,
+        rusage: ru,
+    } = support::spawn_and_reap(cmd)?;
     if libc::WIFSIGNALED(status) {
         return Err(format!(
             "{:?} was killed by signal {}",

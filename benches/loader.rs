@@ -16,9 +16,12 @@
 //! largest `ru_maxrss` that `wait4` returned for its runs. The exit status is non-zero
 //! only when the layout cannot be built or fdl names another libnccl.so.2 than `ldd`.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const WARM: usize = 3;
 const RUNS: usize = 15;
@@ -216,28 +219,11 @@ fn run_child(cmd: &mut Command) -> Res<(Duration, u64)> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let start = Instant::now();
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
-    let pid = child.id() as libc::pid_t;
-    let mut status: libc::c_int = 0;
-    // SAFETY: a zeroed rusage is a valid value for wait4 to overwrite.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: `pid` is our own unreaped child; both pointers are to live locals.
-        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-        if r == pid {
-            break;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(format!("wait4 failed: {e}"));
-        }
-    }
-    let wall = start.elapsed();
-    // Reaped above; dropping `Child` neither waits nor kills.
-    drop(child);
+    let support::Reaped {
+        wall,
+        status,
+        rusage: ru,
+    } = support::spawn_and_reap(cmd)?;
     if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         return Err(format!(
             "{:?} did not exit 0 (wait status {status:#x})",
