@@ -139,57 +139,7 @@ pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::host::{HostReport, LibtorchFacts, NcclFacts, REPORT_SCHEMA};
-    use crate::gpu::{Driver, Gpu};
-
-    fn worker(host: &str, nccl: &str, caps: &[(u32, u32)], driver_cuda: &str) -> WorkerStatus {
-        let facts = NcclFacts {
-            file: "/p/libtorch/x/lib/libtorch_cuda.so".into(),
-            version: nccl.into(),
-            cuda: Some("12.8".parse().unwrap()),
-            linkage: "static".into(),
-            sass: vec![],
-            ptx: vec![],
-            gpu_code: Default::default(),
-        };
-        WorkerStatus {
-            host: host.into(),
-            target: host.into(),
-            path: "/p".into(),
-            error: None,
-            shipped_fdl: false,
-            report: Some(HostReport {
-                schema: REPORT_SCHEMA,
-                fdl_version: "0".into(),
-                hostname: host.into(),
-                machine: "x86_64".into(),
-                gpus: Facts::Known(
-                    caps.iter()
-                        .enumerate()
-                        .map(|(i, &(ma, mi))| Gpu {
-                            index: i as u32,
-                            name: "GPU".into(),
-                            compute_cap: Arch::new(ma, mi),
-                            memory_mib: 1,
-                        })
-                        .collect(),
-                ),
-                driver: Facts::Known(Driver {
-                    version: "570".into(),
-                    cuda: Some(driver_cuda.parse().unwrap()),
-                }),
-                libtorch: Facts::Known(LibtorchFacts {
-                    variant: "precompiled/cu128".into(),
-                    libtorch_cuda: facts.file.clone(),
-                    nccl: Facts::Known(facts.clone()),
-                    bridge: Facts::Unknown("n/a".into()),
-                }),
-                effective: Facts::Known(facts),
-                coverage: vec![],
-                missing_symbols: vec![],
-            }),
-        }
-    }
+    use crate::cluster::status::test_worker as worker;
 
     fn no_flags() -> CheckedFlags {
         CheckedFlags {

@@ -27,6 +27,9 @@ pub struct WorkerStatus {
     pub error: Option<String>,
     /// The controller's fdl was copied there for this query.
     pub shipped_fdl: bool,
+    /// The worker's `env.LD_PRELOAD` from the cluster file: whether a bridge is wanted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ld_preload: Option<String>,
 }
 
 /// A verdict's state. `ok` rests on every fact it needs; anything missing (a worker that
@@ -173,6 +176,7 @@ pub fn query(t: &Transport, w: &Worker, own: &OwnBinary, timeout: Duration) -> W
         report: None,
         error: None,
         shipped_fdl: false,
+        ld_preload: w.ld_preload().map(str::to_string),
     };
     let parse = |out: &std::process::Output| {
         let text = String::from_utf8_lossy(&out.stdout);
@@ -520,24 +524,29 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
         },
     ));
 
-    // bridge: where a preload is set, it must take effect.
-    let preloading: Vec<&(&str, &HostReport)> = reports
+    // bridge: where a preload is set, the libtorch's calls must reach it. The effective
+    // NCCL is the loader model's answer, so a preload it loads but that does not answer
+    // the calls shows as the bundled NCCL still running.
+    let setting: Vec<(&str, &HostReport)> = workers
         .iter()
-        .filter(|(_, r)| r.effective.known().is_some_and(|n| n.linkage == "preload"))
+        .filter(|w| w.ld_preload.is_some())
+        .filter_map(|w| w.report.as_ref().map(|r| (w.host.as_str(), r)))
         .collect();
     let mut red = Vec::new();
     let mut unknown = missing_hosts.clone();
-    for (h, r) in &reports {
-        if r.effective.known().is_none() {
-            unknown.push(format!("{h}: which NCCL its ranks load is unknown"));
-        }
-    }
-    for (h, r) in &preloading {
-        match r.libtorch.known().map(|lt| &lt.bridge) {
-            Some(Facts::Known(b)) if !b.takes_effect => red.push(format!("{h}: {}", b.why)),
-            Some(Facts::Known(_)) => {}
-            Some(Facts::Unknown(why)) => unknown.push(format!("{h}: {why}")),
-            None => unknown.push(format!("{h}: its libtorch is unknown")),
+    for (h, r) in &setting {
+        match r.effective.known() {
+            Some(n) if n.linkage == "preload" => {}
+            Some(n) => red.push(format!(
+                "{h}: its libtorch's calls do not reach the preload, so the {} NCCL {} still runs{}",
+                n.linkage,
+                n.version,
+                match r.libtorch.known().map(|lt| &lt.bridge) {
+                    Some(Facts::Known(b)) if !b.takes_effect => format!(" ({})", b.why),
+                    _ => String::new(),
+                }
+            )),
+            None => unknown.push(format!("{h}: which NCCL its ranks load is unknown")),
         }
     }
     let state = judge(&red, &unknown);
@@ -545,18 +554,12 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
         "bridge",
         state,
         match state {
-            State::Red => format!(
-                "LD_PRELOAD is set but replaces nothing, so the bundled NCCL still runs: {}",
-                red.join("; ")
-            ),
+            State::Red => format!("LD_PRELOAD is set but replaces nothing: {}", red.join("; ")),
             State::Unknown => unknown.join("; "),
-            State::Ok if preloading.is_empty() => {
+            State::Ok if setting.is_empty() => {
                 "no worker sets LD_PRELOAD: each runs its libtorch's own NCCL".into()
             }
-            State::Ok => format!(
-                "the LD_PRELOAD of {} worker(s) takes effect",
-                preloading.len()
-            ),
+            State::Ok => format!("the LD_PRELOAD of {} worker(s) takes effect", setting.len()),
         },
     ));
     out
@@ -587,6 +590,67 @@ pub fn short(path: &Path, root: &str) -> String {
         .unwrap_or_else(|_| path.display().to_string())
 }
 
+/// A worker that answered: its libtorch and effective NCCL (`static`) and its GPUs, for
+/// the verdict and plan tests.
+#[cfg(test)]
+pub(crate) fn test_worker(
+    host: &str,
+    nccl: &str,
+    caps: &[(u32, u32)],
+    driver_cuda: &str,
+) -> WorkerStatus {
+    use super::host::{LibtorchFacts, NcclFacts};
+    use crate::arch::Arch;
+    use crate::gpu::{Driver, Gpu};
+    let facts = NcclFacts {
+        file: "/p/libtorch/x/lib/libtorch_cuda.so".into(),
+        version: nccl.into(),
+        cuda: Some("12.8".parse().unwrap()),
+        linkage: "static".into(),
+        sass: vec![],
+        ptx: vec![],
+        gpu_code: Default::default(),
+    };
+    WorkerStatus {
+        host: host.into(),
+        target: host.into(),
+        path: "/p".into(),
+        error: None,
+        shipped_fdl: false,
+        ld_preload: None,
+        report: Some(HostReport {
+            schema: REPORT_SCHEMA,
+            fdl_version: "0".into(),
+            hostname: host.into(),
+            machine: "x86_64".into(),
+            gpus: Facts::Known(
+                caps.iter()
+                    .enumerate()
+                    .map(|(i, &(ma, mi))| Gpu {
+                        index: i as u32,
+                        name: "GPU".into(),
+                        compute_cap: Arch::new(ma, mi),
+                        memory_mib: 1,
+                    })
+                    .collect(),
+            ),
+            driver: Facts::Known(Driver {
+                version: "570".into(),
+                cuda: Some(driver_cuda.parse().unwrap()),
+            }),
+            libtorch: Facts::Known(LibtorchFacts {
+                variant: "precompiled/cu128".into(),
+                libtorch_cuda: facts.file.clone(),
+                nccl: Facts::Known(facts.clone()),
+                bridge: Facts::Unknown("n/a".into()),
+            }),
+            effective: Facts::Known(facts),
+            coverage: vec![],
+            missing_symbols: vec![],
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -615,6 +679,7 @@ mod tests {
             report: None,
             error: Some("unreachable".into()),
             shipped_fdl: false,
+            ld_preload: None,
         }
     }
 
@@ -634,6 +699,25 @@ mod tests {
             none[1..].iter().all(|v| v.state == State::Unknown),
             "{none:?}"
         );
+    }
+
+    /// A worker whose env sets LD_PRELOAD, but whose ranks still run the bundled NCCL (the
+    /// libtorch binds its calls locally): the bridge is red, not "no worker sets it".
+    #[test]
+    fn a_preload_that_does_not_answer_is_red() {
+        let mut w = test_worker("a", "2.27.5", &[(8, 6)], "12.8");
+        w.ld_preload = Some("/p/libnccl.so.2".into());
+        let v = verdicts(&[w]);
+        let bridge = v.iter().find(|v| v.name == "bridge").unwrap();
+        assert_eq!(bridge.state, State::Red, "{bridge:?}");
+        assert!(
+            bridge.detail.contains("the static NCCL 2.27.5 still runs"),
+            "{bridge:?}"
+        );
+        let w = test_worker("a", "2.27.5", &[(8, 6)], "12.8");
+        let v = verdicts(&[w]);
+        let bridge = v.iter().find(|v| v.name == "bridge").unwrap();
+        assert_eq!(bridge.state, State::Ok, "{bridge:?}");
     }
 
     #[test]
