@@ -39,6 +39,17 @@ fn interpose_seeds_are_analysed_and_the_static_ones_judged() {
                 "{name}"
             );
         }
+        // The loader model's lookups through the hash tables agree with the full
+        // analysis: a library exports what its .dynsym defines and exports.
+        let wanted = ["ncclGetVersion", "ncclCommInitRank", "notNccl"];
+        let by_hash = fdl::inspect::interpose::exported_among_bytes(&bytes, &wanted)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", seed.display()));
+        if name == "nccl_stub.so" || name == "static_default.so" {
+            assert!(by_hash.contains("ncclGetVersion"), "{name}: {by_hash:?}");
+        }
+        if name == "pip_style.so" {
+            assert!(by_hash.is_empty(), "{name} imports, exports none: {by_hash:?}");
+        }
     }
 }
 

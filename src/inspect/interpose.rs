@@ -175,8 +175,17 @@ pub fn dynamic_nccl(path: &Path) -> Result<Option<DynamicNccl>> {
 /// instead of reading a `.dynsym` of 100,000 entries — and by a scan only when there is
 /// no hash table.
 pub fn exported_among(path: &Path, names: &[&str]) -> Result<BTreeSet<String>> {
-    let src = Source::open(path)?;
-    let t = Tables::read(&src)?;
+    exported_among_source(&Source::open(path)?, names)
+}
+
+/// [`exported_among`] on bytes in memory (fuzzing, robustness tests).
+#[doc(hidden)]
+pub fn exported_among_bytes(data: &[u8], names: &[&str]) -> Result<BTreeSet<String>> {
+    exported_among_source(&Source::from_bytes(data), names)
+}
+
+fn exported_among_source(src: &Source<'_>, names: &[&str]) -> Result<BTreeSet<String>> {
+    let t = Tables::read(src)?;
     let e = t.endian;
     let exported = |s: &Sym| {
         s.st_shndx(e) != elf::SHN_UNDEF
