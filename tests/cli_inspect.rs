@@ -274,6 +274,30 @@ fn detect_says_plainly_when_there_is_no_nccl() {
         .unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["nccl"]["found"], false);
+
+    // fdl's synthetic libraries (the benchmark inputs) have a dynamic table but no
+    // dynamic symbols: that is "no symbols", an answer, not an unreadable object.
+    for (id, answer) in [(None, "none"), (Some("2.27.5+cuda12.9"), "nccl")] {
+        let lib = t.path().join(format!("synth-{answer}.so"));
+        let spec = fdl_synth::Spec {
+            self_id: id.map(String::from),
+            ..fdl_synth::Spec::default()
+        };
+        fdl_synth::write_file(&spec, &lib).unwrap();
+        let out = fdl()
+            .env_remove("LD_PRELOAD")
+            .args(["nccl", "detect", "--json"])
+            .arg(&lib)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["answer"], answer, "{v}");
+    }
 }
 
 #[test]

@@ -48,7 +48,10 @@ fn interpose_seeds_are_analysed_and_the_static_ones_judged() {
             assert!(by_hash.contains("ncclGetVersion"), "{name}: {by_hash:?}");
         }
         if name == "pip_style.so" {
-            assert!(by_hash.is_empty(), "{name} imports, exports none: {by_hash:?}");
+            assert!(
+                by_hash.is_empty(),
+                "{name} imports, exports none: {by_hash:?}"
+            );
         }
     }
 }

@@ -121,6 +121,21 @@ pub fn exported_nccl_symbols(path: &Path) -> Result<Vec<String>> {
     Ok(out.into_iter().collect())
 }
 
+/// The file has no dynamic table or no dynamic symbol table: it exports and imports
+/// nothing, which for a link map is an answer ("no symbols"), not an unreadable object.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NoDynamicSymbols(String);
+
+/// [`Tables::read`] for the loader model: `None` for a file without dynamic symbols.
+fn tables_if_dynamic<'a>(src: &'a Source<'a>) -> Result<Option<Tables<'a>>> {
+    match Tables::read(src) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.downcast_ref::<NoDynamicSymbols>().is_some() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// What one object of a link map says about `nccl*` functions in its dynamic tables.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DynamicNccl {
@@ -138,7 +153,9 @@ pub struct DynamicNccl {
 /// reading any relocation.
 pub fn dynamic_nccl(path: &Path) -> Result<Option<DynamicNccl>> {
     let src = Source::open(path)?;
-    let t = Tables::read(&src)?;
+    let Some(t) = tables_if_dynamic(&src)? else {
+        return Ok(None);
+    };
     let candidates = t.dynamic_candidates()?;
     if candidates.is_empty() {
         return Ok(None);
@@ -185,7 +202,9 @@ pub fn exported_among_bytes(data: &[u8], names: &[&str]) -> Result<BTreeSet<Stri
 }
 
 fn exported_among_source(src: &Source<'_>, names: &[&str]) -> Result<BTreeSet<String>> {
-    let t = Tables::read(src)?;
+    let Some(t) = tables_if_dynamic(src)? else {
+        return Ok(BTreeSet::new());
+    };
     let e = t.endian;
     let exported = |s: &Sym| {
         s.st_shndx(e) != elf::SHN_UNDEF
@@ -228,7 +247,9 @@ fn exported_among_source(src: &Source<'_>, names: &[&str]) -> Result<BTreeSet<St
 /// entry), e.g. `dlopen`: what says it can load code no file names.
 pub fn imports(path: &Path, name: &str) -> Result<bool> {
     let src = Source::open(path)?;
-    let t = Tables::read(&src)?;
+    let Some(t) = tables_if_dynamic(&src)? else {
+        return Ok(false);
+    };
     let e = t.endian;
     let want = name.as_bytes();
     Ok(t.dynsym.iter().skip(1).any(|s| {
@@ -594,10 +615,11 @@ impl<'a> Tables<'a> {
                     .map(|s| (s.offset, s.size))
             });
         let Some((off, size)) = region else {
-            bail!(
+            return Err(NoDynamicSymbols(format!(
                 "{} has no dynamic table: it is not a shared library (or is statically linked), so LD_PRELOAD cannot interpose anything in it",
                 self.name()
-            );
+            ))
+            .into());
         };
         let bytes = self.src.bytes(off, size).with_context(|| {
             format!(
@@ -650,7 +672,7 @@ impl<'a> Tables<'a> {
         self.dynsym_section = dynsym_section.map(|(i, _)| i);
         let Some(addr) = self.tags.symtab else {
             let Some((_, sh)) = dynsym_section else {
-                bail!("{name} has no dynamic symbol table (neither DT_SYMTAB nor .dynsym): it exports and imports nothing");
+                return Err(NoDynamicSymbols(format!("{name} has no dynamic symbol table (neither DT_SYMTAB nor .dynsym): it exports and imports nothing")).into());
             };
             let table = self.sections.as_ref().expect("a section was found in it");
             self.dynsym = sh
