@@ -40,6 +40,12 @@ pub fn content_digest(dir: &Path) -> Result<String> {
             } else if kind.is_dir() {
                 out.push((path.clone(), "dir".into()));
                 walk(&e.path(), &path, out)?;
+            } else if !kind.is_file() {
+                bail!(
+                    "{} is {}: a build holds only files, directories and links",
+                    e.path().display(),
+                    crate::fsread::kind_of(&kind)
+                );
             } else if path != "lib/pkgconfig/nccl.pc" {
                 out.push((path, format!("file {}", sha256_file(&e.path())?)));
             }

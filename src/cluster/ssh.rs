@@ -95,10 +95,7 @@ impl Transport {
         let mut cmd = Command::new("ssh");
         cmd.args(self.args(worker)).arg(script);
         if let Some(file) = stdin {
-            cmd.stdin(Stdio::from(
-                std::fs::File::open(file)
-                    .with_context(|| format!("cannot read {}", file.display()))?,
-            ));
+            cmd.stdin(Stdio::from(crate::fsread::open_regular(file, false)?));
         }
         match crate::process::output_within_keeping_stdin(&mut cmd, timeout) {
             Ok(Some(out)) => Ok(out),
