@@ -1,0 +1,468 @@
+//! A hostile filesystem: every file fdl reads that it did not write in this run, with a
+//! FIFO, a device and an oversized file planted in its place, must be a prompt, clear
+//! error naming the path and what is there — never a hang, never unbounded memory. And
+//! what fdl creates (a ship's `.incoming-<name>`, its cache, ssh's control directory) is
+//! never reached through a link it did not make.
+//!
+//! fdl runs under an address-space limit (`ulimit -v`) and a timeout: a regression fails
+//! the test instead of hanging it or exhausting the machine.
+
+mod common;
+use common::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Address space fdl may use here: far above what any of these commands needs, far below
+/// what an unbounded read of `/dev/zero` reaches.
+const AS_LIMIT_KIB: u64 = 4 << 20;
+
+/// What is planted where fdl expects a small regular file.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Plant {
+    Fifo,
+    /// A link to `/dev/zero`, as the issue reproduced it.
+    ZeroLink,
+    /// A character device node itself (`mknod`, root only), where a link is not followed.
+    Device,
+    /// A sparse file far larger than any such file.
+    Oversized,
+    Directory,
+}
+
+impl Plant {
+    /// What the message must say (one of these): what is there, in fdl's words. A
+    /// link where fdl does not follow links is named as a link.
+    fn expected(self) -> &'static [&'static str] {
+        match self {
+            Plant::Fifo => &["a FIFO", "(FIFO, socket or device)"],
+            Plant::ZeroLink => &["a device", "a link", "symlink to /dev/zero"],
+            Plant::Device => &["a device", "(FIFO, socket or device)"],
+            Plant::Oversized => &["larger than"],
+            Plant::Directory => &["a directory"],
+        }
+    }
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; mkfifo only creates the node.
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "{}",
+        path.display()
+    );
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Replaces whatever is at `path` with `what`. `false` where this cannot be made here
+/// (a device node needs root).
+fn plant(path: &Path, what: Plant) -> bool {
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if m.is_dir() {
+            std::fs::remove_dir_all(path).unwrap();
+        } else {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    match what {
+        Plant::Fifo => mkfifo(path),
+        Plant::ZeroLink => std::os::unix::fs::symlink("/dev/zero", path).unwrap(),
+        Plant::Device => {
+            if !is_root() {
+                return false;
+            }
+            let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+            // SAFETY: a valid C string; the node is /dev/zero's (1, 5).
+            let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 5)) };
+            if rc != 0 {
+                return false;
+            }
+        }
+        Plant::Oversized => {
+            let f = std::fs::File::create(path).unwrap();
+            f.set_len(64 << 20).unwrap();
+        }
+        Plant::Directory => std::fs::create_dir(path).unwrap(),
+    }
+    true
+}
+
+/// `fdl ARGS` in `root` under the address-space limit and a timeout; (exit code, stdout
+/// and stderr together, how long it took).
+fn run_limited(
+    root: &Path,
+    env: &[(&str, &Path)],
+    args: &[&str],
+) -> (Option<i32>, String, Duration) {
+    let mut cmd = assert_cmd::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("ulimit -v {AS_LIMIT_KIB} && exec \"$0\" \"$@\""))
+        .arg(assert_cmd::cargo::cargo_bin("fdl"))
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .env_remove("FDL_ROOT")
+        .timeout(Duration::from_secs(30));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let start = Instant::now();
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text, start.elapsed())
+}
+
+/// One read path: how to set a project up, which file to plant, which command reads it,
+/// and which plants apply (a walk that hashes large files in a stream has no cap, and a
+/// link there is a link, not followed).
+struct ReadPath {
+    what: &'static str,
+    plants: &'static [Plant],
+    setup: fn(&BuildsFixture) -> (PathBuf, Vec<String>),
+}
+
+const SMALL_FILE: &[Plant] = &[
+    Plant::Fifo,
+    Plant::ZeroLink,
+    Plant::Oversized,
+    Plant::Directory,
+];
+const TREE_FILE: &[Plant] = &[Plant::Fifo, Plant::Device];
+
+fn strings(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+/// A project with one installed build (a stand-in NCCL tree through the real pipeline).
+fn with_build(f: &BuildsFixture) -> String {
+    let tree = f.tree("nccl", (2, 27, 5), &[61]);
+    f.install(&tree, "v2.27.5-1", "6.1").unwrap()
+}
+
+const CLUSTER: &str = "cluster:\n  controller:\n    host: c\n    path: /c\n  workers:\n    - host: node-a\n      path: /nonexistent/fdl-test\n      ssh:\n        target: fdl-test.invalid\n";
+
+fn read_paths() -> Vec<ReadPath> {
+    vec![
+        ReadPath {
+            what: "libtorch/.active (libtorch list)",
+            plants: SMALL_FILE,
+            setup: |f| {
+                let lt = f.project.root().join("libtorch");
+                std::fs::create_dir_all(lt.join("precompiled/v")).unwrap();
+                (lt.join(".active"), strings(&["libtorch", "list"]))
+            },
+        },
+        ReadPath {
+            what: ".arch of a variant (libtorch info)",
+            plants: SMALL_FILE,
+            setup: |f| {
+                let v = f.project.root().join("libtorch/precompiled/v");
+                std::fs::create_dir_all(&v).unwrap();
+                (v.join(".arch"), strings(&["libtorch", "info", "v"]))
+            },
+        },
+        ReadPath {
+            what: "makefiles/version.mk of --source (docker backend)",
+            plants: SMALL_FILE,
+            setup: |f| {
+                let src = f.project.root().join("nccl-src");
+                std::fs::create_dir_all(src.join("src")).unwrap();
+                std::fs::create_dir_all(src.join("makefiles")).unwrap();
+                std::fs::write(src.join("Makefile"), "all:\n").unwrap();
+                let args = strings(&[
+                    "nccl",
+                    "build",
+                    "--tag",
+                    "v2.27.5-1",
+                    "--archs",
+                    "8.6",
+                    "--dry-run",
+                    "--backend",
+                    "docker",
+                    "--source",
+                ]);
+                let mut args = args;
+                args.push(src.to_str().unwrap().to_string());
+                (src.join("makefiles/version.mk"), args)
+            },
+        },
+        ReadPath {
+            what: "a build's fdl-build.json (nccl verify)",
+            plants: SMALL_FILE,
+            setup: |f| {
+                let name = with_build(f);
+                (
+                    f.builds().join(&name).join("fdl-build.json"),
+                    strings(&["nccl", "verify", &name]),
+                )
+            },
+        },
+        ReadPath {
+            what: "a build's include/nccl.h (nccl verify)",
+            plants: SMALL_FILE,
+            setup: |f| {
+                let name = with_build(f);
+                (
+                    f.builds().join(&name).join("include/nccl.h"),
+                    strings(&["nccl", "verify", &name]),
+                )
+            },
+        },
+        ReadPath {
+            what: "fdl.cluster.yml (cluster env)",
+            plants: SMALL_FILE,
+            setup: |f| {
+                (
+                    f.project.root().join("fdl.cluster.yml"),
+                    strings(&["cluster", "env"]),
+                )
+            },
+        },
+        ReadPath {
+            what: "a file inside the build being shipped (ship --dry-run hashes it)",
+            plants: TREE_FILE,
+            setup: |f| {
+                let name = with_build(f);
+                std::fs::write(f.project.root().join("fdl.cluster.yml"), CLUSTER).unwrap();
+                (
+                    f.builds().join(&name).join("lib/planted"),
+                    strings(&["cluster", "ship", &name, "--dry-run", "--timeout", "5"]),
+                )
+            },
+        },
+        ReadPath {
+            what: "a file inside a worker's .incoming copy (receive --install)",
+            plants: TREE_FILE,
+            setup: |f| {
+                let incoming = f.builds().join(".incoming-b");
+                std::fs::create_dir_all(incoming.join("lib")).unwrap();
+                std::fs::write(incoming.join("lib/real"), "x").unwrap();
+                (
+                    incoming.join("lib/planted"),
+                    strings(&[
+                        "cluster",
+                        "receive",
+                        "--install",
+                        "b",
+                        "--digest",
+                        "0123456789abcdef",
+                    ]),
+                )
+            },
+        },
+        ReadPath {
+            what: "a torch's build-version (libtorch add)",
+            plants: SMALL_FILE,
+            setup: |f| {
+                let torch = f.project.root().join("torch-archive");
+                std::fs::create_dir_all(torch.join("lib")).unwrap();
+                compile_shared(
+                    &nccl_like_source((2, 27, 3), "12.8"),
+                    &torch.join("lib/libtorch_cuda.so"),
+                    &[],
+                );
+                let mut args = strings(&["libtorch", "add", "t"]);
+                args.push(torch.to_str().unwrap().to_string());
+                (torch.join("build-version"), args)
+            },
+        },
+    ]
+}
+
+/// Every read path, with every plant that applies: a prompt failure whose message names
+/// the file and says what is there.
+#[test]
+fn every_read_path_refuses_fifos_devices_and_oversized_files_promptly() {
+    let mut failures = Vec::new();
+    for path in read_paths() {
+        for &what in path.plants {
+            let f = BuildsFixture::new(ProjectFixture::empty());
+            let (file, args) = (path.setup)(&f);
+            if !plant(&file, what) {
+                eprintln!("{}: {what:?} cannot be made here, skipped", path.what);
+                continue;
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let (code, text, took) = run_limited(
+                f.project.root(),
+                &[("XDG_CACHE_HOME", f.cache.path())],
+                &args,
+            );
+            let name = file.file_name().unwrap().to_str().unwrap();
+            let ok = code == Some(1)
+                && text.contains(name)
+                && what.expected().iter().any(|e| text.contains(e))
+                && took < Duration::from_secs(20)
+                && !text.contains("panicked");
+            if !ok {
+                failures.push(format!(
+                    "{} with {what:?}: exit {code:?} after {took:?}, expected one of {:?} naming {name}:\n{text}",
+                    path.what,
+                    what.expected()
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n---\n"));
+}
+
+/// nccl.pc is rewritten on install (receive): an oversized one is refused, not read
+/// into memory; a FIFO is refused without blocking.
+#[test]
+fn the_pkgconfig_rewrite_reads_only_a_small_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pc = dir.path().join("nccl.pc");
+    for what in [Plant::Oversized, Plant::Fifo] {
+        plant(&pc, what);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = pc.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(fdl::nccl::tree::rewrite_pc_prefix(&p, Path::new("/b")));
+        });
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the rewrite hung");
+        let e = format!("{:#}", got.unwrap_err());
+        assert!(e.contains("nccl.pc"), "{e}");
+    }
+}
+
+// ---- what fdl creates: .incoming-<name> on a worker ----
+
+/// A directory of someone else's files, and what it held, to prove it untouched.
+fn victim() -> (tempfile::TempDir, BTreeMapSnapshot) {
+    let v = tempfile::tempdir().unwrap();
+    std::fs::write(v.path().join("precious"), "keep me").unwrap();
+    std::fs::create_dir(v.path().join("sub")).unwrap();
+    std::fs::write(v.path().join("sub/also"), "keep me too").unwrap();
+    let snap = snapshot(v.path());
+    (v, snap)
+}
+
+type BTreeMapSnapshot = std::collections::BTreeMap<PathBuf, String>;
+
+/// `receive --state NAME --prepare` with a link planted at `.incoming-NAME`: the link is
+/// never followed; the entry is made afresh as fdl's own directory (0700) and the link's
+/// target keeps every file and its mode.
+#[test]
+fn prepare_replaces_a_planted_link_and_never_follows_it() {
+    let f = BuildsFixture::new(ProjectFixture::empty());
+    let builds = f.builds();
+    std::fs::create_dir_all(&builds).unwrap();
+    let (v, before) = victim();
+    std::fs::set_permissions(v.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let incoming = builds.join(".incoming-b");
+    std::os::unix::fs::symlink(v.path(), &incoming).unwrap();
+    let out = f
+        .fdl()
+        .args(["cluster", "receive", "--state", "b", "--prepare"])
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = std::fs::symlink_metadata(&incoming).unwrap();
+    assert!(m.is_dir(), "the link is still there");
+    assert_eq!(m.mode() & 0o777, 0o700);
+    assert_eq!(std::fs::read_dir(&incoming).unwrap().count(), 0);
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        Path::new(answer["incoming"].as_str().unwrap()),
+        incoming.canonicalize().unwrap()
+    );
+    assert_eq!(snapshot(v.path()), before);
+    assert_eq!(std::fs::metadata(v.path()).unwrap().mode() & 0o777, 0o755);
+
+    // A FIFO there is replaced the same way; a directory others can write is refused.
+    std::fs::remove_dir(&incoming).unwrap();
+    mkfifo(&incoming);
+    let out = f
+        .fdl()
+        .args(["cluster", "receive", "--state", "b", "--prepare"])
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::symlink_metadata(&incoming).unwrap().is_dir());
+    std::fs::set_permissions(&incoming, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = f
+        .fdl()
+        .args(["cluster", "receive", "--state", "b", "--prepare"])
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("a directory fdl did not make"), "{text}");
+}
+
+/// `receive --install` with `.incoming-NAME` a link to a directory holding a copy: the
+/// link is not followed, nothing is moved out of its target, nothing is installed.
+#[test]
+fn install_refuses_an_incoming_that_is_a_link() {
+    let f = BuildsFixture::new(ProjectFixture::empty());
+    let name = with_build(&f);
+    let build = f.builds().join(&name);
+    // The victim holds an exact copy of the build, so the digest would match.
+    let v = tempfile::tempdir().unwrap();
+    let copy = v.path().join("copy");
+    assert!(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&build)
+        .arg(&copy)
+        .status()
+        .unwrap()
+        .success());
+    let before = snapshot(&copy);
+    let digest = fdl::cluster::receive::content_digest(&build).unwrap();
+    std::fs::remove_dir_all(&build).unwrap();
+    let incoming = f.builds().join(format!(".incoming-{name}"));
+    std::os::unix::fs::symlink(&copy, &incoming).unwrap();
+    let out = f
+        .fdl()
+        .args([
+            "cluster",
+            "receive",
+            "--install",
+            &name,
+            "--digest",
+            &digest,
+        ])
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("is a link, not the directory fdl made"),
+        "{text}"
+    );
+    assert_eq!(snapshot(&copy), before);
+    assert!(!build.exists());
+}
