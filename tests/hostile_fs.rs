@@ -466,3 +466,107 @@ fn install_refuses_an_incoming_that_is_a_link() {
     assert_eq!(snapshot(&copy), before);
     assert!(!build.exists());
 }
+
+// ---- the cache and ssh's control directory ----
+
+fn cluster_status(
+    f: &BuildsFixture,
+    env: &[(&str, &Path)],
+    remove: &[&str],
+) -> (Option<i32>, String) {
+    std::fs::write(f.project.root().join("fdl.cluster.yml"), CLUSTER).unwrap();
+    let mut cmd = fdl_in(f.project.root());
+    cmd.args(["cluster", "status", "--timeout", "2"])
+        .timeout(Duration::from_secs(60));
+    for k in remove {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Without HOME and XDG_CACHE_HOME the cache is `<temp>/fdl-<uid>`: a link planted
+/// there, or a directory others may enter, is refused, and the link's target keeps its
+/// mode; a missing one is made 0700.
+#[test]
+fn the_fallback_cache_is_this_users_alone() {
+    let f = BuildsFixture::new(ProjectFixture::empty());
+    let tmp = tempfile::tempdir().unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let cache = tmp.path().join(format!("fdl-{uid}"));
+    let env = [("TMPDIR", tmp.path())];
+    let unset = ["HOME", "XDG_CACHE_HOME"];
+
+    let (v, before) = victim();
+    std::fs::set_permissions(v.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::os::unix::fs::symlink(v.path(), &cache).unwrap();
+    let (code, text) = cluster_status(&f, &env, &unset);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains(&format!("fdl-{uid} is not a directory")),
+        "{text}"
+    );
+    assert_eq!(std::fs::metadata(v.path()).unwrap().mode() & 0o777, 0o777);
+    assert_eq!(snapshot(v.path()), before);
+
+    std::fs::remove_file(&cache).unwrap();
+    std::fs::create_dir(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (code, text) = cluster_status(&f, &env, &unset);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("is writable by others"), "{text}");
+    assert_eq!(std::fs::metadata(&cache).unwrap().mode() & 0o777, 0o777);
+
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, text) = cluster_status(&f, &env, &unset);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("is open to other users"), "{text}");
+
+    std::fs::remove_dir(&cache).unwrap();
+    let _ = cluster_status(&f, &env, &unset);
+    let m = std::fs::symlink_metadata(&cache).unwrap();
+    assert!(m.is_dir());
+    assert_eq!(m.mode() & 0o777, 0o700);
+    assert_eq!(m.uid(), uid);
+}
+
+/// `<cache>/ssh` holds the control sockets: a link planted there is refused and its
+/// target is not chmod-ed; a directory others may enter is refused.
+#[test]
+fn the_ssh_control_directory_is_never_reached_through_a_link() {
+    let f = BuildsFixture::new(ProjectFixture::empty());
+    let xdg = tempfile::tempdir().unwrap();
+    let cache = xdg.path().join("fdl");
+    std::fs::create_dir(&cache).unwrap();
+    let (v, before) = victim();
+    std::fs::set_permissions(v.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink(v.path(), cache.join("ssh")).unwrap();
+    let env = [("XDG_CACHE_HOME", xdg.path())];
+    let (code, text) = cluster_status(&f, &env, &[]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("ssh is not a directory"), "{text}");
+    assert_eq!(std::fs::metadata(v.path()).unwrap().mode() & 0o777, 0o755);
+    assert_eq!(snapshot(v.path()), before);
+
+    std::fs::remove_file(cache.join("ssh")).unwrap();
+    std::fs::create_dir(cache.join("ssh")).unwrap();
+    std::fs::set_permissions(cache.join("ssh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, text) = cluster_status(&f, &env, &[]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("is open to other users"), "{text}");
+    assert_eq!(
+        std::fs::metadata(cache.join("ssh")).unwrap().mode() & 0o777,
+        0o755
+    );
+}

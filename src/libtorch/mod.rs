@@ -284,7 +284,7 @@ impl Libtorch {
 /// a variant being added. It waits, saying so, for the other holder.
 pub fn lock_variant(kind_dir: &Path, name: &str) -> Result<crate::lock::BuildLock> {
     crate::lock::acquire(
-        &crate::cache::cache_dir(),
+        &crate::cache::cache_dir()?,
         kind_dir,
         &format!("variant-{name}"),
         crate::lock::Wait::Yes,
