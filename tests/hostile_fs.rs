@@ -335,6 +335,11 @@ fn the_pkgconfig_rewrite_reads_only_a_small_regular_file() {
             .expect("the rewrite hung");
         let e = format!("{:#}", got.unwrap_err());
         assert!(e.contains("nccl.pc"), "{e}");
+        let said = match what {
+            Plant::Oversized => "larger than",
+            _ => "not a regular file",
+        };
+        assert!(e.contains(said), "{what:?}: {e}");
     }
 }
 
@@ -569,4 +574,138 @@ fn the_ssh_control_directory_is_never_reached_through_a_link() {
         std::fs::metadata(cache.join("ssh")).unwrap().mode() & 0o777,
         0o755
     );
+}
+
+// ---- a whole ship, over rsync and over tar, to a worker that swaps its .incoming ----
+
+/// A stand-in `ssh` that runs the remote command here (the worker is a directory of
+/// this machine), after `$FDL_TEST_SSH_HOOK` when set: a hostile worker's moves.
+const FAKE_SSH: &str = r#"#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o|-p|-l|-i|-F|-J|-S) shift 2 ;;
+    --) shift; break ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+shift
+if [ -n "$FDL_TEST_SSH_HOOK" ]; then sh -c "$FDL_TEST_SSH_HOOK" hook "$*" || exit 1; fi
+exec sh -c "$*"
+"#;
+
+/// A PATH whose `ssh` is [`FAKE_SSH`], with every other tool of this system but, when
+/// `rsync` is false, rsync (so ship takes its tar fallback).
+fn fake_path(rsync: bool) -> tempfile::TempDir {
+    let bin = tempfile::tempdir().unwrap();
+    let ssh = bin.path().join("ssh");
+    std::fs::write(&ssh, FAKE_SSH).unwrap();
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for dir in [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            if name == "ssh" || (!rsync && name == "rsync") {
+                continue;
+            }
+            let _ = std::os::unix::fs::symlink(e.path(), bin.path().join(&name));
+        }
+    }
+    bin
+}
+
+/// Ships the fixture's build to a worker directory over `rsync` or tar, with `hook` run
+/// by the worker's "ssh" before each command; (exit code, output, worker's builds dir).
+fn ship_to_local_worker(
+    f: &BuildsFixture,
+    name: &str,
+    worker: &Path,
+    rsync: bool,
+    hook: &str,
+) -> (Option<i32>, String) {
+    let bin = fake_path(rsync);
+    std::fs::write(
+        f.project.root().join("fdl.cluster.yml"),
+        format!(
+            "cluster:\n  controller:\n    host: c\n    path: /c\n  workers:\n    - host: w\n      path: {}\n      ssh:\n        target: fdl-test-worker\n",
+            worker.display()
+        ),
+    )
+    .unwrap();
+    let out = f
+        .fdl()
+        .args(["cluster", "ship", name, "--timeout", "30"])
+        .env("PATH", bin.path())
+        .env("FDL_TEST_SSH_HOOK", hook)
+        .timeout(Duration::from_secs(300))
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Over both transports: a plain ship installs the build; a worker that swaps
+/// `.incoming-<name>` for a link to a directory of files after `--prepare` made it gets
+/// nothing written through the link — the copy is refused, the link's target intact.
+#[test]
+fn ship_never_writes_through_a_link_swapped_in_at_incoming() {
+    let f = BuildsFixture::new(ProjectFixture::empty());
+    let name = with_build(&f);
+    let digest = fdl::cluster::receive::content_digest(&f.builds().join(&name)).unwrap();
+    for rsync in [true, false] {
+        let worker = tempfile::tempdir().unwrap();
+        let (code, text) = ship_to_local_worker(&f, &name, worker.path(), rsync, "");
+        assert_eq!(code, Some(0), "rsync {rsync}: {text}");
+        let how = if rsync { "rsync" } else { "tar over ssh" };
+        assert!(
+            text.contains(&format!("installed (copied with {how}")),
+            "{text}"
+        );
+        let installed = worker.path().join("libtorch/nccl/builds").join(&name);
+        assert_eq!(
+            fdl::cluster::receive::content_digest(&installed).unwrap(),
+            digest,
+            "rsync {rsync}"
+        );
+
+        let worker = tempfile::tempdir().unwrap();
+        let (v, before) = victim();
+        let incoming = worker
+            .path()
+            .join("libtorch/nccl/builds")
+            .join(format!(".incoming-{name}"));
+        // The copy's own command (rsync's server, or tar) finds a link in its place.
+        let hook = format!(
+            "case \"$1\" in *--server*|*'tar -xf'*) rm -rf '{i}' && ln -s '{v}' '{i}' ;; esac",
+            i = incoming.display(),
+            v = v.path().display()
+        );
+        let (code, text) = ship_to_local_worker(&f, &name, worker.path(), rsync, &hook);
+        assert_ne!(code, Some(0), "rsync {rsync}: {text}");
+        assert!(
+            text.contains("is not the directory fdl made for the copy"),
+            "rsync {rsync}: {text}"
+        );
+        assert_eq!(snapshot(v.path()), before, "rsync {rsync}");
+        assert!(!worker
+            .path()
+            .join("libtorch/nccl/builds")
+            .join(&name)
+            .exists());
+    }
 }
