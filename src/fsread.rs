@@ -168,4 +168,23 @@ mod tests {
             .contains("larger than"));
         assert_eq!(read_regular(&big, 11).unwrap().len(), 11);
     }
+
+    #[test]
+    fn absent_is_none_and_a_link_is_refused_where_links_are_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(read_regular_if_present(&dir.path().join("none"), 10)
+            .unwrap()
+            .is_none());
+        let e = read_regular(&dir.path().join("none"), 10).unwrap_err();
+        assert!(format!("{e:#}").contains("does not exist"), "{e:#}");
+        let real = dir.path().join("real");
+        std::fs::write(&real, "x").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(open_regular(&link, false).is_ok());
+        let e = open_regular(&link, true).unwrap_err().to_string();
+        assert!(e.contains("(a link)"), "{e}");
+        let e = open_regular(dir.path(), false).unwrap_err().to_string();
+        assert!(e.contains("(a directory)"), "{e}");
+    }
 }
