@@ -152,6 +152,15 @@ fn with_build(f: &BuildsFixture) -> String {
 
 const CLUSTER: &str = "cluster:\n  controller:\n    host: c\n    path: /c\n  workers:\n    - host: node-a\n      path: /nonexistent/fdl-test\n      ssh:\n        target: fdl-test.invalid\n";
 
+/// An NCCL source tree's shape, its `makefiles/version.mk` left to plant.
+fn nccl_source_without_version(f: &BuildsFixture) -> PathBuf {
+    let src = f.project.root().join("nccl-src");
+    std::fs::create_dir_all(src.join("src")).unwrap();
+    std::fs::create_dir_all(src.join("makefiles")).unwrap();
+    std::fs::write(src.join("Makefile"), "all:\n").unwrap();
+    src
+}
+
 fn read_paths() -> Vec<ReadPath> {
     vec![
         ReadPath {
@@ -176,10 +185,7 @@ fn read_paths() -> Vec<ReadPath> {
             what: "makefiles/version.mk of --source (docker backend)",
             plants: SMALL_FILE,
             setup: |f| {
-                let src = f.project.root().join("nccl-src");
-                std::fs::create_dir_all(src.join("src")).unwrap();
-                std::fs::create_dir_all(src.join("makefiles")).unwrap();
-                std::fs::write(src.join("Makefile"), "all:\n").unwrap();
+                let src = nccl_source_without_version(f);
                 let args = strings(&[
                     "nccl",
                     "build",
@@ -193,6 +199,39 @@ fn read_paths() -> Vec<ReadPath> {
                     "--source",
                 ]);
                 let mut args = args;
+                args.push(src.to_str().unwrap().to_string());
+                (src.join("makefiles/version.mk"), args)
+            },
+        },
+        ReadPath {
+            what: "makefiles/version.mk of --source (native backend)",
+            plants: SMALL_FILE,
+            setup: |f| {
+                let src = nccl_source_without_version(f);
+                // A stand-in toolkit: the dry run asks nvcc its version, nothing more.
+                let cuda = f.project.root().join("cuda");
+                std::fs::create_dir_all(cuda.join("bin")).unwrap();
+                let nvcc = cuda.join("bin/nvcc");
+                std::fs::write(
+                    &nvcc,
+                    "#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n",
+                )
+                .unwrap();
+                std::fs::set_permissions(&nvcc, std::fs::Permissions::from_mode(0o755)).unwrap();
+                let mut args = strings(&[
+                    "nccl",
+                    "build",
+                    "--tag",
+                    "v2.27.5-1",
+                    "--archs",
+                    "8.6",
+                    "--dry-run",
+                    "--backend",
+                    "native",
+                    "--cuda-home",
+                ]);
+                args.push(cuda.to_str().unwrap().to_string());
+                args.push("--source".into());
                 args.push(src.to_str().unwrap().to_string());
                 (src.join("makefiles/version.mk"), args)
             },
