@@ -10,22 +10,28 @@ use std::path::Path;
 
 /// The contents of the regular file at `path`, refused when larger than `cap` bytes.
 pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    let meta = f
-        .metadata()
-        .with_context(|| format!("cannot stat {}", path.display()))?;
-    if !meta.file_type().is_file() {
+    read_regular_if_present(path, cap)?.ok_or_else(|| {
+        anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::NotFound))
+            .context(format!("cannot open {}: it does not exist", path.display()))
+    })
+}
+
+/// [`read_regular`], with `None` where nothing is at `path` (an optional file).
+pub fn read_regular_if_present(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
+    let f = match open(path, false) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(open_error(e, path, false)),
+    };
+    let len = check_regular(&f, path)?.len();
+    if len > cap {
         bail!(
-            "{} is not a regular file ({}); fdl reads only regular files there",
-            path.display(),
-            kind_of(&meta.file_type())
+            "{} is larger than the {cap} bytes fdl reads from such a file ({len} bytes): it is not what fdl expects there",
+            path.display()
         );
     }
     let mut out = Vec::new();
+    // Bounded again while reading: a file that grows after the check is still cut off.
     f.take(cap.saturating_add(1))
         .read_to_end(&mut out)
         .with_context(|| format!("cannot read {}", path.display()))?;
@@ -35,7 +41,84 @@ pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>> {
             path.display()
         );
     }
-    Ok(out)
+    Ok(Some(out))
+}
+
+/// [`read_regular_if_present`] as UTF-8 text (invalid bytes replaced).
+pub fn read_text_if_present(path: &Path, cap: u64) -> Result<Option<String>> {
+    Ok(read_regular_if_present(path, cap)?.map(|b| String::from_utf8_lossy(&b).into_owned()))
+}
+
+/// The regular file at `path`, open for a streamed read of any size (hashing a library
+/// of hundreds of MiB): checked on the descriptor like [`read_regular`]. With
+/// `no_follow`, a link at `path` itself is refused rather than followed (a walk that
+/// saw a file there must not read whatever a link swapped in since points to).
+pub fn open_regular(path: &Path, no_follow: bool) -> Result<std::fs::File> {
+    let f = open(path, no_follow).map_err(|e| open_error(e, path, no_follow))?;
+    check_regular(&f, path)?;
+    Ok(f)
+}
+
+fn open(path: &Path, no_follow: bool) -> std::io::Result<std::fs::File> {
+    // What is there is looked at first, so a device is never even opened (opening some
+    // has effects); the descriptor is checked again after, as the entry may change.
+    let pre = if no_follow {
+        std::fs::symlink_metadata(path)?
+    } else {
+        std::fs::metadata(path)?
+    };
+    if !pre.file_type().is_file() && !pre.file_type().is_symlink() {
+        return Err(std::io::Error::other(NotRegular(kind_of(&pre.file_type()))));
+    }
+    let mut flags = libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
+    if no_follow {
+        flags |= libc::O_NOFOLLOW;
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)?;
+    Ok(f)
+}
+
+/// What a pre-check found where a regular file was expected.
+#[derive(Debug)]
+struct NotRegular(&'static str);
+
+impl std::fmt::Display for NotRegular {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for NotRegular {}
+
+fn not_regular(path: &Path, kind: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{} is not a regular file ({kind}); fdl reads only regular files there",
+        path.display()
+    )
+}
+
+/// An error from [`open`], named for `path`.
+fn open_error(e: std::io::Error, path: &Path, no_follow: bool) -> anyhow::Error {
+    if let Some(k) = e.get_ref().and_then(|i| i.downcast_ref::<NotRegular>()) {
+        return not_regular(path, k.0);
+    }
+    if no_follow && e.raw_os_error() == Some(libc::ELOOP) {
+        return not_regular(path, "a link");
+    }
+    anyhow::Error::new(e).context(format!("cannot open {}", path.display()))
+}
+
+fn check_regular(f: &std::fs::File, path: &Path) -> Result<std::fs::Metadata> {
+    let meta = f
+        .metadata()
+        .with_context(|| format!("cannot stat {}", path.display()))?;
+    if !meta.file_type().is_file() {
+        return Err(not_regular(path, kind_of(&meta.file_type())));
+    }
+    Ok(meta)
 }
 
 /// [`read_regular`] as UTF-8 text (invalid bytes replaced).
@@ -43,7 +126,7 @@ pub fn read_text(path: &Path, cap: u64) -> Result<String> {
     Ok(String::from_utf8_lossy(&read_regular(path, cap)?).into_owned())
 }
 
-fn kind_of(ft: &std::fs::FileType) -> &'static str {
+pub fn kind_of(ft: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if ft.is_dir() {
         "a directory"
@@ -53,6 +136,8 @@ fn kind_of(ft: &std::fs::FileType) -> &'static str {
         "a device"
     } else if ft.is_socket() {
         "a socket"
+    } else if ft.is_symlink() {
+        "a link"
     } else {
         "not a plain file"
     }
@@ -82,5 +167,24 @@ mod tests {
             .to_string()
             .contains("larger than"));
         assert_eq!(read_regular(&big, 11).unwrap().len(), 11);
+    }
+
+    #[test]
+    fn absent_is_none_and_a_link_is_refused_where_links_are_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(read_regular_if_present(&dir.path().join("none"), 10)
+            .unwrap()
+            .is_none());
+        let e = read_regular(&dir.path().join("none"), 10).unwrap_err();
+        assert!(format!("{e:#}").contains("does not exist"), "{e:#}");
+        let real = dir.path().join("real");
+        std::fs::write(&real, "x").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(open_regular(&link, false).is_ok());
+        let e = open_regular(&link, true).unwrap_err().to_string();
+        assert!(e.contains("(a link)"), "{e}");
+        let e = open_regular(dir.path(), false).unwrap_err().to_string();
+        assert!(e.contains("(a directory)"), "{e}");
     }
 }

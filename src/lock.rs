@@ -10,6 +10,7 @@
 use anyhow::{bail, Context, Result};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// A held lock; released on drop (or by the kernel if the process dies).
@@ -70,13 +71,26 @@ pub fn acquire(
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
+    // Never through a link, and only a regular file: a FIFO cannot block the open.
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(&path)
-        .with_context(|| format!("cannot open lock file {}", path.display()))?;
+        .with_context(|| {
+            format!(
+                "cannot open lock file {} (a link there is refused)",
+                path.display()
+            )
+        })?;
+    if !file.metadata()?.file_type().is_file() {
+        bail!(
+            "lock file {} is not a regular file: remove it and run again",
+            path.display()
+        );
+    }
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {

@@ -169,7 +169,7 @@ fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)
                 report.missing.join("\n  ")
             );
         };
-        let source = native::source_for(args.source.as_deref(), tag, &crate::cache::cache_dir())?;
+        let source = native::source_for(args.source.as_deref(), tag, &crate::cache::cache_dir()?)?;
         let inputs = BackendInputs::Native {
             toolkit,
             tools: report.tools,
@@ -361,7 +361,7 @@ pub(super) fn run_with(
     let probe = |lib: &Path| verify::probe_in_child(&exe, lib);
     let opts = ExecOptions {
         probe: Some(&probe),
-        cache: crate::cache::cache_dir(),
+        cache: crate::cache::cache_dir()?,
         force: args.force,
         wait: if args.no_wait { Wait::No } else { Wait::Yes },
         verbosity: if args.quiet || args.json {

@@ -164,7 +164,7 @@ impl Common {
     /// minute) and the fdl they run when they have none of their own.
     fn reach(&self) -> Result<(Transport, OwnBinary)> {
         let transport = Transport::new(
-            &crate::cache::cache_dir(),
+            &crate::cache::cache_dir()?,
             Duration::from_secs(self.timeout.clamp(1, 60)),
         )?;
         Ok((transport, OwnBinary::current()?))
@@ -251,7 +251,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
                 )?)?);
             } else if let (Some(name), Some(digest)) = (install, digest) {
                 let done =
-                    receive::install(&builds, &name, &digest, force, &crate::cache::cache_dir())?;
+                    receive::install(&builds, &name, &digest, force, &crate::cache::cache_dir()?)?;
                 print_json(&serde_json::to_value(done)?);
             } else {
                 bail!("receive needs --state NAME or --install NAME --digest D");

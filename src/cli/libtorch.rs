@@ -78,7 +78,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
     let lt = Libtorch::new(project.libtorch_dir());
     match cmd {
         LibtorchCommand::List { json } => {
-            let active = lt.active_name();
+            let active = lt.active_name()?;
             let variants = lt.variants()?;
             if json {
                 let rows: Vec<_> = variants
@@ -109,7 +109,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
         LibtorchCommand::Add { name, path, json } => {
             let (v, arch) = crate::libtorch::add::add(&lt, &name, &path)?;
             // The first variant of a project is the one it uses.
-            let first_variant = lt.active_name().is_none();
+            let first_variant = lt.active_name()?.is_none();
             if first_variant {
                 lt.activate(&v.name)?;
             }

@@ -177,7 +177,7 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
     let wait = if no_wait { Wait::No } else { Wait::Yes };
     for name in &parsed {
         // The same lock as a build of this target: never delete one being (re)built.
-        let lock = store.lock(name, &crate::cache::cache_dir(), wait, &|msg| {
+        let lock = store.lock(name, &crate::cache::cache_dir()?, wait, &|msg| {
             eprintln!("{msg}")
         })?;
         let dir = store.remove(&lock)?;

@@ -98,11 +98,14 @@ pub fn load(root: &Path, cluster_file: Option<&Path>) -> Result<Cluster> {
         .join(BASE_FILE);
     let mut files = Vec::new();
     let mut sources = Vec::new();
-    if base_path.is_file() {
+    // Anything there is read, and what is not a small regular file (a FIFO, a device,
+    // a directory) is named as such, never taken for "no file".
+    let present = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+    if present(&base_path) {
         sources.push((base_path.clone(), read(&base_path)?));
         files.push(base_path);
     }
-    if !overlay_path.is_file() {
+    if !present(&overlay_path) {
         bail!(
             "no cluster file at {}. Write one there (or name one with --file PATH) describing the controller and each worker; the smallest one (README, \"The cluster file\"):\n{}",
             overlay_path.display(),
@@ -119,15 +122,9 @@ pub fn load(root: &Path, cluster_file: Option<&Path>) -> Result<Cluster> {
 }
 
 fn read(path: &Path) -> Result<String> {
-    let meta =
-        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
-    if !meta.is_file() || meta.len() > MAX_FILE {
-        bail!(
-            "{} is not a cluster file (not a regular file, or over 4 MiB)",
-            path.display()
-        );
-    }
-    std::fs::read_to_string(path).with_context(|| format!("cannot read {} as text", path.display()))
+    let bytes = crate::fsread::read_regular(path, MAX_FILE)
+        .with_context(|| format!("{} is not a cluster file", path.display()))?;
+    String::from_utf8(bytes).map_err(|_| anyhow!("cannot read {} as text", path.display()))
 }
 
 /// Parses and merges `(path, text)` pairs, later files over earlier ones.

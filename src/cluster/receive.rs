@@ -40,6 +40,12 @@ pub fn content_digest(dir: &Path) -> Result<String> {
             } else if kind.is_dir() {
                 out.push((path.clone(), "dir".into()));
                 walk(&e.path(), &path, out)?;
+            } else if !kind.is_file() {
+                bail!(
+                    "{} is {}: a build holds only files, directories and links",
+                    e.path().display(),
+                    crate::fsread::kind_of(&kind)
+                );
             } else if path != "lib/pkgconfig/nccl.pc" {
                 out.push((path, format!("file {}", sha256_file(&e.path())?)));
             }
@@ -93,7 +99,7 @@ pub fn state(builds_dir: &Path, name: &str, prepare: bool) -> Result<StateReport
         },
         Some(Existing::Unreadable(why)) | Some(Existing::NotABuild(why)) => Place::Other { why },
     };
-    let incoming = builds_dir.join(format!("{INCOMING_PREFIX}{name}"));
+    let mut incoming = builds_dir.join(format!("{INCOMING_PREFIX}{name}"));
     if prepare {
         std::fs::create_dir_all(builds_dir).with_context(|| {
             format!(
@@ -101,8 +107,12 @@ pub fn state(builds_dir: &Path, name: &str, prepare: bool) -> Result<StateReport
                 builds_dir.display()
             )
         })?;
-        std::fs::create_dir_all(&incoming)
-            .with_context(|| format!("cannot create {}", incoming.display()))?;
+        prepare_incoming(&incoming)?;
+        // The physical path: the copy checks, once inside it, that it is where it
+        // should be (a link swapped in after this answer is then refused, not followed).
+        incoming = incoming
+            .canonicalize()
+            .with_context(|| format!("cannot resolve {}", incoming.display()))?;
     }
     let rsync = crate::native::on_path("rsync").is_some();
     Ok(StateReport {
@@ -111,6 +121,46 @@ pub fn state(builds_dir: &Path, name: &str, prepare: bool) -> Result<StateReport
         incoming,
         rsync,
     })
+}
+
+/// Makes `incoming` a directory only this user can write, that no link leads to: a link,
+/// file, FIFO or anything else found there was not made by fdl and is removed (the
+/// entry itself: a link's target is never touched) before a fresh directory is made
+/// with mode 0700 by a `mkdir` that fails on any existing entry. A directory this user
+/// owns that no one else can write is an earlier partial copy, kept so that rsync
+/// resumes it; one of another user, or writable by others, is refused.
+fn prepare_incoming(incoming: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::symlink_metadata(incoming) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", incoming.display())),
+        Ok(m) if m.file_type().is_dir() => {
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            if m.uid() != me || m.mode() & 0o022 != 0 {
+                bail!(
+                    "{} is a directory fdl did not make (owner uid {}, mode {:o}): fdl copies only into a directory of its own. Remove it and ship again",
+                    incoming.display(),
+                    m.uid(),
+                    m.mode() & 0o7777
+                );
+            }
+            return Ok(());
+        }
+        Ok(m) => {
+            std::fs::remove_file(incoming).with_context(|| {
+                format!(
+                    "{} is {}, not fdl's copy, and cannot be removed",
+                    incoming.display(),
+                    crate::fsread::kind_of(&m.file_type())
+                )
+            })?;
+        }
+    }
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(incoming)
+        .with_context(|| format!("cannot create {}", incoming.display()))
 }
 
 /// The answer to `receive --install`.
@@ -138,6 +188,17 @@ pub fn install(
     let store = BuildStore::new(builds_dir.to_path_buf());
     let incoming = builds_dir.join(format!("{INCOMING_PREFIX}{}", name.as_str()));
     let lock = store.lock(&name, cache, Wait::No, &|_| {})?;
+    // Only the directory `--prepare` made: a link there is never followed (its target's
+    // files would be moved out of it).
+    let m = std::fs::symlink_metadata(&incoming)
+        .with_context(|| format!("cannot read {}: ship again", incoming.display()))?;
+    if !m.file_type().is_dir() {
+        bail!(
+            "{} is {}, not the directory fdl made for the copy: nothing was installed. Ship again",
+            incoming.display(),
+            crate::fsread::kind_of(&m.file_type())
+        );
+    }
     let got = content_digest(&incoming)?;
     if got != digest {
         bail!(

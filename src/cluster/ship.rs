@@ -252,6 +252,23 @@ fn remote_spec(w: &Worker, path: &Path) -> OsString {
     s
 }
 
+/// The worker-side shell words that enter `to`, the directory `receive --prepare` just
+/// made (its physical path), and check from inside that it is that directory: a link
+/// swapped in at its name since is refused, never followed. Once there, the copy writes
+/// relative to that directory, whatever happens to its name.
+fn enter_incoming(to: &Path) -> Result<String> {
+    let to = to
+        .to_str()
+        .ok_or_else(|| anyhow!("{} is not UTF-8", to.display()))?;
+    let q = single_quote(to);
+    Ok(format!(
+        "cd -P -- {q} && test \"$(pwd -P)\" = {q} || {{ echo {} >&2; exit 1; }}",
+        single_quote(&format!(
+            "{to} is not the directory fdl made for the copy (a link or something else is there now): nothing was copied"
+        ))
+    ))
+}
+
 fn rsync(t: &Transport, w: &Worker, from: &Path, to: &Path, timeout: Duration) -> Result<()> {
     let mut src = from.as_os_str().to_os_string();
     src.push("/");
@@ -260,8 +277,10 @@ fn rsync(t: &Transport, w: &Worker, from: &Path, to: &Path, timeout: Duration) -
         .arg(format!("--timeout={}", timeout.as_secs().max(5)))
         .arg("-e")
         .arg(rsync_shell(t, w)?)
+        // The remote rsync runs inside the checked directory and writes to `.`.
+        .arg(format!("--rsync-path={}; exec rsync", enter_incoming(to)?))
         .arg(src)
-        .arg(remote_spec(w, to));
+        .arg(remote_spec(w, Path::new(".")));
     let out = crate::process::output_within(&mut cmd, copy_limit(timeout))
         .context("cannot run rsync")?
         .ok_or_else(|| {
@@ -305,9 +324,7 @@ fn tar_over_ssh(
     to: &Path,
     timeout: Duration,
 ) -> Result<()> {
-    let to = to
-        .to_str()
-        .ok_or_else(|| anyhow!("{} is not UTF-8", to.display()))?;
+    let enter = enter_incoming(to)?;
     let mut tar = Command::new("tar")
         .arg("-C")
         .arg(from)
@@ -317,10 +334,7 @@ fn tar_over_ssh(
         .spawn()
         .context("cannot run tar")?;
     let stdout = tar.stdout.take().expect("piped");
-    let script = format!(
-        "find {q} -mindepth 1 -delete && tar -C {q} -xf -",
-        q = single_quote(to)
-    );
+    let script = format!("{enter}; find . -mindepth 1 -delete && tar -xf -");
     let mut cmd = Command::new("ssh");
     cmd.args(t.args(w)).arg(script).stdin(Stdio::from(stdout));
     let out = crate::process::output_within_keeping_stdin(&mut cmd, copy_limit(timeout));

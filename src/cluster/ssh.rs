@@ -27,11 +27,11 @@ pub struct Transport {
 impl Transport {
     pub fn new(cache: &Path, connect_timeout: Duration) -> Result<Transport> {
         let control_dir = cache.join("ssh");
-        std::fs::create_dir_all(&control_dir)
-            .with_context(|| format!("cannot create {}", control_dir.display()))?;
-        // The sockets give access to live connections: keep them the user's alone.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&control_dir, std::fs::Permissions::from_mode(0o700))?;
+        // The sockets give access to live connections: the directory must be this
+        // user's alone, made 0700 by fdl or checked to be so (never chmod-ed, which
+        // would go through a link planted there to whatever it points to).
+        crate::cache::own_dir(cache)?;
+        crate::cache::private_dir(&control_dir)?;
         Ok(Transport {
             control_dir,
             connect_timeout,
@@ -95,10 +95,7 @@ impl Transport {
         let mut cmd = Command::new("ssh");
         cmd.args(self.args(worker)).arg(script);
         if let Some(file) = stdin {
-            cmd.stdin(Stdio::from(
-                std::fs::File::open(file)
-                    .with_context(|| format!("cannot read {}", file.display()))?,
-            ));
+            cmd.stdin(Stdio::from(crate::fsread::open_regular(file, false)?));
         }
         match crate::process::output_within_keeping_stdin(&mut cmd, timeout) {
             Ok(Some(out)) => Ok(out),

@@ -204,6 +204,7 @@ fn fill_context_source(context: &Path, source: &DockerSource) -> Result<()> {
 }
 
 fn copy_tree(from: &Path, to: &Path, top: bool) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let name = entry.file_name();
@@ -216,7 +217,17 @@ fn copy_tree(from: &Path, to: &Path, top: bool) -> Result<()> {
             std::fs::create_dir(&dst)?;
             copy_tree(&src, &dst, false)?;
         } else if kind.is_file() {
-            std::fs::copy(&src, &dst)?;
+            // Opened without following a link swapped in since, checked on the descriptor.
+            let mut f = crate::fsread::open_regular(&src, true)?;
+            let mode = f.metadata()?.permissions().mode() & 0o777;
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(&dst)
+                .with_context(|| format!("cannot create {}", dst.display()))?;
+            std::io::copy(&mut f, &mut out)
+                .with_context(|| format!("cannot copy {}", src.display()))?;
         } else if kind.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
         } else {
@@ -302,22 +313,23 @@ pub fn dockerfile_spec(path: Option<&Path>) -> Result<(DockerfileSpec, String)> 
                     path.display()
                 )
             })?;
-            if !meta.is_file() {
-                bail!(
-                    "--dockerfile {} is not a regular file (a directory, FIFO or device): give the path of a Dockerfile",
-                    path.display()
-                );
-            }
-            if meta.len() > DOCKERFILE_MAX {
+            if meta.is_file() && meta.len() > DOCKERFILE_MAX {
                 bail!(
                     "--dockerfile {} is {} bytes, far more than any Dockerfile: give the path of a Dockerfile",
                     path.display(),
                     meta.len()
                 );
             }
-            let text = std::fs::read_to_string(path).with_context(|| {
+            // Checked again on the open descriptor, and read no further than the cap.
+            let bytes = crate::fsread::read_regular(path, DOCKERFILE_MAX).with_context(|| {
                 format!(
-                    "cannot read --dockerfile {}: give the path of a readable Dockerfile",
+                    "--dockerfile {}: give the path of a Dockerfile",
+                    path.display()
+                )
+            })?;
+            let text = String::from_utf8(bytes).map_err(|_| {
+                anyhow::anyhow!(
+                    "--dockerfile {} is not UTF-8 text: give the path of a Dockerfile",
                     path.display()
                 )
             })?;

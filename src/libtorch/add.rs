@@ -129,7 +129,7 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
         Bundled::Nccl(d) => Some(d.clone()),
         _ => None,
     };
-    let torch = torch_version(source);
+    let torch = torch_version(source)?;
     let cuda = torch
         .as_deref()
         .and_then(cuda_from_local_version)
@@ -189,19 +189,21 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
 }
 
 /// `2.8.0+cu128` from `version.py` (pip) or `build-version` (libtorch archive).
-fn torch_version(source: &Path) -> Option<String> {
-    if let Ok(text) = std::fs::read_to_string(source.join("version.py")) {
+fn torch_version(source: &Path) -> Result<Option<String>> {
+    // torch's version.py is a few lines; build-version one. Missing is fine; a FIFO, a
+    // device or a huge file there is an error.
+    if let Some(text) = crate::fsread::read_text_if_present(&source.join("version.py"), 64 << 10)? {
         let kv: BTreeMap<&str, &str> = text
             .lines()
             .filter_map(|l| l.split_once('='))
             .map(|(k, v)| (k.trim().split(':').next().unwrap_or("").trim(), v.trim()))
             .collect();
         if let Some(v) = kv.get("__version__") {
-            return Some(v.trim_matches(['\'', '"']).to_string());
+            return Ok(Some(v.trim_matches(['\'', '"']).to_string()));
         }
     }
-    let text = std::fs::read_to_string(source.join("build-version")).ok()?;
-    Some(text.trim().to_string()).filter(|s| !s.is_empty())
+    let text = crate::fsread::read_text_if_present(&source.join("build-version"), 4 << 10)?;
+    Ok(text.map(|t| t.trim().to_string()).filter(|s| !s.is_empty()))
 }
 
 /// `+cu128` → `12.8`, `+cu118` → `11.8`.

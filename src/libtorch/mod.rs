@@ -44,13 +44,15 @@ impl Variant {
     /// `.arch`: `key=value` lines (torch=, cuda=, archs=, source=). Missing file → empty.
     pub fn arch_metadata(&self) -> Result<BTreeMap<String, String>> {
         let path = self.dir.join(".arch");
-        match std::fs::read_to_string(&path) {
-            Ok(text) => Ok(parse_key_values(&text)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
-        }
+        Ok(crate::fsread::read_text_if_present(&path, ARCH_MAX)?
+            .map(|text| parse_key_values(&text))
+            .unwrap_or_default())
     }
 }
+
+/// `.arch` is a few `key=value` lines; `.active` one name.
+const ARCH_MAX: u64 = 64 << 10;
+const ACTIVE_MAX: u64 = 4 << 10;
 
 pub fn parse_key_values(text: &str) -> BTreeMap<String, String> {
     text.lines()
@@ -153,16 +155,12 @@ impl Libtorch {
     /// The variant `.active` names. Each way this can fail has its own message.
     pub fn active(&self) -> Result<Variant> {
         let file = self.active_file();
-        let text = match std::fs::read_to_string(&file) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(anyhow!(
-                    "no active libtorch: {} does not exist. {}",
-                    file.display(),
-                    self.activate_hint()
-                ))
-            }
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
+        let Some(text) = crate::fsread::read_text_if_present(&file, ACTIVE_MAX)? else {
+            return Err(anyhow!(
+                "no active libtorch: {} does not exist. {}",
+                file.display(),
+                self.activate_hint()
+            ));
         };
         let name = text.lines().next().unwrap_or("").trim();
         if name.is_empty() {
@@ -206,9 +204,18 @@ impl Libtorch {
         }
     }
 
-    pub fn active_name(&self) -> Option<String> {
-        let text = std::fs::read_to_string(self.active_file()).ok()?;
-        Some(text.lines().next()?.trim().to_string()).filter(|s| !s.is_empty())
+    /// The name `.active` holds; `None` where it is missing or empty. Anything there
+    /// that is not a small regular file is an error, never a hang.
+    pub fn active_name(&self) -> Result<Option<String>> {
+        let Some(text) = crate::fsread::read_text_if_present(&self.active_file(), ACTIVE_MAX)?
+        else {
+            return Ok(None);
+        };
+        Ok(text
+            .lines()
+            .next()
+            .map(|l| l.trim().to_string())
+            .filter(|s| !s.is_empty()))
     }
 
     /// Deletes variant `name`. A registered variant is a directory of links, so this
@@ -216,7 +223,7 @@ impl Libtorch {
     /// variant is not removed.
     pub fn remove(&self, name: &str) -> Result<Variant> {
         let variant = self.variant(name)?;
-        if self.active_name().as_deref() == Some(variant.name.as_str()) {
+        if self.active_name()?.as_deref() == Some(variant.name.as_str()) {
             bail!(
                 "{} is the active libtorch: activate another one first (`fdl libtorch activate <variant>`)",
                 variant.name
@@ -277,7 +284,7 @@ impl Libtorch {
 /// a variant being added. It waits, saying so, for the other holder.
 pub fn lock_variant(kind_dir: &Path, name: &str) -> Result<crate::lock::BuildLock> {
     crate::lock::acquire(
-        &crate::cache::cache_dir(),
+        &crate::cache::cache_dir()?,
         kind_dir,
         &format!("variant-{name}"),
         crate::lock::Wait::Yes,

@@ -111,7 +111,10 @@ fn system_search() -> &'static Result<SystemSearch, String> {
     static FACTS: OnceLock<Result<SystemSearch, String>> = OnceLock::new();
     FACTS.get_or_init(|| {
         let interp = own_interpreter().ok_or("fdl's own program names no ELF interpreter")?;
-        let text = cached_help(&interp, &crate::cache::cache_dir())?;
+        let text = cached_help(
+            &interp,
+            &crate::cache::cache_dir().map_err(|e| format!("{e:#}"))?,
+        )?;
         parse_ld_so_help(&text).ok_or_else(|| {
             format!(
                 "{} --help lists no system search path (glibc older than 2.33?)",

@@ -208,7 +208,7 @@ impl Backend for NativeBackend {
         let work = WorkDir::create(builds_dir, &plan.name)?;
         // Every path make puts into a recipe is a plain word, whatever the project root,
         // the source or the toolkit are called.
-        let mut aliases = plain::Aliases::new(&crate::cache::cache_dir())?;
+        let mut aliases = plain::Aliases::new(&crate::cache::cache_dir()?)?;
         let paths = Paths {
             entries: vec![
                 ("source", aliases.plain(&source)?),

@@ -56,8 +56,12 @@ pub fn parse_version_mk(text: &str) -> Result<NcclVersion, String> {
 /// The version of the NCCL tree at `dir`, or why it is not one.
 pub fn tree_version(dir: &Path) -> Result<NcclVersion, String> {
     let mk = dir.join("makefiles").join("version.mk");
-    let text =
-        std::fs::read_to_string(&mk).map_err(|_| "it has no makefiles/version.mk".to_string())?;
+    // NCCL's is a few lines; a FIFO, a device or a huge file there is named as such.
+    let text = match crate::fsread::read_text_if_present(&mk, 64 << 10) {
+        Ok(Some(text)) => text,
+        Ok(None) => return Err("it has no makefiles/version.mk".to_string()),
+        Err(e) => return Err(format!("{e:#}")),
+    };
     let version = parse_version_mk(&text).map_err(|e| format!("makefiles/version.mk: {e}"))?;
     for needed in ["Makefile", "src"] {
         if !dir.join(needed).exists() {

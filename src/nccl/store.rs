@@ -126,7 +126,13 @@ fn read_build(dir: &Path) -> Read {
     let path = dir.join(MANIFEST);
     match std::fs::symlink_metadata(&path) {
         Ok(m) if m.file_type().is_file() => {}
-        Ok(_) => return Read::Unreadable(format!("{} is not a regular file", path.display())),
+        Ok(m) => {
+            return Read::Unreadable(format!(
+                "{} is not a regular file ({})",
+                path.display(),
+                crate::fsread::kind_of(&m.file_type())
+            ))
+        }
         Err(_) => return Read::NotABuild(format!("it has no {MANIFEST}")),
     }
     match read_manifest(dir) {
@@ -313,15 +319,14 @@ impl BuildStore {
 const MANIFEST_MAX_BYTES: u64 = 4 << 20;
 
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
-    use std::io::Read as _;
     let path = dir.join(MANIFEST);
-    let mut text = String::new();
-    std::fs::File::open(&path)
-        .and_then(|f| f.take(MANIFEST_MAX_BYTES + 1).read_to_string(&mut text))
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    if text.len() as u64 > MANIFEST_MAX_BYTES {
-        bail!("{} is larger than any fdl manifest", path.display());
-    }
+    let bytes = crate::fsread::read_regular(&path, MANIFEST_MAX_BYTES)?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        anyhow!(
+            "{} is not UTF-8 text: it is no fdl manifest",
+            path.display()
+        )
+    })?;
     parse_manifest(&text).with_context(|| format!("{} cannot be read", path.display()))
 }
 

@@ -204,8 +204,9 @@ fn follow_chain(lib: &Path, start: &str) -> Result<String> {
 
 /// Reads `#define NCCL_MAJOR 2` etc. from `nccl.h`.
 pub fn parse_header_version(path: &Path) -> Result<NcclVersion> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|_| anyhow!("the build has no readable include/nccl.h"))?;
+    // NCCL's header is tens of KiB.
+    let text = crate::fsread::read_text_if_present(path, 4 << 20)?
+        .ok_or_else(|| anyhow!("the build has no include/nccl.h"))?;
     let get = |key: &str| -> Result<u32> {
         text.lines()
             .filter_map(|l| l.trim().strip_prefix("#define"))
@@ -227,8 +228,7 @@ pub fn rewrite_pc_prefix(pc: &Path, prefix: &Path) -> Result<()> {
     if !is_regular(pc) {
         bail!("{} is not a regular file", pc.display());
     }
-    let text =
-        std::fs::read_to_string(pc).with_context(|| format!("cannot read {}", pc.display()))?;
+    let text = crate::fsread::read_text(pc, 1 << 20)?;
     let old = text
         .lines()
         .find_map(|l| l.strip_prefix("prefix="))
