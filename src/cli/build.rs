@@ -40,8 +40,8 @@ pub struct BuildArgs {
     /// CUDA version, e.g. 12.8 or 12.8.1 (default: the libtorch's NCCL's, else 12.8)
     #[arg(long)]
     pub cuda: Option<String>,
-    /// Parallel compile jobs (default: cores, at most one per ~2 GiB of memory)
-    #[arg(long)]
+    /// Parallel compile jobs, 1 to 1024 (default: cores, at most one per ~2 GiB of memory)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub jobs: Option<u32>,
     /// Where to build
     #[arg(long, value_enum, default_value_t = BackendFlag::Auto)]

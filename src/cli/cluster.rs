@@ -146,16 +146,23 @@ const CLUSTER_ARCHS_HELP: &str =
     "GPU architectures, e.g. \"6.1;12.0\" (default: the union of every worker's GPUs)";
 const CLUSTER_CUDA_HELP: &str = "CUDA version, e.g. 12.8 (default: the CUDA of that libtorch's NCCL, unless a worker's driver cannot run it)";
 
+/// The longest `--timeout`: a day. Every duration fdl derives from it (a copy's limit is
+/// twenty times it) stays far from overflowing.
+const MAX_TIMEOUT: u64 = 86_400;
+
 #[derive(Debug, Args)]
 pub struct Common {
     /// The cluster overlay (default: fdl.cluster.yml in the project root, over fdl.yml)
     #[arg(long, value_name = "PATH")]
     pub file: Option<PathBuf>,
-    /// Seconds each worker gets to answer
-    #[arg(long, default_value_t = 30)]
+    /// Seconds each worker gets to answer, 1 to 86400 (a copy gets twenty times as long)
+    #[arg(long, default_value_t = 30, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT))]
     pub timeout: u64,
-    /// Workers reached at once
-    #[arg(long, default_value_t = 16, value_name = "N")]
+    /// Workers reached at once, 1 to 1024
+    #[arg(long, default_value_t = 16, value_name = "N",
+          value_parser = clap::builder::TypedValueParser::map(
+              clap::value_parser!(u16).range(1..=1024), usize::from))]
     pub parallel: usize,
 }
 
@@ -599,6 +606,11 @@ fn ship_cmd(
         Duration::from_secs(common.timeout.max(1)),
     )?;
     let (transport, own) = common.reach()?;
+    if !dry_run {
+        crate::process::set_interrupt_note(
+            "the copies under way were stopped (rsync, ssh and tar end with fdl). A worker may keep a partial copy in libtorch/nccl/builds/.incoming-<name>/ and installs nothing from it: rerun `fdl cluster ship` to resume",
+        );
+    }
     let live = !json && std::io::stderr().is_terminal();
     let done = |r: &ShipResult| {
         if live {

@@ -142,9 +142,15 @@ fn receive<T: serde::de::DeserializeOwned>(
 
 /// Makes the controller's fdl present on the worker.
 fn ensure_own_fdl(t: &Transport, w: &Worker, own: &OwnBinary, timeout: Duration) -> Result<()> {
+    // Present is not enough: a cached copy that is not these bytes (damaged, or planted)
+    // is replaced, as `status` replaces one that does not answer.
     let out = t.run(
         w,
-        &format!("test -x {}", own.remote_path_expr()),
+        &format!(
+            "b={}; test -x \"$b\" && [ \"$(sha256sum < \"$b\" | cut -d' ' -f1)\" = {} ]",
+            own.remote_path_expr(),
+            single_quote(&own.sha256)
+        ),
         None,
         timeout,
     )?;
@@ -219,34 +225,38 @@ fn ship_steps(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> 
     })
 }
 
-/// rsync's `-e` is split on spaces by rsync itself, honouring quotes: each word is
-/// quoted, and a word it cannot carry is refused rather than split.
+/// The host rsync is given: a fixed name, so no target (a config alias with a `/`, an
+/// IPv6 address, a name starting with `-`) is ever read by rsync as a local path, a port
+/// or an option. rsync hands it to its `-e` command, which drops it (see [`rsync_shell`]).
+pub const RSYNC_HOST: &str = "fdl-worker";
+
+/// The environment variable that carries the worker's real `ssh.target` to
+/// [`rsync_shell`]'s command: through the environment it needs no quoting at all.
+const TARGET_VAR: &str = "FDL_SSH_TARGET";
+
+/// rsync's `-e`: a `sh -c` that drops the host rsync passes ([`RSYNC_HOST`]) and runs
+/// `ssh <the worker's options> -- "$FDL_SSH_TARGET" <rsync's remote command>`. ssh gets
+/// the target exactly as `fdl cluster status` gives it (after `--`, so the user's
+/// `~/.ssh/config` aliases apply as in their shell). rsync splits `-e` itself, honouring
+/// quotes, where a doubled quote inside quotes is a literal one: every word is quoted
+/// that way, so any value passes.
 fn rsync_shell(t: &Transport, w: &Worker) -> Result<String> {
-    let mut words = vec!["ssh".to_string()];
+    let mut script = String::from("shift; exec ssh");
     for a in t.options(w) {
         let a = a
             .into_string()
             .map_err(|a| anyhow!("{} is not UTF-8", a.to_string_lossy()))?;
-        words.push(if !a.contains('\'') {
-            format!("'{a}'")
-        } else if !a.contains('"') {
-            format!("\"{a}\"")
-        } else {
-            bail!("an ssh setting holds both quote characters, which rsync cannot pass: {a}");
-        });
+        script.push(' ');
+        script.push_str(&single_quote(&a));
     }
-    Ok(words.join(" "))
+    script.push_str(&format!(" -T -- \"${TARGET_VAR}\" \"$@\""));
+    let rsync_quote = |w: &str| format!("'{}'", w.replace('\'', "''"));
+    Ok(format!("sh -c {} fdl-rsh", rsync_quote(&script)))
 }
 
-/// Hosts for rsync and the copy: `user@` is in the ssh options, an IPv6 address needs
-/// brackets.
-fn remote_spec(w: &Worker, path: &Path) -> OsString {
-    let host = if w.ssh.target.contains(':') {
-        format!("[{}]", w.ssh.target)
-    } else {
-        w.ssh.target.clone()
-    };
-    let mut s = OsString::from(format!("{host}:"));
+/// The destination for rsync: always [`RSYNC_HOST`], then the path.
+fn remote_spec(path: &Path) -> OsString {
+    let mut s = OsString::from(format!("{RSYNC_HOST}:"));
     s.push(path);
     s.push("/");
     s
@@ -260,9 +270,12 @@ fn rsync(t: &Transport, w: &Worker, from: &Path, to: &Path, timeout: Duration) -
         .arg(format!("--timeout={}", timeout.as_secs().max(5)))
         .arg("-e")
         .arg(rsync_shell(t, w)?)
+        .arg("--")
         .arg(src)
-        .arg(remote_spec(w, to));
+        .arg(remote_spec(to))
+        .env(TARGET_VAR, &w.ssh.target);
     let out = crate::process::output_within(&mut cmd, copy_limit(timeout))
+        .map_err(crate::process::lift)
         .context("cannot run rsync")?
         .ok_or_else(|| {
             anyhow!("the copy took too long and was stopped (rerun ship to resume it)")
@@ -308,14 +321,16 @@ fn tar_over_ssh(
     let to = to
         .to_str()
         .ok_or_else(|| anyhow!("{} is not UTF-8", to.display()))?;
-    let mut tar = Command::new("tar")
+    // tar dies with fdl as ssh does: its own process group, watched (see process::spawn).
+    let mut tar_cmd = Command::new("tar");
+    tar_cmd
         .arg("-C")
         .arg(from)
         .args(["-cf", "-", "."])
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("cannot run tar")?;
+        .stderr(Stdio::null());
+    let (mut tar, _tar_watch) = crate::process::spawn(&mut tar_cmd).context("cannot run tar")?;
     let stdout = tar.stdout.take().expect("piped");
     let script = format!(
         "find {q} -mindepth 1 -delete && tar -C {q} -xf -",
@@ -327,6 +342,7 @@ fn tar_over_ssh(
     let _ = tar.kill();
     let _ = tar.wait();
     let out = out
+        .map_err(crate::process::lift)
         .context("cannot run ssh")?
         .ok_or_else(|| anyhow!("the copy took too long and was stopped (rerun ship)"))?;
     if let Some(why) = ssh::connection_failure(&out) {

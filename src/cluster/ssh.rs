@@ -110,6 +110,8 @@ impl Transport {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 bail!("the ssh command was not found: install the OpenSSH client (openssh-client)")
             }
+            // An answer past the cap, or an interrupt: the child is ended already.
+            Err(e) if e.get_ref().is_some() => Err(crate::process::lift(e)),
             Err(e) => Err(e).context("cannot start ssh"),
         }
     }

@@ -1,0 +1,271 @@
+//! `fdl cluster` against a hostile or broken peer, without containers: a stand-in `ssh`
+//! first on PATH runs the remote command here, in a second project that plays the
+//! worker, and a stand-in `fdl` (first on PATH, or at the worker's cached-binary path)
+//! answers as a hostile worker would: endlessly, with escape sequences, after a banner.
+//! The stand-in ssh logs the host argument it was given, so the tests also see what
+//! rsync and ssh were asked to reach.
+
+mod common;
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// A stand-in `ssh`: skips the options fdl passes, logs the host, and runs the remote
+/// command with `sh -c` here (as sshd runs it in the login shell). `FAKE_SSH_BANNER`,
+/// when set, is printed first, as a chatty `.bashrc` would.
+const FAKE_SSH: &str = r#"#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o|-p|-l|-i|-F|-J|-E) shift 2 ;;
+    --) shift; break ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+printf '%s\n' "$1" >> "$FAKE_SSH_LOG"
+shift
+[ -n "$FAKE_SSH_BANNER" ] && printf '%s\n' "$FAKE_SSH_BANNER"
+exec sh -c "$*"
+"#;
+
+struct Peer {
+    /// The controller's project and cache.
+    f: BuildsFixture,
+    /// The worker's checkout.
+    worker: ProjectFixture,
+    /// Stand-ins first on PATH: ssh, and whatever a test adds.
+    bin: tempfile::TempDir,
+    log: PathBuf,
+    /// The controller's working directory (where rsync would write a "local" path).
+    cwd: tempfile::TempDir,
+}
+
+impl Peer {
+    fn new(target: &str) -> Peer {
+        let f = BuildsFixture::new(ProjectFixture::empty());
+        let worker = ProjectFixture::empty();
+        let bin = tempfile::tempdir().unwrap();
+        let log = bin.path().join("ssh.log");
+        script(&bin.path().join("ssh"), FAKE_SSH);
+        let cwd = tempfile::tempdir().unwrap();
+        let p = Peer {
+            f,
+            worker,
+            bin,
+            log,
+            cwd,
+        };
+        p.write_cluster(target);
+        p
+    }
+
+    fn write_cluster(&self, target: &str) {
+        std::fs::write(
+            self.f.project.root().join("fdl.cluster.yml"),
+            format!(
+                "cluster:\n  controller:\n    host: c\n    path: {}\n  workers:\n    - host: w1\n      path: {}\n      ssh:\n        target: \"{target}\"\n",
+                self.f.project.root().display(),
+                self.worker.root().display()
+            ),
+        )
+        .unwrap();
+    }
+
+    /// A stand-in for a tool on the "worker" (and controller: they share PATH here).
+    fn tool(&self, name: &str, body: &str) {
+        script(&self.bin.path().join(name), body);
+    }
+
+    fn fdl(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("fdl"));
+        cmd.arg("--root")
+            .arg(self.f.project.root())
+            .current_dir(self.cwd.path())
+            .env_remove("FDL_ROOT")
+            .env("XDG_CACHE_HOME", self.f.cache.path())
+            .env("PATH", path_with(self.bin.path()))
+            .env("FAKE_SSH_LOG", &self.log);
+        cmd
+    }
+
+    fn hosts_reached(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The controller's one build, installed through the real pipeline.
+    fn build(&self) -> String {
+        let tree = self.f.tree("nccl", (2, 27, 5), &[61, 120]);
+        self.f.install(&tree, "v2.27.5-1", "6.1;12.0").unwrap()
+    }
+}
+
+fn script(path: &Path, body: &str) {
+    std::fs::write(path, body).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Bytes under `dir`, recursively.
+fn du(dir: &Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let m = e.metadata().unwrap();
+        n += if m.is_dir() { du(&e.path()) } else { m.len() };
+    }
+    n
+}
+
+/// A worker whose fdl answers `cluster self` endlessly: the controller keeps at most its
+/// cap in memory, writes nothing to its temp directory, ends the child at once and calls
+/// the worker red with "answer too large" — well before the timeout.
+#[test]
+fn an_endless_answer_is_cut_at_the_cap_and_named() {
+    let p = Peer::new("w1");
+    p.tool(
+        "fdl",
+        "#!/bin/sh\nexec yes 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'\n",
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let out = p
+        .fdl()
+        .args(["cluster", "status", "--json", "--timeout", "60"])
+        .env("TMPDIR", tmp.path())
+        .output()
+        .unwrap();
+    let took = start.elapsed();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)));
+    let error = v["workers"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("answer too large"), "{v}");
+    assert_eq!(v["state"], "red", "{v}");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(du(tmp.path()) < 1 << 20, "temp grew to {}", du(tmp.path()));
+}
+
+/// Numbers from the command line are checked when parsed: a timeout that would overflow
+/// a duration is a usage error (exit 2), never a panic, for every command that has one.
+#[test]
+fn numeric_flags_out_of_range_are_usage_errors() {
+    let p = Peer::new("w1");
+    for args in [
+        &["cluster", "ship", "--timeout", "18446744073709551615"][..],
+        &["cluster", "status", "--timeout", "0"],
+        &["cluster", "status", "--timeout", "86401"],
+        &["cluster", "env", "--parallel", "0"],
+        &["cluster", "ship", "--parallel", "99999999999999999999"],
+        &["cluster", "plan", "--jobs", "0"],
+        &["nccl", "build", "--dry-run", "--jobs", "4294967295"],
+    ] {
+        let out = p.fdl().args(args).output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("invalid value"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// An `ssh.target` with a `/` is a valid OpenSSH alias. rsync must not read
+/// `nodes/a:/…` as a local path (it would write the build, with --delete, under the
+/// controller's working directory): rsync reaches a fixed host name, ssh gets the target.
+#[test]
+fn a_target_with_a_slash_reaches_the_worker_over_rsync() {
+    let p = Peer::new("nodes/a");
+    let name = p.build();
+    let out = p
+        .fdl()
+        .args(["cluster", "ship", &name, "--timeout", "30"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("copied with rsync"),
+        "{}",
+        text(&out.stdout)
+    );
+    let installed = p
+        .worker
+        .root()
+        .join("libtorch/nccl/builds")
+        .join(&name)
+        .join("lib/libnccl.so.2");
+    assert!(installed.exists(), "{}", text(&out.stdout));
+    let left: Vec<_> = std::fs::read_dir(p.cwd.path()).unwrap().collect();
+    assert!(left.is_empty(), "rsync wrote locally: {left:?}");
+    // Every connection, rsync's included, named the target itself to ssh.
+    let hosts = p.hosts_reached();
+    assert!(!hosts.is_empty());
+    assert!(hosts.iter().all(|h| h == "nodes/a"), "{hosts:?}");
+}
+
+/// SIGTERM while ship's rsync runs: the rsync ends with fdl (it runs in its own process
+/// group under the watchdog, as build steps do), and the message says what happened to
+/// the copy instead of claiming that everything was cleaned up.
+#[test]
+fn sigterm_during_ship_ends_the_copy_and_says_so() {
+    let p = Peer::new("w1");
+    let name = p.build();
+    let pid_file = p.bin.path().join("rsync.pid");
+    p.tool(
+        "rsync",
+        &format!(
+            "#!/bin/sh\necho $$ > '{}'\nexec sleep 60\n",
+            pid_file.display()
+        ),
+    );
+    let mut child = p
+        .fdl()
+        .args(["cluster", "ship", &name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pid: i32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "rsync never started");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "fdl ended before rsync"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let err = text(&out.stderr);
+    let gone = Instant::now() + Duration::from_secs(5);
+    while unsafe { libc::kill(pid, 0) } == 0 {
+        assert!(
+            Instant::now() < gone,
+            "rsync ({pid}) outlived fdl; fdl said: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !err.contains("everything this run started was cleaned up"),
+        "{err}"
+    );
+    assert!(err.contains("rerun `fdl cluster ship` to resume"), "{err}");
+}
