@@ -11,7 +11,19 @@ fn main() -> ExitCode {
     }
     let cli = fdl::cli::Cli::parse();
     fdl::process::install_interrupt_handler();
-    match fdl::cli::run(cli) {
+    let result = fdl::cli::run(cli);
+    // Output that could not be written (`> /dev/full`) is a failure of the command, said
+    // once, whatever else happened.
+    if let Err(e) = fdl::cli::finish_stdout() {
+        eprintln!(
+            "{} cannot write the output to stdout: {e}",
+            paint_err("error:", Color::Red)
+        );
+        if result.is_ok() {
+            return ExitCode::FAILURE;
+        }
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         // An interrupt surfaces through whatever step was running; say only that.
         Err(e) => match e.downcast_ref::<fdl::process::Interrupted>() {

@@ -321,8 +321,8 @@ pub(super) fn run_with(
         if args.json {
             print_json(&json!({ "dry_run": true, "plan": plan, "commands": commands }));
         } else {
-            print!("{}", render_plan(&plan, &commands));
-            println!("Dry run: nothing was built, written or started.");
+            out!("{}", render_plan(&plan, &commands));
+            outln!("Dry run: nothing was built, written or started.");
         }
         if !plan.problems.is_empty() {
             let e = anyhow::anyhow!(
@@ -444,13 +444,13 @@ fn report(outcome: &Outcome, json_out: bool) {
         return;
     }
     match status {
-        "already_built" => println!(
+        "already_built" => outln!(
             "Already built from the same plan ({}): {}\nNothing to do.",
             manifest.built_at,
             dir.display()
         ),
-        "replaced" => println!("Rebuilt and replaced: {}", dir.display()),
-        _ => println!(
+        "replaced" => outln!("Rebuilt and replaced: {}", dir.display()),
+        _ => outln!(
             "{} {}",
             paint(
                 &format!("Built NCCL {}:", manifest.checked.header_version),
@@ -460,11 +460,11 @@ fn report(outcome: &Outcome, json_out: bool) {
         ),
     }
     match &preload {
-        Ok(p) => println!(
+        Ok(p) => outln!(
             "\nWire it with `eval \"$(fdl nccl env {name})\"`, or in a worker's env: block in fdl.cluster.yml:\n  LD_PRELOAD: {}",
             super::manage::yaml_quote(&p.to_string_lossy())
         ),
-        Err(why) => println!("\nNo LD_PRELOAD value for it: {why}"),
+        Err(why) => outln!("\nNo LD_PRELOAD value for it: {why}"),
     }
 }
 

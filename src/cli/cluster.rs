@@ -223,7 +223,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             if json {
                 print_json(&json!({ "ld_preload": path }));
             } else {
-                println!("{}", path.display());
+                outln!("{}", path.display());
             }
             Ok(())
         }
@@ -340,15 +340,15 @@ fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
             "state": if !red.is_empty() { "red" } else if !unknown.is_empty() { "unknown" } else { "ok" },
         }));
     } else {
-        print!("{}", render_status(&workers));
-        println!("Verdicts:");
+        out!("{}", render_status(&workers));
+        outln!("Verdicts:");
         for v in &verdicts {
             let mark = match v.state {
                 status::State::Ok => paint("ok     ", Color::Green),
                 status::State::Red => paint("RED    ", Color::Red),
                 status::State::Unknown => paint("unknown", Color::Yellow),
             };
-            println!("  {mark} {:<9} {}", v.name, super::clean(&v.detail));
+            outln!("  {mark} {:<9} {}", v.name, super::clean(&v.detail));
         }
     }
     if !red.is_empty() {
@@ -547,11 +547,11 @@ fn env_cmd(
             })).collect::<Vec<_>>(),
         })),
         EnvFormat::Yaml => {
-            println!("# fdl never edits your cluster file: paste each block under its worker.");
-            println!("# Build {name} ({why}); it must be at that path on each worker.");
+            outln!("# fdl never edits your cluster file: paste each block under its worker.");
+            outln!("# Build {name} ({why}); it must be at that path on each worker.");
             for (w, p) in &entries {
-                println!("\n# worker {}", super::manage::comment_text(&w.host));
-                println!("env:\n  LD_PRELOAD: {}", super::manage::yaml_quote(p));
+                outln!("\n# worker {}", super::manage::comment_text(&w.host));
+                outln!("env:\n  LD_PRELOAD: {}", super::manage::yaml_quote(p));
             }
         }
     }
@@ -632,10 +632,10 @@ fn ship_cmd(
             "ok": failed.is_empty(),
         }));
     } else {
-        println!("Ship {name} (sha256 {}):", &req.digest[..12]);
+        outln!("Ship {name} (sha256 {}):", &req.digest[..12]);
         for r in &results {
             let line = format!("  {:<12} {}  {}", r.host, describe(&r.outcome), r.dir);
-            println!(
+            outln!(
                 "{}",
                 if r.outcome.ok() {
                     line
@@ -645,7 +645,7 @@ fn ship_cmd(
             );
         }
         if dry_run {
-            println!("Dry run: nothing was copied or changed.");
+            outln!("Dry run: nothing was copied or changed.");
         }
     }
     if !failed.is_empty() {

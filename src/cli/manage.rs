@@ -36,10 +36,10 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
         return Ok(());
     }
     if let Some(note) = project.fallback_note() {
-        println!("Note: {note}.");
+        outln!("Note: {note}.");
     }
     if entries.is_empty() {
-        println!(
+        outln!(
             "No NCCL builds in {}. Make one with `fdl nccl build`.",
             store.dir.display()
         );
@@ -119,16 +119,16 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
                 }
             })
             .collect();
-        println!("{}", cells.join("  ").trim_end());
+        outln!("{}", cells.join("  ").trim_end());
     }
     for (name, note) in notes {
-        println!("{name}  {note}");
+        outln!("{name}  {note}");
     }
     if entries
         .iter()
         .any(|e| matches!(e, Entry::Build { manifest, .. } if manifest.plan.only_funcs.is_some()))
     {
-        println!("* development build (--only-funcs): not a full NCCL");
+        outln!("* development build (--only-funcs): not a full NCCL");
     }
     Ok(())
 }
@@ -182,7 +182,7 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
         })?;
         let dir = store.remove(&lock)?;
         store.sweep_leftovers(&lock);
-        println!("Removed {}", dir.display());
+        outln!("Removed {}", dir.display());
     }
     Ok(())
 }
@@ -211,15 +211,15 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
     ));
     match format {
         EnvFormat::Shell => {
-            println!("# {comment}");
-            println!(
+            outln!("# {comment}");
+            outln!(
                 "export LD_PRELOAD={}\"${{LD_PRELOAD:+:$LD_PRELOAD}}\"",
                 crate::step::single_quote(path)
             );
         }
         EnvFormat::Yaml => {
-            println!("# {comment}");
-            println!("env:\n  LD_PRELOAD: {}", yaml_quote(path));
+            outln!("# {comment}");
+            outln!("env:\n  LD_PRELOAD: {}", yaml_quote(path));
         }
         EnvFormat::Json => print_json(&json!({
             "build": name,

@@ -1,6 +1,26 @@
 //! The command line: argument definitions and dispatch. Each subcommand module gathers
 //! its inputs, calls the library, and renders text or one JSON object.
 
+/// `print!` for command output: a failed write (a full disk, `> /dev/full`) is recorded
+/// by [`write_out`] instead of panicking, and ends fdl with an error (see
+/// [`finish_stdout`]).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::write_out(format_args!($($arg)*))
+    };
+}
+
+/// `println!` for command output; see [`out!`].
+macro_rules! outln {
+    () => {
+        $crate::cli::write_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {{
+        $crate::cli::write_out(format_args!($($arg)*));
+        $crate::cli::write_out(format_args!("\n"));
+    }};
+}
+
 mod build;
 mod cluster;
 mod gpus;
@@ -263,7 +283,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
     match cli.command {
         Command::Nccl(NcclCommand::Build(args)) => build::run(project, args),
         Command::Nccl(NcclCommand::Dockerfile) => {
-            print!("{EMBEDDED_DOCKERFILE}");
+            out!("{EMBEDDED_DOCKERFILE}");
             Ok(())
         }
         Command::Nccl(NcclCommand::List { json }) => manage::list(project, json),
@@ -306,12 +326,15 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
         Command::Libtorch(cmd) => libtorch::run(project, cmd),
         Command::Cluster(cmd) => cluster::run(project, cmd),
         Command::Completions { shell } => {
+            // clap_complete panics on a failed write: generate in memory, write as all output.
+            let mut script = Vec::new();
             clap_complete::generate(
                 shell,
                 &mut visible(&<Cli as clap::CommandFactory>::command()),
                 "fdl",
-                &mut std::io::stdout(),
+                &mut script,
             );
+            out!("{}", String::from_utf8_lossy(&script));
             Ok(())
         }
         Command::Gpus { json } => gpus::run(json),
@@ -364,10 +387,42 @@ pub(crate) fn print_json(value: &serde_json::Value) {
     if let Some(obj) = value.as_object_mut() {
         obj.insert("schema".into(), JSON_SCHEMA.into());
     }
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(&value).expect("JSON values serialize")
     );
+}
+
+/// The first failed write to stdout; later output is dropped.
+static STDOUT_ERROR: std::sync::Mutex<Option<std::io::Error>> = std::sync::Mutex::new(None);
+
+/// Writes command output to stdout; a failure is kept for [`finish_stdout`], and nothing
+/// more is written after one.
+pub(crate) fn write_out(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut failed = STDOUT_ERROR.lock().unwrap_or_else(|e| e.into_inner());
+    if failed.is_some() {
+        return;
+    }
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        *failed = Some(e);
+    }
+}
+
+/// Flushes stdout and says whether all command output was written. A closed pipe never
+/// gets here (SIGPIPE ends fdl quietly, as any Unix tool); a full disk or a device that
+/// refuses writes does, as an error for `main` to report.
+pub fn finish_stdout() -> std::io::Result<()> {
+    use std::io::Write;
+    let flushed = std::io::stdout().lock().flush();
+    match STDOUT_ERROR
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+    {
+        Some(e) => Err(e),
+        None => flushed,
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
