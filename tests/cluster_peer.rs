@@ -79,9 +79,14 @@ impl Peer {
     }
 
     fn fdl(&self) -> std::process::Command {
+        self.fdl_in(self.f.project.root())
+    }
+
+    /// fdl in `root` (the worker's checkout, for its half of a command).
+    fn fdl_in(&self, root: &Path) -> std::process::Command {
         let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("fdl"));
         cmd.arg("--root")
-            .arg(self.f.project.root())
+            .arg(root)
             .current_dir(self.cwd.path())
             .env_remove("FDL_ROOT")
             .env("XDG_CACHE_HOME", self.f.cache.path())
@@ -268,4 +273,91 @@ fn sigterm_during_ship_ends_the_copy_and_says_so() {
         "{err}"
     );
     assert!(err.contains("rerun `fdl cluster ship` to resume"), "{err}");
+}
+
+/// `receive` installs a copy only as far as its manifest agrees with where it goes: one
+/// naming another build, or an `output_dir` outside any `libtorch/nccl/builds/<name>`,
+/// is refused and nothing is installed. The unedited copy installs.
+#[test]
+fn receive_refuses_a_manifest_that_names_another_build_or_place() {
+    let p = Peer::new("w1");
+    let name = p.build();
+    let builds = p.worker.root().join("libtorch/nccl/builds");
+    std::fs::create_dir_all(&builds).unwrap();
+    let receive = |as_name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let incoming = builds.join(format!(".incoming-{as_name}"));
+        let _ = std::fs::remove_dir_all(&incoming);
+        assert!(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(p.f.builds().join(&name))
+            .arg(&incoming)
+            .status()
+            .unwrap()
+            .success());
+        let manifest = incoming.join("fdl-build.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(&manifest, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+        let digest = fdl::cluster::receive::content_digest(&incoming).unwrap();
+        let out = p
+            .fdl_in(p.worker.root())
+            .args([
+                "cluster",
+                "receive",
+                "--install",
+                as_name,
+                "--digest",
+                &digest,
+            ])
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, _, err) = receive(&name, &|v| v["plan"]["output_dir"] = "/etc/evil".into());
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("its output_dir /etc/evil is not a libtorch/nccl/builds/"),
+        "{err}"
+    );
+    assert!(!builds.join(&name).exists());
+
+    let other = "v2.27.5-sm61";
+    let (code, _, err) = receive(other, &|_| {});
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("it names build '{name}', not '{other}'")),
+        "{err}"
+    );
+    assert!(!builds.join(other).exists());
+
+    let (code, _, err) = receive(&name, &|v| {
+        v["plan"]["output_dir"] = "/srv/a/libtorch/nccl/builds/../../../../etc".into()
+    });
+    assert_eq!(code, Some(1), "{err}");
+
+    let (code, out, err) = receive(&name, &|_| {});
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(builds.join(&name).join("lib/libnccl.so.2").exists());
+}
+
+/// `--digest` is checked as a sha256 before it is used: multi-byte characters there end
+/// in a clear error, never a panic from slicing inside a character.
+#[test]
+fn receive_refuses_a_digest_that_is_not_a_sha256() {
+    let p = Peer::new("w1");
+    let name = p.build();
+    let incoming = p.f.builds().join(format!(".incoming-{name}"));
+    std::fs::create_dir_all(&incoming).unwrap();
+    for digest in ["éééééééééééé", "ab", &"é".repeat(32), &"A".repeat(64)] {
+        let out = p
+            .fdl()
+            .args(["cluster", "receive", "--install", &name, "--digest", digest])
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{digest}: {err}");
+        assert!(!err.contains("panicked"), "{digest}: {err}");
+        assert!(err.contains("--digest must be a sha256"), "{digest}: {err}");
+    }
 }
