@@ -32,11 +32,14 @@ fn main() -> ExitCode {
                 ExitCode::from(130)
             }
             None if e.downcast_ref::<fdl::cli::Undecided>().is_some() => {
-                eprintln!("{} {e:#}", paint_err("unknown:", Color::Yellow));
+                // Errors quote files and workers: shown with their control characters escaped.
+                let e = fdl::cli::terminal_safe(&format!("{e:#}"));
+                eprintln!("{} {e}", paint_err("unknown:", Color::Yellow));
                 ExitCode::from(fdl::cli::EXIT_UNKNOWN)
             }
             None => {
-                eprintln!("{} {e:#}", paint_err("error:", Color::Red));
+                let e = fdl::cli::terminal_safe(&format!("{e:#}"));
+                eprintln!("{} {e}", paint_err("error:", Color::Red));
                 ExitCode::FAILURE
             }
         },

@@ -361,3 +361,75 @@ fn receive_refuses_a_digest_that_is_not_a_sha256() {
         assert!(err.contains("--digest must be a sha256"), "{digest}: {err}");
     }
 }
+
+/// A worker whose fdl lies with escape sequences and forged lines in its report (GPU
+/// name, driver, libtorch): `cluster status` prints them escaped, so nothing retitles or
+/// clears the terminal or adds an "ok" line; JSON carries them as JSON escapes.
+#[test]
+fn escape_sequences_from_a_worker_are_printed_escaped() {
+    let p = Peer::new("w1");
+    // A genuine report of this host, as the skeleton of the lie.
+    let smi = fake_nvidia_smi("0, NVIDIA GeForce RTX 3090, 8.6, 24576\n", 0);
+    let out = p
+        .fdl_in(p.worker.root())
+        .args(["cluster", "self", "--json"])
+        .env("PATH", path_with(smi.path()))
+        .output()
+        .unwrap();
+    let mut report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    report["gpus"]["known"][0]["name"] = "\u{1b}]0;pwned\u{7}RTX\u{1b}[2J".into();
+    report["driver"] =
+        serde_json::json!({ "known": { "version": "\u{1b}[1A\rok     all good\n", "cuda": null } });
+    report["libtorch"] = serde_json::json!({ "unknown": "\u{9b}31m\u{202e}evil" });
+    let answer = p.bin.path().join("answer.json");
+    std::fs::write(&answer, report.to_string()).unwrap();
+    p.tool("fdl", &format!("#!/bin/sh\ncat '{}'\n", answer.display()));
+    let out = p.fdl().args(["cluster", "status"]).output().unwrap();
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("RTX"), "{stdout}{}", text(&out.stderr));
+    for bad in ['\u{1b}', '\u{7}', '\r', '\u{9b}', '\u{202e}'] {
+        assert!(!stdout.contains(bad), "{bad:?} in: {stdout:?}");
+        assert!(!text(&out.stderr).contains(bad), "{bad:?} in stderr");
+    }
+    assert!(stdout.contains("\\u{1b}]0;pwned\\u{7}RTX"), "{stdout}");
+    assert!(!stdout.contains("\nok     all good"), "{stdout}");
+    let out = p
+        .fdl()
+        .args(["cluster", "status", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["workers"][0]["report"]["gpus"]["known"][0]["name"],
+        "\u{1b}]0;pwned\u{7}RTX\u{1b}[2J"
+    );
+}
+
+/// Strings from the cluster file reach the terminal escaped too: a worker path with an
+/// escape sequence, in status's table and ship's.
+#[test]
+fn escape_sequences_from_the_cluster_file_are_printed_escaped() {
+    let p = Peer::new("w1");
+    let name = p.build();
+    std::fs::write(
+        p.f.project.root().join("fdl.cluster.yml"),
+        "cluster:\n  controller:\n    host: c\n    path: /c\n  workers:\n    - host: \"w\\e]0;t\\a1\"\n      path: \"/no/such\\e[2J\\rdir\"\n",
+    )
+    .unwrap();
+    for args in [
+        &["cluster", "status"][..],
+        &["cluster", "ship", &name],
+        &["cluster", "ship", &name, "--dry-run"],
+    ] {
+        let out = p.fdl().args(args).output().unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(
+            stdout.contains("/no/such\\u{1b}[2J\\u{d}dir"),
+            "{args:?}: {stdout}"
+        );
+        for bad in ['\u{1b}', '\u{7}', '\r'] {
+            assert!(!stdout.contains(bad), "{args:?}: {bad:?} in {stdout:?}");
+            assert!(!stderr.contains(bad), "{args:?}: {bad:?} in {stderr:?}");
+        }
+    }
+}

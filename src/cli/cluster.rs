@@ -1,6 +1,6 @@
 //! `fdl cluster …`: the cluster file in, per-worker reports over SSH, verdicts out.
 
-use super::{paint, print_json, Color};
+use super::{clean, paint, print_json, Color};
 use crate::cluster::config::{self, Cluster};
 use crate::cluster::host::{self, Facts, SelfQuery};
 use crate::cluster::receive;
@@ -297,7 +297,7 @@ fn reports(cluster: &Cluster, common: &Common, quiet: bool) -> Result<Vec<Worker
             } else {
                 "answered"
             };
-            eprintln!("  {} ({}): {state}", w.host, w.target);
+            eprintln!("  {} ({}): {state}", clean(&w.host), clean(&w.target));
         }
     };
     Ok(status::query_all(
@@ -348,7 +348,7 @@ fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
                 status::State::Red => paint("RED    ", Color::Red),
                 status::State::Unknown => paint("unknown", Color::Yellow),
             };
-            outln!("  {mark} {:<9} {}", v.name, super::clean(&v.detail));
+            outln!("  {mark} {:<9} {}", v.name, clean(&v.detail));
         }
     }
     if !red.is_empty() {
@@ -373,7 +373,12 @@ fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
 fn render_status(workers: &[WorkerStatus]) -> String {
     let mut s = String::new();
     for w in workers {
-        s.push_str(&format!("{} ({}:{})\n", w.host, w.target, w.path));
+        s.push_str(&format!(
+            "{} ({}:{})\n",
+            clean(&w.host),
+            clean(&w.target),
+            clean(&w.path)
+        ));
         let Some(r) = &w.report else {
             // The error says what failed ("unreachable over SSH: …"); the hint, what next.
             let error = w.error.as_deref().unwrap_or("no answer");
@@ -384,11 +389,13 @@ fn render_status(workers: &[WorkerStatus]) -> String {
             };
             s.push_str(&format!(
                 "  {}\n",
-                paint(&format!("{error}{next}"), Color::Red)
+                paint(&clean(&format!("{error}{next}")), Color::Red)
             ));
             continue;
         };
-        let row = |s: &mut String, k: &str, v: String| s.push_str(&format!("  {k:<9} {v}\n"));
+        // Every value came from the worker: shown with its control characters escaped.
+        let row =
+            |s: &mut String, k: &str, v: String| s.push_str(&format!("  {k:<9} {}\n", clean(&v)));
         row(
             &mut s,
             "gpus",
@@ -457,25 +464,22 @@ fn render_status(workers: &[WorkerStatus]) -> String {
             },
         );
         if !r.coverage.is_empty() {
-            row(
-                &mut s,
-                "coverage",
-                r.coverage
-                    .iter()
-                    .map(|c| {
-                        let text = format!("GPU {}: {}", c.index, c.verdict);
-                        if c.covered {
-                            text
-                        } else {
-                            paint(
-                                &format!("GPU {}: NO CODE for {}", c.index, c.arch),
-                                Color::Red,
-                            )
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            );
+            let cells = r
+                .coverage
+                .iter()
+                .map(|c| {
+                    if c.covered {
+                        clean(&format!("GPU {}: {}", c.index, c.verdict))
+                    } else {
+                        paint(
+                            &clean(&format!("GPU {}: NO CODE for {}", c.index, c.arch)),
+                            Color::Red,
+                        )
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            s.push_str(&format!("  {:<9} {cells}\n", "coverage"));
         }
         if w.shipped_fdl {
             row(&mut s, "fdl", "shipped from the controller".into());
@@ -504,7 +508,7 @@ fn env_cmd(
         if path.chars().any(char::is_control) {
             bail!(
                 "worker {}'s path holds a control character: fix `path:` in the cluster file",
-                super::clean(&w.host)
+                clean(&w.host)
             );
         }
         entries.push((w, path));
@@ -527,7 +531,7 @@ fn env_cmd(
         for (&i, link) in needs_link.iter().zip(links) {
             match link {
                 Ok(p) => entries[i].1 = p,
-                Err(e) => failed.push(format!("{}: {e:#}", super::clean(&entries[i].0.host))),
+                Err(e) => failed.push(format!("{}: {e:#}", clean(&entries[i].0.host))),
             }
         }
         if !failed.is_empty() {
@@ -614,7 +618,7 @@ fn ship_cmd(
     let live = !json && std::io::stderr().is_terminal();
     let done = |r: &ShipResult| {
         if live {
-            eprintln!("  {}: {}", r.host, describe(&r.outcome));
+            eprintln!("  {}: {}", clean(&r.host), describe(&r.outcome));
         }
     };
     let results = ship::ship_all(&chosen, &transport, &own, &req, common.parallel, &done);
@@ -634,7 +638,12 @@ fn ship_cmd(
     } else {
         outln!("Ship {name} (sha256 {}):", &req.digest[..12]);
         for r in &results {
-            let line = format!("  {:<12} {}  {}", r.host, describe(&r.outcome), r.dir);
+            let line = format!(
+                "  {:<12} {}  {}",
+                clean(&r.host),
+                describe(&r.outcome),
+                clean(&r.dir)
+            );
             outln!(
                 "{}",
                 if r.outcome.ok() {
@@ -689,7 +698,8 @@ fn describe(o: &Outcome) -> String {
                 ""
             }
         ),
-        Outcome::Refused { why } => format!("refused: {why}"),
-        Outcome::Failed { why } => format!("FAILED: {why}"),
+        // The worker's words: escaped, so no answer can rewrite the table.
+        Outcome::Refused { why } => format!("refused: {}", clean(why)),
+        Outcome::Failed { why } => format!("FAILED: {}", clean(why)),
     }
 }

@@ -99,8 +99,12 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                         " "
                     };
                     match v.missing() {
-                        None => outln!("{mark} {}", v.name),
-                        Some(why) => outln!("{mark} {}  (files missing: {why})", v.name),
+                        None => outln!("{mark} {}", super::clean(&v.name)),
+                        Some(why) => outln!(
+                            "{mark} {}  (files missing: {})",
+                            super::clean(&v.name),
+                            super::clean(&why.to_string())
+                        ),
                     }
                 }
             }
@@ -209,12 +213,18 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 }));
                 return Ok(());
             }
-            outln!("{}  ({})", v.name, v.dir.display());
+            outln!(
+                "{}  ({})",
+                super::clean(&v.name),
+                super::clean(&v.dir.display().to_string())
+            );
             if !meta.is_empty() {
                 outln!("  recorded in .arch when it was added:");
                 let width = meta.keys().map(String::len).max().unwrap_or(0);
                 for (k, val) in &meta {
                     let val = if val.is_empty() { "none" } else { val.as_str() };
+                    // .arch is a file in the project: its text is shown escaped.
+                    let (k, val) = (super::clean(k), super::clean(val));
                     outln!("    {k:<width$}  {val}");
                 }
             }
@@ -225,12 +235,17 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 Some(Ok(None)) => {
                     outln!("  NCCL now: none: {} is not an ELF file", lib.display())
                 }
-                Some(Err(e)) => outln!("  NCCL now: cannot tell: {e}"),
+                Some(Err(e)) => outln!("  NCCL now: cannot tell: {}", super::clean(&e.to_string())),
                 None => outln!("  NCCL now: no {}", lib.display()),
             }
             match &code {
                 Some(Ok(_)) => ins::print_coverage(&rows, &targets),
-                Some(Err(e)) => outln!("  gpu code cannot be read: {e}"),
+                Some(Err(e)) => {
+                    outln!(
+                        "  gpu code cannot be read: {}",
+                        super::clean(&e.to_string())
+                    )
+                }
                 None => {}
             }
             Ok(())

@@ -1,6 +1,6 @@
 //! `fdl nccl list|remove|env`: seeing, deleting and wiring builds.
 
-use super::{paint, print_json, Color};
+use super::{clean, paint, print_json, Color};
 use crate::libtorch::Libtorch;
 use crate::lock::Wait;
 use crate::nccl::store::{BuildName, BuildStore, Entry, Existing, Manifest};
@@ -85,22 +85,27 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
                     plan.backend.kind().to_string(),
                     indicatif::HumanBytes(*size_bytes).to_string(),
                     manifest.built_at.clone(),
-                ]);
+                ]
+                // From the manifest, a file anyone who could write the build wrote.
+                .into_iter()
+                .map(|c| clean(&c))
+                .collect());
             }
             Entry::Partial { name, what } => notes.push((
-                name.clone(),
-                paint(&format!("partial: {what}"), Color::Yellow),
+                clean(name),
+                paint(&clean(&format!("partial: {what}")), Color::Yellow),
             )),
             Entry::Unreadable { name, why } => notes.push((
-                name.clone(),
+                clean(name),
                 paint(
-                    &format!("unreadable: {why} (remove it with `fdl nccl remove {name}`, or rebuild with --force)"),
+                    &clean(&format!("unreadable: {why} (remove it with `fdl nccl remove {name}`, or rebuild with --force)")),
                     Color::Red,
                 ),
             )),
-            Entry::Broken { name, why } => {
-                notes.push((name.clone(), paint(&format!("broken: {why}"), Color::Red)))
-            }
+            Entry::Broken { name, why } => notes.push((
+                clean(name),
+                paint(&clean(&format!("broken: {why}")), Color::Red),
+            )),
         }
     }
     let widths: Vec<usize> = (0..rows[0].len())

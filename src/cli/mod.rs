@@ -387,10 +387,22 @@ pub(crate) fn print_json(value: &serde_json::Value) {
     if let Some(obj) = value.as_object_mut() {
         obj.insert("schema".into(), JSON_SCHEMA.into());
     }
-    outln!(
-        "{}",
-        serde_json::to_string_pretty(&value).expect("JSON values serialize")
-    );
+    let text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
+    // serde_json leaves C1 controls and bidi overrides raw inside strings: write them as
+    // JSON escapes, so the output is terminal-safe as it is (see terminal_safe).
+    let text: String = text
+        .chars()
+        .map(|c| {
+            if (c.is_control() && c != '\n')
+                || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+            {
+                format!("\\u{:04x}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect();
+    outln!("{text}");
 }
 
 /// The first failed write to stdout; later output is dropped.
@@ -404,9 +416,45 @@ pub(crate) fn write_out(args: std::fmt::Arguments) {
     if failed.is_some() {
         return;
     }
-    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+    let text = terminal_safe(&std::fmt::format(args));
+    if let Err(e) = std::io::stdout().lock().write_all(text.as_bytes()) {
         *failed = Some(e);
     }
+}
+
+/// The backstop under [`clean`] for whole lines of output: every control character but
+/// newline and tab is escaped, except fdl's own colour codes (`ESC [ digits m`, which
+/// only colour text). Fields from outside are cleaned where they are printed (that also
+/// escapes their newlines, so no line can be forged); this catches the rest, so no
+/// output of fdl can retitle, clear or move about the user's terminal.
+pub fn terminal_safe(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let is_sgr = |at: usize| {
+        let rest = &bytes[at..];
+        rest.len() >= 3 && rest[1] == b'[' && {
+            let n = rest[2..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit() || **b == b';')
+                .count();
+            rest.get(2 + n) == Some(&b'm')
+        }
+    };
+    let needs = text.char_indices().any(|(i, c)| {
+        (c.is_control() && c != '\n' && c != '\t' && !(c == '\x1b' && is_sgr(i)))
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    });
+    if !needs {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    for (i, c) in text.char_indices() {
+        if c == '\n' || c == '\t' || (c == '\x1b' && is_sgr(i)) {
+            out.push(c);
+        } else {
+            out.push_str(&clean(c.encode_utf8(&mut [0; 4])));
+        }
+    }
+    out
 }
 
 /// Flushes stdout and says whether all command output was written. A closed pipe never
