@@ -368,3 +368,74 @@ pub fn ship_all(
 ) -> Vec<ShipResult> {
     super::in_parallel(workers, parallel, |w| ship_one(t, w, own, req), on_done)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::config::SshSettings;
+
+    /// rsync's own splitting of `-e`, then `sh -c`, hand ssh every option word as it was
+    /// written (quotes, backslashes, `$`) and the target after `--`, whatever it holds.
+    #[test]
+    fn rsyncs_ssh_gets_the_options_and_the_target_verbatim() {
+        if crate::native::on_path("rsync").is_none() {
+            eprintln!("rsync is not installed: skipped");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("args");
+        let ssh = dir.path().join("ssh");
+        std::fs::write(
+            &ssh,
+            format!(
+                "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done > '{}'\nexit 1\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let option = r#"ProxyCommand=nc 'a b' "c d" \e $HOME `x` ''"#;
+        let target = "-nodes/a b:'c\"";
+        let w = Worker {
+            host: "w".into(),
+            path: "/srv".into(),
+            arch: None,
+            ssh: SshSettings {
+                target: target.into(),
+                options: vec![option.into()],
+                ..Default::default()
+            },
+            env: Default::default(),
+            docker: None,
+        };
+        let t = Transport {
+            control_dir: dir.path().join("c"),
+            connect_timeout: Duration::from_secs(5),
+        };
+        std::fs::create_dir(dir.path().join("src")).unwrap();
+        let path = format!(
+            "{}:{}",
+            dir.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let status = Command::new("rsync")
+            .args(["-a", "-e", &rsync_shell(&t, &w).unwrap(), "--"])
+            .arg(dir.path().join("src/"))
+            .arg(remote_spec(Path::new("/x")))
+            .env("PATH", path)
+            .env(TARGET_VAR, target)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(!status.success());
+        let args = std::fs::read_to_string(&log).unwrap();
+        let args: Vec<&str> = args.lines().collect();
+        assert_eq!(&args[..2], ["-o", option]);
+        let dashes = args.iter().position(|a| *a == "--").unwrap();
+        assert_eq!(args[dashes + 1], target);
+        assert_eq!(args[dashes + 2], "rsync");
+        assert!(!args.contains(&RSYNC_HOST));
+    }
+}
