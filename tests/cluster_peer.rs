@@ -433,3 +433,125 @@ fn escape_sequences_from_the_cluster_file_are_printed_escaped() {
         }
     }
 }
+
+/// A banner or motd printed by the worker's shell before fdl's JSON is named as such,
+/// for status and ship alike, instead of "no report" and a pointless upload.
+#[test]
+fn a_banner_before_the_answer_is_named() {
+    let p = Peer::new("w1");
+    let name = p.build();
+    let out = p
+        .fdl()
+        .args(["cluster", "status", "--json"])
+        .env("FAKE_SSH_BANNER", "Welcome to node-a!\nLast login: today")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let error = v["workers"][0]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("printed 2 lines before fdl's answer, starting 'Welcome to node-a!'")
+            && error.contains("banner or motd"),
+        "{v}"
+    );
+    assert_eq!(v["workers"][0]["shipped_fdl"], false, "{v}");
+    let out = p
+        .fdl()
+        .args(["cluster", "ship", &name, "--dry-run"])
+        .env("FAKE_SSH_BANNER", "Welcome to node-a!")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains("banner or motd"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+/// A cached remote fdl that is not the controller's bytes (damaged, or planted by
+/// someone who can write the worker's cache) is replaced by ship, as status replaces
+/// one that does not answer; it is never run.
+#[test]
+fn ship_replaces_a_cached_fdl_that_fails_its_checksum() {
+    let p = Peer::new("w1");
+    let name = p.build();
+    let own = assert_cmd::cargo::cargo_bin("fdl");
+    let sha = fdl::cache::sha256_file(&own).unwrap();
+    let cached = p.f.cache.path().join(format!("fdl/bin/fdl-{}", &sha[..16]));
+    std::fs::create_dir_all(cached.parent().unwrap()).unwrap();
+    let ran = p.bin.path().join("planted-ran");
+    script(
+        &cached,
+        &format!("#!/bin/sh\ntouch '{}'\necho '{{}}'\n", ran.display()),
+    );
+    let out = p
+        .fdl()
+        .args(["cluster", "ship", &name, "--dry-run"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(text(&out.stdout).contains("would copy with rsync"));
+    assert_eq!(fdl::cache::sha256_file(&cached).unwrap(), sha);
+    assert!(!ran.exists(), "the planted fdl was run");
+}
+
+/// Build names are checked when the command line is parsed: one over 255 bytes is a
+/// usage error before the cluster file, a lock or a plan is touched.
+#[test]
+fn a_build_name_over_255_bytes_is_a_usage_error() {
+    let p = Peer::new("w1");
+    std::fs::write(p.f.project.root().join("fdl.cluster.yml"), "not: [valid").unwrap();
+    let long = format!("v{}", "a".repeat(300));
+    for args in [
+        &["cluster", "ship", long.as_str()][..],
+        &["cluster", "env", &long],
+        &["nccl", "remove", "--yes", &long],
+        &["nccl", "verify", &long],
+        &["nccl", "env", &long],
+    ] {
+        let out = p.fdl().args(args).output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}: {err}", args[1]);
+        assert!(err.contains("at most 255 bytes"), "{}: {err}", args[1]);
+    }
+}
+
+/// A build whose name starts with `-` reaches the worker's fdl as a name, never as an
+/// option.
+#[test]
+fn a_name_starting_with_a_dash_reaches_the_worker_as_a_name() {
+    let p = Peer::new("w1");
+    let name = p.build();
+    let dashed = "-x";
+    let dir = p.f.builds().join(dashed);
+    assert!(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(p.f.builds().join(&name))
+        .arg(&dir)
+        .status()
+        .unwrap()
+        .success());
+    let manifest = dir.join("fdl-build.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    v["plan"]["name"] = dashed.into();
+    v["plan"]["output_dir"] = dir.to_str().unwrap().into();
+    std::fs::write(&manifest, v.to_string()).unwrap();
+    let out = p
+        .fdl()
+        .args(["cluster", "ship", "--dry-run", "--", dashed])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(text(&out.stdout).contains("would copy with rsync"));
+}

@@ -63,6 +63,7 @@ pub enum ClusterCommand {
     #[command(after_help = "Example:\n  fdl cluster env v2.27.5-sm61-sm120")]
     Env {
         /// A build of this project (default: as `fdl nccl env` picks)
+        #[arg(value_parser = super::build_name_arg)]
         build: Option<String>,
         #[command(flatten)]
         common: Common,
@@ -80,6 +81,7 @@ pub enum ClusterCommand {
     )]
     Ship {
         /// A build of this project (default: as `fdl nccl env` picks)
+        #[arg(value_parser = super::build_name_arg)]
         build: Option<String>,
         /// Only these workers (their `host:` names, comma-separated)
         #[arg(long, value_delimiter = ',', value_name = "A,B")]
@@ -100,13 +102,15 @@ pub enum ClusterCommand {
     #[command(hide = true)]
     Receive {
         /// Say what is at the build's place
-        #[arg(long, value_name = "NAME", conflicts_with = "install")]
+        #[arg(long, value_name = "NAME", conflicts_with = "install",
+              value_parser = super::build_name_arg, allow_hyphen_values = true)]
         state: Option<String>,
         /// With --state: also make .incoming-<name>/ for the copy
         #[arg(long, requires = "state")]
         prepare: bool,
         /// Verify and install the copy in .incoming-<name>/
-        #[arg(long, value_name = "NAME", requires = "digest")]
+        #[arg(long, value_name = "NAME", requires = "digest",
+              value_parser = super::build_name_arg, allow_hyphen_values = true)]
         install: Option<String>,
         /// With --install: the sha256 the copy must have
         #[arg(long)]
@@ -120,6 +124,7 @@ pub enum ClusterCommand {
     #[command(hide = true)]
     Link {
         /// The build's name
+        #[arg(value_parser = super::build_name_arg)]
         build: String,
         /// Print one JSON object
         #[arg(long)]

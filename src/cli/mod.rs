@@ -149,6 +149,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
     )]
     Verify {
         /// Default: every build
+        #[arg(value_parser = build_name_arg)]
         build: Option<String>,
         /// Print one JSON object (the exit status still says whether all passed)
         #[arg(long)]
@@ -165,7 +166,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
     #[command(after_help = "Example:\n  fdl nccl remove v2.27.5-sm61-sm120 --yes")]
     Remove {
         /// Build names as `fdl nccl list` shows them
-        #[arg(required = true)]
+        #[arg(required = true, value_parser = build_name_arg)]
         builds: Vec<String>,
         /// Do not ask
         #[arg(long, short)]
@@ -181,6 +182,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
     Env {
         /// A build as `fdl nccl list` names it (default: the newest matching the active
         /// libtorch's NCCL)
+        #[arg(value_parser = build_name_arg)]
         build: Option<String>,
         /// How to print it: shell `export` lines, a YAML env: block, or JSON
         #[arg(long, value_enum, default_value_t = manage::EnvFormat::Shell)]
@@ -189,6 +191,15 @@ Without --tag the version is read from the active libtorch; without --archs the 
         #[arg(long, conflicts_with = "format")]
         json: bool,
     },
+}
+
+/// A build name from the command line, checked as clap parses it: a name no build can
+/// have (over 255 bytes, a path, a hidden name) is a usage error before any file, lock
+/// or plan is touched.
+pub(crate) fn build_name_arg(s: &str) -> std::result::Result<String, String> {
+    crate::nccl::store::BuildName::parse(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("{}", clean(&e.to_string())))
 }
 
 /// An error from a command that works in a project: it says which root was used and

@@ -143,7 +143,7 @@ pub fn install(
     }
     let store = BuildStore::new(builds_dir.to_path_buf());
     let incoming = builds_dir.join(format!("{INCOMING_PREFIX}{}", name.as_str()));
-    let lock = store.lock(&name, cache, Wait::No, &|_| {})?;
+    let lock = store.lock(&name, cache, Wait::Never, &|_| {})?;
     let got = content_digest(&incoming)?;
     if got != digest {
         bail!(

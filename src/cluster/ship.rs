@@ -122,6 +122,9 @@ fn receive<T: serde::de::DeserializeOwned>(
             w.path
         );
     }
+    if let Some(why) = ssh::banner(&out.stdout) {
+        bail!("{why}");
+    }
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         let v: Option<serde_json::Value> = serde_json::from_str(text.trim()).ok();
@@ -136,8 +139,12 @@ fn receive<T: serde::de::DeserializeOwned>(
             });
         bail!("{why}");
     }
-    serde_json::from_str(text.trim())
-        .with_context(|| format!("the worker's fdl gave no answer: {}", text.trim()))
+    serde_json::from_str(text.trim()).with_context(|| {
+        format!(
+            "the worker's fdl gave no answer: '{}'",
+            text.trim().chars().take(200).collect::<String>()
+        )
+    })
 }
 
 /// Makes the controller's fdl present on the worker.
@@ -185,7 +192,9 @@ pub fn ship_one(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -
 
 fn ship_steps(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> Result<Outcome> {
     ensure_own_fdl(t, w, own, req.timeout)?;
-    let state: StateReport = receive(t, w, own, &["--state", req.name], req.timeout)?;
+    // `--state=NAME`: one word, so a name starting with `-` is a value, never an option.
+    let state_arg = format!("--state={}", req.name);
+    let state: StateReport = receive(t, w, own, &[&state_arg], req.timeout)?;
     let replace = match &state.place {
         Place::Absent => false,
         Place::Build { digest } if *digest == req.digest => return Ok(Outcome::AlreadyThere),
@@ -208,13 +217,15 @@ fn ship_steps(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> 
     if req.dry_run {
         return Ok(Outcome::WouldCopy { copy, replace });
     }
-    let state: StateReport = receive(t, w, own, &["--state", req.name, "--prepare"], req.timeout)?;
+    let state: StateReport = receive(t, w, own, &[&state_arg, "--prepare"], req.timeout)?;
     if use_rsync {
         rsync(t, w, req.dir, &state.incoming, req.timeout)?;
     } else {
         tar_over_ssh(t, w, req.dir, &state.incoming, req.timeout)?;
     }
-    let mut args = vec!["--install", req.name, "--digest", &req.digest];
+    let install_arg = format!("--install={}", req.name);
+    let digest_arg = format!("--digest={}", req.digest);
+    let mut args = vec![install_arg.as_str(), digest_arg.as_str()];
     if req.force {
         args.push("--force");
     }
