@@ -555,3 +555,34 @@ fn a_name_starting_with_a_dash_reaches_the_worker_as_a_name() {
     );
     assert!(text(&out.stdout).contains("would copy with rsync"));
 }
+
+/// A worker that holds a different build under the name is a refusal only --force
+/// changes: ship's final message says --force, not "fix that".
+#[test]
+fn a_refusal_that_needs_force_says_force() {
+    let p = Peer::new("w1");
+    let name = p.build();
+    let ship = |extra: &[&str]| {
+        p.fdl()
+            .args(["cluster", "ship", &name])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = ship(&[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let there = p.worker.root().join("libtorch/nccl/builds").join(&name);
+    std::fs::write(there.join("include/extra.h"), "// another build\n").unwrap();
+    for extra in [&[][..], &["--dry-run"]] {
+        let out = ship(extra);
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("w1 already holds something else") && err.contains("Rerun with --force"),
+            "{extra:?}: {err}"
+        );
+    }
+    let out = ship(&["--force"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!there.join("include/extra.h").exists());
+}

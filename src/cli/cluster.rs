@@ -662,6 +662,25 @@ fn ship_cmd(
             outln!("Dry run: nothing was copied or changed.");
         }
     }
+    // Workers that hold a different build: only --force changes that, so say so.
+    let refused: Vec<&str> = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Refused { .. }))
+        .map(|r| r.host.as_str())
+        .collect();
+    if !failed.is_empty() && !force && refused.len() == failed.len() {
+        let e = anyhow::anyhow!(
+            "{} already hold{} something else under {name}: see what in the table. {}Rerun with --force to replace it (`fdl cluster ship {name} --force`)",
+            refused.join(", "),
+            if refused.len() == 1 { "s" } else { "" },
+            if dry_run { "Nothing was copied anywhere. " } else { "" }
+        );
+        return Err(if json {
+            super::JsonReported(e).into()
+        } else {
+            e
+        });
+    }
     if !failed.is_empty() {
         let e = if dry_run {
             anyhow::anyhow!(
