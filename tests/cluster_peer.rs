@@ -26,6 +26,7 @@ while [ $# -gt 0 ]; do
 done
 printf '%s\n' "$1" >> "$FAKE_SSH_LOG"
 shift
+[ -n "$FAKE_SSH_PATH" ] && export PATH="$FAKE_SSH_PATH"
 [ -n "$FAKE_SSH_BANNER" ] && printf '%s\n' "$FAKE_SSH_BANNER"
 exec sh -c "$*"
 "#;
@@ -40,6 +41,25 @@ struct Peer {
     log: PathBuf,
     /// The controller's working directory (where rsync would write a "local" path).
     cwd: tempfile::TempDir,
+    /// The worker's PATH, when it differs from the controller's.
+    worker_path: Option<tempfile::TempDir>,
+}
+
+/// How a ship copies: rsync, or the tar stream fdl falls back to where the worker has
+/// no rsync.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Copy {
+    Rsync,
+    Tar,
+}
+
+impl Copy {
+    fn words(self) -> &'static str {
+        match self {
+            Copy::Rsync => "copied with rsync",
+            Copy::Tar => "copied with tar over ssh",
+        }
+    }
 }
 
 impl Peer {
@@ -56,6 +76,7 @@ impl Peer {
             bin,
             log,
             cwd,
+            worker_path: None,
         };
         p.write_cluster(target);
         p
@@ -71,6 +92,24 @@ impl Peer {
             ),
         )
         .unwrap();
+    }
+
+    /// The worker's tools without rsync (the system's, linked one by one), so ship
+    /// falls back to tar; with `Copy::Rsync`, nothing changes.
+    fn copy_with(mut self, copy: Copy) -> Peer {
+        if copy == Copy::Tar {
+            let dir = tempfile::tempdir().unwrap();
+            for sys in ["/usr/local/bin", "/usr/bin", "/bin"] {
+                for e in std::fs::read_dir(sys).into_iter().flatten().flatten() {
+                    let name = e.file_name();
+                    if name != "rsync" && !dir.path().join(&name).exists() {
+                        let _ = std::os::unix::fs::symlink(e.path(), dir.path().join(&name));
+                    }
+                }
+            }
+            self.worker_path = Some(dir);
+        }
+        self
     }
 
     /// A stand-in for a tool on the "worker" (and controller: they share PATH here).
@@ -92,6 +131,9 @@ impl Peer {
             .env("XDG_CACHE_HOME", self.f.cache.path())
             .env("PATH", path_with(self.bin.path()))
             .env("FAKE_SSH_LOG", &self.log);
+        if let Some(dir) = &self.worker_path {
+            cmd.env("FAKE_SSH_PATH", dir.path());
+        }
         cmd
     }
 
@@ -184,8 +226,14 @@ fn numeric_flags_out_of_range_are_usage_errors() {
 /// `nodes/a:/…` as a local path (it would write the build, with --delete, under the
 /// controller's working directory): rsync reaches a fixed host name, ssh gets the target.
 #[test]
-fn a_target_with_a_slash_reaches_the_worker_over_rsync() {
-    let p = Peer::new("nodes/a");
+fn a_target_with_a_slash_reaches_the_worker_over_rsync_and_tar() {
+    for copy in [Copy::Rsync, Copy::Tar] {
+        a_target_with_a_slash_reaches_the_worker(copy);
+    }
+}
+
+fn a_target_with_a_slash_reaches_the_worker(copy: Copy) {
+    let p = Peer::new("nodes/a").copy_with(copy);
     let name = p.build();
     let out = p
         .fdl()
@@ -199,7 +247,7 @@ fn a_target_with_a_slash_reaches_the_worker_over_rsync() {
         text(&out.stderr)
     );
     assert!(
-        text(&out.stdout).contains("copied with rsync"),
+        text(&out.stdout).contains(copy.words()),
         "{}",
         text(&out.stdout)
     );
@@ -223,11 +271,21 @@ fn a_target_with_a_slash_reaches_the_worker_over_rsync() {
 /// the copy instead of claiming that everything was cleaned up.
 #[test]
 fn sigterm_during_ship_ends_the_copy_and_says_so() {
-    let p = Peer::new("w1");
+    for copy in [Copy::Rsync, Copy::Tar] {
+        sigterm_during_ship(copy);
+    }
+}
+
+fn sigterm_during_ship(copy: Copy) {
+    let p = Peer::new("w1").copy_with(copy);
     let name = p.build();
-    let pid_file = p.bin.path().join("rsync.pid");
+    let tool = match copy {
+        Copy::Rsync => "rsync",
+        Copy::Tar => "tar",
+    };
+    let pid_file = p.bin.path().join("copy.pid");
     p.tool(
-        "rsync",
+        tool,
         &format!(
             "#!/bin/sh\necho $$ > '{}'\nexec sleep 60\n",
             pid_file.display()
@@ -248,10 +306,10 @@ fn sigterm_during_ship_ends_the_copy_and_says_so() {
         {
             break pid;
         }
-        assert!(Instant::now() < deadline, "rsync never started");
+        assert!(Instant::now() < deadline, "{tool} never started");
         assert!(
             child.try_wait().unwrap().is_none(),
-            "fdl ended before rsync"
+            "fdl ended before {tool}"
         );
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -264,7 +322,7 @@ fn sigterm_during_ship_ends_the_copy_and_says_so() {
     while unsafe { libc::kill(pid, 0) } == 0 {
         assert!(
             Instant::now() < gone,
-            "rsync ({pid}) outlived fdl; fdl said: {err}"
+            "{tool} ({pid}) outlived fdl; fdl said: {err}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
