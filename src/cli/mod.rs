@@ -501,7 +501,7 @@ fn color_enabled(stream_is_terminal: bool) -> bool {
 /// control character (escape sequences, carriage returns, bidi controls are not
 /// excepted) is written as a visible `\u{…}` escape, so nothing can retitle, clear or
 /// forge lines of the user's terminal.
-pub(crate) fn clean(text: &str) -> String {
+pub fn clean(text: &str) -> String {
     let bad = |c: char| {
         c.is_control()
             || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
