@@ -188,3 +188,36 @@ fn a_full_stdout_is_an_error_not_a_panic() {
         );
     }
 }
+
+/// A library's own strings (here a SONAME with an escape sequence and a newline) are
+/// printed escaped by `fdl inspect`: no terminal control, no forged line.
+#[test]
+fn a_librarys_strings_are_printed_escaped() {
+    let p = ProjectFixture::empty();
+    let lib = p.root().join("libodd.so");
+    compile_shared(
+        &nccl_like_source((2, 27, 5), "12.8"),
+        &lib,
+        &["-Wl,-soname,lib\u{1b}]0;pwned\u{7}\nnccl     2.99.9 (forged).so"],
+    );
+    let out = Command::new(assert_cmd::cargo::cargo_bin("fdl"))
+        .arg("inspect")
+        .arg(&lib)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("soname   lib\\u{1b}]0;pwned\\u{7}\\u{a}nccl     2.99.9 (forged).so"),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{text:?}"
+    );
+    assert!(!text.contains("\nnccl     2.99.9"), "{text}");
+}

@@ -204,10 +204,11 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
     let mib = ins.size as f64 / (1024.0 * 1024.0);
     outln!(
         "{}  ({mib:.1} MiB{})",
-        ins.path.display(),
+        super::clean(&ins.path.display().to_string()),
         if ins.elf { ", ELF" } else { ", not ELF" }
     );
-    let row = |k: &str, v: String| outln!("  {k:<9}{v}");
+    // SONAME, needs, paths and warnings are the library's own strings: shown escaped.
+    let row = |k: &str, v: String| outln!("  {k:<9}{}", super::clean(&v));
     if let Some(s) = &ins.soname {
         row("soname", s.clone());
     }
