@@ -199,7 +199,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
 pub(crate) fn build_name_arg(s: &str) -> std::result::Result<String, String> {
     crate::nccl::store::BuildName::parse(s)
         .map(|_| s.to_string())
-        .map_err(|e| format!("{}", clean(&e.to_string())))
+        .map_err(|e| clean(&e.to_string()))
 }
 
 /// An error from a command that works in a project: it says which root was used and
