@@ -183,12 +183,29 @@ fn an_endless_answer_is_cut_at_the_cap_and_named() {
     );
     let tmp = tempfile::tempdir().unwrap();
     let start = Instant::now();
-    let out = p
-        .fdl()
-        .args(["cluster", "status", "--json", "--timeout", "60"])
-        .env("TMPDIR", tmp.path())
-        .output()
-        .unwrap();
+    let mut cmd = p.fdl();
+    cmd.args(["cluster", "status", "--json", "--timeout", "60"])
+        .env("TMPDIR", tmp.path());
+    // A regression must fail this test, not exhaust the machine: fdl (and what it
+    // starts) gets 4 GiB of address space and may write files of at most 64 MiB.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            let limit = |resource, bytes: u64| {
+                let r = libc::rlimit {
+                    rlim_cur: bytes,
+                    rlim_max: bytes,
+                };
+                if libc::setrlimit(resource, &r) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            };
+            limit(libc::RLIMIT_AS, 4 << 30)?;
+            limit(libc::RLIMIT_FSIZE, 64 << 20)
+        });
+    }
+    let out = cmd.output().unwrap();
     let took = start.elapsed();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)));
