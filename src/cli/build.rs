@@ -29,6 +29,20 @@ pub enum BackendFlag {
     Native,
 }
 
+/// `--jobs`, checked as it is parsed with the words the build's own check uses
+/// (`nccl::build` checks again for callers of the library).
+fn jobs_arg(s: &str) -> std::result::Result<u32, String> {
+    let max = crate::nccl::build::MAX_JOBS;
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("--jobs must be at least 1".into()),
+        Ok(j) if j > u64::from(max) => Err(format!(
+            "--jobs {j} is more than any machine can run ({max} at most); each nvcc job of NCCL takes up to ~2 GiB. Leave --jobs out to size it to this machine"
+        )),
+        Ok(j) => Ok(j as u32),
+        Err(_) => Err(format!("--jobs takes a number from 1 to {max}")),
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct BuildArgs {
     /// NCCL git tag, e.g. v2.27.5-1 (default: from the active libtorch's NCCL)
@@ -40,8 +54,8 @@ pub struct BuildArgs {
     /// CUDA version, e.g. 12.8 or 12.8.1 (default: the libtorch's NCCL's, else 12.8)
     #[arg(long)]
     pub cuda: Option<String>,
-    /// Parallel compile jobs, 1 to 1024 (default: cores, at most one per ~2 GiB of memory)
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    /// Parallel compile jobs (default: cores, at most one per ~2 GiB of memory)
+    #[arg(long, value_parser = jobs_arg)]
     pub jobs: Option<u32>,
     /// Where to build
     #[arg(long, value_enum, default_value_t = BackendFlag::Auto)]
