@@ -27,8 +27,11 @@ pub struct BuildLock {
 pub enum Wait {
     /// Wait for the holder, saying so once.
     Yes,
-    /// Fail at once with a message naming the holder.
+    /// Fail at once with a message naming the holder (`--no-wait`).
     No,
+    /// Fail at once, for a command that has no `--no-wait` to name (a worker's
+    /// `cluster receive`, run by `cluster ship`).
+    Never,
 }
 
 /// The lock file of build `name` in the builds directory `builds_dir`, under the cache
@@ -96,8 +99,12 @@ pub fn acquire(
         Err(TryLockError::WouldBlock) => {
             let holder = holder_of(&mut file);
             let msg = format!("build {name} is locked by another fdl ({holder})");
-            if wait == Wait::No {
-                bail!("{msg}; not waiting because of --no-wait. Try again when it has finished");
+            match wait {
+                Wait::No => {
+                    bail!("{msg}; not waiting because of --no-wait. Try again when it has finished")
+                }
+                Wait::Never => bail!("{msg}. Try again when it has finished"),
+                Wait::Yes => {}
             }
             on_wait(&format!(
                 "{msg}; waiting for it to finish (Ctrl-C to stop)…"
@@ -172,6 +179,12 @@ mod tests {
                 && err.contains(&format!("pid {}", std::process::id())),
             "{err}"
         );
+        // A command without --no-wait is not told to use it.
+        let err = acquire(t.path(), &builds, "v2.27.5-sm61", Wait::Never, &|_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is locked by another fdl"), "{err}");
+        assert!(!err.contains("--no-wait"), "{err}");
         let other = acquire(t.path(), &builds, "v2.27.5-sm90", Wait::No, &|_| {});
         assert!(other.is_ok());
         drop(held);

@@ -11,7 +11,19 @@ fn main() -> ExitCode {
     }
     let cli = fdl::cli::Cli::parse();
     fdl::process::install_interrupt_handler();
-    match fdl::cli::run(cli) {
+    let result = fdl::cli::run(cli);
+    // Output that could not be written (`> /dev/full`) is a failure of the command, said
+    // once, whatever else happened.
+    if let Err(e) = fdl::cli::finish_stdout() {
+        eprintln!(
+            "{} cannot write the output to stdout: {e}",
+            paint_err("error:", Color::Red)
+        );
+        if result.is_ok() {
+            return ExitCode::FAILURE;
+        }
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         // An interrupt surfaces through whatever step was running; say only that.
         Err(e) => match e.downcast_ref::<fdl::process::Interrupted>() {
@@ -20,11 +32,14 @@ fn main() -> ExitCode {
                 ExitCode::from(130)
             }
             None if e.downcast_ref::<fdl::cli::Undecided>().is_some() => {
-                eprintln!("{} {e:#}", paint_err("unknown:", Color::Yellow));
+                // Errors quote files and workers: shown with their control characters escaped.
+                let e = fdl::cli::terminal_safe(&format!("{e:#}"));
+                eprintln!("{} {e}", paint_err("unknown:", Color::Yellow));
                 ExitCode::from(fdl::cli::EXIT_UNKNOWN)
             }
             None => {
-                eprintln!("{} {e:#}", paint_err("error:", Color::Red));
+                let e = fdl::cli::terminal_safe(&format!("{e:#}"));
+                eprintln!("{} {e}", paint_err("error:", Color::Red));
                 ExitCode::FAILURE
             }
         },

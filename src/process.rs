@@ -66,16 +66,34 @@ pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
 
+/// An interrupt ended fdl. What it says of the aftermath is the running command's (see
+/// [`set_interrupt_note`]): by default that every step it started was undone.
 #[derive(Debug, thiserror::Error)]
-#[error("interrupted; everything this run started was cleaned up")]
+#[error("interrupted; {}", interrupt_note())]
 pub struct Interrupted;
+
+static INTERRUPT_NOTE: std::sync::Mutex<Option<&'static str>> = std::sync::Mutex::new(None);
+
+/// What an interrupt leaves behind, in the words of the command now running, for a
+/// command whose work is not all undone on the spot (a copy to another host stops, but
+/// what arrived there stays).
+pub fn set_interrupt_note(note: &'static str) {
+    *INTERRUPT_NOTE.lock().unwrap_or_else(|e| e.into_inner()) = Some(note);
+}
+
+fn interrupt_note() -> &'static str {
+    INTERRUPT_NOTE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or("everything this run started was cleaned up")
+}
 
 /// Starts `cmd` in a process group of its own (the terminal's Ctrl-C reaches fdl alone,
 /// which then ends the group in order), tied to fdl's life: if fdl dies, even by SIGKILL,
 /// the kernel sends the child SIGTERM (`PR_SET_PDEATHSIG`) and a [`Watchdog`] in the
 /// group kills the whole group. Without that, a killed fdl left make's jobs compiling on
 /// as orphans, recreating directories fdl had cleaned up.
-fn spawn(cmd: &mut Command) -> std::io::Result<(Child, Watchdog)> {
+pub(crate) fn spawn(cmd: &mut Command) -> std::io::Result<(Child, Watchdog)> {
     use std::os::unix::process::CommandExt;
     // SAFETY: getpid is async-signal-safe.
     let parent = unsafe { libc::getpid() };
@@ -102,7 +120,7 @@ fn spawn(cmd: &mut Command) -> std::io::Result<(Child, Watchdog)> {
 /// It blocks reading a pipe whose only write end fdl holds: the read returns when fdl
 /// exits for any reason, SIGKILL included. When the child ends normally fdl kills the
 /// watchdog first (on drop), so it never outlives its use.
-struct Watchdog {
+pub(crate) struct Watchdog {
     pid: libc::pid_t,
     write_end: libc::c_int,
 }
@@ -186,9 +204,47 @@ fn end_tree(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// The most a child may write to stdout or to stderr for [`output_within`]: past it the
+/// child (and its process group) is ended and the call fails with [`TooLarge`]. Every
+/// answer fdl reads this way (a worker's report, `receive`'s JSON, a copy tool's errors,
+/// nvidia-smi) is far smaller.
+pub const OUTPUT_CAP: usize = 1 << 20;
+
+/// A child wrote more than [`OUTPUT_CAP`] bytes to one stream: it was stopped.
+#[derive(Debug, thiserror::Error)]
+#[error("answer too large: more than {} KiB on its {stream}, so it was stopped", limit / 1024)]
+pub struct TooLarge {
+    pub stream: &'static str,
+    pub limit: usize,
+}
+
+/// An error of [`output_within`] as fdl reports it: an interrupt stays [`Interrupted`]
+/// (so it ends fdl with 130), a [`TooLarge`] keeps its words.
+pub fn lift(e: std::io::Error) -> anyhow::Error {
+    if e.get_ref().is_some_and(|i| i.is::<Interrupted>()) {
+        return Interrupted.into();
+    }
+    if let Some(t) = too_large(&e) {
+        return anyhow::anyhow!("{t}");
+    }
+    e.into()
+}
+
+/// Whether `e` is [`output_within`]'s [`TooLarge`].
+pub fn too_large(e: &std::io::Error) -> Option<&TooLarge> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<TooLarge>())
+}
+
 /// Runs `cmd` and collects its output, giving up after `timeout` (the child is killed
-/// and `Ok(None)` returned) or on an interrupt. For quick queries that must not hang fdl
-/// when the tool does (a hung driver's nvidia-smi).
+/// and `Ok(None)` returned). For quick queries that must not hang fdl when the tool does
+/// (a hung driver's nvidia-smi) and for every command that reaches a worker.
+///
+/// The child runs as [`spawn`] starts it (its own process group, ended with fdl). Each
+/// stream is read into memory up to [`OUTPUT_CAP`]; a child that writes more is ended at
+/// once and the error is [`TooLarge`] (nothing is spooled to disk, so an endless answer
+/// costs neither memory nor temp space). An interrupt ends the child and its group and
+/// returns [`Interrupted`] as the error.
 pub fn output_within(
     cmd: &mut Command,
     timeout: Duration,
@@ -201,35 +257,91 @@ pub fn output_within_keeping_stdin(
     cmd: &mut Command,
     timeout: Duration,
 ) -> std::io::Result<Option<std::process::Output>> {
-    use std::io::{Read, Seek};
-    let mut out = tempfile::tempfile()?;
-    let mut err = tempfile::tempfile()?;
-    let mut child = cmd
-        .stdout(out.try_clone()?)
-        .stderr(err.try_clone()?)
-        .spawn()?;
+    output_capped(cmd, timeout, OUTPUT_CAP)
+}
+
+fn output_capped(
+    cmd: &mut Command,
+    timeout: Duration,
+    cap: usize,
+) -> std::io::Result<Option<std::process::Output>> {
+    use std::sync::{Arc, Mutex};
+    let (out_r, out_w) = std::io::pipe()?;
+    let (err_r, err_w) = std::io::pipe()?;
+    cmd.stdout(out_w).stderr(err_w);
+    let spawned = spawn(cmd);
+    // The Command holds the write ends: drop them, or the readers never see the end.
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    let (mut child, _watch) = spawned?;
+    let over: Arc<Mutex<Option<&'static str>>> = Arc::new(Mutex::new(None));
+    let reader = |mut pipe: std::io::PipeReader, stream: &'static str| {
+        let over = Arc::clone(&over);
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&buf);
+        let (done, ended) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut chunk = [0u8; 64 * 1024];
+            loop {
+                match pipe.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let mut buf = kept.lock().unwrap_or_else(|e| e.into_inner());
+                        if buf.len() + n > cap {
+                            over.lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .get_or_insert(stream);
+                            break;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = done.send(());
+        });
+        (buf, ended)
+    };
+    let out = reader(out_r, "stdout");
+    let err = reader(err_r, "stderr");
     let start = std::time::Instant::now();
+    let is_over = || *over.lock().unwrap_or_else(|e| e.into_inner());
     let status = loop {
+        if let Some(stream) = is_over() {
+            end_tree(&mut child);
+            return Err(std::io::Error::other(TooLarge { stream, limit: cap }));
+        }
+        if interrupted() {
+            end_tree(&mut child);
+            return Err(std::io::Error::other(Interrupted));
+        }
         if let Some(status) = child.try_wait()? {
             break status;
         }
-        if start.elapsed() > timeout || interrupted() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if start.elapsed() > timeout {
+            end_tree(&mut child);
             return Ok(None);
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let read = |f: &mut std::fs::File| -> std::io::Result<Vec<u8>> {
-        let mut buf = Vec::new();
-        f.rewind()?;
-        f.take(1 << 20).read_to_end(&mut buf)?;
-        Ok(buf)
+    // The child is gone; what it left in the pipes comes now. A grandchild that keeps a
+    // pipe open (a daemon it started) is not waited for beyond a moment: what was read
+    // by then is the answer.
+    let deadline = std::time::Instant::now() + Duration::from_millis(500);
+    let collect = |(buf, ended): (Arc<Mutex<Vec<u8>>>, std::sync::mpsc::Receiver<()>)| {
+        let _ = ended.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
+        std::mem::take(&mut *buf.lock().unwrap_or_else(|e| e.into_inner()))
     };
+    let stdout = collect(out);
+    let stderr = collect(err);
+    if let Some(stream) = is_over() {
+        return Err(std::io::Error::other(TooLarge { stream, limit: cap }));
+    }
     Ok(Some(std::process::Output {
         status,
-        stdout: read(&mut out)?,
-        stderr: read(&mut err)?,
+        stdout,
+        stderr,
     }))
 }
 

@@ -113,3 +113,41 @@ fn env_blocks_need_no_host_and_ship_refuses_an_unknown_worker_before_connecting(
     assert!(String::from_utf8_lossy(&out.stderr).contains("no build named 'v9.9.9-sm61'"));
     assert_eq!(snapshot(f.project.root()), before);
 }
+
+/// A key written twice is refused, naming both lines, in a worker and at the top level;
+/// a UTF-8 byte-order mark at the start of the file is accepted.
+#[test]
+fn duplicate_keys_are_refused_and_a_bom_is_accepted() {
+    let f = BuildsFixture::new(ProjectFixture::empty());
+    let file = f.project.root().join("fdl.cluster.yml");
+    std::fs::write(
+        &file,
+        "cluster:\n  controller:\n    host: c\n    path: /c\n  workers:\n    - host: a\n      path: /one\n      path: /two\n",
+    )
+    .unwrap();
+    let out = run(&f, &["cluster", "env"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the key `path` appears twice in one mapping (lines 7 and 8)"),
+        "{err}"
+    );
+    std::fs::write(&file, format!("{CLUSTER}cluster:\n  workers: []\n")).unwrap();
+    let out = run(&f, &["cluster", "env"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the key `cluster` appears twice in one mapping (lines 1 and 10)"),
+        "{err}"
+    );
+
+    let tree = f.tree("nccl", (2, 27, 5), &[61, 120]);
+    f.install(&tree, "v2.27.5-1", "6.1;12.0").unwrap();
+    std::fs::write(&file, format!("\u{feff}{CLUSTER}")).unwrap();
+    let out = run(&f, &["cluster", "env"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -820,3 +820,56 @@ fn ship_skips_what_is_there_and_refuses_a_different_build_without_force() {
     assert_eq!(result_of(&v, "other")["replaced"], true, "{v}");
     assert_eq!(builds_listing(&other, "/opt/flodl"), name);
 }
+
+/// Hostile workers over real OpenSSH: one whose fdl (a stand-in first on its PATH)
+/// answers endlessly, one whose fdl lies with escape sequences in a well-formed report.
+/// The first is stopped at the cap and red with "answer too large", well within the
+/// timeout; the second is printed escaped; the honest third still answers.
+#[test]
+#[ignore = "drives the real Docker engine and OpenSSH: `cargo test -- --include-ignored`"]
+fn hostile_workers_are_bounded_and_printed_escaped() {
+    let _hosts = HOSTS.lock().unwrap_or_else(|e| e.into_inner());
+    let rig = Rig::new();
+    rig.hosts[0].0.write(
+        "/usr/local/bin/fdl",
+        "#!/bin/sh\nexec yes 'an endless answer from a hostile worker'\n",
+        0o755,
+    );
+    // A well-formed report (this machine's), made to lie.
+    let here = ProjectFixture::empty();
+    let smi = fake_nvidia_smi("0, NVIDIA GeForce RTX 3090, 8.6, 24576\n", 0);
+    let out = fdl_in(here.root())
+        .args(["cluster", "self", "--json"])
+        .env("PATH", path_with(smi.path()))
+        .output()
+        .unwrap();
+    let mut report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    report["gpus"]["known"][0]["name"] = "\u{1b}]0;pwned\u{7}RTX\u{1b}[2J".into();
+    report["libtorch"] = serde_json::json!({ "unknown": "\r\u{1b}[1Aok all good\u{9b}" });
+    rig.hosts[1]
+        .0
+        .write("/tmp/answer.json", &report.to_string(), 0o644);
+    rig.hosts[1].0.write(
+        "/usr/local/bin/fdl",
+        "#!/bin/sh\ncat /tmp/answer.json\n",
+        0o755,
+    );
+    let start = std::time::Instant::now();
+    let out = rig.fdl(&["cluster", "status", "--json", "--timeout", "60"]);
+    assert!(start.elapsed() < std::time::Duration::from_secs(45));
+    let v = json_of(&out);
+    let w = v["workers"].as_array().unwrap();
+    let too_large = w[0]["error"].as_str().unwrap_or_default();
+    assert!(too_large.contains("answer too large"), "{}", w[0]);
+    assert_eq!(
+        w[1]["report"]["gpus"]["known"][0]["name"],
+        "\u{1b}]0;pwned\u{7}RTX\u{1b}[2J"
+    );
+    assert!(w[2]["error"].is_null(), "{}", w[2]);
+    let out = rig.fdl(&["cluster", "status", "--timeout", "60"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("\\u{1b}]0;pwned\\u{7}RTX"), "{text}");
+    for bad in ['\u{1b}', '\u{7}', '\r', '\u{9b}'] {
+        assert!(!text.contains(bad), "{bad:?} in {text:?}");
+    }
+}

@@ -87,3 +87,51 @@ fn cluster_config_seeds_give_their_known_answers() {
         }
     }
 }
+
+/// `peer_answer`'s seeds: a genuine report parses, a banner before it is named, and a
+/// report full of escape sequences parses (it is shown escaped; see cluster_peer.rs).
+#[test]
+fn peer_answer_seeds_give_their_known_answers() {
+    for seed in seeds("peer_answer") {
+        let bytes = std::fs::read(&seed).unwrap();
+        let name = seed.file_name().unwrap().to_string_lossy().into_owned();
+        let banner = fdl::cluster::ssh::banner(&bytes);
+        let parsed = serde_json::from_slice::<fdl::cluster::host::HostReport>(&bytes);
+        match name.as_str() {
+            "banner.txt" => {
+                let why = banner.expect("a banner is named");
+                assert!(why.contains("starting 'Welcome to node-a'"), "{why}");
+            }
+            "report.json" | "escapes.json" => {
+                assert!(banner.is_none(), "{name}: {banner:?}");
+                assert_eq!(parsed.unwrap().schema, 1, "{name}");
+            }
+            other => panic!("{other}: no known answer"),
+        }
+    }
+}
+
+/// `receive_manifest`'s seeds (`<name>\0<manifest>`): the genuine manifest fits its
+/// build; one pointing elsewhere or naming another build does not.
+#[test]
+fn receive_manifest_seeds_give_their_known_answers() {
+    for seed in seeds("receive_manifest") {
+        let text = std::fs::read_to_string(&seed).unwrap();
+        let (build, manifest) = text.split_once('\0').unwrap();
+        let m = fdl::nccl::store::parse_manifest(manifest).unwrap();
+        let fits = fdl::cluster::receive::manifest_fits(&m, build);
+        let name = seed.file_name().unwrap().to_string_lossy().into_owned();
+        match name.as_str() {
+            "current.txt" => fits.unwrap(),
+            "evil-dir.txt" => {
+                let e = fits.unwrap_err().to_string();
+                assert!(e.contains("output_dir /etc/evil"), "{e}");
+            }
+            "other-name.txt" => {
+                let e = fits.unwrap_err().to_string();
+                assert!(e.contains("names build 'v2.27.5-sm61-sm120'"), "{e}");
+            }
+            other => panic!("{other}: no known answer"),
+        }
+    }
+}

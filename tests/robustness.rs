@@ -147,3 +147,77 @@ fn flag_files_that_are_not_files_are_refused_at_once() {
         .failure()
         .stderr(predicates::str::contains("far more than any Dockerfile"));
 }
+
+/// A stdout that refuses writes (a full disk: `> /dev/full`) ends fdl with a clear error
+/// and exit 1, never a panic; the command's output is not silently lost.
+#[test]
+fn a_full_stdout_is_an_error_not_a_panic() {
+    let p = ProjectFixture::empty();
+    let lib = p.root().join("libnccl.so.2");
+    compile_shared(
+        &nccl_like_source((2, 27, 5), "12.8"),
+        &lib,
+        &["-Wl,-soname,libnccl.so.2"],
+    );
+    let lib = lib.to_str().unwrap().to_string();
+    for args in [
+        &["inspect", lib.as_str()][..],
+        &["inspect", lib.as_str(), "--json"],
+        &["nccl", "dockerfile"],
+        &["completions", "bash"],
+        &["nccl", "list"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = Command::new(assert_cmd::cargo::cargo_bin("fdl"))
+            .arg("--root")
+            .arg(p.root())
+            .args(args)
+            .stdout(full)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            err.contains("cannot write the output to stdout") && err.contains("No space left"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A library's own strings (here a SONAME with an escape sequence and a newline) are
+/// printed escaped by `fdl inspect`: no terminal control, no forged line.
+#[test]
+fn a_librarys_strings_are_printed_escaped() {
+    let p = ProjectFixture::empty();
+    let lib = p.root().join("libodd.so");
+    compile_shared(
+        &nccl_like_source((2, 27, 5), "12.8"),
+        &lib,
+        &["-Wl,-soname,lib\u{1b}]0;pwned\u{7}\nnccl     2.99.9 (forged).so"],
+    );
+    let out = Command::new(assert_cmd::cargo::cargo_bin("fdl"))
+        .arg("inspect")
+        .arg(&lib)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("soname   lib\\u{1b}]0;pwned\\u{7}\\u{a}nccl     2.99.9 (forged).so"),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{text:?}"
+    );
+    assert!(!text.contains("\nnccl     2.99.9"), "{text}");
+}

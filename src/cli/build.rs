@@ -29,6 +29,20 @@ pub enum BackendFlag {
     Native,
 }
 
+/// `--jobs`, checked as it is parsed with the words the build's own check uses
+/// (`nccl::build` checks again for callers of the library).
+fn jobs_arg(s: &str) -> std::result::Result<u32, String> {
+    let max = crate::nccl::build::MAX_JOBS;
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("--jobs must be at least 1".into()),
+        Ok(j) if j > u64::from(max) => Err(format!(
+            "--jobs {j} is more than any machine can run ({max} at most); each nvcc job of NCCL takes up to ~2 GiB. Leave --jobs out to size it to this machine"
+        )),
+        Ok(j) => Ok(j as u32),
+        Err(_) => Err(format!("--jobs takes a number from 1 to {max}")),
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct BuildArgs {
     /// NCCL git tag, e.g. v2.27.5-1 (default: from the active libtorch's NCCL)
@@ -41,7 +55,7 @@ pub struct BuildArgs {
     #[arg(long)]
     pub cuda: Option<String>,
     /// Parallel compile jobs (default: cores, at most one per ~2 GiB of memory)
-    #[arg(long)]
+    #[arg(long, value_parser = jobs_arg)]
     pub jobs: Option<u32>,
     /// Where to build
     #[arg(long, value_enum, default_value_t = BackendFlag::Auto)]
@@ -321,8 +335,8 @@ pub(super) fn run_with(
         if args.json {
             print_json(&json!({ "dry_run": true, "plan": plan, "commands": commands }));
         } else {
-            print!("{}", render_plan(&plan, &commands));
-            println!("Dry run: nothing was built, written or started.");
+            out!("{}", render_plan(&plan, &commands));
+            outln!("Dry run: nothing was built, written or started.");
         }
         if !plan.problems.is_empty() {
             let e = anyhow::anyhow!(
@@ -444,13 +458,13 @@ fn report(outcome: &Outcome, json_out: bool) {
         return;
     }
     match status {
-        "already_built" => println!(
+        "already_built" => outln!(
             "Already built from the same plan ({}): {}\nNothing to do.",
             manifest.built_at,
             dir.display()
         ),
-        "replaced" => println!("Rebuilt and replaced: {}", dir.display()),
-        _ => println!(
+        "replaced" => outln!("Rebuilt and replaced: {}", dir.display()),
+        _ => outln!(
             "{} {}",
             paint(
                 &format!("Built NCCL {}:", manifest.checked.header_version),
@@ -460,11 +474,11 @@ fn report(outcome: &Outcome, json_out: bool) {
         ),
     }
     match &preload {
-        Ok(p) => println!(
+        Ok(p) => outln!(
             "\nWire it with `eval \"$(fdl nccl env {name})\"`, or in a worker's env: block in fdl.cluster.yml:\n  LD_PRELOAD: {}",
             super::manage::yaml_quote(&p.to_string_lossy())
         ),
-        Err(why) => println!("\nNo LD_PRELOAD value for it: {why}"),
+        Err(why) => outln!("\nNo LD_PRELOAD value for it: {why}"),
     }
 }
 

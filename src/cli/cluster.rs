@@ -1,6 +1,6 @@
 //! `fdl cluster …`: the cluster file in, per-worker reports over SSH, verdicts out.
 
-use super::{paint, print_json, Color};
+use super::{clean, paint, print_json, Color};
 use crate::cluster::config::{self, Cluster};
 use crate::cluster::host::{self, Facts, SelfQuery};
 use crate::cluster::receive;
@@ -63,6 +63,7 @@ pub enum ClusterCommand {
     #[command(after_help = "Example:\n  fdl cluster env v2.27.5-sm61-sm120")]
     Env {
         /// A build of this project (default: as `fdl nccl env` picks)
+        #[arg(value_parser = super::build_name_arg)]
         build: Option<String>,
         #[command(flatten)]
         common: Common,
@@ -80,6 +81,7 @@ pub enum ClusterCommand {
     )]
     Ship {
         /// A build of this project (default: as `fdl nccl env` picks)
+        #[arg(value_parser = super::build_name_arg)]
         build: Option<String>,
         /// Only these workers (their `host:` names, comma-separated)
         #[arg(long, value_delimiter = ',', value_name = "A,B")]
@@ -100,13 +102,15 @@ pub enum ClusterCommand {
     #[command(hide = true)]
     Receive {
         /// Say what is at the build's place
-        #[arg(long, value_name = "NAME", conflicts_with = "install")]
+        #[arg(long, value_name = "NAME", conflicts_with = "install",
+              value_parser = super::build_name_arg, allow_hyphen_values = true)]
         state: Option<String>,
         /// With --state: also make .incoming-<name>/ for the copy
         #[arg(long, requires = "state")]
         prepare: bool,
         /// Verify and install the copy in .incoming-<name>/
-        #[arg(long, value_name = "NAME", requires = "digest")]
+        #[arg(long, value_name = "NAME", requires = "digest",
+              value_parser = super::build_name_arg, allow_hyphen_values = true)]
         install: Option<String>,
         /// With --install: the sha256 the copy must have
         #[arg(long)]
@@ -120,6 +124,7 @@ pub enum ClusterCommand {
     #[command(hide = true)]
     Link {
         /// The build's name
+        #[arg(value_parser = super::build_name_arg)]
         build: String,
         /// Print one JSON object
         #[arg(long)]
@@ -146,16 +151,23 @@ const CLUSTER_ARCHS_HELP: &str =
     "GPU architectures, e.g. \"6.1;12.0\" (default: the union of every worker's GPUs)";
 const CLUSTER_CUDA_HELP: &str = "CUDA version, e.g. 12.8 (default: the CUDA of that libtorch's NCCL, unless a worker's driver cannot run it)";
 
+/// The longest `--timeout`: a day. Every duration fdl derives from it (a copy's limit is
+/// twenty times it) stays far from overflowing.
+const MAX_TIMEOUT: u64 = 86_400;
+
 #[derive(Debug, Args)]
 pub struct Common {
     /// The cluster overlay (default: fdl.cluster.yml in the project root, over fdl.yml)
     #[arg(long, value_name = "PATH")]
     pub file: Option<PathBuf>,
-    /// Seconds each worker gets to answer
-    #[arg(long, default_value_t = 30)]
+    /// Seconds each worker gets to answer, 1 to 86400 (a copy gets twenty times as long)
+    #[arg(long, default_value_t = 30, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT))]
     pub timeout: u64,
-    /// Workers reached at once
-    #[arg(long, default_value_t = 16, value_name = "N")]
+    /// Workers reached at once, 1 to 1024
+    #[arg(long, default_value_t = 16, value_name = "N",
+          value_parser = clap::builder::TypedValueParser::map(
+              clap::value_parser!(u16).range(1..=1024), usize::from))]
     pub parallel: usize,
 }
 
@@ -216,7 +228,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             if json {
                 print_json(&json!({ "ld_preload": path }));
             } else {
-                println!("{}", path.display());
+                outln!("{}", path.display());
             }
             Ok(())
         }
@@ -290,7 +302,7 @@ fn reports(cluster: &Cluster, common: &Common, quiet: bool) -> Result<Vec<Worker
             } else {
                 "answered"
             };
-            eprintln!("  {} ({}): {state}", w.host, w.target);
+            eprintln!("  {} ({}): {state}", clean(&w.host), clean(&w.target));
         }
     };
     Ok(status::query_all(
@@ -333,15 +345,15 @@ fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
             "state": if !red.is_empty() { "red" } else if !unknown.is_empty() { "unknown" } else { "ok" },
         }));
     } else {
-        print!("{}", render_status(&workers));
-        println!("Verdicts:");
+        out!("{}", render_status(&workers));
+        outln!("Verdicts:");
         for v in &verdicts {
             let mark = match v.state {
                 status::State::Ok => paint("ok     ", Color::Green),
                 status::State::Red => paint("RED    ", Color::Red),
                 status::State::Unknown => paint("unknown", Color::Yellow),
             };
-            println!("  {mark} {:<9} {}", v.name, super::clean(&v.detail));
+            outln!("  {mark} {:<9} {}", v.name, clean(&v.detail));
         }
     }
     if !red.is_empty() {
@@ -366,7 +378,12 @@ fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
 fn render_status(workers: &[WorkerStatus]) -> String {
     let mut s = String::new();
     for w in workers {
-        s.push_str(&format!("{} ({}:{})\n", w.host, w.target, w.path));
+        s.push_str(&format!(
+            "{} ({}:{})\n",
+            clean(&w.host),
+            clean(&w.target),
+            clean(&w.path)
+        ));
         let Some(r) = &w.report else {
             // The error says what failed ("unreachable over SSH: …"); the hint, what next.
             let error = w.error.as_deref().unwrap_or("no answer");
@@ -377,11 +394,13 @@ fn render_status(workers: &[WorkerStatus]) -> String {
             };
             s.push_str(&format!(
                 "  {}\n",
-                paint(&format!("{error}{next}"), Color::Red)
+                paint(&clean(&format!("{error}{next}")), Color::Red)
             ));
             continue;
         };
-        let row = |s: &mut String, k: &str, v: String| s.push_str(&format!("  {k:<9} {v}\n"));
+        // Every value came from the worker: shown with its control characters escaped.
+        let row =
+            |s: &mut String, k: &str, v: String| s.push_str(&format!("  {k:<9} {}\n", clean(&v)));
         row(
             &mut s,
             "gpus",
@@ -450,25 +469,22 @@ fn render_status(workers: &[WorkerStatus]) -> String {
             },
         );
         if !r.coverage.is_empty() {
-            row(
-                &mut s,
-                "coverage",
-                r.coverage
-                    .iter()
-                    .map(|c| {
-                        let text = format!("GPU {}: {}", c.index, c.verdict);
-                        if c.covered {
-                            text
-                        } else {
-                            paint(
-                                &format!("GPU {}: NO CODE for {}", c.index, c.arch),
-                                Color::Red,
-                            )
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            );
+            let cells = r
+                .coverage
+                .iter()
+                .map(|c| {
+                    if c.covered {
+                        clean(&format!("GPU {}: {}", c.index, c.verdict))
+                    } else {
+                        paint(
+                            &clean(&format!("GPU {}: NO CODE for {}", c.index, c.arch)),
+                            Color::Red,
+                        )
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            s.push_str(&format!("  {:<9} {cells}\n", "coverage"));
         }
         if w.shipped_fdl {
             row(&mut s, "fdl", "shipped from the controller".into());
@@ -497,7 +513,7 @@ fn env_cmd(
         if path.chars().any(char::is_control) {
             bail!(
                 "worker {}'s path holds a control character: fix `path:` in the cluster file",
-                super::clean(&w.host)
+                clean(&w.host)
             );
         }
         entries.push((w, path));
@@ -520,7 +536,7 @@ fn env_cmd(
         for (&i, link) in needs_link.iter().zip(links) {
             match link {
                 Ok(p) => entries[i].1 = p,
-                Err(e) => failed.push(format!("{}: {e:#}", super::clean(&entries[i].0.host))),
+                Err(e) => failed.push(format!("{}: {e:#}", clean(&entries[i].0.host))),
             }
         }
         if !failed.is_empty() {
@@ -540,11 +556,11 @@ fn env_cmd(
             })).collect::<Vec<_>>(),
         })),
         EnvFormat::Yaml => {
-            println!("# fdl never edits your cluster file: paste each block under its worker.");
-            println!("# Build {name} ({why}); it must be at that path on each worker.");
+            outln!("# fdl never edits your cluster file: paste each block under its worker.");
+            outln!("# Build {name} ({why}); it must be at that path on each worker.");
             for (w, p) in &entries {
-                println!("\n# worker {}", super::manage::comment_text(&w.host));
-                println!("env:\n  LD_PRELOAD: {}", super::manage::yaml_quote(p));
+                outln!("\n# worker {}", super::manage::comment_text(&w.host));
+                outln!("env:\n  LD_PRELOAD: {}", super::manage::yaml_quote(p));
             }
         }
     }
@@ -599,10 +615,15 @@ fn ship_cmd(
         Duration::from_secs(common.timeout.max(1)),
     )?;
     let (transport, own) = common.reach()?;
+    if !dry_run {
+        crate::process::set_interrupt_note(
+            "the copies under way were stopped (rsync, ssh and tar end with fdl). A worker may keep a partial copy in libtorch/nccl/builds/.incoming-<name>/ and installs nothing from it: rerun `fdl cluster ship` to resume",
+        );
+    }
     let live = !json && std::io::stderr().is_terminal();
     let done = |r: &ShipResult| {
         if live {
-            eprintln!("  {}: {}", r.host, describe(&r.outcome));
+            eprintln!("  {}: {}", clean(&r.host), describe(&r.outcome));
         }
     };
     let results = ship::ship_all(&chosen, &transport, &own, &req, common.parallel, &done);
@@ -620,10 +641,15 @@ fn ship_cmd(
             "ok": failed.is_empty(),
         }));
     } else {
-        println!("Ship {name} (sha256 {}):", &req.digest[..12]);
+        outln!("Ship {name} (sha256 {}):", &req.digest[..12]);
         for r in &results {
-            let line = format!("  {:<12} {}  {}", r.host, describe(&r.outcome), r.dir);
-            println!(
+            let line = format!(
+                "  {:<12} {}  {}",
+                clean(&r.host),
+                describe(&r.outcome),
+                clean(&r.dir)
+            );
+            outln!(
                 "{}",
                 if r.outcome.ok() {
                     line
@@ -633,8 +659,27 @@ fn ship_cmd(
             );
         }
         if dry_run {
-            println!("Dry run: nothing was copied or changed.");
+            outln!("Dry run: nothing was copied or changed.");
         }
+    }
+    // Workers that hold a different build: only --force changes that, so say so.
+    let refused: Vec<&str> = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Refused { .. }))
+        .map(|r| r.host.as_str())
+        .collect();
+    if !failed.is_empty() && !force && refused.len() == failed.len() {
+        let e = anyhow::anyhow!(
+            "{} already hold{} something else under {name}: see what in the table. {}Rerun with --force to replace it (`fdl cluster ship {name} --force`)",
+            refused.join(", "),
+            if refused.len() == 1 { "s" } else { "" },
+            if dry_run { "Nothing was copied anywhere. " } else { "" }
+        );
+        return Err(if json {
+            super::JsonReported(e).into()
+        } else {
+            e
+        });
     }
     if !failed.is_empty() {
         let e = if dry_run {
@@ -677,7 +722,8 @@ fn describe(o: &Outcome) -> String {
                 ""
             }
         ),
-        Outcome::Refused { why } => format!("refused: {why}"),
-        Outcome::Failed { why } => format!("FAILED: {why}"),
+        // The worker's words: escaped, so no answer can rewrite the table.
+        Outcome::Refused { why } => format!("refused: {}", clean(why)),
+        Outcome::Failed { why } => format!("FAILED: {}", clean(why)),
     }
 }

@@ -14,7 +14,7 @@ pub(super) fn run(json_out: bool) -> Result<()> {
                 eprintln!("{e}");
                 print_json(&json!({ "gpus": [], "archs": [] }));
             } else {
-                println!("No NVIDIA GPU here: {e}");
+                outln!("No NVIDIA GPU here: {e}");
             }
             return Ok(());
         }
@@ -23,7 +23,7 @@ pub(super) fn run(json_out: bool) -> Result<()> {
     if json_out {
         print_json(&json!({ "gpus": gpus, "archs": gpu::distinct_archs(&gpus) }));
     } else {
-        print!("{}", gpu::table(&gpus));
+        out!("{}", gpu::table(&gpus));
     }
     Ok(())
 }

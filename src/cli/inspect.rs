@@ -202,12 +202,13 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
         return Ok(());
     }
     let mib = ins.size as f64 / (1024.0 * 1024.0);
-    println!(
+    outln!(
         "{}  ({mib:.1} MiB{})",
-        ins.path.display(),
+        super::clean(&ins.path.display().to_string()),
         if ins.elf { ", ELF" } else { ", not ELF" }
     );
-    let row = |k: &str, v: String| println!("  {k:<9}{v}");
+    // SONAME, needs, paths and warnings are the library's own strings: shown escaped.
+    let row = |k: &str, v: String| outln!("  {k:<9}{}", super::clean(&v));
     if let Some(s) = &ins.soname {
         row("soname", s.clone());
     }
@@ -257,17 +258,17 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
 
 pub(super) fn print_coverage(rows: &[CoverageRow], targets: &Targets) {
     match targets {
-        Targets::None(why) => println!("Coverage: not judged — {why}"),
+        Targets::None(why) => outln!("Coverage: not judged — {why}"),
         _ => {
-            println!("Coverage:");
+            outln!("Coverage:");
             let width = rows.iter().map(|r| r.label.len()).max().unwrap_or(0);
             for r in rows {
                 // A GPU's row names its arch too; an arch's row is its own name.
                 let arch = r.arch.to_string();
                 if r.label == arch {
-                    println!("  {:<width$}  {}", r.label, verdict_text(&r.verdict));
+                    outln!("  {:<width$}  {}", r.label, verdict_text(&r.verdict));
                 } else {
-                    println!(
+                    outln!(
                         "  {:<width$}  {arch:<7}  {}",
                         r.label,
                         verdict_text(&r.verdict)
@@ -334,29 +335,29 @@ fn print_which(lib: &Path, w: &Which) {
     let clean = super::clean;
     match &w.answer {
         Answer::Nccl { detection: d } => {
-            println!("NCCL {} (built with CUDA {})", d.version, d.cuda);
-            println!("  library   {}", clean(&lib.display().to_string()));
-            println!("  found in  {}", clean(&d.file.display().to_string()));
-            println!("  linkage   {}", clean(&linkage_text(d)));
+            outln!("NCCL {} (built with CUDA {})", d.version, d.cuda);
+            outln!("  library   {}", clean(&lib.display().to_string()));
+            outln!("  found in  {}", clean(&d.file.display().to_string()));
+            outln!("  linkage   {}", clean(&linkage_text(d)));
         }
         Answer::None { reason } => {
-            println!(
+            outln!(
                 "No NCCL in a process that loads {}: {reason}.",
                 clean(&lib.display().to_string())
             )
         }
-        Answer::Unknown { reason } => println!(
+        Answer::Unknown { reason } => outln!(
             "{} which NCCL a process that loads {} runs: {}",
             paint("Unknown", Color::Yellow),
             clean(&lib.display().to_string()),
             clean(reason)
         ),
         Answer::Split { reason } => {
-            println!("{} {}", paint("Two NCCLs:", Color::Red), clean(reason))
+            outln!("{} {}", paint("Two NCCLs:", Color::Red), clean(reason))
         }
     }
     if !w.calls.is_empty() {
-        println!("Calls:");
+        outln!("Calls:");
         for c in &w.calls {
             let what = if c.symbols.is_empty() {
                 "its calls".to_string()
@@ -373,7 +374,7 @@ fn print_which(lib: &Path, w: &Which) {
                 Some(o) => format!("→ {}", o.display()),
                 None => "→ nothing defines them".into(),
             };
-            println!(
+            outln!(
                 "  {} of {} {to}  ({})",
                 clean(&what),
                 clean(&c.caller.display().to_string()),
@@ -393,9 +394,9 @@ fn print_which(lib: &Path, w: &Which) {
         })
         .collect();
     if !providers.is_empty() {
-        println!("Loaded by:");
+        outln!("Loaded by:");
         for o in providers {
-            println!(
+            outln!(
                 "  {}  ({})",
                 clean(&o.path.display().to_string()),
                 clean(&o.found_by.to_string())
@@ -403,7 +404,7 @@ fn print_which(lib: &Path, w: &Which) {
         }
     }
     for s in &w.link_map.skipped_preloads {
-        println!(
+        outln!(
             "  {} {} element '{}': {}",
             paint("skipped", Color::Yellow),
             s.source,
@@ -412,7 +413,7 @@ fn print_which(lib: &Path, w: &Which) {
         );
     }
     for f in &w.link_map.failures {
-        println!(
+        outln!(
             "  {} {} (needed by {}): {}",
             paint("cannot load", Color::Red),
             clean(&f.needed),
@@ -425,13 +426,13 @@ fn print_which(lib: &Path, w: &Which) {
                 .iter()
                 .map(|p| clean(&p.parent().unwrap_or(p).display().to_string()))
                 .collect();
-            println!("    searched: {}", dirs.join(", "));
+            outln!("    searched: {}", dirs.join(", "));
         }
     }
     if let Some(p) = &w.pin {
-        println!("  pinned: {}", clean(&p.to_string()));
+        outln!("  pinned: {}", clean(&p.to_string()));
     }
-    println!(
+    outln!(
         "  ({} objects in the link map)",
         w.link_map
             .objects
@@ -510,7 +511,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
             } else {
                 paint("FAILED", Color::Red)
             };
-            println!("{}  {head}", r.build);
+            outln!("{}  {head}", r.build);
             let line = |c: &verify::Check, fail: &str| {
                 let status = match c.status {
                     Status::Pass => paint("ok", Color::Green),
@@ -518,7 +519,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                     Status::Fail => paint(fail, Color::Red),
                     Status::Skipped => paint("skipped", Color::Yellow),
                 };
-                println!(
+                outln!(
                     "  {:<width$}  {status:<7} {}",
                     c.check,
                     super::clean(&c.detail)
@@ -528,7 +529,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                 line(c, "FAIL");
             }
             if !r.host_coverage.is_empty() {
-                println!("  this host's GPUs (not part of the build's verdict):");
+                outln!("  this host's GPUs (not part of the build's verdict):");
                 for c in &r.host_coverage {
                     line(c, "NOT COVERED");
                 }
@@ -549,7 +550,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
 
 /// The hidden `fdl __probe-nccl LIB`: load, ask, print. Runs in a child of fdl.
 pub(super) fn probe_cmd(lib: &Path) -> Result<()> {
-    println!("{}", verify::probe_in_process(lib)?);
+    outln!("{}", verify::probe_in_process(lib)?);
     Ok(())
 }
 

@@ -87,7 +87,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                     .collect();
                 print_json(&json!({ "libtorch_dir": lt.dir, "active": active, "variants": rows }));
             } else if variants.is_empty() {
-                println!(
+                outln!(
                     "No libtorch variants under {} (expected precompiled/<name> or builds/<name>).\nRegister one with `fdl libtorch add NAME PATH` (an unpacked libtorch, or a pip torch's torch/ directory).",
                     lt.dir.display()
                 );
@@ -99,8 +99,12 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                         " "
                     };
                     match v.missing() {
-                        None => println!("{mark} {}", v.name),
-                        Some(why) => println!("{mark} {}  (files missing: {why})", v.name),
+                        None => outln!("{mark} {}", super::clean(&v.name)),
+                        Some(why) => outln!(
+                            "{mark} {}  (files missing: {})",
+                            super::clean(&v.name),
+                            super::clean(&why.to_string())
+                        ),
                     }
                 }
             }
@@ -120,15 +124,15 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                     .collect();
                 print_json(&json!({ "variant": v.name, "dir": v.dir, "arch": arch }));
             } else {
-                println!("Registered {} → {}", v.name, path.display());
+                outln!("Registered {} → {}", v.name, path.display());
                 for (k, val) in &arch {
                     let val = if val.is_empty() { "none" } else { val.as_str() };
-                    println!("  {k:<13}{val}");
+                    outln!("  {k:<13}{val}");
                 }
                 if first_variant {
-                    println!("Active libtorch: {} (the first variant)", v.name);
+                    outln!("Active libtorch: {} (the first variant)", v.name);
                 } else {
-                    println!("Make it active with `fdl libtorch activate {}`.", v.name);
+                    outln!("Make it active with `fdl libtorch activate {}`.", v.name);
                 }
             }
             Ok(())
@@ -144,12 +148,12 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             let base = v.name.rsplit('/').next().unwrap_or(&v.name);
             let _lock = crate::libtorch::lock_variant(kind_dir, base)?;
             let v = lt.remove(&v.name)?;
-            println!("Removed {}", v.name);
+            outln!("Removed {}", v.name);
             Ok(())
         }
         LibtorchCommand::Activate { variant } => {
             let v = lt.activate(&variant)?;
-            println!("Active libtorch: {}", v.name);
+            outln!("Active libtorch: {}", v.name);
             Ok(())
         }
         LibtorchCommand::Info {
@@ -209,28 +213,39 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 }));
                 return Ok(());
             }
-            println!("{}  ({})", v.name, v.dir.display());
+            outln!(
+                "{}  ({})",
+                super::clean(&v.name),
+                super::clean(&v.dir.display().to_string())
+            );
             if !meta.is_empty() {
-                println!("  recorded in .arch when it was added:");
+                outln!("  recorded in .arch when it was added:");
                 let width = meta.keys().map(String::len).max().unwrap_or(0);
                 for (k, val) in &meta {
                     let val = if val.is_empty() { "none" } else { val.as_str() };
-                    println!("    {k:<width$}  {val}");
+                    // .arch is a file in the project: its text is shown escaped.
+                    let (k, val) = (super::clean(k), super::clean(val));
+                    outln!("    {k:<width$}  {val}");
                 }
             }
             match &nccl {
                 Some(Ok(Some(w))) => {
-                    println!("  NCCL now: {}", super::clean(&ins::answer_line(w)))
+                    outln!("  NCCL now: {}", super::clean(&ins::answer_line(w)))
                 }
                 Some(Ok(None)) => {
-                    println!("  NCCL now: none: {} is not an ELF file", lib.display())
+                    outln!("  NCCL now: none: {} is not an ELF file", lib.display())
                 }
-                Some(Err(e)) => println!("  NCCL now: cannot tell: {e}"),
-                None => println!("  NCCL now: no {}", lib.display()),
+                Some(Err(e)) => outln!("  NCCL now: cannot tell: {}", super::clean(&e.to_string())),
+                None => outln!("  NCCL now: no {}", lib.display()),
             }
             match &code {
                 Some(Ok(_)) => ins::print_coverage(&rows, &targets),
-                Some(Err(e)) => println!("  gpu code cannot be read: {e}"),
+                Some(Err(e)) => {
+                    outln!(
+                        "  gpu code cannot be read: {}",
+                        super::clean(&e.to_string())
+                    )
+                }
                 None => {}
             }
             Ok(())

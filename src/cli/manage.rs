@@ -1,6 +1,6 @@
 //! `fdl nccl list|remove|env`: seeing, deleting and wiring builds.
 
-use super::{paint, print_json, Color};
+use super::{clean, paint, print_json, Color};
 use crate::libtorch::Libtorch;
 use crate::lock::Wait;
 use crate::nccl::store::{BuildName, BuildStore, Entry, Existing, Manifest};
@@ -36,10 +36,10 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
         return Ok(());
     }
     if let Some(note) = project.fallback_note() {
-        println!("Note: {note}.");
+        outln!("Note: {note}.");
     }
     if entries.is_empty() {
-        println!(
+        outln!(
             "No NCCL builds in {}. Make one with `fdl nccl build`.",
             store.dir.display()
         );
@@ -85,22 +85,27 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
                     plan.backend.kind().to_string(),
                     indicatif::HumanBytes(*size_bytes).to_string(),
                     manifest.built_at.clone(),
-                ]);
+                ]
+                // From the manifest, a file anyone who could write the build wrote.
+                .into_iter()
+                .map(|c| clean(&c))
+                .collect());
             }
             Entry::Partial { name, what } => notes.push((
-                name.clone(),
-                paint(&format!("partial: {what}"), Color::Yellow),
+                clean(name),
+                paint(&clean(&format!("partial: {what}")), Color::Yellow),
             )),
             Entry::Unreadable { name, why } => notes.push((
-                name.clone(),
+                clean(name),
                 paint(
-                    &format!("unreadable: {why} (remove it with `fdl nccl remove {name}`, or rebuild with --force)"),
+                    &clean(&format!("unreadable: {why} (remove it with `fdl nccl remove {name}`, or rebuild with --force)")),
                     Color::Red,
                 ),
             )),
-            Entry::Broken { name, why } => {
-                notes.push((name.clone(), paint(&format!("broken: {why}"), Color::Red)))
-            }
+            Entry::Broken { name, why } => notes.push((
+                clean(name),
+                paint(&clean(&format!("broken: {why}")), Color::Red),
+            )),
         }
     }
     let widths: Vec<usize> = (0..rows[0].len())
@@ -119,16 +124,16 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
                 }
             })
             .collect();
-        println!("{}", cells.join("  ").trim_end());
+        outln!("{}", cells.join("  ").trim_end());
     }
     for (name, note) in notes {
-        println!("{name}  {note}");
+        outln!("{name}  {note}");
     }
     if entries
         .iter()
         .any(|e| matches!(e, Entry::Build { manifest, .. } if manifest.plan.only_funcs.is_some()))
     {
-        println!("* development build (--only-funcs): not a full NCCL");
+        outln!("* development build (--only-funcs): not a full NCCL");
     }
     Ok(())
 }
@@ -182,7 +187,7 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
         })?;
         let dir = store.remove(&lock)?;
         store.sweep_leftovers(&lock);
-        println!("Removed {}", dir.display());
+        outln!("Removed {}", dir.display());
     }
     Ok(())
 }
@@ -211,15 +216,15 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
     ));
     match format {
         EnvFormat::Shell => {
-            println!("# {comment}");
-            println!(
+            outln!("# {comment}");
+            outln!(
                 "export LD_PRELOAD={}\"${{LD_PRELOAD:+:$LD_PRELOAD}}\"",
                 crate::step::single_quote(path)
             );
         }
         EnvFormat::Yaml => {
-            println!("# {comment}");
-            println!("env:\n  LD_PRELOAD: {}", yaml_quote(path));
+            outln!("# {comment}");
+            outln!("env:\n  LD_PRELOAD: {}", yaml_quote(path));
         }
         EnvFormat::Json => print_json(&json!({
             "build": name,

@@ -1,6 +1,26 @@
 //! The command line: argument definitions and dispatch. Each subcommand module gathers
 //! its inputs, calls the library, and renders text or one JSON object.
 
+/// `print!` for command output: a failed write (a full disk, `> /dev/full`) is recorded
+/// by [`write_out`] instead of panicking, and ends fdl with an error (see
+/// [`finish_stdout`]).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::write_out(format_args!($($arg)*))
+    };
+}
+
+/// `println!` for command output; see [`out!`].
+macro_rules! outln {
+    () => {
+        $crate::cli::write_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {{
+        $crate::cli::write_out(format_args!($($arg)*));
+        $crate::cli::write_out(format_args!("\n"));
+    }};
+}
+
 mod build;
 mod cluster;
 mod gpus;
@@ -129,6 +149,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
     )]
     Verify {
         /// Default: every build
+        #[arg(value_parser = build_name_arg)]
         build: Option<String>,
         /// Print one JSON object (the exit status still says whether all passed)
         #[arg(long)]
@@ -145,7 +166,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
     #[command(after_help = "Example:\n  fdl nccl remove v2.27.5-sm61-sm120 --yes")]
     Remove {
         /// Build names as `fdl nccl list` shows them
-        #[arg(required = true)]
+        #[arg(required = true, value_parser = build_name_arg)]
         builds: Vec<String>,
         /// Do not ask
         #[arg(long, short)]
@@ -161,6 +182,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
     Env {
         /// A build as `fdl nccl list` names it (default: the newest matching the active
         /// libtorch's NCCL)
+        #[arg(value_parser = build_name_arg)]
         build: Option<String>,
         /// How to print it: shell `export` lines, a YAML env: block, or JSON
         #[arg(long, value_enum, default_value_t = manage::EnvFormat::Shell)]
@@ -169,6 +191,15 @@ Without --tag the version is read from the active libtorch; without --archs the 
         #[arg(long, conflicts_with = "format")]
         json: bool,
     },
+}
+
+/// A build name from the command line, checked as clap parses it: a name no build can
+/// have (over 255 bytes, a path, a hidden name) is a usage error before any file, lock
+/// or plan is touched.
+pub(crate) fn build_name_arg(s: &str) -> std::result::Result<String, String> {
+    crate::nccl::store::BuildName::parse(s)
+        .map(|_| s.to_string())
+        .map_err(|e| clean(&e.to_string()))
 }
 
 /// An error from a command that works in a project: it says which root was used and
@@ -263,7 +294,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
     match cli.command {
         Command::Nccl(NcclCommand::Build(args)) => build::run(project, args),
         Command::Nccl(NcclCommand::Dockerfile) => {
-            print!("{EMBEDDED_DOCKERFILE}");
+            out!("{EMBEDDED_DOCKERFILE}");
             Ok(())
         }
         Command::Nccl(NcclCommand::List { json }) => manage::list(project, json),
@@ -306,12 +337,15 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
         Command::Libtorch(cmd) => libtorch::run(project, cmd),
         Command::Cluster(cmd) => cluster::run(project, cmd),
         Command::Completions { shell } => {
+            // clap_complete panics on a failed write: generate in memory, write as all output.
+            let mut script = Vec::new();
             clap_complete::generate(
                 shell,
                 &mut visible(&<Cli as clap::CommandFactory>::command()),
                 "fdl",
-                &mut std::io::stdout(),
+                &mut script,
             );
+            out!("{}", String::from_utf8_lossy(&script));
             Ok(())
         }
         Command::Gpus { json } => gpus::run(json),
@@ -364,10 +398,90 @@ pub(crate) fn print_json(value: &serde_json::Value) {
     if let Some(obj) = value.as_object_mut() {
         obj.insert("schema".into(), JSON_SCHEMA.into());
     }
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&value).expect("JSON values serialize")
-    );
+    let text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
+    // serde_json leaves C1 controls and bidi overrides raw inside strings: write them as
+    // JSON escapes, so the output is terminal-safe as it is (see terminal_safe).
+    let text: String = text
+        .chars()
+        .map(|c| {
+            if (c.is_control() && c != '\n')
+                || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+            {
+                format!("\\u{:04x}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect();
+    outln!("{text}");
+}
+
+/// The first failed write to stdout; later output is dropped.
+static STDOUT_ERROR: std::sync::Mutex<Option<std::io::Error>> = std::sync::Mutex::new(None);
+
+/// Writes command output to stdout; a failure is kept for [`finish_stdout`], and nothing
+/// more is written after one.
+pub(crate) fn write_out(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut failed = STDOUT_ERROR.lock().unwrap_or_else(|e| e.into_inner());
+    if failed.is_some() {
+        return;
+    }
+    let text = terminal_safe(&std::fmt::format(args));
+    if let Err(e) = std::io::stdout().lock().write_all(text.as_bytes()) {
+        *failed = Some(e);
+    }
+}
+
+/// The backstop under [`clean`] for whole lines of output: every control character but
+/// newline and tab is escaped, except fdl's own colour codes (`ESC [ digits m`, which
+/// only colour text). Fields from outside are cleaned where they are printed (that also
+/// escapes their newlines, so no line can be forged); this catches the rest, so no
+/// output of fdl can retitle, clear or move about the user's terminal.
+pub fn terminal_safe(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let is_sgr = |at: usize| {
+        let rest = &bytes[at..];
+        rest.len() >= 3 && rest[1] == b'[' && {
+            let n = rest[2..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit() || **b == b';')
+                .count();
+            rest.get(2 + n) == Some(&b'm')
+        }
+    };
+    let needs = text.char_indices().any(|(i, c)| {
+        (c.is_control() && c != '\n' && c != '\t' && !(c == '\x1b' && is_sgr(i)))
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    });
+    if !needs {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    for (i, c) in text.char_indices() {
+        if c == '\n' || c == '\t' || (c == '\x1b' && is_sgr(i)) {
+            out.push(c);
+        } else {
+            out.push_str(&clean(c.encode_utf8(&mut [0; 4])));
+        }
+    }
+    out
+}
+
+/// Flushes stdout and says whether all command output was written. A closed pipe never
+/// gets here (SIGPIPE ends fdl quietly, as any Unix tool); a full disk or a device that
+/// refuses writes does, as an error for `main` to report.
+pub fn finish_stdout() -> std::io::Result<()> {
+    use std::io::Write;
+    let flushed = std::io::stdout().lock().flush();
+    match STDOUT_ERROR
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+    {
+        Some(e) => Err(e),
+        None => flushed,
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -387,7 +501,7 @@ fn color_enabled(stream_is_terminal: bool) -> bool {
 /// control character (escape sequences, carriage returns, bidi controls are not
 /// excepted) is written as a visible `\u{…}` escape, so nothing can retitle, clear or
 /// forge lines of the user's terminal.
-pub(crate) fn clean(text: &str) -> String {
+pub fn clean(text: &str) -> String {
     let bad = |c: char| {
         c.is_control()
             || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')

@@ -136,6 +136,8 @@ pub fn parse(sources: &[(PathBuf, String)]) -> Result<(Controller, Vec<Worker>)>
     let at = Where { files: &names };
     let mut merged: Option<Node> = None;
     for (i, (_, text)) in sources.iter().enumerate() {
+        // Editors on some systems start UTF-8 files with a byte-order mark: not YAML.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         // An empty file (or only comments) is an empty mapping, as floDl takes it.
         let node = if text
             .lines()
@@ -143,7 +145,9 @@ pub fn parse(sources: &[(PathBuf, String)]) -> Result<(Controller, Vec<Worker>)>
         {
             continue;
         } else {
-            marked_yaml::parse_yaml(i, text)
+            // A key written twice is a mistake to show, not a value to pick silently.
+            let options = marked_yaml::LoaderOptions::default().error_on_duplicate_keys(true);
+            marked_yaml::parse_yaml_with_options(i, text, options)
                 .map_err(|e| anyhow!("{}: {}", names[i], load_error(&e)))?
         };
         merged = Some(match merged {
@@ -286,7 +290,21 @@ fn load_error(e: &marked_yaml::LoadError) -> String {
         L::MappingKeyMustBeScalar(m) => (m, "a mapping key must be a plain value".to_string()),
         L::UnexpectedTag(m) => (m, "YAML tags are not supported here".to_string()),
         L::ScanError(m, err) => (m, format!("not valid YAML: {err}")),
-        L::DuplicateKey(_) => return "a key appears twice in one mapping".to_string(),
+        L::DuplicateKey(d) => {
+            let line = |k: &marked_yaml::types::MarkedScalarNode| {
+                k.span()
+                    .start()
+                    .map(|m| m.line().to_string())
+                    .unwrap_or_else(|| "?".into())
+            };
+            return format!(
+                "line {}: the key `{}` appears twice in one mapping (lines {} and {}): keep one",
+                line(&d.key),
+                crate::cli::clean(&d.key.as_str().chars().take(60).collect::<String>()),
+                line(&d.prev_key),
+                line(&d.key)
+            );
+        }
     };
     format!("line {}: {what}", m.line())
 }

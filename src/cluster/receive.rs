@@ -185,9 +185,15 @@ pub fn install(
     cache: &Path,
 ) -> Result<Installed> {
     let name = BuildName::parse(name)?;
+    if !is_sha256(digest) {
+        bail!(
+            "--digest must be a sha256 (64 lowercase hex digits), not '{}'",
+            crate::cli::clean(&digest.chars().take(80).collect::<String>())
+        );
+    }
     let store = BuildStore::new(builds_dir.to_path_buf());
     let incoming = builds_dir.join(format!("{INCOMING_PREFIX}{}", name.as_str()));
-    let lock = store.lock(&name, cache, Wait::No, &|_| {})?;
+    let lock = store.lock(&name, cache, Wait::Never, &|_| {})?;
     // Only the directory `--prepare` made: a link there is never followed (its target's
     // files would be moved out of it).
     let m = std::fs::symlink_metadata(&incoming)
@@ -205,7 +211,7 @@ pub fn install(
             "the copy in {} is not the controller's build (digest {}, expected {}): ship again",
             incoming.display(),
             &got[..12],
-            &digest[..12.min(digest.len())]
+            &digest[..12]
         );
     }
     let replaced = match store.existing(name.as_str())? {
@@ -235,6 +241,8 @@ pub fn install(
     }
     std::fs::remove_dir(&incoming).ok();
     let manifest = read_manifest(staging.path())?;
+    manifest_fits(&manifest, name.as_str())
+        .context("the copy's manifest does not describe this build, so nothing was installed")?;
     let exe = std::env::current_exe()?;
     let probe = |lib: &Path| verify::probe_in_child(&exe, lib);
     let against = Against {
@@ -265,6 +273,55 @@ pub fn install(
         digest,
         replaced,
     ))
+}
+
+/// Whether `s` is a sha256 as fdl writes one.
+fn is_sha256(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Whether a shipped manifest describes the build it is installed as: a copy is believed
+/// only as far as it agrees with where it goes. Its name must be `name`, its
+/// `output_dir` an absolute, plain path ending in `libtorch/nccl/builds/<name>` (the
+/// controller's checkout may sit elsewhere than this host's, but never name another
+/// build or another place), and the library it records a plain file name in `lib/`.
+pub fn manifest_fits(manifest: &crate::nccl::store::Manifest, name: &str) -> Result<()> {
+    use std::path::Component;
+    let plan = &manifest.plan;
+    if plan.name != name {
+        bail!(
+            "it names build '{}', not '{name}'",
+            crate::cli::clean(&plan.name.chars().take(300).collect::<String>())
+        );
+    }
+    let out = &plan.output_dir;
+    let plain = out.is_absolute()
+        && out
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    let tail: Vec<_> = out.components().rev().take(4).collect();
+    let expected = [name, "builds", "nccl", "libtorch"];
+    let ends_right = tail.len() == 4
+        && tail
+            .iter()
+            .zip(expected)
+            .all(|(c, e)| c.as_os_str() == std::ffi::OsStr::new(e));
+    if !plain || !ends_right {
+        bail!(
+            "its output_dir {} is not a libtorch/nccl/builds/{name} directory",
+            crate::cli::clean(&out.display().to_string())
+        );
+    }
+    let lib = &manifest.checked.library;
+    if lib.is_empty() || lib.contains('/') || lib == "." || lib == ".." {
+        bail!(
+            "the library it records ('{}') is not a file name in lib/",
+            crate::cli::clean(lib)
+        );
+    }
+    Ok(())
 }
 
 /// The answer for a build in place at `dir`, with the LD_PRELOAD value this worker's

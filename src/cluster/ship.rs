@@ -122,6 +122,9 @@ fn receive<T: serde::de::DeserializeOwned>(
             w.path
         );
     }
+    if let Some(why) = ssh::banner(&out.stdout) {
+        bail!("{why}");
+    }
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         let v: Option<serde_json::Value> = serde_json::from_str(text.trim()).ok();
@@ -136,15 +139,25 @@ fn receive<T: serde::de::DeserializeOwned>(
             });
         bail!("{why}");
     }
-    serde_json::from_str(text.trim())
-        .with_context(|| format!("the worker's fdl gave no answer: {}", text.trim()))
+    serde_json::from_str(text.trim()).with_context(|| {
+        format!(
+            "the worker's fdl gave no answer: '{}'",
+            text.trim().chars().take(200).collect::<String>()
+        )
+    })
 }
 
 /// Makes the controller's fdl present on the worker.
 fn ensure_own_fdl(t: &Transport, w: &Worker, own: &OwnBinary, timeout: Duration) -> Result<()> {
+    // Present is not enough: a cached copy that is not these bytes (damaged, or planted)
+    // is replaced, as `status` replaces one that does not answer.
     let out = t.run(
         w,
-        &format!("test -x {}", own.remote_path_expr()),
+        &format!(
+            "b={}; test -x \"$b\" && [ \"$(sha256sum < \"$b\" | cut -d' ' -f1)\" = {} ]",
+            own.remote_path_expr(),
+            single_quote(&own.sha256)
+        ),
         None,
         timeout,
     )?;
@@ -179,7 +192,9 @@ pub fn ship_one(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -
 
 fn ship_steps(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> Result<Outcome> {
     ensure_own_fdl(t, w, own, req.timeout)?;
-    let state: StateReport = receive(t, w, own, &["--state", req.name], req.timeout)?;
+    // `--state=NAME`: one word, so a name starting with `-` is a value, never an option.
+    let state_arg = format!("--state={}", req.name);
+    let state: StateReport = receive(t, w, own, &[&state_arg], req.timeout)?;
     let replace = match &state.place {
         Place::Absent => false,
         Place::Build { digest } if *digest == req.digest => return Ok(Outcome::AlreadyThere),
@@ -202,13 +217,15 @@ fn ship_steps(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> 
     if req.dry_run {
         return Ok(Outcome::WouldCopy { copy, replace });
     }
-    let state: StateReport = receive(t, w, own, &["--state", req.name, "--prepare"], req.timeout)?;
+    let state: StateReport = receive(t, w, own, &[&state_arg, "--prepare"], req.timeout)?;
     if use_rsync {
         rsync(t, w, req.dir, &state.incoming, req.timeout)?;
     } else {
         tar_over_ssh(t, w, req.dir, &state.incoming, req.timeout)?;
     }
-    let mut args = vec!["--install", req.name, "--digest", &req.digest];
+    let install_arg = format!("--install={}", req.name);
+    let digest_arg = format!("--digest={}", req.digest);
+    let mut args = vec![install_arg.as_str(), digest_arg.as_str()];
     if req.force {
         args.push("--force");
     }
@@ -219,34 +236,38 @@ fn ship_steps(t: &Transport, w: &Worker, own: &OwnBinary, req: &ShipRequest) -> 
     })
 }
 
-/// rsync's `-e` is split on spaces by rsync itself, honouring quotes: each word is
-/// quoted, and a word it cannot carry is refused rather than split.
+/// The host rsync is given: a fixed name, so no target (a config alias with a `/`, an
+/// IPv6 address, a name starting with `-`) is ever read by rsync as a local path, a port
+/// or an option. rsync hands it to its `-e` command, which drops it (see [`rsync_shell`]).
+pub const RSYNC_HOST: &str = "fdl-worker";
+
+/// The environment variable that carries the worker's real `ssh.target` to
+/// [`rsync_shell`]'s command: through the environment it needs no quoting at all.
+const TARGET_VAR: &str = "FDL_SSH_TARGET";
+
+/// rsync's `-e`: a `sh -c` that drops the host rsync passes ([`RSYNC_HOST`]) and runs
+/// `ssh <the worker's options> -- "$FDL_SSH_TARGET" <rsync's remote command>`. ssh gets
+/// the target exactly as `fdl cluster status` gives it (after `--`, so the user's
+/// `~/.ssh/config` aliases apply as in their shell). rsync splits `-e` itself, honouring
+/// quotes, where a doubled quote inside quotes is a literal one: every word is quoted
+/// that way, so any value passes.
 fn rsync_shell(t: &Transport, w: &Worker) -> Result<String> {
-    let mut words = vec!["ssh".to_string()];
+    let mut script = String::from("shift; exec ssh");
     for a in t.options(w) {
         let a = a
             .into_string()
             .map_err(|a| anyhow!("{} is not UTF-8", a.to_string_lossy()))?;
-        words.push(if !a.contains('\'') {
-            format!("'{a}'")
-        } else if !a.contains('"') {
-            format!("\"{a}\"")
-        } else {
-            bail!("an ssh setting holds both quote characters, which rsync cannot pass: {a}");
-        });
+        script.push(' ');
+        script.push_str(&single_quote(&a));
     }
-    Ok(words.join(" "))
+    script.push_str(&format!(" -T -- \"${TARGET_VAR}\" \"$@\""));
+    let rsync_quote = |w: &str| format!("'{}'", w.replace('\'', "''"));
+    Ok(format!("sh -c {} fdl-rsh", rsync_quote(&script)))
 }
 
-/// Hosts for rsync and the copy: `user@` is in the ssh options, an IPv6 address needs
-/// brackets.
-fn remote_spec(w: &Worker, path: &Path) -> OsString {
-    let host = if w.ssh.target.contains(':') {
-        format!("[{}]", w.ssh.target)
-    } else {
-        w.ssh.target.clone()
-    };
-    let mut s = OsString::from(format!("{host}:"));
+/// The destination for rsync: always [`RSYNC_HOST`], then the path.
+fn remote_spec(path: &Path) -> OsString {
+    let mut s = OsString::from(format!("{RSYNC_HOST}:"));
     s.push(path);
     s.push("/");
     s
@@ -279,9 +300,12 @@ fn rsync(t: &Transport, w: &Worker, from: &Path, to: &Path, timeout: Duration) -
         .arg(rsync_shell(t, w)?)
         // The remote rsync runs inside the checked directory and writes to `.`.
         .arg(format!("--rsync-path={}; exec rsync", enter_incoming(to)?))
+        .arg("--")
         .arg(src)
-        .arg(remote_spec(w, Path::new(".")));
+        .arg(remote_spec(Path::new(".")))
+        .env(TARGET_VAR, &w.ssh.target);
     let out = crate::process::output_within(&mut cmd, copy_limit(timeout))
+        .map_err(crate::process::lift)
         .context("cannot run rsync")?
         .ok_or_else(|| {
             anyhow!("the copy took too long and was stopped (rerun ship to resume it)")
@@ -325,14 +349,16 @@ fn tar_over_ssh(
     timeout: Duration,
 ) -> Result<()> {
     let enter = enter_incoming(to)?;
-    let mut tar = Command::new("tar")
+    // tar dies with fdl as ssh does: its own process group, watched (see process::spawn).
+    let mut tar_cmd = Command::new("tar");
+    tar_cmd
         .arg("-C")
         .arg(from)
         .args(["-cf", "-", "."])
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("cannot run tar")?;
+        .stderr(Stdio::null());
+    let (mut tar, _tar_watch) = crate::process::spawn(&mut tar_cmd).context("cannot run tar")?;
     let stdout = tar.stdout.take().expect("piped");
     let script = format!("{enter}; find . -mindepth 1 -delete && tar -xf -");
     let mut cmd = Command::new("ssh");
@@ -341,6 +367,7 @@ fn tar_over_ssh(
     let _ = tar.kill();
     let _ = tar.wait();
     let out = out
+        .map_err(crate::process::lift)
         .context("cannot run ssh")?
         .ok_or_else(|| anyhow!("the copy took too long and was stopped (rerun ship)"))?;
     if let Some(why) = ssh::connection_failure(&out) {
@@ -365,4 +392,75 @@ pub fn ship_all(
     on_done: &(dyn Fn(&ShipResult) + Sync),
 ) -> Vec<ShipResult> {
     super::in_parallel(workers, parallel, |w| ship_one(t, w, own, req), on_done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::config::SshSettings;
+
+    /// rsync's own splitting of `-e`, then `sh -c`, hand ssh every option word as it was
+    /// written (quotes, backslashes, `$`) and the target after `--`, whatever it holds.
+    #[test]
+    fn rsyncs_ssh_gets_the_options_and_the_target_verbatim() {
+        if crate::native::on_path("rsync").is_none() {
+            eprintln!("rsync is not installed: skipped");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("args");
+        let ssh = dir.path().join("ssh");
+        std::fs::write(
+            &ssh,
+            format!(
+                "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done > '{}'\nexit 1\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let option = r#"ProxyCommand=nc 'a b' "c d" \e $HOME `x` ''"#;
+        let target = "-nodes/a b:'c\"";
+        let w = Worker {
+            host: "w".into(),
+            path: "/srv".into(),
+            arch: None,
+            ssh: SshSettings {
+                target: target.into(),
+                options: vec![option.into()],
+                ..Default::default()
+            },
+            env: Default::default(),
+            docker: None,
+        };
+        let t = Transport {
+            control_dir: dir.path().join("c"),
+            connect_timeout: Duration::from_secs(5),
+        };
+        std::fs::create_dir(dir.path().join("src")).unwrap();
+        let path = format!(
+            "{}:{}",
+            dir.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let status = Command::new("rsync")
+            .args(["-a", "-e", &rsync_shell(&t, &w).unwrap(), "--"])
+            .arg(dir.path().join("src/"))
+            .arg(remote_spec(Path::new("/x")))
+            .env("PATH", path)
+            .env(TARGET_VAR, target)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(!status.success());
+        let args = std::fs::read_to_string(&log).unwrap();
+        let args: Vec<&str> = args.lines().collect();
+        assert_eq!(&args[..2], ["-o", option]);
+        let dashes = args.iter().position(|a| *a == "--").unwrap();
+        assert_eq!(args[dashes + 1], target);
+        assert_eq!(args[dashes + 2], "rsync");
+        assert!(!args.contains(&RSYNC_HOST));
+    }
 }

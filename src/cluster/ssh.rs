@@ -107,6 +107,8 @@ impl Transport {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 bail!("the ssh command was not found: install the OpenSSH client (openssh-client)")
             }
+            // An answer past the cap, or an interrupt: the child is ended already.
+            Err(e) if e.get_ref().is_some() => Err(crate::process::lift(e)),
             Err(e) => Err(e).context("cannot start ssh"),
         }
     }
@@ -128,6 +130,36 @@ pub fn words(words: &[&str]) -> String {
         .map(|w| single_quote(w))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Text a worker's shell printed before fdl's JSON answer (a banner or motd from its
+/// startup files), named as such: fdl's answer is the whole of stdout, and anything
+/// before it is refused rather than skipped, since rsync breaks on it too.
+pub fn banner(stdout: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(stdout);
+    let trimmed = text.trim_start();
+    if trimmed.is_empty() || trimmed.starts_with('{') {
+        return None;
+    }
+    let json_at = text.find("\n{")?;
+    shell_noise(&text[..json_at])
+}
+
+/// The message for `before`, text a worker's shell printed ahead of the answer of a
+/// command fdl ran there; `None` when it is only blank.
+pub fn shell_noise(before: &str) -> Option<String> {
+    let before: Vec<&str> = before
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let first: String = before.first()?.chars().take(80).collect();
+    Some(format!(
+        "the worker's shell printed {} line{} before fdl's answer, starting '{}': a banner or motd from its startup files (.bashrc, .profile). A non-interactive shell must print nothing else: print it only for interactive shells (rsync needs that too)",
+        before.len(),
+        if before.len() == 1 { "" } else { "s" },
+        crate::cli::clean(&first)
+    ))
 }
 
 /// What ssh's exit tells about the connection itself: 255 is ssh's own failure (no route,

@@ -99,6 +99,9 @@ impl OwnBinary {
     }
 }
 
+/// The line fdl prints before the facts it asks a worker's shell for.
+const FACTS: &str = "fdl-facts";
+
 /// Exit codes of the remote script that are fdl's, not the command's.
 pub(super) const NO_PATH: i32 = 97;
 const NO_FDL: i32 = 96;
@@ -141,6 +144,9 @@ fn run_fdl<T>(
             ),
             Some(NO_FDL) => return Ok(Err("no fdl there".into())),
             _ => {}
+        }
+        if let Some(why) = ssh::banner(&out.stdout) {
+            bail!("{why}");
         }
         Ok(parse(&out))
     };
@@ -236,7 +242,8 @@ pub fn preload_on(
         t,
         w,
         own,
-        &["cluster", "link", name, "--json"],
+        // After `--`: a name starting with `-` is the build, never an option.
+        &["cluster", "link", "--json", "--", name],
         timeout,
         &parse,
     )?;
@@ -254,7 +261,7 @@ pub(super) fn ship_binary(
 ) -> Result<()> {
     let out = t.run(
         w,
-        "uname -m; getconf GNU_LIBC_VERSION 2>/dev/null || echo 'no-glibc'",
+        &format!("echo {FACTS}; uname -m; getconf GNU_LIBC_VERSION 2>/dev/null || echo 'no-glibc'"),
         None,
         timeout,
     )?;
@@ -262,7 +269,18 @@ pub(super) fn ship_binary(
         bail!("unreachable over SSH: {why}");
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut lines = text.lines();
+    // The answer starts after fdl's marker line; text before it is the shell's, not uname's.
+    let (before, answer) = match text.split_once(&format!("{FACTS}\n")) {
+        Some(parts) => parts,
+        None => bail!(
+            "its shell did not run `uname -m` as asked (it answered '{}')",
+            text.trim().chars().take(120).collect::<String>()
+        ),
+    };
+    if let Some(why) = ssh::shell_noise(before) {
+        bail!("{why}");
+    }
+    let mut lines = answer.lines();
     let machine = lines.next().unwrap_or("").trim();
     let libc = lines.next().unwrap_or("").trim();
     runs_there(

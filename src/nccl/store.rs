@@ -62,6 +62,14 @@ pub struct BuildName(String);
 
 impl BuildName {
     pub fn parse(name: &str) -> Result<BuildName> {
+        if name.len() > crate::nccl::plan::MAX_NAME_BYTES {
+            bail!(
+                "'{}…' ({} bytes) is not a build name: a build is a directory, and a directory name has at most {} bytes",
+                name.chars().take(40).collect::<String>(),
+                name.len(),
+                crate::nccl::plan::MAX_NAME_BYTES
+            );
+        }
         let ok = !name.is_empty()
             && name.len() <= 255
             && !name.starts_with('.')
