@@ -295,7 +295,7 @@ fn read_paths() -> Vec<ReadPath> {
                         "--install",
                         "b",
                         "--digest",
-                        "0123456789abcdef",
+                        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
                     ]),
                 )
             },
