@@ -111,10 +111,16 @@ fn system_search() -> &'static Result<SystemSearch, String> {
     static FACTS: OnceLock<Result<SystemSearch, String>> = OnceLock::new();
     FACTS.get_or_init(|| {
         let interp = own_interpreter().ok_or("fdl's own program names no ELF interpreter")?;
-        let text = cached_help(
-            &interp,
-            &crate::cache::cache_dir().map_err(|e| format!("{e:#}"))?,
-        )?;
+        // Without a usable cache (one fdl refuses as not private), the loader is asked
+        // each time: the answer must not depend on the cache.
+        let text = match crate::cache::cache_dir() {
+            Ok(cache) => cached_help(&interp, &cache)?,
+            Err(_) => {
+                let out = loader_help(&interp)
+                    .map_err(|e| format!("{} --help: {e}", interp.display()))?;
+                String::from_utf8_lossy(&out).into_owned()
+            }
+        };
         parse_ld_so_help(&text).ok_or_else(|| {
             format!(
                 "{} --help lists no system search path (glibc older than 2.33?)",
@@ -537,6 +543,32 @@ mod help_tests {
         assert_eq!(s.hwcaps, ["x86-64-v3", "x86-64-v2"]);
         assert_eq!(s.legacy_hwcaps, ["x86_64", "tls"]);
         assert!(parse_ld_so_help("no such section\n").is_none());
+    }
+
+    /// The loader's answer is kept under its identity and read back; a cache fdl cannot
+    /// keep private is not written, and the loader is still asked.
+    #[test]
+    fn the_loader_help_is_cached_under_its_identity() {
+        let Some(interp) = own_interpreter() else {
+            panic!("the test binary has no ELF interpreter");
+        };
+        let t = tempfile::tempdir().unwrap();
+        let cache = t.path().join("fdl");
+        let first = cached_help(&interp, &cache).unwrap();
+        assert!(parse_ld_so_help(&first).is_some(), "{first}");
+        let entries: Vec<_> = std::fs::read_dir(cache.join("ld.so")).unwrap().collect();
+        assert_eq!(entries.len(), 1);
+        let file = entries[0].as_ref().unwrap().path();
+        std::fs::write(&file, "from the cache").unwrap();
+        assert_eq!(cached_help(&interp, &cache).unwrap(), "from the cache");
+        // Writable by others: neither read nor written, the loader answers.
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .unwrap();
+        let again = cached_help(&interp, &open).unwrap();
+        assert!(parse_ld_so_help(&again).is_some());
+        assert!(!open.join("ld.so").exists());
     }
 
     #[test]
