@@ -103,18 +103,13 @@ fn code_list(entries: &[inspect::CodeEntry], ptx: bool) -> String {
         .join(", ")
 }
 
-/// Which NCCL a process that links `lib` runs, in this process's environment.
-pub(super) fn which_of(lib: &Path) -> Result<Which> {
-    loader::which_nccl(lib, &LoaderEnv::from_process())
-}
-
-/// The answer for a library already inspected: a raw fatbin or other non-ELF file has no
-/// loader, only its own self-id.
+/// Which NCCL a process that links the inspected library runs, in this process's
+/// environment, reusing the inspection's self-ids. A non-ELF file has no loader.
 pub(super) fn nccl_in(ins: &inspect::Inspection) -> Result<Option<Which>> {
     if !ins.elf {
         return Ok(None);
     }
-    which_of(&ins.path).map(Some)
+    loader::which_nccl_knowing(&ins.path, &LoaderEnv::from_process(), Some(&ins.self_ids)).map(Some)
 }
 
 pub(super) fn linkage_text(d: &NcclDetection) -> String {

@@ -93,6 +93,17 @@ pub struct Which {
 
 /// Which NCCL a process runs whose program is `target`, or that links `target`, in `env`.
 pub fn which_nccl(target: &Path, env: &LoaderEnv) -> Result<Which> {
+    which_nccl_knowing(target, env, None)
+}
+
+/// [`which_nccl`] for a `target` already inspected: the self-ids its read-only data
+/// carries (`Inspection::self_ids`) are not searched for again — for a libtorch with NCCL
+/// compiled in, that scan is most of the work.
+pub fn which_nccl_knowing(
+    target: &Path,
+    env: &LoaderEnv,
+    target_self_ids: Option<&[SelfId]>,
+) -> Result<Which> {
     let map = map::load(target, env)?;
     let asked = map
         .objects
@@ -196,6 +207,24 @@ pub fn which_nccl(target: &Path, env: &LoaderEnv) -> Result<Which> {
             .is_some_and(|f| f.symbols.iter().any(|s| s.binding == Binding::Imported))
     };
     let mut self_ids: BTreeMap<usize, Result<Option<SelfId>, String>> = BTreeMap::new();
+    if let (Some(a), Some(ids)) = (asked, target_self_ids) {
+        self_ids.insert(
+            a,
+            match ids {
+                [] => Ok(None),
+                [one] => Ok(Some(one.clone())),
+                many => Err(format!(
+                    "{} carries {} different NCCL self-ids ({}); cannot tell which one is linked",
+                    target.display(),
+                    many.len(),
+                    many.iter()
+                        .map(|i| format!("{}+cuda{}", i.nccl, i.cuda))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+            },
+        );
+    }
     let mut id_of = |i: usize| -> Result<Option<SelfId>, String> {
         self_ids
             .entry(i)

@@ -18,7 +18,7 @@ pub mod pin;
 pub mod preload;
 pub mod search;
 
-pub use bind::{which_nccl, Answer, CallGroup, Which};
+pub use bind::{which_nccl, which_nccl_knowing, Answer, CallGroup, Which};
 pub use map::{FoundBy, LinkMap, LoadFailure, Object, SkippedPreload};
 pub use search::LoaderEnv;
 
