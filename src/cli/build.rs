@@ -124,7 +124,9 @@ enum Chosen {
         engine: Option<Engine>,
         dockerfile: String,
     },
-    Native,
+    /// `missing`: the tools a compile needs that this host lacks (none are needed to
+    /// install from the store).
+    Native { missing: Vec<String> },
 }
 
 /// Picks the backend for `tag` as `--backend` says; `auto` asks the Docker daemon first.
@@ -180,7 +182,11 @@ fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)
     let native = |report: native::ToolchainReport,
                   reason: String|
      -> Result<(BackendInputs, String, Chosen)> {
-        let (Some(toolkit), true) = (report.toolkit.clone(), report.missing.is_empty()) else {
+        // The toolkit and the C++ compiler name the build's store key; the other tools
+        // only compile, so their absence is a problem only when the store has no entry
+        // (see `run_with`).
+        let (Some(toolkit), true) = (report.toolkit.clone(), report.tools.contains_key("c++"))
+        else {
             bail!(
                 "the native backend cannot build here:\n  {}",
                 report.missing.join("\n  ")
@@ -193,7 +199,13 @@ fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)
             source,
             allow_cuda_mismatch: args.allow_cuda_mismatch,
         };
-        Ok((inputs, reason, Chosen::Native))
+        Ok((
+            inputs,
+            reason,
+            Chosen::Native {
+                missing: report.missing,
+            },
+        ))
     };
     let discover = || native::discover(args.cuda_home.as_deref(), args.source.is_none());
     match args.backend {
@@ -320,9 +332,22 @@ pub(super) fn run_with(
             dockerfile: dockerfile.clone(),
         })),
         Chosen::Docker { engine: None, .. } => None,
-        Chosen::Native => Some(Box::new(native::NativeBackend)),
+        Chosen::Native { .. } => Some(Box::new(native::NativeBackend)),
     };
     let store_view = store_view(&plan, backend.as_deref(), args.no_store);
+    if let Chosen::Native { missing } = &chosen {
+        if !missing.is_empty() {
+            let tools = missing.join("\n  ");
+            if store_view.state == "hit" {
+                plan.warnings.push(format!(
+                    "this host lacks tools a compile needs, but none is needed: the build is installed from the store\n  {tools}"
+                ));
+            } else {
+                plan.problems
+                    .push(format!("the native backend cannot build here:\n  {tools}"));
+            }
+        }
+    }
     if args.dry_run {
         // What the build checks first under its lock, checked here without one.
         let store = BuildStore::new(project.nccl_builds_dir());
@@ -384,7 +409,7 @@ pub(super) fn run_with(
             engine: Engine::probe()?,
             dockerfile,
         }),
-        (None, Chosen::Native) => Box::new(native::NativeBackend),
+        (None, Chosen::Native { .. }) => Box::new(native::NativeBackend),
     };
     if !args.json && !args.quiet {
         eprint!("{}", render_plan(&plan, &commands, &store_view));

@@ -464,10 +464,13 @@ pub fn execute(
                 Ok(installed) => hit = Some(installed),
                 Err(e) => {
                     let damaged = e.downcast_ref::<crate::store::Damaged>().is_some();
-                    progress.note(&format!(
-                        "{e:#}; {}building it instead",
+                    let msg = format!(
+                        "warning: {e:#}; {}building it instead",
                         if damaged { "removing it and " } else { "" }
-                    ));
+                    );
+                    // Said even when quiet: a store entry changed behind fdl's back.
+                    progress.output(&msg);
+                    eprintln!("{msg}");
                     if damaged {
                         ms.remove(key_lock, key)?;
                     }
