@@ -589,8 +589,8 @@ fn store_view(plan: &BuildPlan, backend: Option<&dyn Backend>, no_store: bool) -
     let Some(backend) = backend else {
         return unknown("no Docker engine answers to probe the base image".into());
     };
-    let store = match crate::cache::cache_dir() {
-        Ok(cache) => crate::store::Store::at(&cache),
+    let store = match crate::cache::cache_dir().and_then(|c| crate::store::Store::at(&c)) {
+        Ok(store) => store,
         Err(e) => return unknown(format!("{e:#}")),
     };
     match build::store_key(plan, backend) {

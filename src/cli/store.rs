@@ -44,9 +44,9 @@ impl StoreCommand {
 pub fn run(cmd: StoreCommand) -> Result<()> {
     let cache = crate::cache::cache_dir()?;
     match cmd {
-        StoreCommand::List { json } => list(&Store::at(&cache), json),
+        StoreCommand::List { json } => list(&Store::at(&cache)?, json),
         StoreCommand::Remove { key, no_wait } => {
-            let store = Store::at(&cache);
+            let store = Store::at(&cache)?;
             let key = store.resolve(&key)?;
             let wait = if no_wait { Wait::No } else { Wait::Yes };
             let lock = store.lock(&key, wait, &|msg| eprintln!("{msg}"))?;
@@ -54,7 +54,7 @@ pub fn run(cmd: StoreCommand) -> Result<()> {
             outln!("Removed store entry {key}");
             Ok(())
         }
-        StoreCommand::Gc { yes } => gc(&Store::at(&cache), yes),
+        StoreCommand::Gc { yes } => gc(&Store::at(&cache)?, yes),
     }
 }
 

@@ -125,13 +125,19 @@ impl Store {
         })
     }
 
-    /// The store under the cache directory `cache`, made nothing of: for reading only
-    /// (a dry run's lookup). [`Store::has`] is false for every key where it is missing.
-    pub fn at(cache: &Path) -> Store {
-        Store {
-            dir: cache.join("store"),
-            cache: cache.to_path_buf(),
+    /// The store under the cache directory `cache`, without making anything: for a
+    /// dry run's lookup and the `fdl store` commands. Where the store exists it must be
+    /// this user's own real directory, as [`Store::open_in`] requires; where it does not,
+    /// it is empty ([`Store::has`] is false for every key).
+    pub fn at(cache: &Path) -> Result<Store> {
+        let dir = cache.join("store");
+        if std::fs::symlink_metadata(&dir).is_ok() {
+            crate::cache::own_dir(&dir)?;
         }
+        Ok(Store {
+            dir,
+            cache: cache.to_path_buf(),
+        })
     }
 
     /// Where the entry of `key` lives (whether or not it exists).
@@ -593,10 +599,16 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let cache = t.path().join("cache");
         std::fs::create_dir(&cache).unwrap();
+        // Absent: read as empty, and nothing is made.
+        let store = Store::at(&cache).unwrap();
+        assert!(store.keys().unwrap().is_empty());
+        assert!(!cache.join("store").exists());
         let elsewhere = t.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, cache.join("store")).unwrap();
         let e = Store::open_in(&cache).unwrap_err().to_string();
+        assert!(e.contains("not a directory"), "{e}");
+        let e = Store::at(&cache).unwrap_err().to_string();
         assert!(e.contains("not a directory"), "{e}");
     }
 }
