@@ -429,10 +429,18 @@ pub(super) fn run_with(
         } else {
             Verbosity::Normal
         },
+        // A store fdl cannot use (a cache directory others can write, say) costs the
+        // speed-up, never the build.
         store: if args.no_store {
             None
         } else {
-            Some(crate::store::Store::open()?)
+            match crate::store::Store::open() {
+                Ok(store) => Some(store),
+                Err(e) => {
+                    eprintln!("warning: the build store is not used for this build: {e:#}");
+                    None
+                }
+            }
         },
     };
     let outcome = build::execute(&plan, backend.as_ref(), &store, &opts)?;

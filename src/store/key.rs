@@ -245,6 +245,8 @@ mod tests {
         source: &'static str,
         nvcc: &'static str,
         cxx: &'static str,
+        /// A Docker backend's identity of its base image (`toolchain.base_image_id`).
+        image_id: &'static str,
     }
 
     fn base() -> In {
@@ -261,6 +263,7 @@ mod tests {
             source: "tree sha256:aaaa",
             nvcc: "Cuda compilation tools, release 12.8, V12.8.93",
             cxx: "c++ (GCC) 12.2.0",
+            image_id: "",
         }
     }
 
@@ -308,10 +311,13 @@ mod tests {
             warnings: Vec::new(),
         })
         .unwrap();
-        let toolchain = BTreeMap::from([
+        let mut toolchain = BTreeMap::from([
             ("nvcc".to_string(), i.nvcc.to_string()),
             ("cxx".to_string(), i.cxx.to_string()),
         ]);
+        if !i.image_id.is_empty() {
+            toolchain.insert("base_image_id".to_string(), i.image_id.to_string());
+        }
         Key::of(&key_inputs(&plan, i.source, &toolchain))
     }
 
@@ -335,6 +341,14 @@ mod tests {
                 i.nvcc = "Cuda compilation tools, release 12.8, V12.8.61"
             }),
             ("c++ --version", |i| i.cxx = "c++ (GCC) 13.1.0"),
+            ("Docker base image", |i| {
+                i.docker = true;
+                i.image_id = "sha256:1111";
+            }),
+            ("Docker base image, rebuilt", |i| {
+                i.docker = true;
+                i.image_id = "sha256:2222";
+            }),
         ];
         let mut seen = std::collections::BTreeSet::from([k.clone()]);
         for (what, change) in cases {
@@ -369,6 +383,76 @@ mod tests {
             .0
             .insert("recipe".into(), (BUILD_RECIPE_VERSION + 1).to_string());
         assert_ne!(Key::of(&inputs), k);
+    }
+
+    /// A clone's identity is the tag's commit: moving the tag to another commit is
+    /// another key; the same commit is the same key, wherever it is cloned.
+    #[test]
+    fn a_clone_is_named_by_its_commit() {
+        let t = tempfile::tempdir().unwrap();
+        let git = |dir: &Path, args: &[&str]| {
+            let ok = std::process::Command::new("git")
+                .arg("-C")
+                .arg(dir)
+                .args(["-c", "user.name=t", "-c", "user.email=t@fdl.invalid"])
+                .args(args)
+                .output()
+                .expect("git is needed for this test")
+                .status
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        let clone = t.path().join("clone");
+        std::fs::create_dir(&clone).unwrap();
+        git(&clone, &["init", "-q"]);
+        std::fs::write(clone.join("f"), "1").unwrap();
+        git(&clone, &["add", "-A"]);
+        git(&clone, &["commit", "-q", "-m", "one"]);
+        git(&clone, &["tag", "v2.27.5-1"]);
+        let plan = |cache_dir: PathBuf| {
+            let i = base();
+            let backend = BackendInputs::Native {
+                toolkit: Toolkit {
+                    cuda_home: PathBuf::from("/opt/cuda"),
+                    nvcc: PathBuf::from("/opt/cuda/bin/nvcc"),
+                    cuda: "12.8".parse().unwrap(),
+                    gpu_archs: None,
+                    lib_dir: PathBuf::from("/opt/cuda/lib64"),
+                },
+                tools: BTreeMap::new(),
+                source: NativeSource::Clone {
+                    repo: "r".into(),
+                    cache_dir,
+                },
+                allow_cuda_mismatch: true,
+            };
+            BuildPlan::new(PlanInputs {
+                tag: Tag::parse(i.tag).unwrap(),
+                tag_origin: TagOrigin::Flag,
+                cuda_flag: None,
+                cuda_from_libtorch: None,
+                archs: i.archs,
+                arch_origin: ArchOrigin::Flag,
+                jobs: 1,
+                jobs_reason: "test".into(),
+                builds_dir: PathBuf::from("/p"),
+                backend,
+                backend_reason: "test".into(),
+                ptx: false,
+                only_funcs: None,
+                warnings: Vec::new(),
+            })
+            .unwrap()
+        };
+        let missing = source_identity(&plan(t.path().join("absent"))).unwrap_err();
+        assert!(missing.contains("known once it is cloned"), "{missing}");
+        let first = source_identity(&plan(clone.clone())).unwrap();
+        assert!(first.starts_with("git r "), "{first}");
+        std::fs::write(clone.join("f"), "2").unwrap();
+        git(&clone, &["commit", "-q", "-am", "two"]);
+        git(&clone, &["tag", "-f", "v2.27.5-1"]);
+        let second = source_identity(&plan(clone)).unwrap();
+        assert_ne!(first, second);
     }
 
     #[test]
