@@ -80,7 +80,12 @@ fn list(store: &Store, json_out: bool) -> Result<()> {
                     clean(&r.made_for.display().to_string())
                 );
                 for (k, v) in &r.inputs.0 {
-                    outln!("  {k:<22} {}", clean(v));
+                    // Multi-line inputs (the make variables) on one line.
+                    outln!(
+                        "  {:<22} {}",
+                        clean(k),
+                        clean(&v.trim_end().replace('\n', "; "))
+                    );
                 }
             }
             None => outln!(

@@ -13,6 +13,13 @@
 //! ([`crate::lock`]), which also makes two builds of one key build it once. Entries are
 //! checked against their digest whenever they are installed: a modified one is
 //! refused, and the build replaces it.
+//!
+//! What a worker needs to be served from its own store (`fdl cluster receive`): the
+//! build's manifest names its [`Key`] (`store.key`); [`Store::at`] and [`Store::has`]
+//! answer whether the key is there without changing anything; [`Store::open`],
+//! [`Store::lock`] and [`Store::install`] put the entry, digest-checked, into the
+//! staging directory of the worker's own install transaction, which then verifies and
+//! commits it as usual; [`Store::add_user`] records the worker's build as a user.
 
 mod clone;
 pub mod key;
