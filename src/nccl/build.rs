@@ -462,6 +462,7 @@ pub fn execute(
         if ms.has(key) {
             match ms.install(key_lock, key, staging.path()) {
                 Ok(installed) => hit = Some(installed),
+                Err(e) if e.downcast_ref::<process::Interrupted>().is_some() => return Err(e),
                 Err(e) => {
                     let damaged = e.downcast_ref::<crate::store::Damaged>().is_some();
                     let msg = format!(
@@ -572,6 +573,7 @@ pub fn execute(
         .with_context(|| format!("cannot keep the build log in {}", staging.path().display()))?;
     staging.commit(existing.is_some())?;
     let _ = std::fs::remove_file(&log_path);
+    // The project is a user of the entry it came from or made (none when adding failed).
     if let (Some((ms, key, _, key_lock)), Some(_)) = (&keyed, &manifest.store) {
         let builds_dir = store
             .dir
@@ -581,8 +583,10 @@ pub fn execute(
             builds_dir,
             name: plan.name.clone(),
         };
-        if let Err(e) = ms.add_user(key_lock, key, user) {
-            eprintln!("warning: the build store could not record that this project uses entry {key}: {e:#}");
+        if ms.has(key) {
+            if let Err(e) = ms.add_user(key_lock, key, user) {
+                eprintln!("warning: the build store could not record that this project uses entry {key}: {e:#}");
+            }
         }
     }
     Ok(Outcome::Built {
