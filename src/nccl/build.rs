@@ -464,17 +464,15 @@ pub fn execute(
                 Ok(installed) => hit = Some(installed),
                 Err(e) if e.downcast_ref::<process::Interrupted>().is_some() => return Err(e),
                 Err(e) => {
-                    let damaged = e.downcast_ref::<crate::store::Damaged>().is_some();
-                    let msg = format!(
-                        "warning: {e:#}; {}building it instead",
-                        if damaged { "removing it and " } else { "" }
-                    );
+                    // Modified files, or anything else that keeps the entry from being
+                    // installed (an entry with a FIFO in it, a record that does not
+                    // parse): it is removed, and this build makes it again.
+                    let msg =
+                        format!("warning: {e:#}; removing the store entry and building it instead");
                     // Said even when quiet: a store entry changed behind fdl's back.
                     progress.output(&msg);
                     eprintln!("{msg}");
-                    if damaged {
-                        ms.remove(key_lock, key)?;
-                    }
+                    ms.remove(key_lock, key)?;
                     // A fresh staging directory: the failed install's files go with the old.
                     drop(staging);
                     staging = store.begin(&lock)?;
