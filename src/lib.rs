@@ -21,5 +21,6 @@ pub mod process;
 pub mod progress;
 pub mod project;
 pub mod step;
+pub mod store;
 pub mod txn;
 pub mod version;

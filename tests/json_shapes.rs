@@ -140,6 +140,8 @@ fn every_json_output_matches_the_readme() {
             "fdl libtorch add --json",
             vec!["libtorch", "add", "copy", torch_dir, "--json"],
         ),
+        // After the native build above, which added its entry.
+        ("fdl store list --json", vec!["store", "list", "--json"]),
     ];
     let mut seen = BTreeSet::new();
     for (command, args) in runs {

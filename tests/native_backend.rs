@@ -371,7 +371,8 @@ fn damaged_cache_entries_are_detected_and_replaced() {
     let repo = env.repo();
     let cached = env.src_cache();
     let build = |archs: &str| {
-        env.build(archs, &["--json", "--force"])
+        // --no-store: each build must go through the (damaged) clone, not the store.
+        env.build(archs, &["--json", "--force", "--no-store"])
             .env("FDL_NCCL_REPO", &repo)
             .output()
             .unwrap()
@@ -589,7 +590,9 @@ fn wait_for_marker(marker: &Path, child: &mut Child) {
 /// Starts a build of sm_86 from `tree` that stalls `secs` in its first compile step.
 fn stalling_build(env: &Env, tree: &Path, marker: &Path, secs: u32, extra: &[&str]) -> Child {
     let mut cmd = env.std_build("8.6", extra);
-    cmd.arg("--source")
+    // It must compile (and stall there), not install from the store.
+    cmd.arg("--no-store")
+        .arg("--source")
         .arg(tree)
         .env("FDL_TEST_STALL", marker)
         .env("FDL_TEST_STALL_SECS", secs.to_string())
@@ -833,7 +836,7 @@ fn quiet_normal_and_verbose_show_what_they_promise() {
     assert!(!err.contains("Compiling  src/init.cc"), "{err}");
     // Verbose streams the build's own lines too.
     let out = env
-        .build("8.6", &["--force", "--verbose", "--source"])
+        .build("8.6", &["--force", "--verbose", "--no-store", "--source"])
         .arg(&tree)
         .output()
         .unwrap();
@@ -1039,7 +1042,12 @@ fn a_kill_at_any_install_step_leaves_one_valid_build() {
     let tree = env.tree("nccl", (2, 27, 5));
     let dir = env.builds().join("v2.27.5-sm86");
     let run = |extra: &[&str], kill_at: Option<&str>, no_exchange: bool| {
-        let mut cmd = env.std_build("8.6", &[extra, &["--json", "--source"][..]].concat());
+        // --no-store: the project's own transaction is under test (tests/store.rs kills
+        // the store's).
+        let mut cmd = env.std_build(
+            "8.6",
+            &[extra, &["--json", "--no-store", "--source"][..]].concat(),
+        );
         cmd.arg(&tree);
         if let Some(point) = kill_at {
             cmd.env("FDL_TEST_KILL_AT", point);

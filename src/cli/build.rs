@@ -1,6 +1,6 @@
 //! `fdl nccl build`: flags → plan → backend → install → report.
 
-use super::{paint, print_json, Color};
+use super::{clean, paint, print_json, Color};
 use crate::docker::{self, DockerBackend, Engine};
 use crate::gpu;
 use crate::lock::Wait;
@@ -101,6 +101,9 @@ pub struct BuildArgs {
     /// Show the build's full output as it runs
     #[arg(long, short)]
     pub verbose: bool,
+    /// Neither install from the machine-wide build store nor add to it, for this build
+    #[arg(long)]
+    pub no_store: bool,
 }
 
 impl BuildArgs {
@@ -121,7 +124,9 @@ enum Chosen {
         engine: Option<Engine>,
         dockerfile: String,
     },
-    Native,
+    /// `missing`: the tools a compile needs that this host lacks (none are needed to
+    /// install from the store).
+    Native { missing: Vec<String> },
 }
 
 /// Picks the backend for `tag` as `--backend` says; `auto` asks the Docker daemon first.
@@ -177,7 +182,11 @@ fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)
     let native = |report: native::ToolchainReport,
                   reason: String|
      -> Result<(BackendInputs, String, Chosen)> {
-        let (Some(toolkit), true) = (report.toolkit.clone(), report.missing.is_empty()) else {
+        // The toolkit and the C++ compiler name the build's store key; the other tools
+        // only compile, so their absence is a problem only when the store has no entry
+        // (see `run_with`).
+        let (Some(toolkit), true) = (report.toolkit.clone(), report.tools.contains_key("c++"))
+        else {
             bail!(
                 "the native backend cannot build here:\n  {}",
                 report.missing.join("\n  ")
@@ -190,7 +199,13 @@ fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)
             source,
             allow_cuda_mismatch: args.allow_cuda_mismatch,
         };
-        Ok((inputs, reason, Chosen::Native))
+        Ok((
+            inputs,
+            reason,
+            Chosen::Native {
+                missing: report.missing,
+            },
+        ))
     };
     let discover = || native::discover(args.cuda_home.as_deref(), args.source.is_none());
     match args.backend {
@@ -307,6 +322,32 @@ pub(super) fn run_with(
             }
         }
     }
+    // The backend, where it can be made: a dry run needs it for the store key's probes.
+    let backend: Option<Box<dyn Backend>> = match &chosen {
+        Chosen::Docker {
+            engine: Some(engine),
+            dockerfile,
+        } => Some(Box::new(DockerBackend {
+            engine: engine.clone(),
+            dockerfile: dockerfile.clone(),
+        })),
+        Chosen::Docker { engine: None, .. } => None,
+        Chosen::Native { .. } => Some(Box::new(native::NativeBackend)),
+    };
+    let store_view = store_view(&plan, backend.as_deref(), args.no_store);
+    if let Chosen::Native { missing } = &chosen {
+        if !missing.is_empty() {
+            let tools = missing.join("\n  ");
+            if store_view.state == "hit" {
+                plan.warnings.push(format!(
+                    "this host lacks tools a compile needs, but none is needed: the build is installed from the store\n  {tools}"
+                ));
+            } else {
+                plan.problems
+                    .push(format!("the native backend cannot build here:\n  {tools}"));
+            }
+        }
+    }
     if args.dry_run {
         // What the build checks first under its lock, checked here without one.
         let store = BuildStore::new(project.nccl_builds_dir());
@@ -333,9 +374,14 @@ pub(super) fn run_with(
     // only when a real run would start.
     if args.dry_run {
         if args.json {
-            print_json(&json!({ "dry_run": true, "plan": plan, "commands": commands }));
+            print_json(&json!({
+                "dry_run": true,
+                "plan": plan,
+                "commands": commands,
+                "store": store_view,
+            }));
         } else {
-            out!("{}", render_plan(&plan, &commands));
+            out!("{}", render_plan(&plan, &commands, &store_view));
             outln!("Dry run: nothing was built, written or started.");
         }
         if !plan.problems.is_empty() {
@@ -357,18 +403,16 @@ pub(super) fn run_with(
             plan.problems.join("\n  ")
         );
     }
-    let backend: Box<dyn Backend> = match chosen {
-        Chosen::Docker { engine, dockerfile } => Box::new(DockerBackend {
-            engine: match engine {
-                Some(e) => e,
-                None => Engine::probe()?,
-            },
+    let backend: Box<dyn Backend> = match (backend, chosen) {
+        (Some(b), _) => b,
+        (None, Chosen::Docker { dockerfile, .. }) => Box::new(DockerBackend {
+            engine: Engine::probe()?,
             dockerfile,
         }),
-        Chosen::Native => Box::new(native::NativeBackend),
+        (None, Chosen::Native { .. }) => Box::new(native::NativeBackend),
     };
     if !args.json && !args.quiet {
-        eprint!("{}", render_plan(&plan, &commands));
+        eprint!("{}", render_plan(&plan, &commands, &store_view));
     }
     let store = BuildStore::new(project.nccl_builds_dir());
     let exe = std::env::current_exe()?;
@@ -384,6 +428,19 @@ pub(super) fn run_with(
             Verbosity::Verbose
         } else {
             Verbosity::Normal
+        },
+        // A store fdl cannot use (a cache directory others can write, say) costs the
+        // speed-up, never the build.
+        store: if args.no_store {
+            None
+        } else {
+            match crate::store::Store::open() {
+                Ok(store) => Some(store),
+                Err(e) => {
+                    eprintln!("warning: the build store is not used for this build: {e:#}");
+                    None
+                }
+            }
         },
     };
     let outcome = build::execute(&plan, backend.as_ref(), &store, &opts)?;
@@ -432,7 +489,14 @@ fn report(outcome: &Outcome, json_out: bool) {
             manifest,
             dir,
             replaced: false,
+            from_store: None,
         } => ("built", manifest, dir),
+        Outcome::Built {
+            manifest,
+            dir,
+            replaced: false,
+            from_store: Some(_),
+        } => ("installed_from_store", manifest, dir),
         Outcome::Built { manifest, dir, .. } => ("replaced", manifest, dir),
         Outcome::AlreadyBuilt { manifest, dir } => ("already_built", manifest, dir),
     };
@@ -464,6 +528,24 @@ fn report(outcome: &Outcome, json_out: bool) {
             dir.display()
         ),
         "replaced" => outln!("Rebuilt and replaced: {}", dir.display()),
+        "installed_from_store" => outln!(
+            "{} {} (no compile: {})",
+            paint(
+                &format!(
+                    "Installed NCCL {} from the build store:",
+                    manifest.checked.header_version
+                ),
+                Color::Green
+            ),
+            dir.display(),
+            match outcome {
+                Outcome::Built {
+                    from_store: Some(m),
+                    ..
+                } => format!("files by {m}"),
+                _ => String::new(),
+            }
+        ),
         _ => outln!(
             "{} {}",
             paint(
@@ -482,7 +564,55 @@ fn report(outcome: &Outcome, json_out: bool) {
     }
 }
 
-fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
+/// What the build store will do for a plan, as the plan shows it.
+#[derive(Debug, serde::Serialize)]
+struct StoreView {
+    /// `hit`, `miss`, `unknown` (no key) or `skipped` (`--no-store`).
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<crate::store::Key>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inputs: Option<crate::store::KeyInputs>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<String>,
+}
+
+/// The store's part of the plan: the key and whether the store has it. Reads only: a
+/// dry run makes no store directory.
+fn store_view(plan: &BuildPlan, backend: Option<&dyn Backend>, no_store: bool) -> StoreView {
+    let unknown = |why: String| StoreView {
+        state: "unknown",
+        key: None,
+        inputs: None,
+        why: Some(why),
+    };
+    if no_store {
+        return StoreView {
+            state: "skipped",
+            key: None,
+            inputs: None,
+            why: Some("--no-store".into()),
+        };
+    }
+    let Some(backend) = backend else {
+        return unknown("no Docker engine answers to probe the base image".into());
+    };
+    let store = match crate::cache::cache_dir().and_then(|c| crate::store::Store::at(&c)) {
+        Ok(store) => store,
+        Err(e) => return unknown(format!("{e:#}")),
+    };
+    match build::store_key(plan, backend) {
+        Ok((key, inputs)) => StoreView {
+            state: if store.has(&key) { "hit" } else { "miss" },
+            key: Some(key),
+            inputs: Some(inputs),
+            why: None,
+        },
+        Err(why) => unknown(why),
+    }
+}
+
+fn render_plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
     let tag_from = match &plan.tag_origin {
         TagOrigin::Flag => "from --tag".to_string(),
         TagOrigin::Libtorch { variant, .. } => format!("from the active libtorch, {variant}"),
@@ -642,6 +772,23 @@ fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
             },
         );
     }
+    row(
+        "store",
+        match (store.state, &store.key, &store.why) {
+            ("hit", Some(key), _) => format!(
+                "{key}\n{:13}from the store: installed from its entry, nothing is compiled",
+                ""
+            ),
+            (_, Some(key), _) => {
+                format!("{key}\n{:13}not in the store: built, then added to it", "")
+            }
+            ("skipped", _, _) => "not used for this build (--no-store)".to_string(),
+            (_, _, why) => format!(
+                "key unknown: {}; the build is looked up once it is known",
+                clean(why.as_deref().unwrap_or("no reason given"))
+            ),
+        },
+    );
     s.push_str("Commands:\n");
     for c in cmds {
         s.push_str(&format!("  {c}\n"));

@@ -27,6 +27,7 @@ mod gpus;
 mod inspect;
 mod libtorch;
 mod manage;
+mod store;
 
 use crate::docker::EMBEDDED_DOCKERFILE;
 use crate::project::Project;
@@ -100,6 +101,12 @@ pub enum Command {
         /// The shell to complete for
         shell: clap_complete::Shell,
     },
+    /// The machine-wide store of NCCL builds, shared by every project of this user
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  fdl store list\n  fdl store gc --yes"
+    )]
+    Store(store::StoreCommand),
     /// Show the local GPUs (from nvidia-smi)
     #[command(after_help = "Example:\n  fdl gpus --json")]
     Gpus {
@@ -244,6 +251,7 @@ impl Command {
             },
             Command::Libtorch(l) => l.wants_json(),
             Command::Cluster(c) => c.wants_json(),
+            Command::Store(s) => s.wants_json(),
             Command::ProbeNccl { .. } | Command::Completions { .. } => false,
         }
     }
@@ -336,6 +344,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
         }
         Command::Libtorch(cmd) => libtorch::run(project, cmd),
         Command::Cluster(cmd) => cluster::run(project, cmd),
+        Command::Store(cmd) => store::run(cmd),
         Command::Completions { shell } => {
             // clap_complete panics on a failed write: generate in memory, write as all output.
             let mut script = Vec::new();

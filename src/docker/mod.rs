@@ -346,6 +346,13 @@ pub fn dockerfile_spec(path: Option<&Path>) -> Result<(DockerfileSpec, String)> 
 }
 
 impl Backend for DockerBackend {
+    fn toolchain_identity(
+        &self,
+        plan: &BuildPlan,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        store_identity(plan, &self.dockerfile)
+    }
+
     fn build(&self, plan: &BuildPlan, staging: &Path, progress: &Progress) -> Result<()> {
         let context = tempfile::Builder::new()
             .prefix("fdl-docker-context-")
@@ -463,6 +470,50 @@ impl Backend for DockerBackend {
         )?;
         Ok(())
     }
+}
+
+/// The build store's toolchain identity of a Docker build: the engine's ID (a content
+/// digest) of the base image the Dockerfile starts from, and the Dockerfile's SHA-256.
+/// The image must be there already: before its first build pulls it, the key is not
+/// known (and the build computes it after).
+fn store_identity(
+    plan: &BuildPlan,
+    dockerfile: &str,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    let BackendPlan::Docker(docker) = &plan.backend else {
+        bail!(
+            "the Docker backend was given a plan for {}",
+            plan.backend.kind()
+        );
+    };
+    // `--base-image`, else the Dockerfile's own `ARG BASE_IMAGE=` default.
+    let base = match &docker.base_image {
+        Some(b) => b.clone(),
+        None => dockerfile
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("ARG BASE_IMAGE="))
+            .map(|v| v.trim().to_string())
+            .ok_or_else(|| anyhow::anyhow!("the Dockerfile names no default BASE_IMAGE"))?,
+    };
+    check_image_reference(&base)?;
+    let id = process::capture(
+        Command::new("docker").args(["image", "inspect", "--format", "{{.Id}}", &base]),
+        "docker image inspect",
+    )
+    .with_context(|| format!("the base image {base} is not in the engine yet"))?;
+    let id = id.trim();
+    if !id.starts_with("sha256:") || id.len() > 200 || id.chars().any(char::is_control) {
+        bail!("docker image inspect gave no image ID for {base}");
+    }
+    Ok([
+        ("base_image".to_string(), base.clone()),
+        ("base_image_id".to_string(), id.to_string()),
+        (
+            "dockerfile_sha256".to_string(),
+            sha256_hex(dockerfile.as_bytes()),
+        ),
+    ]
+    .into())
 }
 
 #[cfg(test)]

@@ -237,6 +237,47 @@ impl Backend for NativeBackend {
         run_make(&steps.install, progress, None)?;
         Ok(())
     }
+
+    /// The plan's nvcc (`--version`: its release and build, which name the CUDA it
+    /// belongs to) and the host C++ compiler (`--version`'s first line), as make will
+    /// run them.
+    fn toolchain_identity(&self, plan: &BuildPlan) -> Result<BTreeMap<String, String>> {
+        let BackendPlan::Native(native) = &plan.backend else {
+            bail!(
+                "the native backend was given a plan for {}",
+                plan.backend.kind()
+            );
+        };
+        let version = |program: &Path, what: &str| -> Result<String> {
+            let mut cmd = std::process::Command::new(program);
+            cmd.arg("--version").stdin(std::process::Stdio::null());
+            let text = process::capture(&mut cmd, what)?;
+            // One line, and no control character from outside (it is printed later).
+            Ok(text
+                .lines()
+                .map(|l| crate::cli::clean(l.trim()))
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" | "))
+        };
+        let mut id = BTreeMap::new();
+        id.insert(
+            "nvcc".to_string(),
+            version(&native.toolkit.nvcc, "nvcc --version")?,
+        );
+        id.insert("cuda".to_string(), native.toolkit.cuda.to_string());
+        let cxx = tool(native, "c++");
+        let cxx_version = version(&cxx, "c++ --version")?;
+        id.insert(
+            "cxx".to_string(),
+            cxx_version
+                .split(" | ")
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+        );
+        Ok(id)
+    }
 }
 
 /// The discovered path of `name`, or the bare name for PATH to resolve.

@@ -17,12 +17,33 @@ use crate::version::CudaVersion;
 use anyhow::{anyhow, bail, Context, Result};
 
 pub use crate::nccl::tree::BUILD_LOG;
+use crate::store::{Key, KeyInputs, StoreRecord};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Produces an NCCL install tree (lib/, include/) in `staging` as the plan says,
 /// reporting its output and phases to `progress`.
 pub trait Backend {
     fn build(&self, plan: &BuildPlan, staging: &Path, progress: &Progress) -> Result<()>;
+
+    /// What identifies the toolchain this backend would build `plan` with, for the
+    /// build's store key ([`crate::store::key`]): each named probe's answer (a
+    /// compiler's `--version`, an image's ID). `Err` says why it is not known; the build
+    /// then neither looks in the store nor adds to it. Cheap: no compile.
+    fn toolchain_identity(&self, _plan: &BuildPlan) -> Result<BTreeMap<String, String>> {
+        bail!("this backend names no toolchain identity")
+    }
+}
+
+/// The store key of `plan` built by `backend`, with its inputs; `Err` says why it is not
+/// known (a probe failed, or the tag is not cloned yet).
+pub fn store_key(plan: &BuildPlan, backend: &dyn Backend) -> Result<(Key, KeyInputs), String> {
+    let source = crate::store::source_identity(plan)?;
+    let toolchain = backend
+        .toolchain_identity(plan)
+        .map_err(|e| format!("{e:#}"))?;
+    let inputs = crate::store::key_inputs(plan, &source, &toolchain);
+    Ok((Key::of(&inputs), inputs))
 }
 
 /// The user's flags common to every backend, unvalidated.
@@ -310,6 +331,9 @@ pub enum Outcome {
         manifest: Box<Manifest>,
         dir: PathBuf,
         replaced: bool,
+        /// Installed from the machine-wide store, and how its files came over; `None`
+        /// when it was compiled.
+        from_store: Option<crate::store::Method>,
     },
     AlreadyBuilt {
         manifest: Box<Manifest>,
@@ -327,6 +351,9 @@ pub struct ExecOptions<'a> {
     /// Loads the staged library to check `ncclGetVersion`; `None` skips that check (and
     /// the manifest says so).
     pub probe: Option<verify::Probe<'a>>,
+    /// The machine-wide store to install from and add to; `None` skips it
+    /// (`--no-store`).
+    pub store: Option<crate::store::Store>,
 }
 
 /// Why `plan` cannot be installed where `existing` is (without `--force`): a build from
@@ -402,7 +429,7 @@ pub fn execute(
         bail!("{why}");
     }
     // Staging first: if it cannot be made, no log file is left behind either.
-    let staging = store.begin(&lock)?;
+    let mut staging = store.begin(&lock)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -412,8 +439,58 @@ pub fn execute(
             .join(format!("{}-{stamp}-{}.log", plan.name, std::process::id()));
     let progress = Progress::new(opts.verbosity, log_path.clone())
         .with_context(|| format!("cannot create the build log {}", log_path.display()))?;
+    // The store: with the key's lock held from here to the end, a second build of the
+    // same key waits, then finds the entry this one makes.
+    let mut keyed = match &opts.store {
+        None => None,
+        Some(ms) => match store_key(plan, backend) {
+            Ok((key, inputs)) => {
+                let key_lock = ms.lock(&key, opts.wait, &|msg| eprintln!("{msg}"))?;
+                for done in ms.sweep(&key_lock, &key) {
+                    progress.note(&done);
+                }
+                Some((ms, key, inputs, key_lock))
+            }
+            Err(why) => {
+                progress.note(&format!("Not looked up in the build store: {why}"));
+                None
+            }
+        },
+    };
+    let mut hit = None;
+    if let Some((ms, key, _, key_lock)) = &keyed {
+        if ms.has(key) {
+            match ms.install(key_lock, key, staging.path()) {
+                Ok(installed) => hit = Some(installed),
+                Err(e) if e.downcast_ref::<process::Interrupted>().is_some() => return Err(e),
+                Err(e) => {
+                    // Modified files, or anything else that keeps the entry from being
+                    // installed (an entry with a FIFO in it, a record that does not
+                    // parse): it is removed, and this build makes it again.
+                    let msg =
+                        format!("warning: {e:#}; removing the store entry and building it instead");
+                    // Said even when quiet: a store entry changed behind fdl's back.
+                    progress.output(&msg);
+                    eprintln!("{msg}");
+                    ms.remove(key_lock, key)?;
+                    // A fresh staging directory: the failed install's files go with the old.
+                    drop(staging);
+                    staging = store.begin(&lock)?;
+                }
+            }
+        }
+    }
     let built = (|| -> Result<Manifest> {
-        backend.build(plan, staging.path(), &progress)?;
+        match &hit {
+            Some(installed) => progress.note(&format!(
+                "Installing from the build store: entry {} ({}), made {} for {}",
+                installed.record.key,
+                installed.method,
+                installed.record.created_at,
+                installed.record.made_for.display()
+            )),
+            None => backend.build(plan, staging.path(), &progress)?,
+        }
         progress.phase(Phase::Verify);
         let against = verify::Against {
             recorded: None,
@@ -440,7 +517,24 @@ pub fn execute(
         let checked = report
             .checked
             .ok_or_else(|| anyhow!("the verification of the staged build recorded no layout"))?;
-        let manifest = staging.seal(plan, checked, report.checks).context(
+        let record = if hit.is_some() {
+            keyed.as_ref().map(|(_, key, inputs, _)| StoreRecord {
+                key: key.clone(),
+                inputs: inputs.clone(),
+                from_store: true,
+            })
+        } else {
+            store_built(
+                plan,
+                backend,
+                opts,
+                &mut keyed,
+                staging.path(),
+                &log_path,
+                &progress,
+            )
+        };
+        let manifest = staging.seal(plan, checked, report.checks, record).context(
             "the build passed verification but could not be sealed; nothing was installed",
         )?;
         // A Ctrl-C that lands after the last child exited still means "do not install".
@@ -477,9 +571,75 @@ pub fn execute(
         .with_context(|| format!("cannot keep the build log in {}", staging.path().display()))?;
     staging.commit(existing.is_some())?;
     let _ = std::fs::remove_file(&log_path);
+    // The project is a user of the entry it came from or made (none when adding failed).
+    if let (Some((ms, key, _, key_lock)), Some(_)) = (&keyed, &manifest.store) {
+        let builds_dir = store
+            .dir
+            .canonicalize()
+            .unwrap_or_else(|_| store.dir.clone());
+        let user = crate::store::User {
+            builds_dir,
+            name: plan.name.clone(),
+        };
+        if ms.has(key) {
+            if let Err(e) = ms.add_user(key_lock, key, user) {
+                eprintln!("warning: the build store could not record that this project uses entry {key}: {e:#}");
+            }
+        }
+    }
     Ok(Outcome::Built {
         manifest: Box::new(manifest),
         dir,
         replaced: existing.is_some(),
+        from_store: hit.map(|h| h.method),
+    })
+}
+
+/// After a build that passed verification: adds it to the store (the key is computed
+/// again if it was not known before the build: a clone or an image the build fetched
+/// names it now). A failure to store is said, and leaves the build as it is.
+fn store_built<'s>(
+    plan: &BuildPlan,
+    backend: &dyn Backend,
+    opts: &'s ExecOptions,
+    keyed: &mut Option<(
+        &'s crate::store::Store,
+        Key,
+        KeyInputs,
+        crate::lock::BuildLock,
+    )>,
+    staging: &Path,
+    log: &Path,
+    progress: &Progress,
+) -> Option<StoreRecord> {
+    let ms = opts.store.as_ref()?;
+    if keyed.is_none() {
+        let (key, inputs) = match store_key(plan, backend) {
+            Ok(k) => k,
+            Err(why) => {
+                progress.note(&format!("Not added to the build store: {why}"));
+                return None;
+            }
+        };
+        match ms.lock(&key, opts.wait, &|msg| eprintln!("{msg}")) {
+            Ok(key_lock) => *keyed = Some((ms, key, inputs, key_lock)),
+            Err(e) => {
+                progress.note(&format!("Not added to the build store: {e:#}"));
+                return None;
+            }
+        }
+    }
+    let (ms, key, inputs, key_lock) = keyed.as_ref()?;
+    let made_for = plan.output_dir.clone();
+    match ms.add(key_lock, key, inputs, staging, Some(log), &made_for) {
+        Ok(_) => progress.note(&format!("Added to the build store as entry {key}")),
+        Err(e) => progress.note(&format!(
+            "warning: the build could not be added to the build store ({e:#}); it is installed all the same"
+        )),
+    }
+    Some(StoreRecord {
+        key: key.clone(),
+        inputs: inputs.clone(),
+        from_store: false,
     })
 }

@@ -108,6 +108,10 @@ pub struct Manifest {
     /// What `fdl nccl verify` found on the staged build before it was installed.
     #[serde(default)]
     pub verification: Vec<Check>,
+    /// The machine-wide store's key of this build, and whether it came from there.
+    /// Absent in manifests of builds made without the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<crate::store::StoreRecord>,
 }
 
 fn schema_1() -> u32 {
@@ -379,6 +383,7 @@ impl Staging {
         plan: &BuildPlan,
         checked: CheckedTree,
         verification: Vec<Check>,
+        store: Option<crate::store::StoreRecord>,
     ) -> Result<Manifest> {
         tree::rewrite_pc_prefix(
             &self.path().join("lib/pkgconfig/nccl.pc"),
@@ -391,6 +396,7 @@ impl Staging {
             plan: plan.clone(),
             checked,
             verification,
+            store,
         };
         let text = serde_json::to_string_pretty(&manifest)?;
         tree::create_new(&self.path().join(MANIFEST), &mut (text + "\n").as_bytes())

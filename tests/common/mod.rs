@@ -300,6 +300,7 @@ pub fn install_build(
         force: false,
         wait: Wait::No,
         verbosity: Verbosity::Quiet,
+        store: None,
     };
     execute(&plan, &CopyTree(tree), &store, &opts)?;
     Ok(plan.name)

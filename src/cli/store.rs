@@ -1,0 +1,164 @@
+//! `fdl store list|remove|gc`: the machine-wide build store ([`crate::store`]).
+
+use super::{clean, print_json};
+use crate::lock::Wait;
+use crate::store::{Key, Listed, Store};
+use anyhow::{bail, Result};
+use clap::Subcommand;
+use serde_json::json;
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// List the entries: key, size, key inputs, and the project builds that use each
+    #[command(after_help = "Example:\n  fdl store list --json")]
+    List {
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an entry (a project that uses it keeps its build; its next build of that
+    /// key compiles again)
+    #[command(after_help = "Example:\n  fdl store remove 3f9a1c")]
+    Remove {
+        /// The entry's key, or a prefix of it that names one entry
+        key: String,
+        /// Fail instead of waiting when a build holds the entry
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Remove every entry no project build uses
+    #[command(after_help = "Example:\n  fdl store gc --yes")]
+    Gc {
+        /// Do not ask for confirmation
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+impl StoreCommand {
+    pub fn wants_json(&self) -> bool {
+        matches!(self, StoreCommand::List { json: true })
+    }
+}
+
+pub fn run(cmd: StoreCommand) -> Result<()> {
+    let cache = crate::cache::cache_dir()?;
+    match cmd {
+        StoreCommand::List { json } => list(&Store::at(&cache)?, json),
+        StoreCommand::Remove { key, no_wait } => {
+            let store = Store::at(&cache)?;
+            let key = store.resolve(&key)?;
+            let wait = if no_wait { Wait::No } else { Wait::Yes };
+            let lock = store.lock(&key, wait, &|msg| eprintln!("{msg}"))?;
+            store.remove(&lock, &key)?;
+            outln!("Removed store entry {key}");
+            Ok(())
+        }
+        StoreCommand::Gc { yes } => gc(&Store::at(&cache)?, yes),
+    }
+}
+
+fn list(store: &Store, json_out: bool) -> Result<()> {
+    let entries = store.list(true)?;
+    if json_out {
+        print_json(&json!({ "store": store.dir, "entries": entries }));
+        return Ok(());
+    }
+    if entries.is_empty() {
+        outln!("The build store ({}) is empty.", store.dir.display());
+        return Ok(());
+    }
+    outln!("Build store: {}", store.dir.display());
+    for e in &entries {
+        outln!();
+        outln!("{}  {}", e.key, size(e.size_bytes));
+        match &e.record {
+            Some(r) => {
+                outln!(
+                    "  made     {} for {}",
+                    r.created_at,
+                    clean(&r.made_for.display().to_string())
+                );
+                for (k, v) in &r.inputs.0 {
+                    // Multi-line inputs (the make variables) on one line.
+                    outln!(
+                        "  {:<22} {}",
+                        clean(k),
+                        clean(&v.trim_end().replace('\n', "; "))
+                    );
+                }
+            }
+            None => outln!(
+                "  unreadable: {}",
+                clean(e.why.as_deref().unwrap_or("no record"))
+            ),
+        }
+        if e.users.is_empty() {
+            outln!("  used by  no project (`fdl store gc` removes it)");
+        }
+        for u in &e.users {
+            outln!("  used by  {}", clean(&u.path().display().to_string()));
+        }
+    }
+    Ok(())
+}
+
+fn size(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+fn gc(store: &Store, yes: bool) -> Result<()> {
+    let unused: Vec<Listed> = store
+        .list(true)?
+        .into_iter()
+        .filter(|e| e.users.is_empty())
+        .collect();
+    if unused.is_empty() {
+        outln!("Every store entry is used by a project build: nothing to remove.");
+        return Ok(());
+    }
+    let total: u64 = unused.iter().map(|e| e.size_bytes).sum();
+    let keys: Vec<&Key> = unused.iter().map(|e| &e.key).collect();
+    if !yes {
+        for k in &keys {
+            eprintln!("  {k}");
+        }
+        if !super::confirm(&format!(
+            "Remove these {} store entries no project uses ({})?",
+            keys.len(),
+            size(total)
+        ))? {
+            eprintln!("Nothing was removed.");
+            return Ok(());
+        }
+    }
+    let mut removed = 0;
+    let mut busy = Vec::new();
+    for key in keys {
+        // An entry being made or installed right now is left for the next gc.
+        let Ok(lock) = store.lock(key, Wait::No, &|_| {}) else {
+            busy.push(key.clone());
+            continue;
+        };
+        // Checked again under the lock: a build may have started using it since.
+        if !store.prune_users(&lock, key)?.is_empty() {
+            continue;
+        }
+        store.remove(&lock, key)?;
+        outln!("Removed store entry {key}");
+        removed += 1;
+    }
+    outln!(
+        "Removed {removed} unused store entr{}.",
+        if removed == 1 { "y" } else { "ies" }
+    );
+    if !busy.is_empty() {
+        bail!(
+            "{} entr{} in use by a running build and kept: {}. Run `fdl store gc` again when it has finished",
+            busy.len(),
+            if busy.len() == 1 { "y is" } else { "ies are" },
+            busy.iter().map(|k| k.short().to_string()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(())
+}
