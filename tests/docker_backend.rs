@@ -163,16 +163,28 @@ fn user_dockerfile(dir: &Path, name: &str, from: &str, extra: &str) -> PathBuf {
     path
 }
 
-/// Containers of fdl's compile, running or not.
-fn fdl_containers() -> Vec<String> {
-    lines(docker(&[
-        "ps",
-        "-a",
-        "--filter",
-        "name=fdl-nccl-",
-        "--format",
-        "{{.Names}}",
-    ]))
+/// Containers of fdl's compile for the project at `root`, running or not: those that
+/// mount a directory below it (the engine may be shared with other builds).
+fn fdl_containers(root: &Path) -> Vec<String> {
+    fdl_containers_where(root, &["-a"])
+}
+
+fn fdl_containers_where(root: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["ps"];
+    args.extend_from_slice(extra);
+    args.extend(["--filter", "name=fdl-nccl-", "--format", "{{.Names}}"]);
+    lines(docker(&args))
+        .into_iter()
+        .filter(|name| {
+            let mounts = docker(&[
+                "inspect",
+                "--format",
+                "{{range .Mounts}}{{.Source}}\n{{end}}",
+                name,
+            ]);
+            lines(mounts).iter().any(|m| Path::new(m).starts_with(root))
+        })
+        .collect()
 }
 
 fn stray_entries(builds: &Path) -> Vec<String> {
@@ -240,7 +252,6 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     let root = project.root();
     let builds = root.join("libtorch/nccl/builds");
     let good = user_dockerfile(work.path(), "good.Dockerfile", &base, "");
-    let containers_before = fdl_containers();
     let cache = tempfile::tempdir().unwrap();
     let build = |dockerfile: &Path, archs: &str, extra: &[&str]| {
         let mut cmd = build_cmd(root, cache.path(), dockerfile, Some(&source), archs);
@@ -315,9 +326,8 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     );
     assert_eq!(manifest["checked"]["library"], "libnccl.so.2.27.5");
     assert!(manifest["built_at"].as_str().unwrap().starts_with("20"));
-    assert_eq!(
-        fdl_containers(),
-        containers_before,
+    assert!(
+        fdl_containers(root).is_empty(),
         "a container was left behind"
     );
     assert!(
@@ -385,7 +395,7 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
             before,
             "failing build with {archs} {extra:?}"
         );
-        assert_eq!(fdl_containers(), containers_before);
+        assert!(fdl_containers(root).is_empty());
     }
     // A step that fails while running leaves no container of the builder's either.
     // (Containers of this base or an image made from it: the engine may be shared.)
@@ -417,9 +427,8 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
                 "the compile in the toolchain image failed",
             ));
         assert_eq!(snapshot(root), before);
-        assert_eq!(
-            fdl_containers(),
-            containers_before,
+        assert!(
+            fdl_containers(root).is_empty(),
             "a failed compile left its container"
         );
     }
@@ -438,7 +447,7 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         other.display().to_string()
     );
     assert!(stray_entries(&builds).is_empty());
-    assert_eq!(fdl_containers(), containers_before);
+    assert!(fdl_containers(root).is_empty());
 }
 
 /// Without `--source`, the tag is fetched on the host (here from a local repository,
@@ -480,7 +489,7 @@ fn a_tag_without_source_is_fetched_on_the_host() {
         log.contains(&format!("<source> = {}", cache.path().display())),
         "{log}"
     );
-    assert!(fdl_containers().is_empty());
+    assert!(fdl_containers(project.root()).is_empty());
 }
 
 #[test]
@@ -521,7 +530,7 @@ fn a_build_whose_output_fails_the_check_is_not_installed() {
     engine.adopt();
     assert_eq!(snapshot(project.root()), before);
     assert!(!project.root().join("libtorch").exists());
-    assert!(fdl_containers().is_empty());
+    assert!(fdl_containers(project.root()).is_empty());
 }
 
 /// While the compile runs: its container has a read-only root file system, no network
@@ -555,7 +564,6 @@ fn the_compile_writes_only_the_host_and_an_interrupt_leaves_nothing() {
     let project = ProjectFixture::empty();
     let builds = project.root().join("libtorch/nccl/builds");
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
-    let containers_before = fdl_containers();
     let before = snapshot(project.root());
 
     let stderr_path = work.path().join("stderr");
@@ -602,16 +610,7 @@ fn the_compile_writes_only_the_host_and_an_interrupt_leaves_nothing() {
     engine.adopt();
 
     // The running compile container, as the engine describes it.
-    let running: Vec<String> = lines(docker(&[
-        "ps",
-        "--filter",
-        "name=fdl-nccl-",
-        "--format",
-        "{{.Names}}",
-    ]))
-    .into_iter()
-    .filter(|n| !containers_before.contains(n))
-    .collect();
+    let running = fdl_containers_where(project.root(), &[]);
     assert_eq!(running.len(), 1, "{running:?}");
     let name = &running[0];
     assert!(name.ends_with("-build"), "{name}");
@@ -654,9 +653,8 @@ fn the_compile_writes_only_the_host_and_an_interrupt_leaves_nothing() {
     let stderr = std::fs::read_to_string(&stderr_path).unwrap();
     assert_eq!(status.code(), Some(130), "{stderr}");
     assert!(stderr.contains("interrupted"), "{stderr}");
-    assert_eq!(
-        fdl_containers(),
-        containers_before,
+    assert!(
+        fdl_containers(project.root()).is_empty(),
         "the interrupted build left its container"
     );
     assert_eq!(
@@ -705,7 +703,7 @@ fn a_toolchain_image_without_nvcc_is_refused_with_what_it_lacks() {
     }
     assert!(!stderr.contains("Compiling"), "{stderr}");
     assert_eq!(snapshot(project.root()), before);
-    assert!(fdl_containers().is_empty());
+    assert!(fdl_containers(project.root()).is_empty());
 }
 
 /// The staged tree is hostile: a compile whose `install` plants `build.log`,
@@ -774,7 +772,7 @@ fn planted_links_in_the_installed_tree_write_nothing_outside() {
             stray_entries(&builds)
         );
     }
-    assert!(fdl_containers().is_empty());
+    assert!(fdl_containers(project.root()).is_empty());
 }
 
 /// The guard every Docker test holds removes what the test made — the images it names

@@ -664,6 +664,15 @@ fn render_plan(plan: &BuildPlan, cmds: &[String]) -> String {
     for c in cmds {
         s.push_str(&format!("  {c}\n"));
     }
+    if let BackendPlan::Docker(_) = &plan.backend {
+        s.push_str(&format!(
+            "  where {} is this script, which fdl writes into <work>:\n",
+            crate::nccl::plan::RUN_SCRIPT_PATH
+        ));
+        for line in crate::nccl::plan::RUN_SCRIPT.lines() {
+            s.push_str(&format!("    {line}\n"));
+        }
+    }
     if !plan.warnings.is_empty() {
         s.push_str(&paint("Warnings:\n", Color::Yellow));
         for w in &plan.warnings {

@@ -78,7 +78,7 @@ impl Engine {
         })
     }
 
-    pub fn command(&self) -> Command {
+    fn command(&self) -> Command {
         let mut cmd = Command::new("docker");
         // Without buildx a modern client refuses DOCKER_BUILDKIT=1, so say which builder.
         cmd.env("DOCKER_BUILDKIT", if self.buildkit { "1" } else { "0" });
@@ -415,6 +415,22 @@ pub fn toolchain_image(
     })
 }
 
+/// The ID (`sha256:…`) of the toolchain image `plan` compiles in, building the image
+/// first when the engine lacks it: what decides the Docker backend's compiler, for a
+/// build store's key. `dockerfile` is the text the plan's digest was taken of
+/// ([`dockerfile_spec`]); the engine's output of a build goes to `on_line`.
+pub fn toolchain_id(
+    plan: &BuildPlan,
+    dockerfile: &str,
+    on_line: &mut dyn FnMut(&str),
+) -> Result<String> {
+    let BackendPlan::Docker(docker) = &plan.backend else {
+        bail!("a {} plan has no toolchain image", plan.backend.kind());
+    };
+    let engine = Engine::probe()?;
+    Ok(toolchain_image(&engine, docker, dockerfile, on_line)?.id)
+}
+
 /// The toolchain image must hold what the contract asks (see the embedded Dockerfile):
 /// a `--dockerfile` of the user's, or an unprobed base image, is checked here, before
 /// anything compiles, so a broken image fails with what it lacks rather than deep in make.
@@ -507,6 +523,14 @@ impl Backend for DockerBackend {
             std::fs::create_dir(work.0.join(sub))
                 .with_context(|| format!("cannot create {}", work.0.join(sub).display()))?;
         }
+        // The script each run starts with, beside them (the dry run prints it).
+        let script = work.0.join(
+            Path::new(crate::nccl::plan::RUN_SCRIPT_PATH)
+                .file_name()
+                .unwrap_or_default(),
+        );
+        crate::nccl::tree::create_new(&script, &mut crate::nccl::plan::RUN_SCRIPT.as_bytes())
+            .with_context(|| format!("cannot write {}", script.display()))?;
         // Mount sources reach `--mount` as CSV fields: plain words, as for make.
         let mut aliases = native::plain::Aliases::new(&crate::cache::cache_dir()?)?;
         let random = work
@@ -634,6 +658,53 @@ mod tests {
         let p = parse_probe("img:1", "fdl-missingmake\nnvcc 13.5\n");
         assert_eq!((p.cuda_home, p.cuda, p.apt), (None, None, false));
         assert!(p.missing.is_empty());
+    }
+
+    /// The toolchain image's tag changes with each thing that decides its content — the
+    /// base image's ID, the Dockerfile, a build argument — and with nothing else.
+    #[test]
+    fn the_toolchain_tag_is_a_digest_of_base_id_dockerfile_and_arguments() {
+        let plan = BuildPlan::new(PlanInputs {
+            tag: Tag::parse("v2.27.5-1").unwrap(),
+            tag_origin: TagOrigin::Flag,
+            cuda_flag: None,
+            cuda_from_libtorch: None,
+            archs: vec![Arch::new(8, 6)],
+            arch_origin: ArchOrigin::Flag,
+            jobs: 2,
+            jobs_reason: "test".into(),
+            builds_dir: "/p/libtorch/nccl/builds".into(),
+            backend: BackendInputs::Docker {
+                dockerfile: dockerfile_spec(None).unwrap().0,
+                base_image: None,
+                source: crate::nccl::plan::DockerSource::Clone,
+                probe: None,
+            },
+            backend_reason: "test".into(),
+            ptx: false,
+            only_funcs: None,
+            warnings: Vec::new(),
+        })
+        .unwrap();
+        let BackendPlan::Docker(d) = plan.backend else {
+            panic!("not a Docker plan")
+        };
+        let tag = toolchain_tag(&d, "sha256:aa", EMBEDDED_DOCKERFILE);
+        assert!(tag.starts_with("flodl-nccl-toolchain:cuda12.8-"), "{tag}");
+        assert_eq!(tag.len(), "flodl-nccl-toolchain:cuda12.8-".len() + 16);
+        assert_eq!(tag, toolchain_tag(&d, "sha256:aa", EMBEDDED_DOCKERFILE));
+        assert_ne!(tag, toolchain_tag(&d, "sha256:bb", EMBEDDED_DOCKERFILE));
+        let edited = format!("{EMBEDDED_DOCKERFILE}\nLABEL x=y\n");
+        assert_ne!(tag, toolchain_tag(&d, "sha256:aa", &edited));
+        let mut other = d.clone();
+        other.build_args[1].1 = "make g++".into();
+        assert_ne!(tag, toolchain_tag(&other, "sha256:aa", EMBEDDED_DOCKERFILE));
+        // What the compile is given (archs, ONLY_FUNCS) is not the toolchain's business.
+        let mut other = d.clone();
+        other
+            .make_vars
+            .push(("ONLY_FUNCS".into(), "AllReduce".into()));
+        assert_eq!(tag, toolchain_tag(&other, "sha256:aa", EMBEDDED_DOCKERFILE));
     }
 
     /// The contract between the plan and the embedded Dockerfile: every build argument

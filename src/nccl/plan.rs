@@ -703,6 +703,10 @@ impl NcclMake<'_> {
     }
 }
 
+/// Where the compile container finds [`RUN_SCRIPT`]: fdl writes it into the work
+/// directory before the first run.
+pub const RUN_SCRIPT_PATH: &str = "/fdl/work/fdl-run.sh";
+
 /// What the compile container runs first, with `/bin/sh`: it finds the toolkit as the
 /// toolchain contract says (`$CUDA_HOME`, else `/usr/local/cuda`, else the nvcc on PATH;
 /// libraries in `lib64/`, else `lib/` as the PyPI wheels lay them out), refuses a home
@@ -819,9 +823,7 @@ impl DockerSteps {
                 .arg("--entrypoint")
                 .arg("/bin/sh")
                 .arg(toolchain)
-                .arg("-c")
-                .arg(RUN_SCRIPT)
-                .arg("fdl-nccl-build")
+                .arg(RUN_SCRIPT_PATH)
                 .arg("make");
             let prefix = std::path::Path::new(RUN_PREFIX_DIR);
             NcclMake {
