@@ -84,10 +84,7 @@ fn explicit_inputs_make_the_documented_names() {
         plan["gencode"],
         "-gencode=arch=compute_61,code=sm_61 -gencode=arch=compute_120,code=sm_120"
     );
-    assert_eq!(
-        plan["docker"]["image"],
-        "flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8"
-    );
+    assert_eq!(plan["docker"]["image"], "flodl-nccl-toolchain:cuda12.8");
     let out = plan["output_dir"].as_str().unwrap();
     assert!(
         out.ends_with("libtorch/nccl/builds/v2.27.5-sm61-sm120"),
@@ -502,9 +499,14 @@ fn dry_run_without_docker_shows_the_plan_then_the_warning_and_writes_nothing() {
         String::from_utf8_lossy(&out.stderr)
     );
     for needle in [
-        "docker build --tag flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8",
-        "docker cp '<container>:/usr/local/nccl/.' '<staging>'",
-        "docker rm --force '<container>'",
+        "docker build --tag '<toolchain>' --build-arg CUDA_VERSION=12.8.1",
+        "docker run --rm --name '<container>-build' --pull never --network none --read-only --user '<user>'",
+        "--mount 'type=bind,source=<source>,target=/fdl/src,readonly'",
+        "--mount 'type=bind,source=<staging>,target=/fdl/prefix'",
+        "'<toolchain>' /fdl/work/fdl-run.sh make -C /fdl/src -j",
+        "where /fdl/work/fdl-run.sh is this script",
+        "exec \"$@\" CUDA_HOME=\"$home\" CUDA_LIB=\"$lib\"",
+        "install BUILDDIR=/fdl/work/build PREFIX=/fdl/prefix",
         "this host cannot run the build",
         "docker command was not found",
         "Dry run: nothing was built",
@@ -798,24 +800,27 @@ fn every_command_has_help_with_an_example() {
 fn embedded_dockerfile_is_printed_and_classic_builder_safe() {
     let out = fdl().args(["nccl", "dockerfile"]).output().unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
-    for arg in [
-        "ARG NCCL_VERSION",
-        "ARG NVCC_GENCODE",
-        "ARG MAX_JOBS",
-        "ARG CUDA_VERSION",
-    ] {
+    for arg in ["ARG BASE_IMAGE", "ARG CUDA_VERSION", "ARG TOOLS"] {
         assert!(text.contains(arg), "{arg}");
     }
-    assert!(text.contains("git clone --depth 1 --branch"));
-    assert!(text.contains("src.build") && text.contains("install PREFIX=/usr/local/nccl"));
-    assert!(!text.starts_with("# syntax"));
+    // The image is only the toolchain: no source, no compile; its contract is printed.
     let instructions: String = text
         .lines()
         .filter(|l| !l.trim_start().starts_with('#'))
         .collect();
+    assert!(!instructions.contains("git") && !instructions.contains("make -C"));
+    for contract in [
+        "--network none --read-only",
+        "target=/fdl/src,readonly",
+        "CUDA_HOME",
+        "/usr/local/cuda",
+        "POSIX /bin/sh",
+        "make, a C++ compiler",
+    ] {
+        assert!(text.contains(contract), "{contract}");
+    }
+    assert!(!text.starts_with("# syntax"));
     assert!(!instructions.contains("--mount") && !instructions.contains("<<"));
-    // The clone layer comes before the per-arch arguments, so it is shared across archs.
-    assert!(text.find("git clone").unwrap() < text.find("ARG NVCC_GENCODE").unwrap());
 }
 
 /// NCCL's Makefile hands ONLY_FUNCS to a shell: payloads are refused before a plan

@@ -1,19 +1,29 @@
 //! The Docker backend against the real engine of this machine. No registry is reachable,
-//! so each test builds its own base image `FROM scratch` holding an NCCL install tree made
-//! here with the C compiler, and points `fdl nccl build --dockerfile` at it.
+//! so the toolchain images start from the local Debian image of tests/support
+//! (`fdl-test-debian:toolchain`: g++, make, python3, git), to which each test adds a
+//! stand-in CUDA toolkit (an `nvcc` that answers `--version`, as NCCL's makefiles ask it)
+//! in a base image of its own. The NCCL source is the stand-in tree of the native tests
+//! (`native_fixture::standin_tree`): NCCL's targets and variables, a small C++ library
+//! with prepared GPU code. `fdl nccl build --dockerfile` points at a Dockerfile FROM
+//! that base, so the compile really runs in `docker run` on the bind mounts.
 //!
 //! `#[ignore]`d: a plain `cargo test` counts them as ignored; `.ci/run` runs them with
 //! `--include-ignored`, and then an engine that does not answer fails them.
 
 mod common;
+mod native_fixture;
 use common::*;
 use predicates::prelude::*;
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::process::Command as Std;
 
 /// `cargo test` runs tests as threads of one process: serialize them here (nextest runs
 /// them as processes, serialized by the `docker-engine` test group).
 static ENGINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+const DEBIAN_IMAGE: &str = "fdl-test-debian:toolchain";
 
 /// These tests are `#[ignore]`d, so they run only when asked for; then the engine must
 /// answer, and a test without one fails rather than passing without running.
@@ -33,32 +43,11 @@ fn docker(args: &[&str]) -> std::process::Output {
     Std::new("docker").args(args).output().unwrap()
 }
 
-/// Builds `FROM scratch` + `COPY tree /usr/local/nccl` (or an image without NCCL).
-fn base_image(name: &str, tree: Option<&Path>, images: &mut EngineGuard) {
-    let ctx = tempfile::tempdir().unwrap();
-    let dockerfile = match tree {
-        Some(tree) => {
-            copy_tree(tree, &ctx.path().join("nccl"));
-            "FROM scratch\nCOPY nccl /usr/local/nccl\n"
-        }
-        None => {
-            std::fs::write(ctx.path().join("marker"), "no nccl here").unwrap();
-            "FROM scratch\nCOPY marker /marker\n"
-        }
-    };
-    std::fs::write(ctx.path().join("Dockerfile"), dockerfile).unwrap();
-    let out = Std::new("docker")
-        .env("DOCKER_BUILDKIT", "0")
-        .args(["build", "-q", "-t", name])
-        .arg(ctx.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "base image: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    images.name(name);
+fn lines(out: std::process::Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 /// A suffix no other test run uses, for image names.
@@ -73,35 +62,128 @@ fn unique_suffix() -> String {
     )
 }
 
-fn copy_tree(from: &Path, to: &Path) {
-    let status = Std::new("cp").arg("-a").arg(from).arg(to).status().unwrap();
-    assert!(status.success());
+/// The Debian image of tests/support (made once, kept).
+fn debian_image() -> &'static str {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/debian-image.sh");
+    let out = Std::new("bash")
+        .arg(&script)
+        .args([DEBIAN_IMAGE, "g++", "make", "python3", "git"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "could not make {DEBIAN_IMAGE}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    DEBIAN_IMAGE
 }
 
-/// A user Dockerfile in the shape fdl expects: takes the build args, ends with NCCL in
-/// /usr/local/nccl.
-fn user_dockerfile(dir: &Path, name: &str, from: &str, extra: &str) -> std::path::PathBuf {
+/// The engine as one test uses it: the guard that removes what the test made, and the
+/// toolchain images that were there before, so those `fdl nccl build` makes are named to
+/// the guard as they appear.
+struct Engine {
+    guard: EngineGuard,
+    toolchains_before: BTreeSet<String>,
+}
+
+fn toolchain_images() -> BTreeSet<String> {
+    lines(docker(&[
+        "images",
+        "flodl-nccl-toolchain",
+        "--format",
+        "{{.Repository}}:{{.Tag}}",
+    ]))
+    .into_iter()
+    .collect()
+}
+
+impl Engine {
+    fn new() -> Engine {
+        Engine {
+            guard: EngineGuard::new(),
+            toolchains_before: toolchain_images(),
+        }
+    }
+
+    /// Names the toolchain images made since the start to the guard; returns them.
+    fn adopt(&mut self) -> Vec<String> {
+        let made: Vec<String> = toolchain_images()
+            .difference(&self.toolchains_before)
+            .cloned()
+            .collect();
+        for image in &made {
+            self.guard.name(image);
+        }
+        made
+    }
+
+    /// A base image: the Debian toolchain plus a stand-in CUDA 12.8 at /opt/fakecuda
+    /// (`ENV CUDA_HOME`), made with no network.
+    fn fake_cuda_base(&mut self, name: &str) {
+        let ctx = tempfile::tempdir().unwrap();
+        native_fixture::cuda_12_8(&ctx.path().join("cuda"));
+        std::fs::write(
+            ctx.path().join("Dockerfile"),
+            format!(
+                "FROM {}\nCOPY cuda /opt/fakecuda\nENV CUDA_HOME=/opt/fakecuda\n",
+                debian_image()
+            ),
+        )
+        .unwrap();
+        let out = Std::new("docker")
+            .env("DOCKER_BUILDKIT", "0")
+            .args(["build", "-q", "--network", "none", "-t", name])
+            .arg(ctx.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "base image: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.guard.name(name);
+    }
+}
+
+/// Whatever happened, the toolchain images made since the start go with the guard.
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.adopt();
+    }
+}
+
+/// A user Dockerfile: the toolchain image FROM `from`, with `extra` lines.
+fn user_dockerfile(dir: &Path, name: &str, from: &str, extra: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(
         &path,
-        format!("ARG CUDA_VERSION\nFROM {from}\nARG NCCL_VERSION\nARG NVCC_GENCODE\nARG MAX_JOBS\n{extra}"),
+        format!("ARG CUDA_VERSION\nFROM {from}\nARG TOOLS\n{extra}"),
     )
     .unwrap();
     path
 }
 
-fn fdl_containers() -> Vec<String> {
-    let out = docker(&[
-        "ps",
-        "-a",
-        "--filter",
-        "name=fdl-nccl-extract",
-        "--format",
-        "{{.Names}}",
-    ]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
+/// Containers of fdl's compile for the project at `root`, running or not: those that
+/// mount a directory below it (the engine may be shared with other builds).
+fn fdl_containers(root: &Path) -> Vec<String> {
+    fdl_containers_where(root, &["-a"])
+}
+
+fn fdl_containers_where(root: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["ps"];
+    args.extend_from_slice(extra);
+    args.extend(["--filter", "name=fdl-nccl-", "--format", "{{.Names}}"]);
+    lines(docker(&args))
+        .into_iter()
+        .filter(|name| {
+            let mounts = docker(&[
+                "inspect",
+                "--format",
+                "{{range .Mounts}}{{.Source}}\n{{end}}",
+                name,
+            ]);
+            lines(mounts).iter().any(|m| Path::new(m).starts_with(root))
+        })
         .collect()
 }
 
@@ -116,6 +198,34 @@ fn stray_entries(builds: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The stand-in tree at `dir`, with `edit` applied to its Makefile.
+fn tree(dir: &Path, version: (u32, u32, u32), edit: impl Fn(String) -> String) -> PathBuf {
+    native_fixture::standin_tree(dir, version);
+    let makefile = dir.join("Makefile");
+    let text = std::fs::read_to_string(&makefile).unwrap();
+    std::fs::write(&makefile, edit(text)).unwrap();
+    dir.to_path_buf()
+}
+
+/// `fdl nccl build --tag v2.27.5-1 --dockerfile D --archs A [--source S]` in `root`.
+fn build_cmd(
+    root: &Path,
+    cache: &Path,
+    dockerfile: &Path,
+    source: Option<&Path>,
+    archs: &str,
+) -> assert_cmd::Command {
+    let mut cmd = fdl_in(root);
+    cmd.env("XDG_CACHE_HOME", cache);
+    cmd.args(["nccl", "build", "--tag", "v2.27.5-1", "--archs", archs])
+        .arg("--dockerfile")
+        .arg(dockerfile);
+    if let Some(s) = source {
+        cmd.arg("--source").arg(s);
+    }
+    cmd
+}
+
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
 fn builds_installs_and_cleans_up_against_the_real_engine() {
@@ -125,44 +235,33 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     }
     let unique = unique_suffix();
     // Everything this test makes in the engine goes when it ends, also on failure.
-    let mut images = EngineGuard::new();
+    let mut engine = Engine::new();
+    let base = format!("fdl-test-fakecuda:{unique}");
+    engine.fake_cuda_base(&base);
     let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("tree");
-    write_nccl_tree(&tree, (2, 27, 5), &[61, 120]);
-    let good_base = format!("fdl-test-nccl-base:{unique}");
-    base_image(&good_base, Some(&tree), &mut images);
-    let empty_base = format!("fdl-test-empty-base:{unique}");
-    base_image(&empty_base, None, &mut images);
+    // The build records which network interfaces it saw: `--network none` leaves only lo.
+    let source = tree(&work.path().join("nccl"), (2, 27, 5), |m| {
+        m.replace(
+            "install: src.build\n",
+            "install: src.build\n\tpython3 -c \"import socket; print('fdl-test-interfaces', sorted(n for _, n in socket.if_nameindex()))\"\n",
+        )
+    });
+    let source_before = snapshot(&source);
 
     let project = ProjectFixture::empty();
     let root = project.root();
     let builds = root.join("libtorch/nccl/builds");
-    let good = user_dockerfile(work.path(), "good.Dockerfile", &good_base, "");
-    let containers_before = fdl_containers();
+    let good = user_dockerfile(work.path(), "good.Dockerfile", &base, "");
     let cache = tempfile::tempdir().unwrap();
     let build = |dockerfile: &Path, archs: &str, extra: &[&str]| {
-        let mut cmd = fdl_in(root);
-        cmd.env("XDG_CACHE_HOME", cache.path());
-        cmd.args([
-            "nccl",
-            "build",
-            "--tag",
-            "v2.27.5-1",
-            "--archs",
-            archs,
-            "--dockerfile",
-        ])
-        .arg(dockerfile)
-        .args(extra);
+        let mut cmd = build_cmd(root, cache.path(), dockerfile, Some(&source), archs);
+        cmd.args(extra);
         cmd
     };
-    // fdl names the image after the plan; remember it so the test leaves no image.
-    images.name("flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8");
-    images.name("flodl-nccl-build:v2.27.5-sm86-cuda12.8");
-    images.name("flodl-nccl-build:v2.27.5-sm90-cuda12.8");
 
     // 1. A successful build, installed with its manifest.
     let out = build(&good, "6.1;12.0", &["--json"]).output().unwrap();
+    engine.adopt();
     assert!(
         out.status.success(),
         "stderr: {}",
@@ -191,13 +290,22 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     assert!(dir.join("lib/libnccl_static.a").is_file());
     assert!(dir.join("include/nccl.h").is_file());
     let log = std::fs::read_to_string(dir.join("build.log")).unwrap();
-    assert!(
-        log.contains("Successfully built") || log.contains("naming to"),
-        "{log}"
-    );
-    // Preparing an image is not compiling: this one has no make step at all.
-    assert!(log.contains("==> fdl: phase prepare"), "{log}");
-    assert!(!log.contains("==> fdl: phase compile"), "{log}");
+    for want in [
+        // The toolchain image is prepared, then the compile runs in a container of it.
+        "==> fdl: phase prepare",
+        "==> fdl: phase compile",
+        "==> fdl: phase install",
+        "step: docker build --tag flodl-nccl-toolchain:cuda12.8-",
+        "docker run --rm --name",
+        "--network none --read-only --user",
+        "target=/fdl/src,readonly",
+        "Compiling  src/init.cc",
+        "BUILDDIR=/fdl/work/build PREFIX=/fdl/prefix",
+        // No interface but loopback: nothing in the compile could reach a network.
+        "fdl-test-interfaces ['lo']",
+    ] {
+        assert!(log.contains(want), "{want:?} not in {log}");
+    }
     let pc = std::fs::read_to_string(dir.join("lib/pkgconfig/nccl.pc")).unwrap();
     assert!(
         pc.starts_with(&format!("prefix={}\n", dir.display())),
@@ -214,13 +322,12 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     );
     assert_eq!(
         manifest["plan"]["docker"]["image"],
-        "flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8"
+        "flodl-nccl-toolchain:cuda12.8"
     );
     assert_eq!(manifest["checked"]["library"], "libnccl.so.2.27.5");
     assert!(manifest["built_at"].as_str().unwrap().starts_with("20"));
-    assert_eq!(
-        fdl_containers(),
-        containers_before,
+    assert!(
+        fdl_containers(root).is_empty(),
         "a container was left behind"
     );
     assert!(
@@ -228,6 +335,7 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         "{:?}",
         stray_entries(&builds)
     );
+    assert_eq!(snapshot(&source), source_before, "the source tree changed");
     let installed = snapshot(&dir);
 
     // 2. The same plan again: a no-op that says so.
@@ -235,14 +343,14 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         .assert()
         .success()
         .stdout(predicate::str::contains("Already built from the same plan"))
-        .stderr(predicate::str::contains("docker build (").not());
+        .stderr(predicate::str::contains("==> toolchain image").not());
     assert_eq!(snapshot(&dir), installed);
 
     // 3. A different plan for the same target is refused, naming the difference.
     let other = user_dockerfile(
         work.path(),
         "other.Dockerfile",
-        &good_base,
+        &base,
         "LABEL variant=other\n",
     );
     let before = snapshot(root);
@@ -253,19 +361,20 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     );
     assert_eq!(snapshot(root), before);
 
-    // 4. A failing image build leaves nothing, not even with --force over the old build.
+    // 4. A failing toolchain image build leaves nothing, not even with --force over the
+    // old build, and the log of it is kept outside the project.
     let failing = user_dockerfile(
         work.path(),
         "failing.Dockerfile",
-        &good_base,
+        &base,
         "COPY does-not-exist /nowhere\n",
     );
     for (archs, extra) in [("8.6", &[][..]), ("6.1;12.0", &["--force"][..])] {
         let out = build(&failing, archs, extra).output().unwrap();
+        engine.adopt();
         assert!(!out.status.success());
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains("image build failed"), "{stderr}");
-        // The log of the failed build is kept outside the project and its end is shown.
+        assert!(stderr.contains("toolchain image build failed"), "{stderr}");
         let kept = stderr
             .split("The full build log is kept at ")
             .nth(1)
@@ -286,43 +395,41 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
             before,
             "failing build with {archs} {extra:?}"
         );
-        assert_eq!(fdl_containers(), containers_before);
+        assert!(fdl_containers(root).is_empty());
     }
-    // A step that fails while running (the base has no shell) leaves no container of
-    // the builder's either.
+    // A step that fails while running leaves no container of the builder's either.
     // (Containers of this base or an image made from it: the engine may be shared.)
     let all_containers = || {
-        let filter = format!("ancestor={good_base}");
+        let filter = format!("ancestor={base}");
         docker(&["ps", "-a", "-q", "--filter", &filter]).stdout
     };
     let containers_at_start = all_containers();
-    let run_fails = user_dockerfile(
-        work.path(),
-        "runfails.Dockerfile",
-        &good_base,
-        "RUN false\n",
-    );
+    let run_fails = user_dockerfile(work.path(), "runfails.Dockerfile", &base, "RUN false\n");
     let out = build(&run_fails, "8.6", &[]).output().unwrap();
+    engine.adopt();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("image build failed"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("toolchain image build failed"));
     assert_eq!(
         all_containers(),
         containers_at_start,
         "a build container was left"
     );
 
-    // 5. A failing copy (no /usr/local/nccl in the image) leaves nothing and no container.
-    let no_nccl = user_dockerfile(work.path(), "nonccl.Dockerfile", &empty_base, "");
+    // 5. A compile that fails leaves nothing: no container, no work directory, no build.
+    let broken = tree(&work.path().join("broken"), (2, 27, 5), |m| m);
+    std::fs::write(broken.join("src/collectives.cc"), "this is not C++\n").unwrap();
     for (archs, extra) in [("9.0", &[][..]), ("6.1;12.0", &["--force"][..])] {
-        build(&no_nccl, archs, extra)
+        let mut cmd = build_cmd(root, cache.path(), &good, Some(&broken), archs);
+        cmd.args(extra)
             .assert()
             .failure()
-            .stderr(predicate::str::contains("docker cp failed"));
+            .stderr(predicate::str::contains(
+                "the compile in the toolchain image failed",
+            ));
         assert_eq!(snapshot(root), before);
-        assert_eq!(
-            fdl_containers(),
-            containers_before,
-            "a failed copy left its container"
+        assert!(
+            fdl_containers(root).is_empty(),
+            "a failed compile left its container"
         );
     }
 
@@ -331,6 +438,7 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         .assert()
         .success()
         .stdout(predicate::str::contains("Rebuilt and replaced"));
+    engine.adopt();
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("fdl-build.json")).unwrap())
             .unwrap();
@@ -339,7 +447,49 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         other.display().to_string()
     );
     assert!(stray_entries(&builds).is_empty());
-    assert_eq!(fdl_containers(), containers_before);
+    assert!(fdl_containers(root).is_empty());
+}
+
+/// Without `--source`, the tag is fetched on the host (here from a local repository,
+/// `FDL_NCCL_REPO`) into fdl's cache, as the native backend fetches it, and mounted.
+#[test]
+#[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
+fn a_tag_without_source_is_fetched_on_the_host() {
+    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    if !engine_available() {
+        return;
+    }
+    let mut engine = Engine::new();
+    let base = format!("fdl-test-fakecuda:{}", unique_suffix());
+    engine.fake_cuda_base(&base);
+    let work = tempfile::tempdir().unwrap();
+    let repo = native_fixture::tagged_repo(&work.path().join("repo"), (2, 27, 5), "v2.27.5-1");
+    let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
+    let project = ProjectFixture::empty();
+    let cache = tempfile::tempdir().unwrap();
+    let out = build_cmd(project.root(), cache.path(), &dockerfile, None, "8.6")
+        .env("FDL_NCCL_REPO", &repo)
+        .arg("--json")
+        .output()
+        .unwrap();
+    engine.adopt();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dir = PathBuf::from(v["build_dir"].as_str().unwrap());
+    let log = std::fs::read_to_string(dir.join("build.log")).unwrap();
+    assert!(log.contains("==> fdl: phase clone"), "{log}");
+    // The clone is in fdl's cache on the host, and it is what the container mounted.
+    let clones = cache.path().join("fdl/nccl-src");
+    assert!(clones.is_dir(), "no clone under {}", clones.display());
+    assert!(
+        log.contains(&format!("<source> = {}", cache.path().display())),
+        "{log}"
+    );
+    assert!(fdl_containers(project.root()).is_empty());
 }
 
 #[test]
@@ -349,68 +499,71 @@ fn a_build_whose_output_fails_the_check_is_not_installed() {
     if !engine_available() {
         return;
     }
-    let unique = format!("{}-chk", std::process::id());
-    // Everything this test makes in the engine goes when it ends, also on failure.
-    let mut images = EngineGuard::new();
+    let mut engine = Engine::new();
+    let base = format!("fdl-test-fakecuda:{}-chk", unique_suffix());
+    engine.fake_cuda_base(&base);
     let work = tempfile::tempdir().unwrap();
-    // The tree claims 2.27.6 in its header while the tag asks for 2.27.5.
-    let tree = work.path().join("tree");
-    write_nccl_tree(&tree, (2, 27, 6), &[75]);
-    let base = format!("fdl-test-nccl-base:{unique}");
-    base_image(&base, Some(&tree), &mut images);
-    images.name("flodl-nccl-build:v2.27.5-sm75-cuda12.8");
+    // version.mk says 2.27.5, as the tag does, but the Makefile builds 2.27.6.
+    let source = tree(&work.path().join("nccl"), (2, 27, 5), |m| {
+        m.replacen(
+            "include makefiles/version.mk\n",
+            "include makefiles/version.mk\nNCCL_PATCH := 6\n",
+            1,
+        )
+    });
     let project = ProjectFixture::empty();
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
     let before = snapshot(project.root());
     let cache = tempfile::tempdir().unwrap();
-    fdl_in(project.root())
-        .env("XDG_CACHE_HOME", cache.path())
-        .args([
-            "nccl",
-            "build",
-            "--tag",
-            "v2.27.5-1",
-            "--archs",
-            "7.5",
-            "--dockerfile",
-        ])
-        .arg(&dockerfile)
-        .assert()
-        .failure()
-        .stderr(predicate::str::contains(
-            "asks for NCCL 2.27.5, but the build produced NCCL 2.27.6",
-        ));
+    build_cmd(
+        project.root(),
+        cache.path(),
+        &dockerfile,
+        Some(&source),
+        "7.5",
+    )
+    .assert()
+    .failure()
+    .stderr(predicate::str::contains(
+        "asks for NCCL 2.27.5, but the build produced NCCL 2.27.6",
+    ));
+    engine.adopt();
     assert_eq!(snapshot(project.root()), before);
     assert!(!project.root().join("libtorch").exists());
+    assert!(fdl_containers(project.root()).is_empty());
 }
 
+/// While the compile runs: its container has a read-only root file system, no network
+/// and the invoking user; no object file is in the container's own file system (`docker
+/// diff`), while the objects already compiled are on the host, in the bind-mounted work
+/// directory, owned by the invoking user. Then SIGINT to fdl stops the container and
+/// leaves nothing: no container, no partial build, no work directory.
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
-fn an_interrupted_build_leaves_nothing_behind() {
+fn the_compile_writes_only_the_host_and_an_interrupt_leaves_nothing() {
     let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
     if !engine_available() {
         return;
     }
-    let unique = format!("{}-int", std::process::id());
-    // Everything this test makes in the engine goes when it ends, also on failure.
-    let mut images = EngineGuard::new();
+    let mut engine = Engine::new();
+    let base = format!("fdl-test-fakecuda:{}-int", unique_suffix());
+    engine.fake_cuda_base(&base);
     let work = tempfile::tempdir().unwrap();
-    let tree = work.path().join("tree");
-    write_nccl_tree(&tree, (2, 27, 5), &[61, 120]);
-    // Enough payload that `docker cp` is still running when the signal comes.
-    let big = std::fs::File::create(tree.join("lib/payload")).unwrap();
-    let mut big = std::io::BufWriter::new(big);
-    let chunk: Vec<u8> = (0..1u64 << 20).map(|i| (i * 7919 % 251) as u8).collect();
-    for _ in 0..384 {
-        std::io::Write::write_all(&mut big, &chunk).unwrap();
-    }
-    drop(big);
-    let base = format!("fdl-test-nccl-base:{unique}");
-    base_image(&base, Some(&tree), &mut images);
-    images.name("flodl-nccl-build:v2.27.5-sm80-cuda12.8");
+    // The compile of collectives.cc (after init.cc, with one job) waits a minute.
+    let source = tree(&work.path().join("nccl"), (2, 27, 5), |m| {
+        let stall = m
+            .lines()
+            .find(|l| l.contains("FDL_TEST_STALL"))
+            .expect("the stand-in's stall line")
+            .to_string();
+        m.replace(
+            &stall,
+            "\t@if [ \"$<\" = src/collectives.cc ]; then sleep 120; fi",
+        )
+    });
     let project = ProjectFixture::empty();
+    let builds = project.root().join("libtorch/nccl/builds");
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
-    let containers_before = fdl_containers();
     let before = snapshot(project.root());
 
     let stderr_path = work.path().join("stderr");
@@ -426,37 +579,82 @@ fn an_interrupted_build_leaves_nothing_behind() {
             "v2.27.5-1",
             "--archs",
             "8.0",
+            "--jobs",
+            "1",
+            "--verbose",
             "--dockerfile",
         ])
         .arg(&dockerfile)
+        .arg("--source")
+        .arg(&source)
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&stderr_path).unwrap())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
     while !std::fs::read_to_string(&stderr_path)
         .unwrap()
-        .contains("==> docker cp")
+        .contains("Compiling  src/collectives.cc")
     {
         assert!(
             std::time::Instant::now() < deadline,
-            "the copy step never started"
+            "the compile never reached collectives.cc"
         );
         assert!(
             child.try_wait().unwrap().is_none(),
-            "fdl ended before the copy step"
+            "fdl ended before the compile: {}",
+            std::fs::read_to_string(&stderr_path).unwrap()
         );
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    // SIGINT to fdl alone, as `kill -INT` would; fdl must stop its child and roll back.
+    engine.adopt();
+
+    // The running compile container, as the engine describes it.
+    let running = fdl_containers_where(project.root(), &[]);
+    assert_eq!(running.len(), 1, "{running:?}");
+    let name = &running[0];
+    assert!(name.ends_with("-build"), "{name}");
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let config = lines(docker(&[
+        "inspect",
+        "--format",
+        "{{.HostConfig.ReadonlyRootfs}} {{.HostConfig.NetworkMode}} {{.HostConfig.AutoRemove}} {{.Config.User}}",
+        name,
+    ]));
+    assert_eq!(config, [format!("true none true {uid}:{gid}")]);
+    // What the container wrote into its own file system: the mount points at most.
+    let diff = lines(docker(&["diff", name]));
+    assert!(
+        diff.iter()
+            .all(|l| !l.ends_with(".o") && !l.contains("/fdl/work/")),
+        "the container wrote into its own file system: {diff:?}"
+    );
+    // The object compiled so far is on the host, the invoking user's.
+    let work_dirs: Vec<PathBuf> = std::fs::read_dir(&builds)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".docker-work-v2.27.5-sm80-")
+        })
+        .collect();
+    assert_eq!(work_dirs.len(), 1, "{work_dirs:?}");
+    let object = work_dirs[0].join("build/obj/init.o");
+    let meta = std::fs::metadata(&object)
+        .unwrap_or_else(|e| panic!("{} is not on the host: {e}", object.display()));
+    assert_eq!((meta.uid(), meta.gid()), (uid, gid));
+
+    // SIGINT to fdl alone, as `kill -INT` would; fdl must stop the container and roll back.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let status = child.wait().unwrap();
     let stderr = std::fs::read_to_string(&stderr_path).unwrap();
     assert_eq!(status.code(), Some(130), "{stderr}");
     assert!(stderr.contains("interrupted"), "{stderr}");
-    assert_eq!(
-        fdl_containers(),
-        containers_before,
+    assert!(
+        fdl_containers(project.root()).is_empty(),
         "the interrupted build left its container"
     );
     assert_eq!(
@@ -466,24 +664,67 @@ fn an_interrupted_build_leaves_nothing_behind() {
     );
 }
 
-/// The staged tree is hostile: an image whose NCCL tree plants `build.log`,
-/// `fdl-build.json` and `lib/pkgconfig/nccl.pc` as absolute links to files outside
-/// (`docker cp` keeps them) is refused by verification, naming the link, and the files
-/// the links point at are unchanged; nothing is installed.
+/// A `--dockerfile` whose image has no nvcc: refused before anything compiles, saying
+/// what the image lacks and where the contract is, and nothing is left behind.
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
-fn planted_links_in_an_images_tree_write_nothing_outside() {
+fn a_toolchain_image_without_nvcc_is_refused_with_what_it_lacks() {
     let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
     if !engine_available() {
         return;
     }
-    let unique = unique_suffix();
-    let mut images = EngineGuard::new();
-    images.name("flodl-nccl-build:v2.27.5-sm86-cuda12.8");
+    let mut engine = Engine::new();
+    let work = tempfile::tempdir().unwrap();
+    let source = tree(&work.path().join("nccl"), (2, 27, 5), |m| m);
+    let dockerfile = user_dockerfile(work.path(), "Dockerfile", debian_image(), "");
+    let project = ProjectFixture::empty();
+    let before = snapshot(project.root());
+    let cache = tempfile::tempdir().unwrap();
+    let out = build_cmd(
+        project.root(),
+        cache.path(),
+        &dockerfile,
+        Some(&source),
+        "8.6",
+    )
+    .output()
+    .unwrap();
+    engine.adopt();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        format!("--dockerfile {}", dockerfile.display()).as_str(),
+        "has no nvcc",
+        "CUDA_HOME",
+        "fdl nccl dockerfile",
+        "Nothing was installed",
+    ] {
+        assert!(stderr.contains(want), "{want:?} not in {stderr}");
+    }
+    assert!(!stderr.contains("Compiling"), "{stderr}");
+    assert_eq!(snapshot(project.root()), before);
+    assert!(fdl_containers(project.root()).is_empty());
+}
+
+/// The staged tree is hostile: a compile whose `install` plants `build.log`,
+/// `fdl-build.json` and `lib/pkgconfig/nccl.pc` as absolute links to files outside (the
+/// bind mount puts them on the host as they are) is refused by verification, naming the
+/// link, and the files the links point at are unchanged; nothing is installed.
+#[test]
+#[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
+fn planted_links_in_the_installed_tree_write_nothing_outside() {
+    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    if !engine_available() {
+        return;
+    }
+    let mut engine = Engine::new();
+    let base = format!("fdl-test-fakecuda:{}-plant", unique_suffix());
+    engine.fake_cuda_base(&base);
     let work = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     let project = ProjectFixture::empty();
     let builds = project.root().join("libtorch/nccl/builds");
+    let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
     for (plant, victim_name) in [
         ("lib/pkgconfig/nccl.pc", "victim.pc"),
         ("build.log", "victim.log"),
@@ -491,33 +732,31 @@ fn planted_links_in_an_images_tree_write_nothing_outside() {
     ] {
         let victim = outside.path().join(victim_name);
         std::fs::write(&victim, "prefix=/usr/local/nccl\nkeep me\n").unwrap();
-        let tree = work.path().join(format!("tree-{victim_name}"));
-        write_nccl_tree(&tree, (2, 27, 5), &[86]);
-        let at = tree.join(plant);
-        let _ = std::fs::remove_file(&at);
-        std::os::unix::fs::symlink(&victim, &at).unwrap();
-        let base = format!(
-            "fdl-test-planted-{}:{unique}",
-            victim_name.replace('.', "-")
+        let plant_line = format!(
+            "\trm -f $(PREFIX)/{plant} && ln -s {} $(PREFIX)/{plant}\n",
+            victim.display()
         );
-        base_image(&base, Some(&tree), &mut images);
-        let dockerfile =
-            user_dockerfile(work.path(), &format!("{victim_name}.Dockerfile"), &base, "");
+        let source = tree(
+            &work.path().join(format!("tree-{victim_name}")),
+            (2, 27, 5),
+            |m| {
+                m.replace(
+                    "\tcp $(INCDIR)/nccl.h $(PREFIX)/include/\n",
+                    &format!("\tcp $(INCDIR)/nccl.h $(PREFIX)/include/\n{plant_line}"),
+                )
+            },
+        );
         let cache = tempfile::tempdir().unwrap();
-        let out = fdl_in(project.root())
-            .env("XDG_CACHE_HOME", cache.path())
-            .args([
-                "nccl",
-                "build",
-                "--tag",
-                "v2.27.5-1",
-                "--archs",
-                "8.6",
-                "--dockerfile",
-            ])
-            .arg(&dockerfile)
-            .output()
-            .unwrap();
+        let out = build_cmd(
+            project.root(),
+            cache.path(),
+            &dockerfile,
+            Some(&source),
+            "8.6",
+        )
+        .output()
+        .unwrap();
+        engine.adopt();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{plant}: the build was accepted");
         assert!(stderr.contains(plant), "{plant}: {stderr}");
@@ -533,7 +772,7 @@ fn planted_links_in_an_images_tree_write_nothing_outside() {
             stray_entries(&builds)
         );
     }
-    assert!(fdl_containers().is_empty());
+    assert!(fdl_containers(project.root()).is_empty());
 }
 
 /// The guard every Docker test holds removes what the test made — the images it names

@@ -47,6 +47,20 @@ fn cuda_image() -> &'static str {
     CUDA_IMAGE
 }
 
+/// The toolchain images in the engine, by tag.
+fn toolchain_images() -> Vec<String> {
+    let out = docker(&[
+        "images",
+        "flodl-nccl-toolchain",
+        "--format",
+        "{{.Repository}}:{{.Tag}}",
+    ]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 fn containers() -> Vec<String> {
     let out = docker(&["ps", "-a", "--format", "{{.Names}}"]);
     String::from_utf8_lossy(&out.stdout)
@@ -166,10 +180,8 @@ fn offline_build_through_the_embedded_dockerfile() {
     let commands = v["commands"].to_string();
     assert!(commands.contains("--network none"), "{commands}");
 
-    // A fresh build, so the log shows every step run rather than taken from the cache.
-    let built_image = docker_plan["image"].as_str().unwrap().to_string();
-    engine.name(&built_image);
-    let _ = docker(&["rmi", "--force", &built_image]);
+    // The toolchain images this test makes are its own (the guard removes them).
+    let toolchains_before = toolchain_images();
 
     let mut run = args.to_vec();
     run.push("--json");
@@ -187,6 +199,13 @@ fn offline_build_through_the_embedded_dockerfile() {
         env.project.root().join("libtorch/nccl/builds").join(&name)
     );
     let lib = dir.join("lib/libnccl.so.2.27.5");
+    let made: Vec<String> = toolchain_images()
+        .into_iter()
+        .filter(|i| !toolchains_before.contains(i))
+        .collect();
+    for image in &made {
+        engine.name(image);
+    }
 
     // Real SASS for exactly the planned archs, as cuobjdump lists it.
     let ins = fdl::inspect::inspect(&lib).unwrap();
@@ -220,35 +239,24 @@ fn offline_build_through_the_embedded_dockerfile() {
         "MAX_JOBS did not reach make: {flags}"
     );
 
-    // The build ran with no network, used the tree and not a clone, and apt never ran.
+    // The compile ran with no network, on a read-only root, the tree mounted read-only
+    // (not a clone), and apt never ran.
     let log = std::fs::read_to_string(dir.join("build.log")).unwrap();
-    assert!(log.contains("--network none"), "{log}");
-    assert!(
-        log.contains("fdl: building the NCCL tree of the build context"),
-        "{log}"
-    );
+    for want in [
+        "--network none --read-only --user",
+        "target=/fdl/src,readonly",
+        "==> toolchain image flodl-nccl-toolchain:cuda13.5.37-",
+    ] {
+        assert!(log.contains(want), "{want} not in {log}");
+    }
     // (The log echoes each RUN's text, so look for what the steps print, not run.)
     assert!(
         !log.lines().any(|l| l.starts_with("fdl: installing")),
         "{log}"
     );
     assert!(!log.contains("Cloning into"), "{log}");
-    // Neither .git nor the stale build/ went into the image.
-    let out = docker(&[
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        &built_image,
-        "sh",
-        "-c",
-        "test ! -e /src/nccl/.git && test -f /src/nccl/makefiles/version.mk",
-    ]);
-    assert!(
-        out.status.success(),
-        ".git reached the image, or the tree did not: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // The stale build/ of the tree was not taken as up to date: the objects are new.
+    assert_ne!(std::fs::read(&lib).unwrap(), b"stale");
     assert_eq!(common::snapshot(&tree), before, "the source tree changed");
     assert_eq!(
         containers(),
@@ -272,6 +280,18 @@ fn offline_build_through_the_embedded_dockerfile() {
     let out = env.fdl(&force);
     let text = stdout_of("rebuild --force", &out);
     assert!(text.contains("Rebuilt and replaced"), "{text}");
+    // The toolchain image is the engine's to keep: the rebuild ran no image build at all.
+    let log = std::fs::read_to_string(dir.join("build.log")).unwrap();
+    assert!(log.contains("(cached by the engine)"), "{log}");
+    assert!(!log.contains("step: docker build"), "{log}");
+    assert_eq!(
+        toolchain_images()
+            .into_iter()
+            .filter(|i| !toolchains_before.contains(i))
+            .collect::<Vec<_>>(),
+        made,
+        "the rebuild made another toolchain image"
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     for leak in ["DEPRECATED", "Step 1/", "Sending build context"] {
         assert!(

@@ -60,7 +60,8 @@ pub struct BuildArgs {
     /// Where to build
     #[arg(long, value_enum, default_value_t = BackendFlag::Auto)]
     pub backend: BackendFlag,
-    /// Docker: build with this Dockerfile instead of the embedded one
+    /// Docker: the toolchain image's Dockerfile instead of the embedded one (what the
+    /// image must hold: `fdl nccl dockerfile`)
     #[arg(long, value_name = "PATH")]
     pub dockerfile: Option<PathBuf>,
     /// Docker: start from this image (local, mirrored or `docker load`ed) instead of the
@@ -71,7 +72,7 @@ pub struct BuildArgs {
     #[arg(long, value_name = "DIR")]
     pub cuda_home: Option<PathBuf>,
     /// Build from this NCCL checkout or unpacked release instead of cloning the tag
-    /// (offline hosts); Docker copies it into the image, without .git or build/
+    /// (offline hosts); Docker mounts it read-only into the compile container
     #[arg(long, value_name = "DIR")]
     pub source: Option<PathBuf>,
     /// Native: build even if the toolkit's CUDA differs from --cuda / the libtorch's
@@ -461,7 +462,7 @@ fn plan_steps(plan: &BuildPlan) -> Vec<Step> {
     match &plan.backend {
         BackendPlan::Docker(d) => {
             let paths = Paths::placeholders(DockerSteps::PATHS);
-            DockerSteps::new(d, &paths)
+            DockerSteps::new(d, plan.jobs, &paths)
                 .all()
                 .into_iter()
                 .cloned()
@@ -689,7 +690,13 @@ fn render_plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
         format!("{}  ({})", plan.backend.kind(), plan.backend_reason),
     );
     if let BackendPlan::Docker(docker) = &plan.backend {
-        row("image", docker.image.clone());
+        row(
+            "toolchain",
+            format!(
+                "{}-<digest of the base image's ID, the Dockerfile and its arguments>: built once, then reused",
+                docker.image
+            ),
+        );
         if let Some(base) = &docker.base_image {
             row("base image", base.clone());
         }
@@ -726,19 +733,30 @@ fn render_plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
         row(
             "source",
             match &docker.source {
-                DockerSource::Context { path, version } => format!(
-                    "{} (NCCL {version}), copied into the build context",
-                    path.display()
+                DockerSource::Context { path, version } => {
+                    format!("{} (NCCL {version}), mounted read-only", path.display())
+                }
+                DockerSource::Clone => format!(
+                    "{} fetched on this host into fdl's cache, then mounted read-only",
+                    plan.tag
                 ),
-                DockerSource::Clone => format!("cloned in the image at {}", plan.tag),
             },
         );
         row(
             "network",
             format!(
-                "{}  ({})",
+                "image build: {}  ({}); compile: none",
                 docker.network.as_deref().unwrap_or("default"),
                 docker.network_reason
+            ),
+        );
+        row(
+            "mounts",
+            format!(
+                "<source> at {}, read-only; <work> (build/, tmp/) at {}; <staging> at {}",
+                crate::nccl::plan::RUN_SOURCE_DIR,
+                crate::nccl::plan::RUN_WORK_DIR,
+                crate::nccl::plan::RUN_PREFIX_DIR
             ),
         );
     }
@@ -792,6 +810,15 @@ fn render_plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
     s.push_str("Commands:\n");
     for c in cmds {
         s.push_str(&format!("  {c}\n"));
+    }
+    if let BackendPlan::Docker(_) = &plan.backend {
+        s.push_str(&format!(
+            "  where {} is this script, which fdl writes into <work>:\n",
+            crate::nccl::plan::RUN_SCRIPT_PATH
+        ));
+        for line in crate::nccl::plan::RUN_SCRIPT.lines() {
+            s.push_str(&format!("    {line}\n"));
+        }
     }
     if !plan.warnings.is_empty() {
         s.push_str(&paint("Warnings:\n", Color::Yellow));

@@ -1,14 +1,23 @@
-//! The Docker backend: builds NCCL inside an image and copies the installed tree out.
+//! The Docker backend: compiles NCCL in a container of a toolchain image, on the host's
+//! files.
 //!
-//! The build context is a private temporary directory holding only the Dockerfile —
-//! never the project, which may hold gigabytes of libtorch. Artifacts leave the image
-//! through `docker create` + `docker cp`; the container is removed by a guard on every
-//! path, including errors and Ctrl-C.
+//! The image holds only the toolchain (the base image plus the tools it lacks), built
+//! once per base image, Dockerfile and arguments and kept by the engine
+//! ([`toolchain_image`]). The source (the `--source` tree, or the tag fetched on the host
+//! as the native backend fetches it) is mounted read-only; the work directory and the
+//! staging directory are bind mounts, so object files and the installed tree are written
+//! straight to the host's file system — never through the engine's storage driver, which
+//! is slow where it is fuse-overlayfs (rootless engines) — and nothing is copied out of an
+//! image. The compile runs in `docker run --rm --network none --read-only` as the
+//! invoking user, with the make steps and variables of the native backend; each container
+//! is removed by a guard on every path, including errors and Ctrl-C.
 
 use crate::cache::sha256_hex;
+use crate::native::{self, WorkDir};
 use crate::nccl::build::Backend;
 use crate::nccl::plan::{
-    BackendPlan, BuildPlan, DockerSource, DockerSteps, DockerfileSpec, ImageProbe,
+    BackendPlan, BuildPlan, DockerPlan, DockerSource, DockerSteps, DockerfileSpec, ImageProbe,
+    NativeSource,
 };
 use crate::process;
 use crate::progress::{Phase, Progress};
@@ -182,64 +191,6 @@ pub fn parse_probe(image: &str, text: &str) -> ImageProbe {
     probe
 }
 
-/// The directory of the build context that the image copies to /src/nccl.
-pub const CONTEXT_SOURCE_DIR: &str = "nccl-source";
-
-/// Fills `<context>/nccl-source` with the NCCL tree of `source`, or leaves it empty so
-/// the image clones. Only the tree goes in: not `.git` (history the build does not
-/// read) nor an earlier `build/` (objects of another configuration). Links are copied as
-/// links, never followed, so nothing outside the tree enters the context.
-fn fill_context_source(context: &Path, source: &DockerSource) -> Result<()> {
-    let dest = context.join(CONTEXT_SOURCE_DIR);
-    std::fs::create_dir(&dest).with_context(|| format!("cannot create {}", dest.display()))?;
-    if let DockerSource::Context { path, .. } = source {
-        copy_tree(path, &dest, true).with_context(|| {
-            format!(
-                "cannot copy the NCCL tree at {} into the build context",
-                path.display()
-            )
-        })?;
-    }
-    Ok(())
-}
-
-fn copy_tree(from: &Path, to: &Path, top: bool) -> Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if top && (name == ".git" || name == "build") {
-            continue;
-        }
-        let (src, dst) = (entry.path(), to.join(&name));
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            std::fs::create_dir(&dst)?;
-            copy_tree(&src, &dst, false)?;
-        } else if kind.is_file() {
-            // Opened without following a link swapped in since, checked on the descriptor.
-            let mut f = crate::fsread::open_regular(&src, true)?;
-            let mode = f.metadata()?.permissions().mode() & 0o777;
-            let mut out = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(mode)
-                .open(&dst)
-                .with_context(|| format!("cannot create {}", dst.display()))?;
-            std::io::copy(&mut f, &mut out)
-                .with_context(|| format!("cannot copy {}", src.display()))?;
-        } else if kind.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
-        } else {
-            bail!(
-                "{} is not a file, directory or link (a FIFO, socket or device): remove it from the source tree",
-                src.display()
-            );
-        }
-    }
-    Ok(())
-}
-
 pub struct DockerBackend {
     pub engine: Engine,
     /// The Dockerfile text the plan's digest was taken of.
@@ -345,6 +296,176 @@ pub fn dockerfile_spec(path: Option<&Path>) -> Result<(DockerfileSpec, String)> 
     })
 }
 
+/// A toolchain image, ready in the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Toolchain {
+    /// `flodl-nccl-toolchain:cuda13.5.37-<digest>`
+    pub tag: String,
+    /// The engine's ID of the image (`sha256:…`): what decides the compiler a build ran
+    /// with, for a build store's key.
+    pub id: String,
+    /// Whether this call built it; else the engine already had it.
+    pub built: bool,
+}
+
+/// The engine's ID of `reference` (`sha256:…`), or `None` when it has no such image.
+fn image_id(engine: &Engine, reference: &str) -> Option<String> {
+    let mut cmd = engine.command();
+    cmd.args(["image", "inspect", "--format", "{{.Id}}", reference]);
+    let text = process::capture(&mut cmd, "docker image inspect").ok()?;
+    let id = text.trim();
+    (id.starts_with("sha256:") && id.len() <= 80 && id[7..].bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| id.to_string())
+}
+
+/// The toolchain image's tag: its name and a digest of what decides its content — the
+/// base image's ID (when the plan names one; else the Dockerfile's FROM does), the
+/// Dockerfile's text and the build arguments.
+fn toolchain_tag(docker: &DockerPlan, base_id: &str, dockerfile: &str) -> String {
+    let mut key = format!("fdl toolchain image 1\nbase {base_id}\n");
+    for (k, v) in &docker.build_args {
+        key.push_str(&format!("arg {k}={v}\n"));
+    }
+    key.push_str("dockerfile\n");
+    key.push_str(dockerfile);
+    format!("{}-{}", docker.image, &sha256_hex(key.as_bytes())[..16])
+}
+
+fn base_id(engine: &Engine, docker: &DockerPlan) -> String {
+    match &docker.base_image {
+        Some(base) => image_id(engine, base).unwrap_or_else(|| format!("absent {base}")),
+        None => "from the Dockerfile".to_string(),
+    }
+}
+
+/// Makes sure the toolchain image of `docker` is in the engine, building it only when the
+/// engine has no image of that digest, and returns it. `dockerfile` is the text the plan's
+/// digest was taken of; the engine's output goes to `on_line`.
+pub fn toolchain_image(
+    engine: &Engine,
+    docker: &DockerPlan,
+    dockerfile: &str,
+    on_line: &mut dyn FnMut(&str),
+) -> Result<Toolchain> {
+    if sha256_hex(dockerfile.as_bytes()) != docker.dockerfile.sha256() {
+        bail!("the Dockerfile changed since the plan was made: run the build again");
+    }
+    let base = base_id(engine, docker);
+    let tag = toolchain_tag(docker, &base, dockerfile);
+    if let Some(id) = image_id(engine, &tag) {
+        return Ok(Toolchain {
+            tag,
+            id,
+            built: false,
+        });
+    }
+    let context = tempfile::Builder::new()
+        .prefix("fdl-docker-context-")
+        .tempdir()
+        .context("cannot create a private build context")?;
+    std::fs::write(context.path().join("Dockerfile"), dockerfile)?;
+    let paths = Paths {
+        entries: vec![
+            ("context", context.path().to_path_buf()),
+            ("toolchain", tag.clone().into()),
+        ],
+    };
+    let step = DockerSteps::new(docker, 1, &paths).build;
+    on_line(&format!("==> fdl: step: {}", step.render()));
+    let mut build = engine.step(&step);
+    if !engine.buildkit {
+        // The classic builder keeps the container of a failed step (and of an
+        // interrupted one) unless told otherwise; BuildKit leaves none.
+        build.arg("--force-rm");
+    }
+    let mut last_step = String::new();
+    let built = process::stream(&mut build, &step.what, &mut |line| {
+        if crate::progress::docker_step(line).is_some() {
+            last_step = line.to_string();
+        }
+        on_line(line);
+    });
+    if let Err(e) = built {
+        let hint = if last_step.contains("FROM") {
+            ". The base image could not be had: if no registry is reachable from here, \
+             pass --base-image IMAGE, an image with a CUDA toolkit that this engine \
+             has (a mirror's, or one `docker load`ed): the toolchain starts FROM it"
+        } else {
+            ""
+        };
+        return Err(e.context(format!(
+            "the toolchain image build failed. Nothing was installed{hint}"
+        )));
+    }
+    let id = image_id(engine, &tag).ok_or_else(|| {
+        anyhow::anyhow!("docker build reported success, but {tag} is not in the engine")
+    })?;
+    // A base image the build pulled has an ID now: tag the image by it as well, so the
+    // next build finds it without running the Dockerfile's steps again.
+    if base.starts_with("absent ") {
+        let again = toolchain_tag(docker, &base_id(engine, docker), dockerfile);
+        if again != tag {
+            let _ = engine.command().args(["tag", &tag, &again]).output();
+        }
+    }
+    Ok(Toolchain {
+        tag,
+        id,
+        built: true,
+    })
+}
+
+/// The ID (`sha256:…`) of the toolchain image `plan` compiles in, building the image
+/// first when the engine lacks it: what decides the Docker backend's compiler, for a
+/// build store's key. `dockerfile` is the text the plan's digest was taken of
+/// ([`dockerfile_spec`]); the engine's output of a build goes to `on_line`.
+pub fn toolchain_id(
+    plan: &BuildPlan,
+    dockerfile: &str,
+    on_line: &mut dyn FnMut(&str),
+) -> Result<String> {
+    let BackendPlan::Docker(docker) = &plan.backend else {
+        bail!("a {} plan has no toolchain image", plan.backend.kind());
+    };
+    let engine = Engine::probe()?;
+    Ok(toolchain_image(&engine, docker, dockerfile, on_line)?.id)
+}
+
+/// The toolchain image must hold what the contract asks (see the embedded Dockerfile):
+/// a `--dockerfile` of the user's, or an unprobed base image, is checked here, before
+/// anything compiles, so a broken image fails with what it lacks rather than deep in make.
+fn check_toolchain(tag: &str, docker: &DockerPlan) -> Result<()> {
+    let found = probe_image(tag)?;
+    let from = match &docker.dockerfile {
+        DockerfileSpec::File { path, .. } => format!("--dockerfile {}", path.display()),
+        DockerfileSpec::Embedded { .. } => match &docker.base_image {
+            Some(base) => format!("the embedded Dockerfile from {base}"),
+            None => "the embedded Dockerfile".to_string(),
+        },
+    };
+    if found.cuda_home.is_none() {
+        bail!(
+            "the toolchain image {tag} (from {from}) has no nvcc: $CUDA_HOME, /usr/local/cuda and PATH were looked at. Give an image with a CUDA toolkit, set CUDA_HOME in it (ENV), or put nvcc on PATH (`fdl nccl dockerfile` shows what the image must hold). Nothing was installed"
+        );
+    }
+    let lacking: Vec<&str> = crate::nccl::plan::TOOLCHAIN_TOOLS
+        .iter()
+        .copied()
+        .filter(|t| found.missing.iter().any(|m| m == t))
+        .collect();
+    if !lacking.is_empty() {
+        bail!(
+            "the toolchain image {tag} (from {from}) lacks {}: install them in it (`fdl nccl dockerfile` shows what the image must hold). Nothing was installed",
+            lacking.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Prefix of the work directories (NCCL's `BUILDDIR` and the container's `TMPDIR`) made
+/// beside the staging directory and bind-mounted into the compile container.
+const WORK_PREFIX: &str = ".docker-work-";
+
 impl Backend for DockerBackend {
     fn toolchain_identity(
         &self,
@@ -354,120 +475,121 @@ impl Backend for DockerBackend {
     }
 
     fn build(&self, plan: &BuildPlan, staging: &Path, progress: &Progress) -> Result<()> {
-        let context = tempfile::Builder::new()
-            .prefix("fdl-docker-context-")
-            .tempdir()
-            .context("cannot create a private build context")?;
-        std::fs::write(context.path().join("Dockerfile"), &self.dockerfile)?;
-        let container = format!(
-            "fdl-nccl-extract-{}-{}",
-            std::process::id(),
-            context
-                .path()
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .rsplit('-')
-                .next()
-                .unwrap_or("x")
-        )
-        .to_ascii_lowercase();
         let BackendPlan::Docker(docker) = &plan.backend else {
             bail!(
                 "the Docker backend was given a plan for {}",
                 plan.backend.kind()
             );
         };
-        if let DockerSource::Context { path, .. } = &docker.source {
-            progress.note(&format!(
-                "==> copying the NCCL tree at {} into the build context",
-                path.display()
-            ));
+        let staging = std::path::absolute(staging)?;
+        let builds_dir = staging
+            .parent()
+            .ok_or_else(|| anyhow::anyhow!("the staging directory has no parent"))?;
+        native::remove_stale_work_dirs(builds_dir, WORK_PREFIX, &plan.name, progress);
+
+        // 1. The toolchain image: built once per base image, Dockerfile and arguments.
+        progress.phase(Phase::Prepare);
+        let toolchain = toolchain_image(&self.engine, docker, &self.dockerfile, &mut |line| {
+            progress.output(line)
+        })?;
+        progress.note(&format!(
+            "==> toolchain image {} ({})",
+            toolchain.tag,
+            if toolchain.built {
+                "built"
+            } else {
+                "cached by the engine"
+            }
+        ));
+        check_toolchain(&toolchain.tag, docker)?;
+
+        // 2. The source, on the host: the compile has no network.
+        let source = match &docker.source {
+            DockerSource::Context { path, .. } => native::check_source_dir(path, &plan.tag)?.0,
+            DockerSource::Clone => {
+                progress.phase(Phase::Clone);
+                let cache = crate::cache::cache_dir()?;
+                let NativeSource::Clone { repo, cache_dir } =
+                    native::source_for(None, &plan.tag, &cache)?
+                else {
+                    bail!("no source directory was given, yet one was planned");
+                };
+                let git = native::on_path("git").ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "git is not on PATH: the Docker backend fetches {} on this host (the compile container has no network). Install git, or pass --source DIR with an NCCL tree",
+                        plan.tag
+                    )
+                })?;
+                native::ensure_clone(&repo, &plan.tag, &cache_dir, &git, progress)?
+            }
+        };
+
+        // 3. The work directory, beside staging: objects land on the host's file system.
+        let work = WorkDir::create_with(builds_dir, WORK_PREFIX, &plan.name)?;
+        for sub in ["build", "tmp"] {
+            std::fs::create_dir(work.0.join(sub))
+                .with_context(|| format!("cannot create {}", work.0.join(sub).display()))?;
         }
-        fill_context_source(context.path(), &docker.source)?;
+        // The script each run starts with, beside them (the dry run prints it).
+        let script = work.0.join(
+            Path::new(crate::nccl::plan::RUN_SCRIPT_PATH)
+                .file_name()
+                .unwrap_or_default(),
+        );
+        crate::nccl::tree::create_new(&script, &mut crate::nccl::plan::RUN_SCRIPT.as_bytes())
+            .with_context(|| format!("cannot write {}", script.display()))?;
+        // Mount sources reach `--mount` as CSV fields: plain words, as for make.
+        let mut aliases = native::plain::Aliases::new(&crate::cache::cache_dir()?)?;
+        let random = work
+            .0
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .rsplit('-')
+            .next()
+            .unwrap_or("x")
+            .to_ascii_lowercase();
+        let container = format!("fdl-nccl-{}-{random}", std::process::id());
+        // SAFETY: getuid and getgid cannot fail and touch no memory.
+        let user = unsafe { format!("{}:{}", libc::getuid(), libc::getgid()) };
         let paths = Paths {
             entries: vec![
-                ("context", context.path().to_path_buf()),
-                ("staging", staging.to_path_buf()),
-                ("container", container.clone().into()),
+                ("toolchain", toolchain.tag.clone().into()),
+                ("source", aliases.plain(&source)?),
+                ("work", aliases.plain(&work.0)?),
+                ("staging", aliases.plain(&staging)?),
+                ("container", container.into()),
+                ("user", user.into()),
             ],
         };
         progress.output(&format!("==> fdl: paths: {}", paths.describe()));
-        let steps = DockerSteps::new(docker, &paths);
-        progress.note(&format!(
-            "==> docker build ({} builder) {}",
-            if self.engine.buildkit {
-                "BuildKit"
-            } else {
-                "classic"
-            },
-            docker.image
-        ));
-        progress.output(&format!("==> fdl: step: {}", steps.build.render()));
-        // Image steps stand in for phases: the base image and tools are prepared, then
-        // the clone and the compile happen in RUN steps whose output is the build's.
-        progress.phase(Phase::Prepare);
-        let mut phase = Phase::Prepare;
-        // The step running when the build stopped says what to suggest.
-        let mut last_step = String::new();
-        let mut on_line = |line: &str| {
-            progress.output(line);
-            if let Some((done, total)) = crate::progress::docker_step(line) {
-                let next = if line.contains("make ") {
-                    Phase::Compile
-                } else if line.contains("git clone") || line.contains("COPY nccl-source") {
-                    Phase::Clone
-                } else {
-                    phase
-                };
-                if next != phase {
-                    phase = next;
-                    progress.phase(phase);
-                }
-                progress.set_total(total);
-                progress.advance(&format!("image step {done}/{total}"));
-                last_step = line.to_string();
-            }
-        };
-        let mut build = self.engine.step(&steps.build);
-        if !self.engine.buildkit {
-            // The classic builder keeps the container of a failed step (and of an
-            // interrupted one) unless told otherwise; BuildKit leaves none.
-            build.arg("--force-rm");
-        }
-        let built = process::stream(&mut build, &steps.build.what, &mut on_line);
-        if let Err(e) = built {
-            let hint = if last_step.contains("FROM") {
-                ". The base image could not be had: if no registry is reachable from here, \
-                 pass --base-image IMAGE, an image with a CUDA toolkit that this engine \
-                 has (a mirror's, or one `docker load`ed): the build starts FROM it"
-            } else {
-                ""
-            };
-            return Err(e.context(format!(
-                "the image build failed. Nothing was installed{hint}"
-            )));
-        }
+        let steps = DockerSteps::new(docker, plan.jobs, &paths);
 
-        // The guard exists before `create` runs: an interrupt between the two must not
-        // leave a container behind. Removing a container that never came is harmless.
-        let _guard = ContainerGuard {
+        // 4. The compile: three `docker run --rm`s, each removed by its guard whatever
+        // happens (an error, Ctrl-C), as the run's `--rm` does on success.
+        let guard = |step: &str| ContainerGuard {
             engine: &self.engine,
-            name: container.clone(),
+            name: format!("{}-{step}", paths.get("container").display()),
         };
-        progress.phase(Phase::Install);
-        for step in [&steps.create, &steps.copy] {
-            progress.output(&format!("==> fdl: step: {}", step.render()));
+        progress.phase(Phase::Compile);
+        let total = {
+            let _guard = guard("count");
+            native::count_compiles(&steps.count, progress)
+        };
+        if let Some(total) = total {
+            progress.set_total(total);
         }
-        process::capture(&mut self.engine.step(&steps.create), &steps.create.what)?;
-        progress.note(&format!(
-            "==> docker cp {}:{} → staging",
-            container,
-            crate::nccl::plan::IMAGE_INSTALL_DIR
-        ));
-        process::capture(&mut self.engine.step(&steps.copy), &steps.copy.what).context(
-            "could not copy the NCCL install tree out of the image; does the Dockerfile install into /usr/local/nccl?",
-        )?;
+        {
+            let _guard = guard("build");
+            native::run_make(&steps.compile, progress, total)
+                .context("the compile in the toolchain image failed. Nothing was installed")?;
+        }
+        progress.phase(Phase::Install);
+        {
+            let _guard = guard("install");
+            native::run_make(&steps.install, progress, None)
+                .context("`make install` in the toolchain image failed. Nothing was installed")?;
+        }
         Ok(())
     }
 }
@@ -589,41 +711,51 @@ mod tests {
         assert!(p.missing.is_empty());
     }
 
+    /// The toolchain image's tag changes with each thing that decides its content — the
+    /// base image's ID, the Dockerfile, a build argument — and with nothing else.
     #[test]
-    fn the_build_context_gets_the_tree_without_history_or_old_objects() {
-        let src = tempfile::tempdir().unwrap();
-        let ctx = tempfile::tempdir().unwrap();
-        let s = src.path();
-        for dir in [".git", "build/obj", "src/build", "makefiles"] {
-            std::fs::create_dir_all(s.join(dir)).unwrap();
-        }
-        std::fs::write(s.join(".git/HEAD"), "x").unwrap();
-        std::fs::write(s.join("build/obj/a.o"), "x").unwrap();
-        std::fs::write(s.join("src/build/kept"), "x").unwrap();
-        std::fs::write(s.join("makefiles/version.mk"), "NCCL_MAJOR := 2\n").unwrap();
-        std::os::unix::fs::symlink("/etc/passwd", s.join("src/link")).unwrap();
-        let source = DockerSource::Context {
-            path: s.to_path_buf(),
-            version: "2.27.5".parse().unwrap(),
+    fn the_toolchain_tag_is_a_digest_of_base_id_dockerfile_and_arguments() {
+        let plan = BuildPlan::new(PlanInputs {
+            tag: Tag::parse("v2.27.5-1").unwrap(),
+            tag_origin: TagOrigin::Flag,
+            cuda_flag: None,
+            cuda_from_libtorch: None,
+            archs: vec![Arch::new(8, 6)],
+            arch_origin: ArchOrigin::Flag,
+            jobs: 2,
+            jobs_reason: "test".into(),
+            builds_dir: "/p/libtorch/nccl/builds".into(),
+            backend: BackendInputs::Docker {
+                dockerfile: dockerfile_spec(None).unwrap().0,
+                base_image: None,
+                source: crate::nccl::plan::DockerSource::Clone,
+                probe: None,
+            },
+            backend_reason: "test".into(),
+            ptx: false,
+            only_funcs: None,
+            warnings: Vec::new(),
+        })
+        .unwrap();
+        let BackendPlan::Docker(d) = plan.backend else {
+            panic!("not a Docker plan")
         };
-        fill_context_source(ctx.path(), &source).unwrap();
-        let copy = ctx.path().join(CONTEXT_SOURCE_DIR);
-        assert!(!copy.join(".git").exists() && !copy.join("build").exists());
-        assert!(copy.join("src/build/kept").is_file());
-        assert_eq!(
-            std::fs::read_to_string(copy.join("makefiles/version.mk")).unwrap(),
-            "NCCL_MAJOR := 2\n"
-        );
-        // A link stays a link: what it points at never enters the context.
-        let link = copy.join("src/link");
-        assert!(link.symlink_metadata().unwrap().file_type().is_symlink());
-        assert_eq!(std::fs::read_link(link).unwrap(), Path::new("/etc/passwd"));
-
-        // Cloning: the directory is there, empty, for the Dockerfile's COPY.
-        let ctx = tempfile::tempdir().unwrap();
-        fill_context_source(ctx.path(), &DockerSource::Clone).unwrap();
-        let dir = ctx.path().join(CONTEXT_SOURCE_DIR);
-        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0);
+        let tag = toolchain_tag(&d, "sha256:aa", EMBEDDED_DOCKERFILE);
+        assert!(tag.starts_with("flodl-nccl-toolchain:cuda12.8-"), "{tag}");
+        assert_eq!(tag.len(), "flodl-nccl-toolchain:cuda12.8-".len() + 16);
+        assert_eq!(tag, toolchain_tag(&d, "sha256:aa", EMBEDDED_DOCKERFILE));
+        assert_ne!(tag, toolchain_tag(&d, "sha256:bb", EMBEDDED_DOCKERFILE));
+        let edited = format!("{EMBEDDED_DOCKERFILE}\nLABEL x=y\n");
+        assert_ne!(tag, toolchain_tag(&d, "sha256:aa", &edited));
+        let mut other = d.clone();
+        other.build_args[1].1 = "make g++".into();
+        assert_ne!(tag, toolchain_tag(&other, "sha256:aa", EMBEDDED_DOCKERFILE));
+        // What the compile is given (archs, ONLY_FUNCS) is not the toolchain's business.
+        let mut other = d.clone();
+        other
+            .make_vars
+            .push(("ONLY_FUNCS".into(), "AllReduce".into()));
+        assert_eq!(tag, toolchain_tag(&other, "sha256:aa", EMBEDDED_DOCKERFILE));
     }
 
     /// The contract between the plan and the embedded Dockerfile: every build argument
@@ -646,6 +778,6 @@ mod tests {
                 );
             }
         }
-        assert!(declared.contains_key("BASE_IMAGE") && declared.contains_key("ONLY_FUNCS"));
+        assert!(declared.contains_key("BASE_IMAGE") && declared.contains_key("TOOLS"));
     }
 }

@@ -7,15 +7,17 @@
 //! `install` target (`PREFIX`) into the staging directory, which the pipeline then
 //! checks and moves into place.
 
-mod plain;
+pub(crate) mod plain;
 mod source;
 mod toolchain;
 
-pub use source::{check_source_dir, parse_version_mk, repo_key, source_for, NCCL_REPO, REPO_ENV};
+pub use source::{
+    check_source_dir, ensure_clone, parse_version_mk, repo_key, source_for, NCCL_REPO, REPO_ENV,
+};
 pub use toolchain::{discover, on_path, parse_gpu_archs, parse_nvcc_version};
 
 use crate::nccl::build::Backend;
-use crate::nccl::plan::{BackendPlan, BuildPlan, NativePlan, NativeSource, Toolkit};
+use crate::nccl::plan::{BackendPlan, BuildPlan, NativePlan, NativeSource, NcclMake, Toolkit};
 use crate::process;
 use crate::progress::{self, Phase, Progress};
 use crate::step::{EnvChange, Paths, Step};
@@ -69,29 +71,30 @@ impl NativeSteps {
 
     pub fn new(native: &NativePlan, jobs: u32, paths: &Paths) -> NativeSteps {
         let cuda_home = paths.get("cuda-home");
+        // The plan's variables, with the toolkit's home as make will see it.
+        let mut vars: Vec<(String, String)> = native
+            .make_vars
+            .iter()
+            .map(|(k, v)| match k.as_str() {
+                "CUDA_HOME" => (k.clone(), cuda_home.display().to_string()),
+                _ => (k.clone(), v.clone()),
+            })
+            .collect();
+        if let Some(lib) = cuda_lib(&native.toolkit, cuda_home) {
+            vars.push(("CUDA_LIB".to_string(), lib.display().to_string()));
+        }
         let make = |what: &str, produces: &str, dry: bool, target: &str| {
-            let mut step = Step::new(what, tool(native, "make"), produces)
-                .arg("-C")
-                .arg(paths.get("source"));
-            if dry {
-                step = step.arg("-n");
+            let step = Step::new(what, tool(native, "make"), produces);
+            let step = NcclMake {
+                source: paths.get("source"),
+                jobs,
+                dry,
+                target,
+                build_dir: paths.get("build-dir"),
+                prefix: (target == "install").then(|| paths.get("staging")),
+                vars: &vars,
             }
-            step = step
-                .arg(format!("-j{jobs}"))
-                .arg(target)
-                .assign("BUILDDIR", paths.get("build-dir"));
-            if target == "install" {
-                step = step.assign("PREFIX", paths.get("staging"));
-            }
-            for (k, v) in &native.make_vars {
-                step = match k.as_str() {
-                    "CUDA_HOME" => step.assign(k, cuda_home),
-                    _ => step.assign(k, v),
-                };
-            }
-            if let Some(lib) = cuda_lib(&native.toolkit, cuda_home) {
-                step = step.assign("CUDA_LIB", lib);
-            }
+            .add_to(step);
             make_env(native, step)
         };
         NativeSteps {
@@ -125,12 +128,18 @@ impl NativeSteps {
 const WORK_PREFIX: &str = ".native-work-";
 
 /// A build's work directory, removed when dropped — after success, failure or Ctrl-C.
-struct WorkDir(PathBuf);
+pub(crate) struct WorkDir(pub(crate) PathBuf);
 
 impl WorkDir {
     fn create(builds_dir: &Path, name: &str) -> Result<WorkDir> {
+        WorkDir::create_with(builds_dir, WORK_PREFIX, name)
+    }
+
+    /// A work directory `<prefix><name>-<random>` in `builds_dir` (each backend has its
+    /// own prefix, so neither sweeps the other's).
+    pub(crate) fn create_with(builds_dir: &Path, prefix: &str, name: &str) -> Result<WorkDir> {
         let dir = tempfile::Builder::new()
-            .prefix(&format!("{WORK_PREFIX}{name}-"))
+            .prefix(&format!("{prefix}{name}-"))
             .tempdir_in(builds_dir)
             .with_context(|| {
                 format!("cannot create a work directory in {}", builds_dir.display())
@@ -154,8 +163,13 @@ impl Drop for WorkDir {
 
 /// Work directories of build `name` left by an fdl that was killed. The caller holds the
 /// build's lock, so none of them belongs to a running build.
-fn remove_stale_work_dirs(builds_dir: &Path, name: &str, progress: &Progress) {
-    let prefix = format!("{WORK_PREFIX}{name}-");
+pub(crate) fn remove_stale_work_dirs(
+    builds_dir: &Path,
+    work_prefix: &str,
+    name: &str,
+    progress: &Progress,
+) {
+    let prefix = format!("{work_prefix}{name}-");
     let Ok(entries) = std::fs::read_dir(builds_dir) else {
         return;
     };
@@ -192,7 +206,7 @@ impl Backend for NativeBackend {
         let builds_dir = staging
             .parent()
             .ok_or_else(|| anyhow!("the staging directory has no parent"))?;
-        remove_stale_work_dirs(builds_dir, &plan.name, progress);
+        remove_stale_work_dirs(builds_dir, WORK_PREFIX, &plan.name, progress);
 
         let source = match &native.source {
             NativeSource::Dir { path, .. } => {
@@ -316,7 +330,7 @@ fn make_env(native: &NativePlan, mut step: Step) -> Step {
 /// total as files go by, so the display never reads "120/100". (Under `-n`, make still
 /// remakes included makefiles, such as NCCL's generated kernel lists — into the work
 /// directory, where the real build then reuses them.)
-fn count_compiles(count: &Step, progress: &Progress) -> Option<u64> {
+pub(crate) fn count_compiles(count: &Step, progress: &Progress) -> Option<u64> {
     let mut cmd = count.command();
     cmd.stdin(std::process::Stdio::null());
     match process::capture(&mut cmd, &count.what) {
@@ -342,7 +356,7 @@ fn count_compiles(count: &Step, progress: &Progress) -> Option<u64> {
 
 /// Runs one make command, its output to the log (and the terminal when verbose), its
 /// `Compiling`/`Linking` lines to the progress.
-fn run_make(step: &Step, progress: &Progress, mut total: Option<u64>) -> Result<()> {
+pub(crate) fn run_make(step: &Step, progress: &Progress, mut total: Option<u64>) -> Result<()> {
     progress.output(&format!("==> fdl: step: {}", step.render()));
     let mut cmd = step.command();
     cmd.stdin(std::process::Stdio::null());

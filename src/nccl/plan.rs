@@ -16,10 +16,18 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// The prefix of every image fdl builds, so users can find and prune them.
-pub const IMAGE_REPO: &str = "flodl-nccl-build";
-/// Where the embedded Dockerfile installs NCCL inside the image.
-pub const IMAGE_INSTALL_DIR: &str = "/usr/local/nccl";
+/// The repository of every toolchain image fdl builds, so users can find and prune them.
+pub const IMAGE_REPO: &str = "flodl-nccl-toolchain";
+/// Where the compile container sees NCCL's source (a read-only bind mount).
+pub const RUN_SOURCE_DIR: &str = "/fdl/src";
+/// Where it sees the work directory: `build/` (NCCL's `BUILDDIR`) and `tmp/` (`TMPDIR`,
+/// `HOME`), a bind mount of a directory beside the staging directory.
+pub const RUN_WORK_DIR: &str = "/fdl/work";
+/// Where it sees the staging directory, NCCL's install `PREFIX` (a bind mount).
+pub const RUN_PREFIX_DIR: &str = "/fdl/prefix";
+/// The tools the toolchain image must have besides a CUDA toolkit; the embedded
+/// Dockerfile installs those of them the base image lacks.
+pub const TOOLCHAIN_TOOLS: &[&str] = &["make", "g++", "python3"];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "from", rename_all = "snake_case")]
@@ -227,16 +235,16 @@ pub enum ToolkitConflict {
     },
 }
 
-/// Where the Docker build gets NCCL's source.
+/// Where the Docker build gets NCCL's source. Either way the tree is on the host and the
+/// compile container sees it read-only: nothing in the container needs the network.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum DockerSource {
-    /// The image clones the tag (the embedded Dockerfile's default; manifests written
-    /// before `--source` reached Docker builds mean this).
+    /// The tag, fetched on the host into fdl's cache as the native backend fetches it
+    /// (manifests written before `--source` reached Docker builds also say this).
     #[default]
     Clone,
-    /// `--source DIR`: the tree, without `.git` or an earlier `build/`, is copied into the
-    /// private build context as `nccl-source/`, and the image copies it.
+    /// `--source DIR`: the tree itself, mounted read-only (the name is the manifests').
     Context { path: PathBuf, version: NcclVersion },
 }
 
@@ -250,26 +258,37 @@ pub struct ImageProbe {
     pub cuda: Option<CudaVersion>,
     /// From that nvcc's `--list-gpu-arch`, when it answers.
     pub gpu_archs: Option<Vec<Arch>>,
-    /// Of make, g++, python3 and git, those the image lacks.
+    /// Of make, g++, python3 and git, those the image lacks (git is no longer needed).
     pub missing: Vec<String>,
     /// Whether the image has apt-get to install what is missing (with network).
     pub apt: bool,
 }
 
-/// What the Docker backend will do.
+/// What the Docker backend will do: build (or reuse) the toolchain image, then compile
+/// in `docker run --rm --network none --read-only` with the source and work directory
+/// bind-mounted from the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DockerPlan {
+    /// The toolchain image's name; a run tags it `<image>-<digest>`, the digest taken of
+    /// the base image's ID, the Dockerfile and its build arguments (see
+    /// `docker::toolchain_image`), so a change of any of them builds a new one.
     pub image: String,
     pub base_image: Option<String>,
     pub dockerfile: DockerfileSpec,
-    /// In the order they are passed; values exactly as the Dockerfile receives them.
+    /// The toolchain image's build arguments, in the order they are passed; values
+    /// exactly as the Dockerfile receives them.
     pub build_args: Vec<(String, String)>,
+    /// Passed to every make of the compile, as the native backend passes them (plus
+    /// `CUDA_HOME` and `CUDA_LIB`, found in the image when the container starts).
+    #[serde(default)]
+    pub make_vars: Vec<(String, String)>,
     #[serde(default)]
     pub source: DockerSource,
     /// What the probe of `--base-image` found, when it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<ImageProbe>,
-    /// `none` when nothing in the build needs the network (`docker build --network none`).
+    /// `none` when building the toolchain image needs no network (`docker build
+    /// --network none`). The compile itself always runs with `--network none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
     /// Why the build does or does not run without network.
@@ -445,7 +464,6 @@ impl BuildPlan {
                                     cuda,
                                     cuda_origin,
                                     &inputs.archs,
-                                    &source,
                                     &mut problems,
                                 );
                                 if let Some(image_cuda) = checked {
@@ -502,17 +520,11 @@ impl BuildPlan {
                     },
                 };
                 let (network, network_reason) =
-                    docker_network(&source, probe.as_ref(), &dockerfile, image.as_deref());
+                    docker_network(probe.as_ref(), &dockerfile, image.as_deref());
                 BackendPlan::Docker(DockerPlan {
-                    image: format!("{IMAGE_REPO}:{name}-cuda{cuda}"),
-                    build_args: docker_build_args(
-                        &inputs.tag,
-                        &gencode,
-                        inputs.jobs,
-                        cuda_arg,
-                        image.as_deref(),
-                        inputs.only_funcs.as_deref(),
-                    ),
+                    image: format!("{IMAGE_REPO}:cuda{cuda}"),
+                    build_args: docker_build_args(cuda_arg, image.as_deref()),
+                    make_vars: make_vars(&gencode, None, inputs.only_funcs.as_deref()),
                     base_image: image,
                     dockerfile,
                     source,
@@ -536,16 +548,11 @@ impl BuildPlan {
                 ) {
                     problems.push(format!("{e:#}"));
                 }
-                let mut make_vars = vec![
-                    ("NVCC_GENCODE".to_string(), gencode.clone()),
-                    (
-                        "CUDA_HOME".to_string(),
-                        toolkit.cuda_home.display().to_string(),
-                    ),
-                ];
-                if let Some(expr) = &inputs.only_funcs {
-                    make_vars.push(("ONLY_FUNCS".to_string(), expr.clone()));
-                }
+                let make_vars = make_vars(
+                    &gencode,
+                    Some(&toolkit.cuda_home.display().to_string()),
+                    inputs.only_funcs.as_deref(),
+                );
                 let plan = NativePlan {
                     toolkit,
                     tools,
@@ -643,30 +650,122 @@ impl BuildPlan {
     }
 }
 
-/// The Docker backend's steps, by name. `paths` holds `context` (the private build
-/// context, holding only the Dockerfile), `staging` and `container` (its name).
+/// The make variables both backends pass to every make of a build: the gencode, the
+/// toolkit's home where the plan knows it (the Docker backend's is found in the image),
+/// and ONLY_FUNCS for a development build.
+fn make_vars(
+    gencode: &str,
+    cuda_home: Option<&str>,
+    only_funcs: Option<&str>,
+) -> Vec<(String, String)> {
+    let mut vars = vec![("NVCC_GENCODE".to_string(), gencode.to_string())];
+    if let Some(home) = cuda_home {
+        vars.push(("CUDA_HOME".to_string(), home.to_string()));
+    }
+    if let Some(expr) = only_funcs {
+        vars.push(("ONLY_FUNCS".to_string(), expr.to_string()));
+    }
+    vars
+}
+
+/// The arguments of one NCCL make, the same for both backends: `-C source [-n] -jN
+/// target BUILDDIR=… [PREFIX=…] VARS…`. NCCL's `install` depends on its build, so it gets
+/// the same variables — otherwise it would rebuild for its default archs.
+pub struct NcclMake<'a> {
+    pub source: &'a std::path::Path,
+    pub jobs: u32,
+    /// `make -n`: a dry run that counts the files to compile.
+    pub dry: bool,
+    pub target: &'a str,
+    pub build_dir: &'a std::path::Path,
+    /// `PREFIX`, for `install`.
+    pub prefix: Option<&'a std::path::Path>,
+    pub vars: &'a [(String, String)],
+}
+
+impl NcclMake<'_> {
+    pub fn add_to(&self, mut step: Step) -> Step {
+        step = step.arg("-C").arg(self.source);
+        if self.dry {
+            step = step.arg("-n");
+        }
+        step = step
+            .arg(format!("-j{}", self.jobs))
+            .arg(self.target)
+            .assign("BUILDDIR", self.build_dir);
+        if let Some(prefix) = self.prefix {
+            step = step.assign("PREFIX", prefix);
+        }
+        for (k, v) in self.vars {
+            step = step.assign(k, v);
+        }
+        step
+    }
+}
+
+/// Where the compile container finds [`RUN_SCRIPT`]: fdl writes it into the work
+/// directory before the first run.
+pub const RUN_SCRIPT_PATH: &str = "/fdl/work/fdl-run.sh";
+
+/// What the compile container runs first, with `/bin/sh`: it finds the toolkit as the
+/// toolchain contract says (`$CUDA_HOME`, else `/usr/local/cuda`, else the nvcc on PATH;
+/// libraries in `lib64/`, else `lib/` as the PyPI wheels lay them out), refuses a home
+/// make would split, and runs the make given as its arguments with `CUDA_HOME` and
+/// `CUDA_LIB` added and the toolkit's `bin/` first on PATH.
+pub const RUN_SCRIPT: &str = r#"home=${CUDA_HOME:-}
+if [ -z "$home" ]; then
+  if [ -x /usr/local/cuda/bin/nvcc ]; then home=/usr/local/cuda
+  elif nvcc=$(command -v nvcc); then home=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+  fi
+fi
+if [ -z "$home" ] || [ ! -x "$home/bin/nvcc" ]; then
+  echo "fdl: no nvcc in the toolchain image: set CUDA_HOME in it, install a CUDA toolkit at /usr/local/cuda, or put nvcc on PATH" >&2; exit 127
+fi
+case $home in *[!A-Za-z0-9/._+-]*) echo "fdl: the toolkit's home '$home' is not a plain path, which NCCL's makefiles cannot take" >&2; exit 2;; esac
+lib=$home/lib64
+[ -d "$lib" ] || lib=$home/lib
+PATH=$home/bin:$PATH
+export PATH
+exec "$@" CUDA_HOME="$home" CUDA_LIB="$lib"
+"#;
+
+/// The Docker backend's steps, by name: the toolchain image's build, then three
+/// `docker run`s of it — a dry run of `src.build` that counts the files to compile,
+/// `src.build`, then `install` — with the make arguments of [`NcclMake`]. `paths` holds
+/// `context` (the private build context, holding only the Dockerfile), `toolchain` (the
+/// image's tag, a digest known at run time), `source`, `work` and `staging` (the host
+/// directories mounted at [`RUN_SOURCE_DIR`], [`RUN_WORK_DIR`] and [`RUN_PREFIX_DIR`]),
+/// `container` (the prefix of the containers' names) and `user` (`uid:gid`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DockerSteps {
     pub build: Step,
-    pub create: Step,
-    pub copy: Step,
-    pub remove: Step,
+    pub count: Step,
+    pub compile: Step,
+    pub install: Step,
 }
 
 impl DockerSteps {
-    pub const PATHS: &'static [&'static str] = &["context", "staging", "container"];
+    pub const PATHS: &'static [&'static str] = &[
+        "context",
+        "toolchain",
+        "source",
+        "work",
+        "staging",
+        "container",
+        "user",
+    ];
 
-    pub fn new(docker: &DockerPlan, paths: &Paths) -> DockerSteps {
+    pub fn new(docker: &DockerPlan, jobs: u32, paths: &Paths) -> DockerSteps {
         let context = paths.get("context");
-        let container = paths.get("container").as_os_str();
+        let toolchain = paths.get("toolchain");
         let mut build = Step::new(
-            "docker build",
+            "docker build (toolchain image)",
             "docker",
-            &format!("the image {}", docker.image),
+            &format!("the toolchain image <toolchain> ({})", docker.image),
         )
         .arg("build")
         .arg("--tag")
-        .arg(&docker.image);
+        .arg(toolchain);
         for (k, v) in &docker.build_args {
             build = build.arg("--build-arg").assign(k, v);
         }
@@ -677,67 +776,113 @@ impl DockerSteps {
             .arg("--file")
             .arg(context.join("Dockerfile"))
             .arg(context);
-        let mut from = container.to_os_string();
-        from.push(format!(":{IMAGE_INSTALL_DIR}/."));
+        let mount = |key: &str, target: &str, ro: bool| {
+            let mut m = std::ffi::OsString::from("type=bind,source=");
+            m.push(paths.get(key));
+            m.push(format!(",target={target}"));
+            if ro {
+                m.push(",readonly");
+            }
+            m
+        };
+        let work = std::path::Path::new(RUN_WORK_DIR);
+        let tmp = work.join("tmp");
+        let run = |what: &str, produces: &str, suffix: &str, dry: bool, target: &str| {
+            let mut name = paths.get("container").as_os_str().to_os_string();
+            name.push(format!("-{suffix}"));
+            let mut tmp_env = std::ffi::OsString::from("TMPDIR=");
+            tmp_env.push(&tmp);
+            let mut home_env = std::ffi::OsString::from("HOME=");
+            home_env.push(&tmp);
+            let step = Step::new(what, "docker", produces)
+                .arg("run")
+                .arg("--rm")
+                .arg("--name")
+                .arg(name)
+                .arg("--pull")
+                .arg("never")
+                .arg("--network")
+                .arg("none")
+                .arg("--read-only")
+                .arg("--user")
+                .arg(paths.get("user"))
+                .arg("--mount")
+                .arg(mount("source", RUN_SOURCE_DIR, true))
+                .arg("--mount")
+                .arg(mount("work", RUN_WORK_DIR, false))
+                .arg("--mount")
+                .arg(mount("staging", RUN_PREFIX_DIR, false))
+                .arg("--env")
+                .arg(tmp_env)
+                .arg("--env")
+                .arg(home_env)
+                .arg("--env")
+                .arg("PYTHONDONTWRITEBYTECODE=1")
+                .arg("--workdir")
+                .arg(RUN_WORK_DIR)
+                .arg("--entrypoint")
+                .arg("/bin/sh")
+                .arg(toolchain)
+                .arg(RUN_SCRIPT_PATH)
+                .arg("make");
+            let prefix = std::path::Path::new(RUN_PREFIX_DIR);
+            NcclMake {
+                source: std::path::Path::new(RUN_SOURCE_DIR),
+                jobs,
+                dry,
+                target,
+                build_dir: &work.join("build"),
+                prefix: (target == "install").then_some(prefix),
+                vars: &docker.make_vars,
+            }
+            .add_to(step)
+        };
         DockerSteps {
             build,
-            create: Step::new(
-                "docker create",
-                "docker",
-                "a stopped container of the image",
-            )
-            .arg("create")
-            .arg("--name")
-            .arg(container)
-            .arg(&docker.image)
-            .arg("fdl-extract"),
-            copy: Step::new("docker cp", "docker", "the NCCL install tree in staging")
-                .arg("cp")
-                .arg(from)
-                .arg(paths.get("staging")),
-            remove: Step::new("docker rm", "docker", "nothing: the container is gone")
-                .arg("rm")
-                .arg("--force")
-                .arg(container),
+            count: run(
+                "make -n src.build (in the toolchain image)",
+                "nothing: it counts the files to compile",
+                "count",
+                true,
+                "src.build",
+            ),
+            compile: run(
+                "make src.build (compiling NCCL in the toolchain image)",
+                "NCCL compiled in <work>/build",
+                "build",
+                false,
+                "src.build",
+            ),
+            install: run(
+                "make install (in the toolchain image)",
+                "the NCCL install tree in <staging>",
+                "install",
+                false,
+                "install",
+            ),
         }
     }
 
     pub fn all(&self) -> [&Step; 4] {
-        [&self.build, &self.create, &self.copy, &self.remove]
+        [&self.build, &self.count, &self.compile, &self.install]
     }
 }
 
-/// The build arguments the Dockerfile receives, in the order they are passed.
-fn docker_build_args(
-    tag: &Tag,
-    gencode: &str,
-    jobs: u32,
-    cuda_arg: String,
-    base_image: Option<&str>,
-    only_funcs: Option<&str>,
-) -> Vec<(String, String)> {
+/// The toolchain image's build arguments, in the order they are passed.
+fn docker_build_args(cuda_arg: String, base_image: Option<&str>) -> Vec<(String, String)> {
     let mut build_args = vec![
-        ("NCCL_VERSION".to_string(), tag.to_string()),
-        ("NVCC_GENCODE".to_string(), gencode.to_string()),
-        ("MAX_JOBS".to_string(), jobs.to_string()),
         ("CUDA_VERSION".to_string(), cuda_arg),
+        ("TOOLS".to_string(), TOOLCHAIN_TOOLS.join(" ")),
     ];
     if let Some(img) = base_image {
         build_args.push(("BASE_IMAGE".to_string(), img.to_string()));
     }
-    if let Some(expr) = only_funcs {
-        build_args.push(("ONLY_FUNCS".to_string(), expr.to_string()));
-    }
     build_args
 }
 
-/// The tools the embedded Dockerfile needs from the image: git only to clone.
-fn needed_tools(source: &DockerSource) -> Vec<&'static str> {
-    let mut tools = vec!["make", "g++", "python3"];
-    if let DockerSource::Clone = source {
-        tools.push("git");
-    }
-    tools
+/// The tools the toolchain image must have; the source never needs git in the image.
+fn needed_tools() -> Vec<&'static str> {
+    TOOLCHAIN_TOOLS.to_vec()
 }
 
 /// Holds what the probe of a `--base-image` found against the plan: the image must have
@@ -748,7 +893,6 @@ fn check_probe(
     cuda: CudaVersion,
     origin: CudaOrigin,
     archs: &[Arch],
-    source: &DockerSource,
     problems: &mut Vec<String>,
 ) -> Option<CudaVersion> {
     let img = &found.image;
@@ -778,7 +922,7 @@ fn check_probe(
             ));
         }
     }
-    let lacking: Vec<&str> = needed_tools(source)
+    let lacking: Vec<&str> = needed_tools()
         .into_iter()
         .filter(|t| found.missing.iter().any(|m| m == t))
         .collect();
@@ -791,33 +935,31 @@ fn check_probe(
     Some(image_cuda)
 }
 
-/// Whether the build may run with `--network none`: only when nothing in it can need the
-/// network — the source is in the build context, the Dockerfile is fdl's own, and the
-/// probed image has every tool, so apt never runs.
+/// Whether the toolchain image may be built with `--network none`: only when building it
+/// cannot need the network — the Dockerfile is fdl's own and the probed image has every
+/// tool, so apt never runs. (The compile never has network, whatever this says.)
 fn docker_network(
-    source: &DockerSource,
     probe: Option<&ImageProbe>,
     dockerfile: &DockerfileSpec,
     image: Option<&str>,
 ) -> (Option<String>, String) {
     let image = image.unwrap_or("the base image");
-    let why = match (source, dockerfile, probe) {
-        (DockerSource::Clone, _, _) => "the image clones NCCL".to_string(),
-        (_, DockerfileSpec::File { .. }, _) => {
+    let why = match (dockerfile, probe) {
+        (DockerfileSpec::File { .. }, _) => {
             "a --dockerfile of your own may fetch what it needs".to_string()
         }
-        (DockerSource::Context { .. }, DockerfileSpec::Embedded { .. }, None) => format!(
+        (DockerfileSpec::Embedded { .. }, None) => format!(
             "{image} was not probed, so apt may have to install tools it lacks (give --base-image with the tools for an offline build)"
         ),
-        (DockerSource::Context { .. }, DockerfileSpec::Embedded { .. }, Some(found)) => {
-            let lacking: Vec<&str> = needed_tools(source)
+        (DockerfileSpec::Embedded { .. }, Some(found)) => {
+            let lacking: Vec<&str> = needed_tools()
                 .into_iter()
                 .filter(|t| found.missing.iter().any(|m| m == t))
                 .collect();
             if lacking.is_empty() {
                 return (
                     Some("none".to_string()),
-                    format!("the source is in the build context and {image} has every tool: nothing needs the network"),
+                    format!("{image} has every tool: nothing needs the network"),
                 );
             }
             format!("{image} lacks {}, which apt installs", lacking.join(", "))
@@ -1003,7 +1145,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_local_source_in_a_complete_image_builds_without_network() {
+    fn only_a_complete_image_builds_its_toolchain_without_network_and_the_compile_never_has_it() {
         let net = |probe: ImageProbe, source: DockerSource| {
             let p = BuildPlan::new(probed_inputs(&[Arch::new(8, 6)], probe, source)).unwrap();
             let d = docker(&p).clone();
@@ -1013,8 +1155,12 @@ mod tests {
         assert_eq!(network.as_deref(), Some("none"), "{why}");
         assert!(
             problems.is_empty(),
-            "git is not needed with a local tree: {problems:?}"
+            "git is not needed in the image: {problems:?}"
         );
+        // Fetching the tag happens on the host: the image needs no git for it either.
+        let (network, why, problems) = net(probe(&["git"], false), DockerSource::Clone);
+        assert_eq!(network.as_deref(), Some("none"), "{why}");
+        assert!(problems.is_empty(), "{problems:?}");
 
         let (network, why, problems) = net(probe(&["python3"], true), context());
         assert_eq!(network, None);
@@ -1028,25 +1174,42 @@ mod tests {
             "{problems:?}"
         );
 
-        let (network, why, problems) = net(probe(&[], true), DockerSource::Clone);
-        assert_eq!(network, None);
-        assert!(why.contains("clones"), "{why}");
-        assert!(problems.is_empty());
-        let (_, _, problems) = net(probe(&["git"], false), DockerSource::Clone);
-        assert!(problems[0].contains("lacks git"), "{problems:?}");
-
-        // The flag reaches docker build only when the plan says so.
+        // The flag reaches the image build only when the plan says so; every compile
+        // container runs without network, read-only, as the invoking user, with the
+        // source mounted read-only.
         let p = BuildPlan::new(probed_inputs(
             &[Arch::new(8, 6)],
             probe(&[], true),
             context(),
         ))
         .unwrap();
-        let steps = DockerSteps::new(docker(&p), &Paths::placeholders(DockerSteps::PATHS));
+        let steps = DockerSteps::new(docker(&p), 4, &Paths::placeholders(DockerSteps::PATHS));
         assert!(steps.build.render().contains(" --network none "));
         let p = BuildPlan::new(inputs("v2.27.5-1", &[Arch::new(8, 6)])).unwrap();
-        let steps = DockerSteps::new(docker(&p), &Paths::placeholders(DockerSteps::PATHS));
+        let steps = DockerSteps::new(docker(&p), 4, &Paths::placeholders(DockerSteps::PATHS));
         assert!(!steps.build.render().contains("--network"));
+        for run in [&steps.count, &steps.compile, &steps.install] {
+            let text = run.render();
+            for want in [
+                "run --rm --name '<container>-",
+                " --network none --read-only --user '<user>' ",
+                "'type=bind,source=<source>,target=/fdl/src,readonly'",
+                "'type=bind,source=<work>,target=/fdl/work' ",
+                "'type=bind,source=<staging>,target=/fdl/prefix' ",
+                " TMPDIR=/fdl/work/tmp ",
+                " -C /fdl/src ",
+                " BUILDDIR=/fdl/work/build ",
+                " '-j4' ",
+            ] {
+                let want = want.replace("'-j4'", "-j4");
+                assert!(text.contains(&want), "{want} not in {text}");
+            }
+        }
+        assert!(steps.count.render().contains(" -n -j4 src.build "));
+        assert!(steps
+            .install
+            .render()
+            .contains(" install BUILDDIR=/fdl/work/build PREFIX=/fdl/prefix NVCC_GENCODE="));
     }
 
     #[test]
@@ -1097,22 +1260,19 @@ mod tests {
             p.output_dir,
             PathBuf::from("/p/libtorch/nccl/builds/v2.27.5-sm61-sm120")
         );
-        assert_eq!(
-            docker(&p).image,
-            "flodl-nccl-build:v2.27.5-sm61-sm120-cuda12.8"
-        );
+        assert_eq!(docker(&p).image, "flodl-nccl-toolchain:cuda12.8");
         assert_eq!(p.cuda_origin, CudaOrigin::Default);
         assert_eq!(
             docker(&p).base_image.as_deref(),
             Some("nvidia/cuda:12.8.1-devel-ubuntu22.04")
         );
         let args = docker_args(&p);
-        assert_eq!(args["NCCL_VERSION"], "v2.27.5-1");
-        assert_eq!(args["MAX_JOBS"], "4");
+        assert_eq!(args["TOOLS"], "make g++ python3");
         assert_eq!(args["CUDA_VERSION"], "12.8.1");
         assert_eq!(args["BASE_IMAGE"], "nvidia/cuda:12.8.1-devel-ubuntu22.04");
+        let vars: BTreeMap<_, _> = docker(&p).make_vars.iter().cloned().collect();
         assert_eq!(
-            args["NVCC_GENCODE"],
+            vars["NVCC_GENCODE"],
             "-gencode=arch=compute_61,code=sm_61 -gencode=arch=compute_120,code=sm_120"
         );
     }
@@ -1246,8 +1406,8 @@ mod tests {
         i.only_funcs = Some("AllReduce Sum f32".into());
         let p = BuildPlan::new(i).unwrap();
         assert!(p.name.starts_with("v2.27.5-sm61-sm120-only-"), "{}", p.name);
-        let args = docker_args(&p);
-        assert_eq!(args["ONLY_FUNCS"], "AllReduce Sum f32");
+        let vars: BTreeMap<_, _> = docker(&p).make_vars.iter().cloned().collect();
+        assert_eq!(vars["ONLY_FUNCS"], "AllReduce Sum f32");
         let full = BuildPlan::new(inputs("v2.27.5-1", &MIXED)).unwrap();
         assert!(full
             .differences(&p)
