@@ -14,7 +14,7 @@ mod common;
 mod native_fixture;
 use common::*;
 use predicates::prelude::*;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command as Std;
@@ -346,6 +346,13 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         .stderr(predicate::str::contains("==> toolchain image").not());
     assert_eq!(snapshot(&dir), installed);
 
+    // The library the first build compiled, for the second project below (nccl.pc names
+    // its own directory).
+    let compiled_lib: BTreeMap<PathBuf, String> = snapshot(&dir.join("lib"))
+        .into_iter()
+        .filter(|(p, _)| !p.ends_with("nccl.pc"))
+        .collect();
+
     // 3. A different plan for the same target is refused, naming the difference.
     let other = user_dockerfile(
         work.path(),
@@ -448,6 +455,48 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     );
     assert!(stray_entries(&builds).is_empty());
     assert!(fdl_containers(root).is_empty());
+
+    // 7. A second project with the first plan is served from the machine's build store:
+    // the same key, the same library bytes, and no compile container.
+    let second = ProjectFixture::empty();
+    let out = build_cmd(
+        second.root(),
+        cache.path(),
+        &good,
+        Some(&source),
+        "6.1;12.0",
+    )
+    .arg("--json")
+    .output()
+    .unwrap();
+    engine.adopt();
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "installed_from_store", "{v}");
+    let second_dir = second
+        .root()
+        .join("libtorch/nccl/builds/v2.27.5-sm61-sm120");
+    let served: BTreeMap<PathBuf, String> = snapshot(&second_dir.join("lib"))
+        .into_iter()
+        .filter(|(p, _)| !p.ends_with("nccl.pc"))
+        .collect();
+    assert_eq!(served, compiled_lib, "the store served other bytes");
+    let log = std::fs::read_to_string(second_dir.join("build.log")).unwrap();
+    assert!(log.contains("Installing from the build store"), "{log}");
+    assert!(!log.contains("docker run"), "a compile ran: {log}");
+    let m1: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(second_dir.join("fdl-build.json")).unwrap())
+            .unwrap();
+    assert!(
+        m1["store"]["inputs"]["toolchain.toolchain_image_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("sha256:")),
+        "the key names the toolchain image: {m1}"
+    );
 }
 
 /// Without `--source`, the tag is fetched on the host (here from a local repository,

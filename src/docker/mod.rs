@@ -595,9 +595,10 @@ impl Backend for DockerBackend {
 }
 
 /// The build store's toolchain identity of a Docker build: the engine's ID (a content
-/// digest) of the base image the Dockerfile starts from, and the Dockerfile's SHA-256.
-/// The image must be there already: before its first build pulls it, the key is not
-/// known (and the build computes it after).
+/// digest) of the toolchain image the compile runs in. That image is the base image plus
+/// the tools the Dockerfile installed, so its ID decides the compiler; the Dockerfile's
+/// SHA-256 is named beside it for `fdl store list`. Asking never builds the image: before
+/// the first build of a toolchain the key is not known, and the build computes it after.
 fn store_identity(
     plan: &BuildPlan,
     dockerfile: &str,
@@ -608,28 +609,16 @@ fn store_identity(
             plan.backend.kind()
         );
     };
-    // `--base-image`, else the Dockerfile's own `ARG BASE_IMAGE=` default.
-    let base = match &docker.base_image {
-        Some(b) => b.clone(),
-        None => dockerfile
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("ARG BASE_IMAGE="))
-            .map(|v| v.trim().to_string())
-            .ok_or_else(|| anyhow::anyhow!("the Dockerfile names no default BASE_IMAGE"))?,
-    };
-    check_image_reference(&base)?;
-    let id = process::capture(
-        Command::new("docker").args(["image", "inspect", "--format", "{{.Id}}", &base]),
-        "docker image inspect",
-    )
-    .with_context(|| format!("the base image {base} is not in the engine yet"))?;
-    let id = id.trim();
-    if !id.starts_with("sha256:") || id.len() > 200 || id.chars().any(char::is_control) {
-        bail!("docker image inspect gave no image ID for {base}");
+    if sha256_hex(dockerfile.as_bytes()) != docker.dockerfile.sha256() {
+        bail!("the Dockerfile changed since the plan was made");
     }
+    let engine = Engine::probe()?;
+    let tag = toolchain_tag(docker, &base_id(&engine, docker), dockerfile);
+    let id = image_id(&engine, &tag).ok_or_else(|| {
+        anyhow::anyhow!("the toolchain image {tag} is not built yet (the build makes it)")
+    })?;
     Ok([
-        ("base_image".to_string(), base.clone()),
-        ("base_image_id".to_string(), id.to_string()),
+        ("toolchain_image_id".to_string(), id),
         (
             "dockerfile_sha256".to_string(),
             sha256_hex(dockerfile.as_bytes()),

@@ -245,7 +245,7 @@ mod tests {
         source: &'static str,
         nvcc: &'static str,
         cxx: &'static str,
-        /// A Docker backend's identity of its base image (`toolchain.base_image_id`).
+        /// A Docker backend's identity of its toolchain image (`toolchain.toolchain_image_id`).
         image_id: &'static str,
     }
 
@@ -316,7 +316,7 @@ mod tests {
             ("cxx".to_string(), i.cxx.to_string()),
         ]);
         if !i.image_id.is_empty() {
-            toolchain.insert("base_image_id".to_string(), i.image_id.to_string());
+            toolchain.insert("toolchain_image_id".to_string(), i.image_id.to_string());
         }
         Key::of(&key_inputs(&plan, i.source, &toolchain))
     }
@@ -341,11 +341,11 @@ mod tests {
                 i.nvcc = "Cuda compilation tools, release 12.8, V12.8.61"
             }),
             ("c++ --version", |i| i.cxx = "c++ (GCC) 13.1.0"),
-            ("Docker base image", |i| {
+            ("Docker toolchain image", |i| {
                 i.docker = true;
                 i.image_id = "sha256:1111";
             }),
-            ("Docker base image, rebuilt", |i| {
+            ("Docker toolchain image, rebuilt", |i| {
                 i.docker = true;
                 i.image_id = "sha256:2222";
             }),
