@@ -118,6 +118,13 @@ pub enum ClusterCommand {
         /// With --install: replace a different build of that name
         #[arg(long)]
         force: bool,
+        /// With --state: also say whether this host's build store has this key
+        #[arg(long, value_name = "KEY", requires = "state")]
+        store_key: Option<String>,
+        /// With --install: the copy holds only the manifest and log; take the rest from
+        /// this host's build store entry KEY
+        #[arg(long, value_name = "KEY", requires = "install")]
+        from_store: Option<String>,
     },
     /// The LD_PRELOAD value for a build on this host, its cache link made where the
     /// build's path holds a space or colon (run by fdl over SSH)
@@ -255,15 +262,26 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             install,
             digest,
             force,
+            store_key,
+            from_store,
         } => {
             let builds = project.nccl_builds_dir();
             if let Some(name) = state {
                 print_json(&serde_json::to_value(receive::state(
-                    &builds, &name, prepare,
+                    &builds,
+                    &name,
+                    prepare,
+                    store_key.as_deref(),
                 )?)?);
             } else if let (Some(name), Some(digest)) = (install, digest) {
-                let done =
-                    receive::install(&builds, &name, &digest, force, &crate::cache::cache_dir()?)?;
+                let done = receive::install(
+                    &builds,
+                    &name,
+                    &digest,
+                    force,
+                    from_store.as_deref(),
+                    &crate::cache::cache_dir()?,
+                )?;
                 print_json(&serde_json::to_value(done)?);
             } else {
                 bail!("receive needs --state NAME or --install NAME --digest D");

@@ -21,6 +21,18 @@ pub use crate::nccl::store::INCOMING_PREFIX;
 /// relative path in order. `nccl.pc` is left out: its `prefix=` names the directory the
 /// build is in, which differs per host.
 pub fn content_digest(dir: &Path) -> Result<String> {
+    digest_leaving_out(dir, &[])
+}
+
+/// The digest of a build's payload, what NCCL's install made (`lib/`, `include/`, …):
+/// [`content_digest`] without fdl's manifest and build log. It equals the digest a
+/// machine-wide store entry records of its tree, so a worker whose store holds the
+/// build's key can be told, before anything is copied, that it has these bytes.
+pub fn payload_digest(dir: &Path) -> Result<String> {
+    digest_leaving_out(dir, &[tree::MANIFEST, tree::BUILD_LOG])
+}
+
+fn digest_leaving_out(dir: &Path, top_level: &[&str]) -> Result<String> {
     fn walk(dir: &Path, rel: &str, out: &mut Vec<(String, String)>) -> Result<()> {
         let mut entries: Vec<_> = std::fs::read_dir(dir)
             .with_context(|| format!("cannot read {}", dir.display()))?
@@ -54,6 +66,9 @@ pub fn content_digest(dir: &Path) -> Result<String> {
     }
     let mut entries = Vec::new();
     walk(dir, "", &mut entries)?;
+    // A left-out top-level file goes with its entry; a directory of that name would not
+    // be one of fdl's files, and stays in.
+    entries.retain(|(p, what)| !(top_level.contains(&p.as_str()) && what.starts_with("file ")));
     let text: String = entries
         .iter()
         .map(|(p, what)| format!("{p}\0{what}\n"))
@@ -84,13 +99,26 @@ pub struct StateReport {
     /// The directory a copy goes to (made only when asked to prepare).
     pub incoming: PathBuf,
     pub rsync: bool,
+    /// Asked with a store key: the payload digest this host's machine-wide store records
+    /// for that key (see [`payload_digest`]); `None` when it has no such entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
 }
 
 /// What is at the place of build `name`. With `prepare`, the directory a copy goes to is
 /// made (failing here, before anything is sent, where the path cannot be written);
 /// without, nothing on the host changes.
-pub fn state(builds_dir: &Path, name: &str, prepare: bool) -> Result<StateReport> {
+pub fn state(
+    builds_dir: &Path,
+    name: &str,
+    prepare: bool,
+    store_key: Option<&str>,
+) -> Result<StateReport> {
     BuildName::parse(name)?;
+    let in_store = match store_key {
+        None => None,
+        Some(key) => store_entry_digest(&crate::store::Key::parse(key)?),
+    };
     let store = BuildStore::new(builds_dir.to_path_buf());
     let place = match store.existing(name)? {
         None => Place::Absent,
@@ -120,7 +148,46 @@ pub fn state(builds_dir: &Path, name: &str, prepare: bool) -> Result<StateReport
         place,
         incoming,
         rsync,
+        store: in_store,
     })
+}
+
+/// What this user's store records of `key`'s entry: its payload digest. Only a look (an
+/// entry is checked byte for byte when it is installed); any trouble reading it is "not
+/// there", and the build is copied instead.
+fn store_entry_digest(key: &crate::store::Key) -> Option<String> {
+    let cache = crate::cache::cache_dir().ok()?;
+    let store = crate::store::Store::at(&cache).ok()?;
+    store.lookup(key).ok().flatten().map(|r| r.digest)
+}
+
+/// Fills `.incoming-<name>` (which holds the controller's manifest and log, nothing
+/// else) with the payload of this host's store entry `key`, checked by its digest as any
+/// install from the store is. The entry is cloned into a fresh directory beside it
+/// first, then each top-level entry moved in with a rename that never replaces.
+fn fill_from_store(builds_dir: &Path, incoming: &Path, key: &str, cache: &Path) -> Result<()> {
+    let key = crate::store::Key::parse(key)?;
+    let store = crate::store::Store::at(cache)?;
+    let lock = store.lock(&key, Wait::Yes, &|_| {})?;
+    let fill = tempfile::Builder::new()
+        .prefix(".store-fill-")
+        .tempdir_in(builds_dir)
+        .with_context(|| format!("cannot create a directory in {}", builds_dir.display()))?;
+    store
+        .install(&lock, &key, fill.path())
+        .with_context(|| format!("this host's build store could not give entry {key}"))?;
+    for entry in std::fs::read_dir(fill.path())? {
+        let entry = entry?;
+        let to = incoming.join(entry.file_name());
+        if std::fs::symlink_metadata(&to).is_ok() {
+            bail!(
+                "{} is in the copy already: the controller sent more than its manifest and log",
+                to.display()
+            );
+        }
+        std::fs::rename(entry.path(), &to).context("cannot move the store's files into the copy")?;
+    }
+    Ok(())
 }
 
 /// Makes `incoming` a directory only this user can write, that no link leads to: a link,
@@ -182,6 +249,7 @@ pub fn install(
     name: &str,
     digest: &str,
     force: bool,
+    from_store: Option<&str>,
     cache: &Path,
 ) -> Result<Installed> {
     let name = BuildName::parse(name)?;
@@ -204,6 +272,9 @@ pub fn install(
             incoming.display(),
             crate::fsread::kind_of(&m.file_type())
         );
+    }
+    if let Some(key) = from_store {
+        fill_from_store(builds_dir, &incoming, key, cache)?;
     }
     let got = content_digest(&incoming)?;
     if got != digest {
@@ -361,5 +432,22 @@ mod tests {
         std::fs::remove_file(d.join("lib/libnccl.so.2")).unwrap();
         std::os::unix::fs::symlink("elsewhere", d.join("lib/libnccl.so.2")).unwrap();
         assert_ne!(content_digest(d).unwrap(), first);
+    }
+
+    #[test]
+    fn the_payload_digest_leaves_out_only_fdls_top_level_files() {
+        let a = tempfile::tempdir().unwrap();
+        let d = a.path();
+        std::fs::create_dir_all(d.join("lib")).unwrap();
+        std::fs::write(d.join("lib/libnccl.so.2.27.5"), "lib").unwrap();
+        let bare = content_digest(d).unwrap();
+        assert_eq!(payload_digest(d).unwrap(), bare);
+        std::fs::write(d.join(tree::MANIFEST), "{}").unwrap();
+        std::fs::write(d.join(tree::BUILD_LOG), "log").unwrap();
+        assert_ne!(content_digest(d).unwrap(), bare);
+        assert_eq!(payload_digest(d).unwrap(), bare);
+        // The same names deeper down are payload.
+        std::fs::write(d.join("lib").join(tree::BUILD_LOG), "x").unwrap();
+        assert_ne!(payload_digest(d).unwrap(), bare);
     }
 }
