@@ -581,15 +581,11 @@ struct StoreView {
 /// The store's part of the plan: the key and whether the store has it. Reads only: a
 /// dry run makes no store directory. Also the key as [`build::store_key`] answered, where
 /// it was asked, for the build to use rather than probe the toolchain again.
-#[allow(clippy::type_complexity)]
 fn store_view(
     plan: &BuildPlan,
     backend: Option<&dyn Backend>,
     no_store: bool,
-) -> (
-    StoreView,
-    Option<Result<(crate::store::Key, crate::store::KeyInputs), String>>,
-) {
+) -> (StoreView, Option<build::KeyAnswer>) {
     let unknown = |why: String| StoreView {
         state: "unknown",
         key: None,

@@ -35,9 +35,12 @@ pub trait Backend {
     }
 }
 
+/// What [`store_key`] answers.
+pub type KeyAnswer = std::result::Result<(Key, KeyInputs), String>;
+
 /// The store key of `plan` built by `backend`, with its inputs; `Err` says why it is not
 /// known (a probe failed, or the tag is not cloned yet).
-pub fn store_key(plan: &BuildPlan, backend: &dyn Backend) -> Result<(Key, KeyInputs), String> {
+pub fn store_key(plan: &BuildPlan, backend: &dyn Backend) -> KeyAnswer {
     let source = crate::store::source_identity(plan)?;
     let toolchain = backend
         .toolchain_identity(plan)
@@ -357,7 +360,7 @@ pub struct ExecOptions<'a> {
     /// [`store_key`] of this plan and backend where the caller already asked for it (the
     /// plan view shows it), so that its probes run once per build; `None`: `execute`
     /// asks.
-    pub key: Option<Result<(Key, KeyInputs), String>>,
+    pub key: Option<KeyAnswer>,
 }
 
 /// Why `plan` cannot be installed where `existing` is (without `--force`): a build from
