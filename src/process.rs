@@ -438,6 +438,10 @@ fn spawn_error(cmd: &Command, what: &str) -> String {
 }
 
 fn wait(mut child: Child) -> Result<ExitStatus> {
+    // Polled from 1 ms up to 50 ms: a quick child (`nvcc --version`, a few ms) is seen
+    // as soon as it ends instead of at the next 50 ms tick, which cost a store hit three
+    // such ticks; a long build is still polled only every 50 ms for an interrupt.
+    let mut pause = Duration::from_millis(1);
     loop {
         if let Some(status) = child.try_wait()? {
             if interrupted() {
@@ -451,6 +455,7 @@ fn wait(mut child: Child) -> Result<ExitStatus> {
             end_tree(&mut child);
             return Err(Interrupted.into());
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
 }

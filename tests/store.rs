@@ -385,6 +385,83 @@ fn a_modified_entry_is_detected_and_rebuilt_not_installed() {
 
 #[test]
 #[ignore = "needs the real nvcc of the oracle wheels: `source .ci/fetch-oracles`, then `cargo test --test store -- --include-ignored`"]
+fn a_byte_changed_in_place_with_size_and_mtime_kept_is_still_detected() {
+    let m = Machine::new();
+    let (a, b) = (ProjectFixture::empty(), ProjectFixture::empty());
+    let first = ok(&run(m.build(a.root(), "8.6", &[])));
+    let key = first["manifest"]["store"]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let lib_dir = m.store_dir().join(&key).join("tree/lib");
+    let real = std::fs::read_dir(&lib_dir)
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            e.file_type().unwrap().is_file()
+                && e.file_name().to_string_lossy().starts_with("libnccl.so.2.")
+        })
+        .unwrap()
+        .path();
+    // The same inode, the same size, one byte in the middle flipped, and the mtime put
+    // back with `touch -r`: nothing a stat shows tells it apart, only its bytes.
+    let stamp = m.work.path().join("stamp");
+    std::fs::write(&stamp, "").unwrap();
+    let touch = |from: &Path, to: &Path| {
+        let st = Std::new("touch")
+            .arg("-r")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap();
+        assert!(st.success(), "touch -r failed");
+    };
+    touch(&real, &stamp);
+    let before = std::fs::metadata(&real).unwrap();
+    {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&real)
+            .unwrap();
+        let at = before.len() / 2;
+        let mut byte = [0u8];
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.read_exact(&mut byte).unwrap();
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.write_all(&[byte[0] ^ 0xff]).unwrap();
+    }
+    touch(&stamp, &real);
+    let after = std::fs::metadata(&real).unwrap();
+    {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            (after.len(), after.ino(), after.mtime(), after.mtime_nsec()),
+            (
+                before.len(),
+                before.ino(),
+                before.mtime(),
+                before.mtime_nsec()
+            )
+        );
+    }
+    let changed = fdl::cache::sha256_hex(&std::fs::read(&real).unwrap());
+
+    let out = run(m.build(b.root(), "8.6", &[]));
+    let v = ok(&out);
+    let err = text(&out.stderr);
+    assert_eq!(v["status"], "built", "{v}\n{err}");
+    assert_eq!(v["manifest"]["store"]["from_store"], false);
+    assert!(err.contains("was modified"), "{err}");
+    assert!(
+        !lib_bytes(&build_dir(&v)).iter().any(|(_, d)| *d == changed),
+        "the modified library was installed"
+    );
+}
+
+#[test]
+#[ignore = "needs the real nvcc of the oracle wheels: `source .ci/fetch-oracles`, then `cargo test --test store -- --include-ignored`"]
 fn two_concurrent_builds_of_one_key_build_it_once() {
     let m = Machine::new();
     let (a, b) = (ProjectFixture::empty(), ProjectFixture::empty());

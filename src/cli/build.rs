@@ -335,7 +335,7 @@ pub(super) fn run_with(
         Chosen::Docker { engine: None, .. } => None,
         Chosen::Native { .. } => Some(Box::new(native::NativeBackend)),
     };
-    let store_view = store_view(&plan, backend.as_deref(), args.no_store);
+    let (store_view, key) = store_view(&plan, backend.as_deref(), args.no_store);
     if let Chosen::Native { missing } = &chosen {
         if !missing.is_empty() {
             let tools = missing.join("\n  ");
@@ -443,6 +443,7 @@ pub(super) fn run_with(
                 }
             }
         },
+        key,
     };
     let outcome = build::execute(&plan, backend.as_ref(), &store, &opts)?;
     report(&outcome, args.json);
@@ -579,8 +580,13 @@ struct StoreView {
 }
 
 /// The store's part of the plan: the key and whether the store has it. Reads only: a
-/// dry run makes no store directory.
-fn store_view(plan: &BuildPlan, backend: Option<&dyn Backend>, no_store: bool) -> StoreView {
+/// dry run makes no store directory. Also the key as [`build::store_key`] answered, where
+/// it was asked, for the build to use rather than probe the toolchain again.
+fn store_view(
+    plan: &BuildPlan,
+    backend: Option<&dyn Backend>,
+    no_store: bool,
+) -> (StoreView, Option<build::KeyAnswer>) {
     let unknown = |why: String| StoreView {
         state: "unknown",
         key: None,
@@ -588,29 +594,34 @@ fn store_view(plan: &BuildPlan, backend: Option<&dyn Backend>, no_store: bool) -
         why: Some(why),
     };
     if no_store {
-        return StoreView {
+        let view = StoreView {
             state: "skipped",
             key: None,
             inputs: None,
             why: Some("--no-store".into()),
         };
+        return (view, None);
     }
     let Some(backend) = backend else {
-        return unknown("no Docker engine answers to probe the base image".into());
+        return (
+            unknown("no Docker engine answers to probe the base image".into()),
+            None,
+        );
     };
-    let store = match crate::cache::cache_dir().and_then(|c| crate::store::Store::at(&c)) {
-        Ok(store) => store,
-        Err(e) => return unknown(format!("{e:#}")),
-    };
-    match build::store_key(plan, backend) {
-        Ok((key, inputs)) => StoreView {
-            state: if store.has(&key) { "hit" } else { "miss" },
-            key: Some(key),
-            inputs: Some(inputs),
-            why: None,
+    let key = build::store_key(plan, backend);
+    let view = match crate::cache::cache_dir().and_then(|c| crate::store::Store::at(&c)) {
+        Err(e) => unknown(format!("{e:#}")),
+        Ok(store) => match &key {
+            Ok((key, inputs)) => StoreView {
+                state: if store.has(key) { "hit" } else { "miss" },
+                key: Some(key.clone()),
+                inputs: Some(inputs.clone()),
+                why: None,
+            },
+            Err(why) => unknown(why.clone()),
         },
-        Err(why) => unknown(why),
-    }
+    };
+    (view, Some(key))
 }
 
 fn render_plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {

@@ -263,9 +263,7 @@ impl Backend for NativeBackend {
             );
         };
         let version = |program: &Path, what: &str| -> Result<String> {
-            let mut cmd = std::process::Command::new(program);
-            cmd.arg("--version").stdin(std::process::Stdio::null());
-            let text = process::capture(&mut cmd, what)?;
+            let text = toolchain::ask(program, "--version", what)?;
             // One line, and no control character from outside (it is printed later).
             Ok(text
                 .lines()

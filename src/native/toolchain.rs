@@ -135,11 +135,8 @@ fn find_toolkit(env: &HostEnv, flag: Option<&Path>) -> Result<Toolkit, String> {
     } else {
         return Err("nvcc: not found. Pass --cuda-home DIR (a CUDA toolkit, with DIR/bin/nvcc), set CUDA_HOME, or put nvcc on PATH; NVIDIA's CUDA installer or `pip install nvidia-cuda-nvcc` provide one".to_string());
     };
-    let version_text = process::capture(
-        Command::new(&nvcc).arg("--version"),
-        &format!("{} --version", nvcc.display()),
-    )
-    .map_err(|e| format!("nvcc: {e:#}. Is {} a working CUDA toolkit?", home.display()))?;
+    let version_text = ask(&nvcc, "--version", &format!("{} --version", nvcc.display()))
+        .map_err(|e| format!("nvcc: {e:#}. Is {} a working CUDA toolkit?", home.display()))?;
     let cuda = parse_nvcc_version(&version_text).ok_or_else(|| {
         format!(
             "nvcc: `{} --version` did not say which CUDA release it is (no 'release X.Y' line); is it really nvcc?",
@@ -148,12 +145,9 @@ fn find_toolkit(env: &HostEnv, flag: Option<&Path>) -> Result<Toolkit, String> {
     })?;
     // Old nvcc (before CUDA 11) has no --list-gpu-arch; the plan then falls back to the
     // support table, so a failure here is not an error.
-    let gpu_archs = process::capture(
-        Command::new(&nvcc).arg("--list-gpu-arch"),
-        "nvcc --list-gpu-arch",
-    )
-    .ok()
-    .and_then(|text| parse_gpu_archs(&text));
+    let gpu_archs = ask(&nvcc, "--list-gpu-arch", "nvcc --list-gpu-arch")
+        .ok()
+        .and_then(|text| parse_gpu_archs(&text));
     Ok(Toolkit {
         lib_dir: lib_dir(&home),
         cuda_home: home,
@@ -161,6 +155,48 @@ fn find_toolkit(env: &HostEnv, flag: Option<&Path>) -> Result<Toolkit, String> {
         cuda,
         gpu_archs,
     })
+}
+
+/// What `program arg` prints (stdin closed), asked once per process for one file: the
+/// plan's discovery and the store key both ask nvcc `--version`, and the plan view and
+/// the build both want the key. The answer is kept for the program's file as it is now
+/// (device, inode, size, mtime), so a compiler replaced in between is asked again; only
+/// answers of a successful run are kept.
+pub fn ask(program: &Path, arg: &'static str, what: &str) -> anyhow::Result<String> {
+    use std::collections::HashMap;
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::{Mutex, OnceLock};
+    type Asked = HashMap<(PathBuf, &'static str, u64, u64, u64, i64, i64), String>;
+    static ASKED: OnceLock<Mutex<Asked>> = OnceLock::new();
+    // A bare name is found on PATH by the run itself: not kept.
+    let id = std::fs::metadata(program).ok().map(|m| {
+        (
+            program.to_path_buf(),
+            arg,
+            m.dev(),
+            m.ino(),
+            m.len(),
+            m.mtime(),
+            m.mtime_nsec(),
+        )
+    });
+    let asked = ASKED.get_or_init(Default::default);
+    if let Some(id) = &id {
+        let known = asked.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(text) = known.get(id) {
+            return Ok(text.clone());
+        }
+    }
+    let mut cmd = Command::new(program);
+    cmd.arg(arg).stdin(std::process::Stdio::null());
+    let text = process::capture(&mut cmd, what)?;
+    if let Some(id) = id {
+        asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, text.clone());
+    }
+    Ok(text)
 }
 
 fn check_home(home: &Path, origin: &str, fix: &str) -> Result<(PathBuf, PathBuf), String> {

@@ -35,9 +35,12 @@ pub trait Backend {
     }
 }
 
+/// What [`store_key`] answers.
+pub type KeyAnswer = std::result::Result<(Key, KeyInputs), String>;
+
 /// The store key of `plan` built by `backend`, with its inputs; `Err` says why it is not
 /// known (a probe failed, or the tag is not cloned yet).
-pub fn store_key(plan: &BuildPlan, backend: &dyn Backend) -> Result<(Key, KeyInputs), String> {
+pub fn store_key(plan: &BuildPlan, backend: &dyn Backend) -> KeyAnswer {
     let source = crate::store::source_identity(plan)?;
     let toolchain = backend
         .toolchain_identity(plan)
@@ -354,6 +357,10 @@ pub struct ExecOptions<'a> {
     /// The machine-wide store to install from and add to; `None` skips it
     /// (`--no-store`).
     pub store: Option<crate::store::Store>,
+    /// [`store_key`] of this plan and backend where the caller already asked for it (the
+    /// plan view shows it), so that its probes run once per build; `None`: `execute`
+    /// asks.
+    pub key: Option<KeyAnswer>,
 }
 
 /// Why `plan` cannot be installed where `existing` is (without `--force`): a build from
@@ -443,7 +450,7 @@ pub fn execute(
     // same key waits, then finds the entry this one makes.
     let mut keyed = match &opts.store {
         None => None,
-        Some(ms) => match store_key(plan, backend) {
+        Some(ms) => match opts.key.clone().unwrap_or_else(|| store_key(plan, backend)) {
             Ok((key, inputs)) => {
                 let key_lock = ms.lock(&key, opts.wait, &|msg| eprintln!("{msg}"))?;
                 for done in ms.sweep(&key_lock, &key) {

@@ -311,6 +311,8 @@ pub fn probe_in_child(exe: &Path, lib: &Path) -> Result<i64> {
         .spawn()
         .with_context(|| format!("cannot start {} to load the library", exe.display()))?;
     let start = Instant::now();
+    // From 1 ms up to 20 ms: the load takes a few ms, and is seen when it ends.
+    let mut pause = Duration::from_millis(1);
     let status = loop {
         if let Some(s) = child.try_wait()? {
             break s;
@@ -329,7 +331,8 @@ pub fn probe_in_child(exe: &Path, lib: &Path) -> Result<i64> {
                 PROBE_TIMEOUT.as_secs()
             );
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
     };
     let read = |mut f: std::fs::File| {
         use std::io::{Read, Seek};

@@ -11,8 +11,9 @@
 //! `.staging-<key>-…` directory beside it, renamed into place when complete, so a killed
 //! write leaves no entry. Every change to an entry is made under the key's lock
 //! ([`crate::lock`]), which also makes two builds of one key build it once. Entries are
-//! checked against their digest whenever they are installed: a modified one is
-//! refused, and the build replaces it.
+//! checked against their digest whenever they are installed, every byte read again (the
+//! fast BLAKE3 tree digest of [`digest`]; an entry made before it, by its SHA-256
+//! digest): a modified one is refused, and the build replaces it.
 //!
 //! What a worker needs to be served from its own store (`fdl cluster receive`): the
 //! build's manifest names its [`Key`] (`store.key`); [`Store::at`] and [`Store::has`]
@@ -22,6 +23,7 @@
 //! commits it as usual; [`Store::add_user`] records the worker's build as a user.
 
 mod clone;
+pub mod digest;
 pub mod key;
 
 pub use clone::{clone_tree, Method};
@@ -58,6 +60,10 @@ pub struct Record {
     pub digest: String,
     /// SHA-256 of `tree/lib/pkgconfig/nccl.pc`, which the digest leaves out.
     pub pc_sha256: String,
+    /// [`digest::tree_blake3`] of all of `tree/`: what an install checks. Absent in an
+    /// entry made before it, which is checked by `digest` and `pc_sha256` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_blake3: Option<String>,
     pub fdl_version: String,
     /// RFC 3339, UTC.
     pub created_at: String,
@@ -249,7 +255,19 @@ impl Store {
         }
         let method = clone_tree(&tree, dest)
             .with_context(|| format!("cannot install the store entry {key}"))?;
-        // What is checked is what will be installed: the copy, not the entry.
+        // What is checked is what will be installed: the copy, not the entry. Every byte
+        // is read and hashed; no timestamp stands in for that.
+        if let Some(recorded) = &record.tree_blake3 {
+            let found = digest::tree_blake3(dest)?;
+            if &found != recorded {
+                return Err(Damaged {
+                    key: key.clone(),
+                    what: format!("its files' digest is {found}, it recorded {recorded}"),
+                }
+                .into());
+            }
+            return Ok(Installed { method, record });
+        }
         let (digest, pc) = digests(dest)?;
         if digest != record.digest || pc != record.pc_sha256 {
             return Err(Damaged {
@@ -294,6 +312,7 @@ impl Store {
         std::fs::create_dir(&dest)?;
         clone_tree(tree, &dest)?;
         let (digest, pc_sha256) = digests(&dest)?;
+        let tree_blake3 = Some(digest::tree_blake3(&dest)?);
         if let Some(log) = log {
             let mut from = crate::fsread::open_regular(log, true)?;
             crate::nccl::tree::create_new(&txn.path().join(LOG), &mut from)?;
@@ -304,6 +323,7 @@ impl Store {
             inputs: inputs.clone(),
             digest,
             pc_sha256,
+            tree_blake3,
             fdl_version: env!("CARGO_PKG_VERSION").to_string(),
             created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             made_for: made_for.to_path_buf(),
@@ -557,6 +577,7 @@ mod tests {
         std::fs::create_dir(&dest2).unwrap();
         let e = store.install(&lock, &k, &dest2).unwrap_err();
         assert!(e.downcast_ref::<Damaged>().is_some(), "{e:#}");
+        assert!(format!("{e:#}").contains("blake3:"), "{e:#}");
         // So is a changed nccl.pc, which the content digest leaves out.
         store
             .add(&lock, &k, &inputs, &src, None, Path::new("/p"))
@@ -572,6 +593,43 @@ mod tests {
         store.remove(&lock, &k).unwrap();
         assert!(!store.has(&k));
         assert_eq!(std::fs::read_dir(&store.dir).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn an_entry_without_a_blake3_digest_is_checked_by_its_sha256() {
+        let t = tempfile::tempdir().unwrap();
+        let store = Store::open_in(&t.path().join("cache")).unwrap();
+        let src = t.path().join("built");
+        tree(&src, b"library bytes");
+        let (k, inputs) = key(3);
+        let lock = store.lock(&k, Wait::No, &|_| {}).unwrap();
+        let rec = store
+            .add(&lock, &k, &inputs, &src, None, Path::new("/p"))
+            .unwrap();
+        assert!(rec
+            .tree_blake3
+            .as_deref()
+            .is_some_and(|d| d.starts_with("blake3:")));
+        // The record as an fdl before the BLAKE3 digest wrote it: no such field.
+        let entry = store.path_of(&k).join(ENTRY);
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&entry).unwrap()).unwrap();
+        json.as_object_mut().unwrap().remove("tree_blake3").unwrap();
+        std::fs::remove_file(&entry).unwrap();
+        std::fs::write(&entry, serde_json::to_vec(&json).unwrap()).unwrap();
+        assert_eq!(store.lookup(&k).unwrap().unwrap().tree_blake3, None);
+        let dest = t.path().join("dest");
+        std::fs::create_dir(&dest).unwrap();
+        store.install(&lock, &k, &dest).unwrap();
+        // A changed byte is still found, by the SHA-256 digest.
+        let lib = store.path_of(&k).join("tree/lib/libnccl.so.2.27.5");
+        std::fs::remove_file(&lib).unwrap();
+        std::fs::write(&lib, b"library bytez").unwrap();
+        let dest2 = t.path().join("dest2");
+        std::fs::create_dir(&dest2).unwrap();
+        let e = store.install(&lock, &k, &dest2).unwrap_err();
+        let damaged = e.downcast_ref::<Damaged>().expect("a Damaged error");
+        assert!(!damaged.what.contains("blake3"), "{}", damaged.what);
     }
 
     #[test]

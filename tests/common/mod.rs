@@ -301,6 +301,7 @@ pub fn install_build(
         wait: Wait::No,
         verbosity: Verbosity::Quiet,
         store: None,
+        key: None,
     };
     execute(&plan, &CopyTree(tree), &store, &opts)?;
     Ok(plan.name)
