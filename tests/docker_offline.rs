@@ -235,10 +235,7 @@ fn offline_build_through_the_embedded_dockerfile() {
     let bytes = std::fs::read(&lib).unwrap();
     let at = memchr::memmem::find(&bytes, b"makeflags:").expect("MAKEFLAGS recorded");
     let flags = String::from_utf8_lossy(&bytes[at..at + 64.min(bytes.len() - at)]);
-    assert!(
-        flags.contains("-j3"),
-        "--jobs did not reach make: {flags}"
-    );
+    assert!(flags.contains("-j3"), "--jobs did not reach make: {flags}");
 
     // The compile ran with no network, on a read-only root, the tree mounted read-only
     // (not a clone), and apt never ran.
