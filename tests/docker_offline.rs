@@ -1,6 +1,7 @@
 //! The embedded Dockerfile, run for real and offline: `fdl nccl build --backend docker
 //! --base-image IMAGE --source TREE` against this machine's engine, with no registry and
-//! no network inside any container.
+//! no network inside any container: the toolchain image is built with `--network none`,
+//! the compile runs in `docker run --network none --read-only` on bind mounts.
 //!
 //! The base image is made here: `debootstrap --variant=minbase` of this machine's Debian
 //! release with g++, make, python3 and git (tests/support/debian-image.sh), then the CUDA
@@ -234,10 +235,7 @@ fn offline_build_through_the_embedded_dockerfile() {
     let bytes = std::fs::read(&lib).unwrap();
     let at = memchr::memmem::find(&bytes, b"makeflags:").expect("MAKEFLAGS recorded");
     let flags = String::from_utf8_lossy(&bytes[at..at + 64.min(bytes.len() - at)]);
-    assert!(
-        flags.contains("-j3"),
-        "MAX_JOBS did not reach make: {flags}"
-    );
+    assert!(flags.contains("-j3"), "--jobs did not reach make: {flags}");
 
     // The compile ran with no network, on a read-only root, the tree mounted read-only
     // (not a clone), and apt never ran.

@@ -1,12 +1,12 @@
 //! What an NCCL install tree must look like, checked without trusting it.
 //!
-//! A staged tree comes out of a build (a container's `docker cp` keeps absolute symlinks,
-//! a make install can leave anything), so it is hostile until checked: every entry is
-//! looked at with `symlink_metadata`, the only symlinks allowed are the `lib/` chain
-//! (relative, inside `lib/`), special files and names fdl itself writes are refused, and
-//! fdl's own writes into it ([`rewrite_pc_prefix`], the manifest and log in `store`)
-//! never go through a link. Shared by `store` (sealing) and `verify` (checking), so
-//! neither needs the other.
+//! A staged tree comes out of a build (a container's make install writes through a bind
+//! mount whatever it likes, absolute symlinks included), so it is hostile until checked:
+//! every entry is looked at with `symlink_metadata`, the only symlinks allowed are the
+//! `lib/` chain (relative, inside `lib/`), special files and names fdl itself writes are
+//! refused, and fdl's own writes into it ([`rewrite_pc_prefix`], the manifest and log in
+//! `store`) never go through a link. Shared by `store` (sealing) and `verify`
+//! (checking), so neither needs the other.
 
 use crate::inspect;
 use crate::nccl::plan::BuildPlan;
