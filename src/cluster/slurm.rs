@@ -196,6 +196,7 @@ impl Slurm {
         let mut cmd = Command::new("sbcast");
         cmd.arg("--force")
             .arg(format!("--jobid={}", self.job))
+            .arg(format!("--timeout={}", timeout.as_secs().max(1)))
             .arg("--")
             .arg(from)
             .arg(dest);
@@ -257,7 +258,10 @@ impl Slurm {
                 for (&i, out) in idx.iter().zip(outs) {
                     match out {
                         Ok(o) if o.status.success() => results[i] = Some(Ok("sbcast".into())),
-                        _ => retry.push(i),
+                        // The node answered without the file: it gets the stream.
+                        Ok(_) => retry.push(i),
+                        // The node itself failed: the stream would fail as well.
+                        Err(e) => results[i] = Some(Err(e)),
                     }
                 }
                 if retry.is_empty() {
@@ -285,8 +289,22 @@ impl Slurm {
         after: &(dyn Fn(&str) -> String + Sync),
         results: &mut [Option<Result<String>>],
     ) {
+        // A node Slurm has marked down since is named, not waited on.
+        let names: Vec<&str> = idx.iter().map(|&i| hosts[i].0.host.as_str()).collect();
+        let bad = self.unusable(&names);
+        let idx: Vec<usize> = idx
+            .iter()
+            .copied()
+            .filter(|&i| match bad.get(&hosts[i].0.host) {
+                Some(why) => {
+                    results[i] = Some(Err(anyhow!("{why}: Slurm runs no step there")));
+                    false
+                }
+                None => true,
+            })
+            .collect();
         let done = super::in_parallel(
-            idx,
+            &idx,
             16,
             |&i| {
                 let (w, dir) = &hosts[i];
@@ -301,7 +319,7 @@ impl Slurm {
             },
             &|_| {},
         );
-        for (&i, r) in idx.iter().zip(done) {
+        for (i, r) in idx.into_iter().zip(done) {
             results[i] = Some(r);
         }
     }

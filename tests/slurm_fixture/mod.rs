@@ -269,8 +269,8 @@ impl Cluster {
             (Some(v), Some(at)) => Some(format!("{v}:{at}")),
             _ => None,
         };
-        for (node, is_ctl) in std::iter::once((&cluster.ctl, true))
-            .chain(cluster.nodes.iter().map(|n| (n, false)))
+        for (node, is_ctl) in
+            std::iter::once((&cluster.ctl, true)).chain(cluster.nodes.iter().map(|n| (n, false)))
         {
             let mut args = vec![
                 "run",
