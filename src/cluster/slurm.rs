@@ -145,8 +145,8 @@ impl Slurm {
         cmd
     }
 
-    /// One step across `nodes`, the answers split per node.
-    fn step(&self, nodes: &[&str], script: &str, timeout: Duration) -> Vec<Result<Output>> {
+    /// One step across `nodes`, the answers split per node, and whether it timed out.
+    fn step(&self, nodes: &[&str], script: &str, timeout: Duration) -> (Vec<Result<Output>>, bool) {
         let wrapped = format!(
             "printf '{NODE_MARK}%s\\n' \"$SLURMD_NODENAME\"; ( {script}\n); printf '\\n{EXIT_MARK}%s\\n' \"$?\""
         );
@@ -155,7 +155,7 @@ impl Slurm {
         let out = match crate::process::output_within_cap(&mut cmd, timeout, cap) {
             Ok(Some(out)) => out,
             Ok(None) => {
-                return nodes
+                let outs = nodes
                     .iter()
                     .map(|n| {
                         Err(anyhow!(
@@ -163,18 +163,19 @@ impl Slurm {
                             timeout.as_secs()
                         ))
                     })
-                    .collect()
+                    .collect();
+                return (outs, true);
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let why = "srun was not found: run fdl where Slurm's client tools are on PATH";
-                return nodes.iter().map(|_| Err(anyhow!(why))).collect();
+                return (nodes.iter().map(|_| Err(anyhow!(why))).collect(), true);
             }
             Err(e) => {
                 let why = format!("{:#}", crate::process::lift(e).context("srun failed"));
-                return nodes.iter().map(|_| Err(anyhow!("{why}"))).collect();
+                return (nodes.iter().map(|_| Err(anyhow!("{why}"))).collect(), true);
             }
         };
-        demux(nodes, &out)
+        (demux(nodes, &out), false)
     }
 
     /// The nodes among `nodes` Slurm will run no step on, with why.
@@ -242,6 +243,13 @@ impl Slurm {
         after: &(dyn Fn(&str) -> String + Sync),
     ) -> Vec<Result<String>> {
         let mut results: Vec<Option<Result<String>>> = hosts.iter().map(|_| None).collect();
+        let sha = match crate::cache::sha256_file(from) {
+            Ok(s) => s,
+            Err(e) => {
+                let why = format!("cannot read {}: {e:#}", from.display());
+                return hosts.iter().map(|_| Err(anyhow!("{why}"))).collect();
+            }
+        };
         let mut dirs: Vec<&String> = hosts.iter().map(|(_, d)| d).collect();
         dirs.sort();
         dirs.dedup();
@@ -249,11 +257,29 @@ impl Slurm {
             let idx: Vec<usize> = (0..hosts.len()).filter(|&i| hosts[i].1 == *dir).collect();
             let ws: Vec<&Worker> = idx.iter().map(|&i| hosts[i].0).collect();
             let dest = format!("{}/{name}", dir.trim_end_matches('/'));
-            let broadcast = self.sbcast(from, &dest, timeout).map(|()| {
-                let script = after(dir);
-                self.run_each(&ws, &|_| script.clone(), timeout)
-            });
-            if let Ok(outs) = broadcast {
+            // sbcast reaches every node of the job: used when those are the nodes asked
+            // for, else a node outside them (drained, or one with no such directory)
+            // fails it as a whole. Its exit is not the nodes' answer either (one dead
+            // node fails it, and it may leave partial files behind): each node checks
+            // the bytes it got, and one without them gets the stream.
+            let everyone = self.nodes.iter().all(|n| ws.iter().any(|w| w.host == *n));
+            let sbcast = everyone && crate::native::on_path("sbcast").is_some() && {
+                let _ = self.sbcast(from, &dest, timeout);
+                true
+            };
+            let script = format!(
+                "cd -P -- {} && [ \"$(sha256sum < {} | cut -d' ' -f1)\" = {} ] && {{ {}\n}}",
+                single_quote(dir),
+                single_quote(name),
+                single_quote(&sha),
+                after(dir)
+            );
+            let outs = if sbcast {
+                Some(self.run_each(&ws, &|_| script.clone(), timeout))
+            } else {
+                None
+            };
+            if let Some(outs) = outs {
                 let mut retry = Vec::new();
                 for (&i, out) in idx.iter().zip(outs) {
                     match out {
@@ -309,7 +335,7 @@ impl Slurm {
             |&i| {
                 let (w, dir) = &hosts[i];
                 let script = format!(
-                    "cd -P -- {} && cat > {} && {{ {}\n; }}",
+                    "cd -P -- {} && cat > {} && {{ {}\n}}",
                     single_quote(dir),
                     single_quote(name),
                     after(dir)
@@ -357,7 +383,23 @@ impl Transport for Slurm {
             groups.len().max(1),
             |(s, idx)| {
                 let nodes: Vec<&str> = idx.iter().map(|&i| names[i]).collect();
-                self.step(&nodes, s, timeout)
+                let (mut outs, timed_out) = self.step(&nodes, s, timeout);
+                // A node that dies aborts the whole step: Slurm kills the other tasks
+                // too. Each node left without an answer gets a step of its own, so only
+                // the dead one stays failed (not after a timeout: that would double it).
+                let lost: Vec<usize> = (0..nodes.len()).filter(|&k| outs[k].is_err()).collect();
+                if nodes.len() > 1 && !timed_out && !lost.is_empty() {
+                    let again = super::in_parallel(
+                        &lost,
+                        lost.len(),
+                        |&k| self.step(&[nodes[k]], s, timeout).0.remove(0),
+                        &|_| {},
+                    );
+                    for (k, out) in lost.into_iter().zip(again) {
+                        outs[k] = out;
+                    }
+                }
+                outs
             },
             &|_| {},
         );

@@ -359,9 +359,12 @@ pub(super) fn ship_binary(
             .map(|(_, d)| d.clone())
             .unwrap_or_default();
         format!(
+            // Checked as a copy fdl made here: the file as sent may still be held open
+            // by what wrote it (a binary open for writing cannot be run).
             "cd -P -- {dir} || exit 1; tmp={name}; \
-             if [ \"$(sha256sum < \"$tmp\" | cut -d' ' -f1)\" = {sha} ]; then chmod 755 \"$tmp\" && mv -f \"$tmp\" {dest}; \
-             else rm -f \"$tmp\"; exit {BAD_UPLOAD}; fi",
+             cp -- \"$tmp\" \"$tmp.x\" && rm -f -- \"$tmp\" || exit 1; \
+             if [ \"$(sha256sum < \"$tmp.x\" | cut -d' ' -f1)\" = {sha} ]; then chmod 755 \"$tmp.x\" && mv -f \"$tmp.x\" {dest}; \
+             else rm -f \"$tmp.x\"; exit {BAD_UPLOAD}; fi",
             dir = crate::step::single_quote(dir),
             name = crate::step::single_quote(&name),
             sha = crate::step::single_quote(&own.sha256),
