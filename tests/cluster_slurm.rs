@@ -223,7 +223,7 @@ fn status_plan_ship_env_on_the_allocations_nodes() {
         );
     }
     let v = json_of(&rig.fdl("", "cluster status --slurm --json"));
-    assert_eq!(v["engine"], "slurm", "{v}");
+    assert_eq!(v["files"], serde_json::json!([]), "{v}");
     assert_eq!(verdict(&v, "reach")["state"], "ok", "{v}");
     let skew = verdict(&v, "skew");
     assert_eq!(skew["state"], "red", "{v}");

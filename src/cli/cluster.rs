@@ -409,7 +409,6 @@ fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
     if json {
         print_json(&json!({
             "files": reach.files,
-            "engine": if reach.slurm { "slurm" } else { "ssh" },
             "workers": workers,
             "verdicts": verdicts,
             "ok": red.is_empty() && unknown.is_empty(),
@@ -750,7 +749,7 @@ fn ship_cmd(
     )?;
     if !dry_run {
         crate::process::set_interrupt_note(
-            "the copies under way were stopped (rsync, ssh and tar end with fdl). A worker may keep a partial copy in libtorch/nccl/builds/.incoming-<name>/ and installs nothing from it: rerun `fdl cluster ship` to resume",
+            "the copies under way were stopped (rsync, ssh, srun, sbcast and tar end with fdl). A worker may keep a partial copy in libtorch/nccl/builds/.incoming-<name>/ and installs nothing from it: rerun `fdl cluster ship` to resume",
         );
     }
     let live = !json && std::io::stderr().is_terminal();

@@ -187,13 +187,38 @@ fn phase<T>(
 }
 
 /// Every chosen worker, in the given order: fdl made present, the place checked, the
-/// copy sent into `.incoming-<name>/`, and the worker's fdl installing it.
+/// copy sent into `.incoming-<name>/`, and the worker's fdl installing it. Where the
+/// transport reaches hosts one by one, each worker goes through its steps on its own.
 pub fn ship_all(
     workers: &[&Worker],
     t: &dyn Transport,
     own: &OwnBinary,
     req: &ShipRequest,
     on_done: &(dyn Fn(&ShipResult) + Sync),
+) -> Vec<ShipResult> {
+    match t.one_by_one() {
+        Some(parallel) => super::in_parallel(
+            workers,
+            parallel,
+            |w| ship_steps(std::slice::from_ref(w), t, own, req).remove(0),
+            on_done,
+        ),
+        None => {
+            let results = ship_steps(workers, t, own, req);
+            for r in &results {
+                on_done(r);
+            }
+            results
+        }
+    }
+}
+
+/// The steps of [`ship_all`], each taken by every worker still going.
+fn ship_steps(
+    workers: &[&Worker],
+    t: &dyn Transport,
+    own: &OwnBinary,
+    req: &ShipRequest,
 ) -> Vec<ShipResult> {
     let mut steps: Vec<Step> = workers
         .iter()
@@ -326,7 +351,7 @@ pub fn ship_all(
             })
         },
     );
-    let results: Vec<ShipResult> = workers
+    workers
         .iter()
         .zip(steps)
         .map(|(w, s)| ShipResult {
@@ -344,9 +369,5 @@ pub fn ship_all(
                 },
             },
         })
-        .collect();
-    for r in &results {
-        on_done(r);
-    }
-    results
+        .collect()
 }

@@ -356,6 +356,10 @@ impl Transport for Slurm {
         "through srun"
     }
 
+    fn one_by_one(&self) -> Option<usize> {
+        None
+    }
+
     fn run_each(
         &self,
         hosts: &[&Worker],

@@ -142,6 +142,10 @@ impl Transport for Ssh {
         "over SSH"
     }
 
+    fn one_by_one(&self) -> Option<usize> {
+        Some(self.parallel)
+    }
+
     fn run_each(
         &self,
         hosts: &[&Worker],

@@ -371,7 +371,9 @@ pub(super) fn ship_binary(
         )
     };
     let sub: Vec<&Worker> = landed.iter().map(|(i, _)| ws[*i]).collect();
-    for ((i, _), out) in landed.iter().zip(t.run_each(&sub, &check, timeout)) {
+    // Copying and hashing a binary of tens of MiB: a copy's time, not a command's.
+    let checked = t.run_each(&sub, &check, transport::copy_limit(timeout));
+    for ((i, _), out) in landed.iter().zip(checked) {
         results[*i] = Some(out.and_then(|out| match out.status.code() {
             Some(0) => Ok(()),
             Some(BAD_UPLOAD) => bail!("the copy arrived damaged (sha256 differs) and was deleted"),

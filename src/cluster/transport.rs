@@ -22,6 +22,12 @@ pub trait Transport: Sync {
     /// How hosts are reached, for messages: "over SSH", "through srun".
     fn via(&self) -> &'static str;
 
+    /// `Some(n)` when hosts are reached one by one (n at once): then a many-step job
+    /// (ship) runs each host's steps on its own, so a slow host holds only itself.
+    /// `None` when one call reaches them all (one srun step): then each step is taken
+    /// by all hosts at once.
+    fn one_by_one(&self) -> Option<usize>;
+
     /// Runs each host's script in a POSIX shell there, all within `timeout`. One result
     /// per host, in order: `Err` says the engine could not run it there (the host is
     /// unreachable, down, drained, or did not answer in time); `Ok` is the script's own
