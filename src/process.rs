@@ -260,6 +260,16 @@ pub fn output_within_keeping_stdin(
     output_capped(cmd, timeout, OUTPUT_CAP)
 }
 
+/// [`output_within`] with its own bound per stream: for a command that answers for many
+/// hosts at once (one `srun` step), each host's share bounded by the caller.
+pub fn output_within_cap(
+    cmd: &mut Command,
+    timeout: Duration,
+    cap: usize,
+) -> std::io::Result<Option<std::process::Output>> {
+    output_capped(cmd.stdin(Stdio::null()), timeout, cap)
+}
+
 fn output_capped(
     cmd: &mut Command,
     timeout: Duration,

@@ -1,12 +1,15 @@
-//! `fdl cluster …`: the cluster file in, per-worker reports over SSH, verdicts out.
+//! `fdl cluster …`: the hosts in (the cluster file's over SSH, or the Slurm allocation's
+//! nodes through srun), per-worker reports, verdicts out.
 
 use super::{clean, paint, print_json, Color};
-use crate::cluster::config::{self, Cluster};
+use crate::cluster::config::{self, Worker};
 use crate::cluster::host::{self, Facts, SelfQuery};
 use crate::cluster::receive;
 use crate::cluster::ship::{self, Outcome, ShipRequest, ShipResult};
-use crate::cluster::ssh::Transport;
+use crate::cluster::slurm::{self, Slurm};
+use crate::cluster::ssh::Ssh;
 use crate::cluster::status::{self, OwnBinary, WorkerStatus};
+use crate::cluster::transport::Transport;
 use crate::nccl::store::BuildStore;
 use crate::project::Project;
 use anyhow::{bail, Result};
@@ -176,17 +179,89 @@ pub struct Common {
           value_parser = clap::builder::TypedValueParser::map(
               clap::value_parser!(u16).range(1..=1024), usize::from))]
     pub parallel: usize,
+    /// The workers are the nodes of this Slurm allocation, reached through srun (run it
+    /// inside `salloc` or an `sbatch` script); the default there when the cluster file
+    /// names no workers
+    #[arg(long)]
+    pub slurm: bool,
+    /// With --slurm: only these nodes of the allocation
+    #[arg(long, value_delimiter = ',', value_name = "A,B", requires = "slurm")]
+    pub nodes: Vec<String>,
+    /// With --slurm: the project's path on the nodes (default: this project's root)
+    #[arg(long, value_name = "PATH", requires = "slurm")]
+    pub path: Option<String>,
+}
+
+/// The workers, how they are reached, and the files that named them (none for Slurm).
+struct Reach {
+    workers: Vec<Worker>,
+    transport: Box<dyn Transport>,
+    own: OwnBinary,
+    files: Vec<PathBuf>,
+    slurm: bool,
 }
 
 impl Common {
-    /// How workers are reached (ssh's connect timeout is the per-host one, at most a
-    /// minute) and the fdl they run when they have none of their own.
-    fn reach(&self) -> Result<(Transport, OwnBinary)> {
-        let transport = Transport::new(
+    /// The workers and their transport: the Slurm allocation's nodes with --slurm, or
+    /// when fdl runs inside an allocation and the cluster file names no workers (said on
+    /// stderr); else the cluster file's workers over SSH (ssh's connect timeout is the
+    /// per-host one, at most a minute).
+    fn reach(&self, project: &Project) -> Result<Reach> {
+        let own = OwnBinary::current()?;
+        let mut slurm = self.slurm;
+        let mut cluster = None;
+        if !slurm {
+            match config::load(&project.root, self.file.as_deref()) {
+                Ok(c) if c.workers.is_empty() && slurm::in_allocation() => slurm = true,
+                Ok(c) => cluster = Some(c),
+                Err(_)
+                    if self.file.is_none()
+                        && slurm::in_allocation()
+                        && !project.root.join(config::CLUSTER_FILE).exists() =>
+                {
+                    slurm = true
+                }
+                Err(e) => return Err(e),
+            }
+            if slurm {
+                eprintln!(
+                    "note: no workers in {}, and fdl runs inside Slurm job {}: using the allocation's nodes through srun (as --slurm)",
+                    config::CLUSTER_FILE,
+                    clean(&std::env::var("SLURM_JOB_ID").unwrap_or_default())
+                );
+            }
+        }
+        if slurm {
+            let s = Slurm::from_env()?;
+            let path = match &self.path {
+                Some(p) if p.starts_with('/') && !p.chars().any(char::is_control) => p.clone(),
+                Some(p) => bail!(
+                    "--path {} is not an absolute path: name the project's checkout on the nodes, like /home/me/flodl",
+                    clean(p)
+                ),
+                None => project.root.display().to_string(),
+            };
+            return Ok(Reach {
+                workers: s.workers(&self.nodes, &path)?,
+                transport: Box::new(s),
+                own,
+                files: Vec::new(),
+                slurm: true,
+            });
+        }
+        let cluster = cluster.expect("loaded");
+        let transport = Ssh::new(
             &crate::cache::cache_dir()?,
             Duration::from_secs(self.timeout.clamp(1, 60)),
+            self.parallel,
         )?;
-        Ok((transport, OwnBinary::current()?))
+        Ok(Reach {
+            workers: cluster.workers,
+            transport: Box::new(transport),
+            own,
+            files: cluster.files,
+            slurm: false,
+        })
     }
 }
 
@@ -305,13 +380,8 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
     }
 }
 
-fn load(project: &Project, common: &Common) -> Result<Cluster> {
-    config::load(&project.root, common.file.as_deref())
-}
-
 /// Every worker's report, one progress line per host as each answers (on a terminal).
-fn reports(cluster: &Cluster, common: &Common, quiet: bool) -> Result<Vec<WorkerStatus>> {
-    let (transport, own) = common.reach()?;
+fn reports(reach: &Reach, common: &Common, quiet: bool) -> Vec<WorkerStatus> {
     let live = !quiet && std::io::stderr().is_terminal();
     let done = |w: &WorkerStatus| {
         if live {
@@ -323,26 +393,26 @@ fn reports(cluster: &Cluster, common: &Common, quiet: bool) -> Result<Vec<Worker
             eprintln!("  {} ({}): {state}", clean(&w.host), clean(&w.target));
         }
     };
-    Ok(status::query_all(
-        cluster,
-        &transport,
-        &own,
+    let workers: Vec<&Worker> = reach.workers.iter().collect();
+    status::query_all(
+        &workers,
+        reach.transport.as_ref(),
+        &reach.own,
         Duration::from_secs(common.timeout.max(1)),
-        common.parallel,
         &done,
-    ))
+    )
 }
 
 fn build_cmd(project: &Project, common: &Common, build: super::BuildArgs) -> Result<()> {
-    let cluster = load(project, common)?;
-    let workers = reports(&cluster, common, build.json || build.quiet)?;
+    let reach = common.reach(project)?;
+    let workers = reports(&reach, common, build.json || build.quiet);
     let infer = |flags| crate::cluster::plan::infer(&workers, flags);
     super::build::run_with(project, build, &infer)
 }
 
 fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
-    let cluster = load(project, common)?;
-    let workers = reports(&cluster, common, json)?;
+    let reach = common.reach(project)?;
+    let workers = reports(&reach, common, json);
     let verdicts = status::verdicts(&workers);
     let red: Vec<&str> = verdicts
         .iter()
@@ -356,7 +426,7 @@ fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
         .collect();
     if json {
         print_json(&json!({
-            "files": cluster.files,
+            "files": reach.files,
             "workers": workers,
             "verdicts": verdicts,
             "ok": red.is_empty() && unknown.is_empty(),
@@ -407,6 +477,8 @@ fn render_status(workers: &[WorkerStatus]) -> String {
             let error = w.error.as_deref().unwrap_or("no answer");
             let next = if error.starts_with("unreachable over SSH") {
                 ". Check the host, or its ssh: block in the cluster file, then rerun `fdl cluster status`"
+            } else if error.contains("through srun") || error.contains("Slurm runs no step") {
+                ". Check the node (`scontrol show node`), or leave it out with --nodes, then rerun `fdl cluster status --slurm`"
             } else {
                 ""
             };
@@ -517,16 +589,19 @@ fn env_cmd(
     build: Option<&str>,
     format: EnvFormat,
 ) -> Result<()> {
-    let cluster = load(project, common)?;
+    let reach = common.reach(project)?;
     let store = BuildStore::new(project.nccl_builds_dir());
     let wiring = super::manage::Wiring {
         make: "fdl cluster build",
         this: "fdl cluster env",
     };
     let (name, _, why) = super::manage::pick_build(project, &store, build, &wiring)?;
+    if reach.slurm {
+        return slurm_env(&reach, common, &name, &why, format);
+    }
     let rel = format!("libtorch/nccl/builds/{name}/lib/libnccl.so.2");
     let mut entries = Vec::new();
-    for w in &cluster.workers {
+    for w in &reach.workers {
         let path = format!("{}/{rel}", w.path.trim_end_matches('/'));
         if path.chars().any(char::is_control) {
             bail!(
@@ -542,14 +617,10 @@ fn env_cmd(
         .filter(|&i| !crate::loader::preload::is_one_element(&entries[i].1))
         .collect();
     if !needs_link.is_empty() {
-        let (transport, own) = common.reach()?;
         let timeout = Duration::from_secs(common.timeout.max(1));
-        let links = crate::cluster::in_parallel(
-            &needs_link,
-            common.parallel,
-            |&i| status::preload_on(&transport, entries[i].0, &own, &name, timeout),
-            &|_| {},
-        );
+        let ws: Vec<&Worker> = needs_link.iter().map(|&i| entries[i].0).collect();
+        let links =
+            status::preload_on_all(reach.transport.as_ref(), &ws, &reach.own, &name, timeout);
         let mut failed = Vec::new();
         for (&i, link) in needs_link.iter().zip(links) {
             match link {
@@ -585,6 +656,68 @@ fn env_cmd(
     Ok(())
 }
 
+/// `env` for a Slurm job: each node's own path for the build (its `cluster link`
+/// answers), as the `export` line of a batch script and the `srun --export` form, one
+/// pair per group of nodes that share a path.
+fn slurm_env(
+    reach: &Reach,
+    common: &Common,
+    name: &str,
+    why: &str,
+    format: EnvFormat,
+) -> Result<()> {
+    let timeout = Duration::from_secs(common.timeout.max(1));
+    let ws: Vec<&Worker> = reach.workers.iter().collect();
+    let links = status::preload_on_all(reach.transport.as_ref(), &ws, &reach.own, name, timeout);
+    let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
+    let mut failed = Vec::new();
+    for (w, link) in ws.iter().zip(links) {
+        match link {
+            Ok(p) if !p.chars().any(char::is_control) => {
+                match groups.iter_mut().find(|(g, _)| *g == p) {
+                    Some((_, nodes)) => nodes.push(&w.host),
+                    None => groups.push((p, vec![&w.host])),
+                }
+            }
+            Ok(_) => failed.push(format!("{}: its path holds a control character", w.host)),
+            Err(e) => failed.push(format!("{}: {e:#}", w.host)),
+        }
+    }
+    if !failed.is_empty() {
+        bail!(
+            "no LD_PRELOAD value for {}: ship the build there first (`fdl cluster ship --slurm {name}`), then run this again",
+            clean(&failed.join("; "))
+        );
+    }
+    let word = |p: &str| crate::step::single_quote(p);
+    match format {
+        EnvFormat::Json => print_json(&json!({
+            "build": name,
+            "why": why,
+            "groups": groups.iter().map(|(p, nodes)| json!({
+                "nodes": nodes,
+                "env": { "LD_PRELOAD": p },
+                "export": format!("export LD_PRELOAD={}", word(p)),
+                "srun": format!("srun --export=ALL,LD_PRELOAD={}", p),
+            })).collect::<Vec<_>>(),
+        })),
+        EnvFormat::Yaml => {
+            outln!("# Build {name} ({why}). Paste into the batch script, before the launch:");
+            for (p, nodes) in &groups {
+                if groups.len() > 1 {
+                    outln!("# nodes {}", super::manage::comment_text(&nodes.join(",")));
+                }
+                outln!("export LD_PRELOAD={}", word(p));
+                outln!(
+                    "# or per step: srun --export=ALL,LD_PRELOAD={} <your launcher>",
+                    clean(p)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn ship_cmd(
     project: &Project,
     common: &Common,
@@ -594,17 +727,17 @@ fn ship_cmd(
     dry_run: bool,
     json: bool,
 ) -> Result<()> {
-    let cluster = load(project, common)?;
+    let reach = common.reach(project)?;
     for name in only {
-        if !cluster.workers.iter().any(|w| w.host == *name) {
+        if !reach.workers.iter().any(|w| w.host == *name) {
             bail!(
                 "--workers names {name}, which is not a worker of {}: the workers are {}",
-                cluster
+                reach
                     .files
                     .last()
                     .map(|f| f.display().to_string())
-                    .unwrap_or_default(),
-                cluster
+                    .unwrap_or_else(|| "the allocation".into()),
+                reach
                     .workers
                     .iter()
                     .map(|w| w.host.as_str())
@@ -613,7 +746,7 @@ fn ship_cmd(
             );
         }
     }
-    let chosen: Vec<&crate::cluster::config::Worker> = cluster
+    let chosen: Vec<&Worker> = reach
         .workers
         .iter()
         .filter(|w| only.is_empty() || only.contains(&w.host))
@@ -632,10 +765,9 @@ fn ship_cmd(
         dry_run,
         Duration::from_secs(common.timeout.max(1)),
     )?;
-    let (transport, own) = common.reach()?;
     if !dry_run {
         crate::process::set_interrupt_note(
-            "the copies under way were stopped (rsync, ssh and tar end with fdl). A worker may keep a partial copy in libtorch/nccl/builds/.incoming-<name>/ and installs nothing from it: rerun `fdl cluster ship` to resume",
+            "the copies under way were stopped (rsync, ssh, srun, sbcast and tar end with fdl). A worker may keep a partial copy in libtorch/nccl/builds/.incoming-<name>/ and installs nothing from it: rerun `fdl cluster ship` to resume",
         );
     }
     let live = !json && std::io::stderr().is_terminal();
@@ -644,7 +776,7 @@ fn ship_cmd(
             eprintln!("  {}: {}", clean(&r.host), describe(&r.outcome));
         }
     };
-    let results = ship::ship_all(&chosen, &transport, &own, &req, common.parallel, &done);
+    let results = ship::ship_all(&chosen, reach.transport.as_ref(), &reach.own, &req, &done);
     let failed: Vec<&str> = results
         .iter()
         .filter(|r| !r.outcome.ok())

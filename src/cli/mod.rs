@@ -87,10 +87,11 @@ pub enum Command {
         /// The libnccl.so.2 to load
         path: PathBuf,
     },
-    /// Many hosts, one NCCL: read fdl.cluster.yml and check every worker over SSH
+    /// Many hosts, one NCCL: read fdl.cluster.yml and check every worker over SSH (or,
+    /// with --slurm, the nodes of this Slurm allocation through srun)
     #[command(
         subcommand,
-        after_help = "Examples:\n  fdl cluster status\n  fdl cluster env v2.27.5-sm61-sm120"
+        after_help = "Examples:\n  fdl cluster status\n  fdl cluster env v2.27.5-sm61-sm120\n  salloc -N3 fdl cluster status --slurm"
     )]
     Cluster(cluster::ClusterCommand),
     /// Print shell completions

@@ -1,13 +1,16 @@
-//! Many hosts, one NCCL: floDl's cluster file, the hosts reached over the user's own
-//! OpenSSH, and what each says about itself.
+//! Many hosts, one NCCL: the hosts (floDl's cluster file, reached over the user's own
+//! OpenSSH, or the nodes of a Slurm allocation, reached through srun), and what each says
+//! about itself.
 
 pub mod config;
 pub mod host;
 pub mod plan;
 pub mod receive;
 pub mod ship;
+pub mod slurm;
 pub mod ssh;
 pub mod status;
+pub mod transport;
 
 /// Runs `f` on every item, at most `parallel` at once, calling `on_done` as each ends;
 /// the results keep the items' order. Hosts are slow and independent: one that hangs

@@ -9,32 +9,38 @@
 //! unquoted.
 
 use super::config::Worker;
+use super::transport::{copy_error, copy_limit, enter_incoming, Script, Transport};
 use crate::step::single_quote;
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+pub use super::transport::{banner, shell_noise, words};
+
 /// How fdl connects: its own settings, after the user's.
 #[derive(Debug, Clone)]
-pub struct Transport {
+pub struct Ssh {
     /// ControlPath directory (`%C` names the socket inside it).
     pub control_dir: PathBuf,
     pub connect_timeout: Duration,
+    /// Hosts reached at once.
+    pub parallel: usize,
 }
 
-impl Transport {
-    pub fn new(cache: &Path, connect_timeout: Duration) -> Result<Transport> {
+impl Ssh {
+    pub fn new(cache: &Path, connect_timeout: Duration, parallel: usize) -> Result<Ssh> {
         let control_dir = cache.join("ssh");
         // The sockets give access to live connections: the directory must be this
         // user's alone, made 0700 by fdl or checked to be so (never chmod-ed, which
         // would go through a link planted there to whatever it points to).
         crate::cache::own_dir(cache)?;
         crate::cache::private_dir(&control_dir)?;
-        Ok(Transport {
+        Ok(Ssh {
             control_dir,
             connect_timeout,
+            parallel,
         })
     }
 
@@ -114,6 +120,209 @@ impl Transport {
     }
 }
 
+impl Ssh {
+    /// [`Ssh::run`] with ssh's own failure (exit 255) as the error.
+    fn run_checked(
+        &self,
+        worker: &Worker,
+        script: &str,
+        stdin: Option<&Path>,
+        timeout: Duration,
+    ) -> Result<Output> {
+        let out = self.run(worker, script, stdin, timeout)?;
+        if let Some(why) = connection_failure(&out) {
+            bail!("unreachable over SSH: {why}");
+        }
+        Ok(out)
+    }
+}
+
+impl Transport for Ssh {
+    fn via(&self) -> &'static str {
+        "over SSH"
+    }
+
+    fn one_by_one(&self) -> Option<usize> {
+        Some(self.parallel)
+    }
+
+    fn run_each(
+        &self,
+        hosts: &[&Worker],
+        script: Script,
+        timeout: Duration,
+    ) -> Vec<Result<Output>> {
+        super::in_parallel(
+            hosts,
+            self.parallel,
+            |w| self.run_checked(w, &script(w), None, timeout),
+            &|_| {},
+        )
+    }
+
+    fn send_file(
+        &self,
+        hosts: &[(&Worker, String)],
+        from: &Path,
+        name: &str,
+        timeout: Duration,
+    ) -> Vec<Result<()>> {
+        super::in_parallel(
+            hosts,
+            self.parallel,
+            |(w, dir)| {
+                let script = format!(
+                    "cd -- {} && cat > {}",
+                    single_quote(dir),
+                    single_quote(name)
+                );
+                let out = self.run_checked(w, &script, Some(from), copy_limit(timeout))?;
+                if !out.status.success() {
+                    bail!(
+                        "the copy failed: {}",
+                        copy_error(&String::from_utf8_lossy(&out.stderr))
+                    );
+                }
+                Ok(())
+            },
+            &|_| {},
+        )
+    }
+
+    fn tree_method(&self, rsync_there: bool) -> String {
+        if rsync_there && crate::native::on_path("rsync").is_some() {
+            "rsync"
+        } else {
+            "tar over ssh"
+        }
+        .into()
+    }
+
+    fn send_tree(
+        &self,
+        hosts: &[(&Worker, &Path, bool)],
+        from: &Path,
+        timeout: Duration,
+    ) -> Vec<Result<String>> {
+        super::in_parallel(
+            hosts,
+            self.parallel,
+            |&(w, to, rsync_there)| {
+                let method = self.tree_method(rsync_there);
+                if method == "rsync" {
+                    rsync(self, w, from, to, timeout)?;
+                } else {
+                    tar_over_ssh(self, w, from, to, timeout)?;
+                }
+                Ok(method)
+            },
+            &|_| {},
+        )
+    }
+}
+
+/// The host rsync is given: a fixed name, so no target (a config alias with a `/`, an
+/// IPv6 address, a name starting with `-`) is ever read by rsync as a local path, a port
+/// or an option. rsync hands it to its `-e` command, which drops it (see [`rsync_shell`]).
+pub const RSYNC_HOST: &str = "fdl-worker";
+
+/// The environment variable that carries the worker's real `ssh.target` to
+/// [`rsync_shell`]'s command: through the environment it needs no quoting at all.
+const TARGET_VAR: &str = "FDL_SSH_TARGET";
+
+/// rsync's `-e`: a `sh -c` that drops the host rsync passes ([`RSYNC_HOST`]) and runs
+/// `ssh <the worker's options> -- "$FDL_SSH_TARGET" <rsync's remote command>`. ssh gets
+/// the target exactly as `fdl cluster status` gives it (after `--`, so the user's
+/// `~/.ssh/config` aliases apply as in their shell). rsync splits `-e` itself, honouring
+/// quotes, where a doubled quote inside quotes is a literal one: every word is quoted
+/// that way, so any value passes.
+fn rsync_shell(t: &Ssh, w: &Worker) -> Result<String> {
+    let mut script = String::from("shift; exec ssh");
+    for a in t.options(w) {
+        let a = a
+            .into_string()
+            .map_err(|a| anyhow!("{} is not UTF-8", a.to_string_lossy()))?;
+        script.push(' ');
+        script.push_str(&single_quote(&a));
+    }
+    script.push_str(&format!(" -T -- \"${TARGET_VAR}\" \"$@\""));
+    let rsync_quote = |w: &str| format!("'{}'", w.replace('\'', "''"));
+    Ok(format!("sh -c {} fdl-rsh", rsync_quote(&script)))
+}
+
+/// The destination for rsync: always [`RSYNC_HOST`], then the path.
+fn remote_spec(path: &Path) -> OsString {
+    let mut s = OsString::from(format!("{RSYNC_HOST}:"));
+    s.push(path);
+    s.push("/");
+    s
+}
+
+fn rsync(t: &Ssh, w: &Worker, from: &Path, to: &Path, timeout: Duration) -> Result<()> {
+    let mut src = from.as_os_str().to_os_string();
+    src.push("/");
+    let mut cmd = Command::new("rsync");
+    cmd.args(["-a", "--delete", "--partial", "--protect-args"])
+        .arg(format!("--timeout={}", timeout.as_secs().max(5)))
+        .arg("-e")
+        .arg(rsync_shell(t, w)?)
+        // The remote rsync runs inside the checked directory and writes to `.`.
+        .arg(format!("--rsync-path={}; exec rsync", enter_incoming(to)?))
+        .arg("--")
+        .arg(src)
+        .arg(remote_spec(Path::new(".")))
+        .env(TARGET_VAR, &w.ssh.target);
+    let out = crate::process::output_within(&mut cmd, copy_limit(timeout))
+        .map_err(crate::process::lift)
+        .context("cannot run rsync")?
+        .ok_or_else(|| {
+            anyhow!("the copy took too long and was stopped (rerun ship to resume it)")
+        })?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        bail!(
+            "the copy failed (rerun ship to resume it): {}",
+            copy_error(&err)
+        );
+    }
+    Ok(())
+}
+
+fn tar_over_ssh(t: &Ssh, w: &Worker, from: &Path, to: &Path, timeout: Duration) -> Result<()> {
+    let enter = enter_incoming(to)?;
+    // tar dies with fdl as ssh does: its own process group, watched (see process::spawn).
+    let mut tar_cmd = Command::new("tar");
+    tar_cmd
+        .arg("-C")
+        .arg(from)
+        .args(["-cf", "-", "."])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let (mut tar, _tar_watch) = crate::process::spawn(&mut tar_cmd).context("cannot run tar")?;
+    let stdout = tar.stdout.take().expect("piped");
+    let script = format!("{enter}; find . -mindepth 1 -delete && tar -xf -");
+    let mut cmd = Command::new("ssh");
+    cmd.args(t.args(w)).arg(script).stdin(Stdio::from(stdout));
+    let out = crate::process::output_within_keeping_stdin(&mut cmd, copy_limit(timeout));
+    let _ = tar.kill();
+    let _ = tar.wait();
+    let out = out
+        .map_err(crate::process::lift)
+        .context("cannot run ssh")?
+        .ok_or_else(|| anyhow!("the copy took too long and was stopped (rerun ship)"))?;
+    if let Some(why) = connection_failure(&out) {
+        bail!("unreachable over SSH during the copy: {why}");
+    }
+    if !out.status.success() {
+        bail!(
+            "the copy failed (rerun ship): {}",
+            copy_error(&String::from_utf8_lossy(&out.stderr))
+        );
+    }
+    Ok(())
+}
+
 /// `~/x` in an identity file is the user's home here (ssh would expand it too; fdl
 /// passes it as one argument, so expand it the same way).
 fn expand_home(p: &str) -> String {
@@ -121,45 +330,6 @@ fn expand_home(p: &str) -> String {
         (Some(rest), Ok(home)) => format!("{home}/{rest}"),
         _ => p.to_string(),
     }
-}
-
-/// A remote shell command from words, each single-quoted: `cd -- '<path>' && …`.
-pub fn words(words: &[&str]) -> String {
-    words
-        .iter()
-        .map(|w| single_quote(w))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// Text a worker's shell printed before fdl's JSON answer (a banner or motd from its
-/// startup files), named as such: fdl's answer is the whole of stdout, and anything
-/// before it is refused rather than skipped, since rsync breaks on it too.
-pub fn banner(stdout: &[u8]) -> Option<String> {
-    let text = String::from_utf8_lossy(stdout);
-    let trimmed = text.trim_start();
-    if trimmed.is_empty() || trimmed.starts_with('{') {
-        return None;
-    }
-    let json_at = text.find("\n{")?;
-    shell_noise(&text[..json_at])
-}
-
-/// The message for `before`, text a worker's shell printed ahead of the answer of a
-/// command fdl ran there; `None` when it is only blank.
-pub fn shell_noise(before: &str) -> Option<String> {
-    let before: Vec<&str> = before
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    let first: String = before.first()?.chars().take(80).collect();
-    Some(format!(
-        "the worker's shell printed {} line{} before fdl's answer, starting '{}': a banner or motd from its startup files (.bashrc, .profile). A non-interactive shell must print nothing else: print it only for interactive shells (rsync needs that too)",
-        before.len(),
-        if before.len() == 1 { "" } else { "s" },
-        crate::cli::clean(&first)
-    ))
 }
 
 /// What ssh's exit tells about the connection itself: 255 is ssh's own failure (no route,
@@ -210,9 +380,10 @@ mod tests {
 
     #[test]
     fn the_users_options_come_first_and_host_keys_stay_checked() {
-        let t = Transport {
+        let t = Ssh {
             control_dir: PathBuf::from("/c/ssh"),
             connect_timeout: Duration::from_secs(7),
+            parallel: 1,
         };
         let w = worker(SshSettings {
             target: "10.0.0.2".into(),
@@ -257,5 +428,71 @@ mod tests {
             words(&["fdl", "--root", "/srv/it's $(here) `x`"]),
             r#"'fdl' '--root' '/srv/it'\''s $(here) `x`'"#
         );
+    }
+
+    /// rsync's own splitting of `-e`, then `sh -c`, hand ssh every option word as it was
+    /// written (quotes, backslashes, `$`) and the target after `--`, whatever it holds.
+    #[test]
+    fn rsyncs_ssh_gets_the_options_and_the_target_verbatim() {
+        assert!(
+            crate::native::on_path("rsync").is_some(),
+            "this test runs the real rsync: install it (`source .ci/setup` does)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("args");
+        let ssh = dir.path().join("ssh");
+        std::fs::write(
+            &ssh,
+            format!(
+                "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done > '{}'\nexit 1\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let option = r#"ProxyCommand=nc 'a b' "c d" \e $HOME `x` ''"#;
+        let target = "-nodes/a b:'c\"";
+        let w = Worker {
+            host: "w".into(),
+            path: "/srv".into(),
+            arch: None,
+            ssh: SshSettings {
+                target: target.into(),
+                options: vec![option.into()],
+                ..Default::default()
+            },
+            env: Default::default(),
+            docker: None,
+        };
+        let t = Ssh {
+            control_dir: dir.path().join("c"),
+            connect_timeout: Duration::from_secs(5),
+            parallel: 1,
+        };
+        std::fs::create_dir(dir.path().join("src")).unwrap();
+        let path = format!(
+            "{}:{}",
+            dir.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let status = Command::new("rsync")
+            .args(["-a", "-e", &rsync_shell(&t, &w).unwrap(), "--"])
+            .arg(dir.path().join("src/"))
+            .arg(remote_spec(Path::new("/x")))
+            .env("PATH", path)
+            .env(TARGET_VAR, target)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(!status.success());
+        let args = std::fs::read_to_string(&log).unwrap();
+        let args: Vec<&str> = args.lines().collect();
+        assert_eq!(&args[..2], ["-o", option]);
+        let dashes = args.iter().position(|a| *a == "--").unwrap();
+        assert_eq!(args[dashes + 1], target);
+        assert_eq!(args[dashes + 2], "rsync");
+        assert!(!args.contains(&RSYNC_HOST));
     }
 }

@@ -1,12 +1,13 @@
-//! `fdl cluster status`: every worker's own report, fetched in parallel over SSH, then
+//! `fdl cluster status`: every worker's own report, fetched through the transport (all
+//! workers at once: in parallel over SSH, one step through srun), then
 //! the verdicts that decide whether a multi-host run can start: one NCCL version
 //! everywhere (NCCL refuses to form a communicator otherwise, patch included), code for
 //! every GPU, drivers new enough for that NCCL's CUDA, every symbol each libtorch needs,
 //! and a preload that takes effect where one is set.
 
-use super::config::{Cluster, Worker};
+use super::config::Worker;
 use super::host::{Facts, HostReport, REPORT_SCHEMA};
-use super::ssh::{self, Transport};
+use super::transport::{self, Transport};
 use crate::cache::sha256_file;
 use crate::version::CudaVersion;
 use anyhow::{anyhow, bail, Result};
@@ -116,51 +117,93 @@ fn fdl_script(w: &Worker, own: &OwnBinary, args: &[&str]) -> String {
          exec \"$f\" --root \"$PWD\" {}",
         crate::step::single_quote(&w.path),
         own.remote_path_expr(),
-        ssh::words(args)
+        transport::words(args)
     )
 }
 
-/// Runs fdl with `args` on the worker and reads its answer with `parse`, which says
-/// `Err(why)` when the answer shows an fdl that cannot serve (none, or another schema):
-/// then the controller's fdl is shipped and asked once more. Returns the answer and
-/// whether fdl was shipped.
-fn run_fdl<T>(
-    t: &Transport,
+/// What one answer of fdl on a worker says: a value, an fdl that cannot serve (none, or
+/// another schema: `Ok(Err(why))`, and then the controller's is shipped), or a failure.
+fn attempt<T>(
     w: &Worker,
+    out: Result<std::process::Output>,
+    parse: &(dyn Fn(&std::process::Output) -> std::result::Result<T, String> + Sync),
+) -> Result<std::result::Result<T, String>> {
+    let out = out?;
+    match out.status.code() {
+        Some(NO_PATH) => bail!(
+            "its path {} does not exist there (or is not a directory it can enter): fix `path:` or create the checkout",
+            w.path
+        ),
+        Some(NO_FDL) => return Ok(Err("no fdl there".into())),
+        _ => {}
+    }
+    if let Some(why) = transport::banner(&out.stdout) {
+        bail!("{why}");
+    }
+    Ok(parse(&out))
+}
+
+/// Runs fdl with `args` on every worker and reads each answer with `parse`, which says
+/// `Err(why)` when the answer shows an fdl that cannot serve (none, or another schema):
+/// there the controller's fdl is shipped and asked once more. Returns per worker the
+/// answer and whether fdl was shipped.
+fn run_fdl_all<T: Send>(
+    t: &dyn Transport,
+    ws: &[&Worker],
     own: &OwnBinary,
-    args: &[&str],
+    args: &(dyn Fn(&Worker) -> Vec<String> + Sync),
     timeout: Duration,
-    parse: &dyn Fn(&std::process::Output) -> std::result::Result<T, String>,
-) -> Result<(T, bool)> {
-    let attempt = |t: &Transport| -> Result<std::result::Result<T, String>> {
-        let out = t.run(w, &fdl_script(w, own, args), None, timeout)?;
-        if let Some(why) = ssh::connection_failure(&out) {
-            bail!("unreachable over SSH: {why}");
-        }
-        match out.status.code() {
-            Some(NO_PATH) => bail!(
-                "its path {} does not exist there (or is not a directory it can enter): fix `path:` or create the checkout",
-                w.path
-            ),
-            Some(NO_FDL) => return Ok(Err("no fdl there".into())),
-            _ => {}
-        }
-        if let Some(why) = ssh::banner(&out.stdout) {
-            bail!("{why}");
-        }
-        Ok(parse(&out))
+    parse: &(dyn Fn(&std::process::Output) -> std::result::Result<T, String> + Sync),
+) -> Vec<Result<(T, bool)>> {
+    let script = |w: &Worker| {
+        let a = args(w);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        fdl_script(w, own, &a)
     };
-    match attempt(t)? {
-        Ok(v) => Ok((v, false)),
-        Err(why) => {
-            ship_binary(t, w, own, timeout)
-                .map_err(|e| anyhow!("{why}, and fdl could not be shipped: {e:#}"))?;
-            match attempt(t)? {
-                Ok(v) => Ok((v, true)),
-                Err(again) => Err(anyhow!("{why}; after shipping fdl: {again}")),
+    let first: Vec<Result<std::result::Result<T, String>>> = t
+        .run_each(ws, &script, timeout)
+        .into_iter()
+        .zip(ws)
+        .map(|(out, w)| attempt(w, out, parse))
+        .collect();
+    let mut results: Vec<Option<Result<(T, bool)>>> = Vec::new();
+    let mut again: Vec<(usize, String)> = Vec::new();
+    for (i, r) in first.into_iter().enumerate() {
+        match r {
+            Ok(Ok(v)) => results.push(Some(Ok((v, false)))),
+            Ok(Err(why)) => {
+                results.push(None);
+                again.push((i, why));
             }
+            Err(e) => results.push(Some(Err(e))),
         }
     }
+    if !again.is_empty() {
+        let sub: Vec<&Worker> = again.iter().map(|(i, _)| ws[*i]).collect();
+        let shipped = ship_binary(t, &sub, own, timeout);
+        let mut retry: Vec<(usize, String)> = Vec::new();
+        for ((i, why), r) in again.into_iter().zip(shipped) {
+            match r {
+                Ok(()) => retry.push((i, why)),
+                Err(e) => {
+                    results[i] = Some(Err(anyhow!("{why}, and fdl could not be shipped: {e:#}")))
+                }
+            }
+        }
+        let sub: Vec<&Worker> = retry.iter().map(|(i, _)| ws[*i]).collect();
+        let outs = t.run_each(&sub, &script, timeout);
+        for ((i, why), out) in retry.into_iter().zip(outs) {
+            results[i] = Some(match attempt(ws[i], out, parse) {
+                Ok(Ok(v)) => Ok((v, true)),
+                Ok(Err(again)) => Err(anyhow!("{why}; after shipping fdl: {again}")),
+                Err(e) => Err(e),
+            });
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow!("no answer"))))
+        .collect()
 }
 
 /// The last line fdl wrote to stderr: its error, for a message.
@@ -172,10 +215,8 @@ fn last_error(out: &std::process::Output) -> String {
         .to_string()
 }
 
-/// The worker's report, shipping the controller's fdl first when the worker has none or
-/// one that does not speak this report's schema.
-pub fn query(t: &Transport, w: &Worker, own: &OwnBinary, timeout: Duration) -> WorkerStatus {
-    let mut status = WorkerStatus {
+fn blank_status(w: &Worker) -> WorkerStatus {
+    WorkerStatus {
         host: w.host.clone(),
         target: w.ssh.target.clone(),
         path: w.path.clone(),
@@ -183,46 +224,30 @@ pub fn query(t: &Transport, w: &Worker, own: &OwnBinary, timeout: Duration) -> W
         error: None,
         shipped_fdl: false,
         ld_preload: w.ld_preload().map(str::to_string),
-    };
-    let parse = |out: &std::process::Output| {
-        let text = String::from_utf8_lossy(&out.stdout);
-        match serde_json::from_str::<HostReport>(text.trim()) {
-            Ok(r) if r.schema == REPORT_SCHEMA => Ok(r),
-            Ok(r) => Err(format!("its fdl speaks report schema {}", r.schema)),
-            Err(_) => Err(format!("its fdl gave no report ({})", last_error(out))),
-        }
-    };
-    match run_fdl(t, w, own, &self_script_args(w), timeout, &parse) {
-        Ok((r, shipped)) => {
-            status.report = Some(r);
-            status.shipped_fdl = shipped;
-        }
-        Err(e) => status.error = Some(format!("{e:#}")),
     }
-    status
 }
 
-fn self_script_args(w: &Worker) -> Vec<&str> {
-    let mut args = vec!["cluster", "self", "--json"];
+fn self_script_args(w: &Worker) -> Vec<String> {
+    let mut args: Vec<String> = vec!["cluster".into(), "self".into(), "--json".into()];
     if let Some(arch) = &w.arch {
-        args.extend(["--arch", arch.as_str()]);
+        args.extend(["--arch".into(), arch.clone()]);
     }
     if let Some(pre) = w.ld_preload() {
-        args.extend(["--ld-preload", pre]);
+        args.extend(["--ld-preload".into(), pre.to_string()]);
     }
     args
 }
 
-/// The `LD_PRELOAD` value for build `name` on the worker: its own `fdl cluster link`
+/// Per worker, the `LD_PRELOAD` value for build `name` there: its own `fdl cluster link`
 /// answers with the build's path, or the link in its per-user cache it made for it when
 /// that path holds a space or a colon.
-pub fn preload_on(
-    t: &Transport,
-    w: &Worker,
+pub fn preload_on_all(
+    t: &dyn Transport,
+    ws: &[&Worker],
     own: &OwnBinary,
     name: &str,
     timeout: Duration,
-) -> Result<String> {
+) -> Vec<Result<String>> {
     let parse = |out: &std::process::Output| {
         let text = String::from_utf8_lossy(&out.stdout);
         match serde_json::from_str::<serde_json::Value>(text.trim()) {
@@ -238,36 +263,135 @@ pub fn preload_on(
             )),
         }
     };
-    let (answer, _) = run_fdl(
-        t,
-        w,
-        own,
-        // After `--`: a name starting with `-` is the build, never an option.
-        &["cluster", "link", "--json", "--", name],
-        timeout,
-        &parse,
-    )?;
-    answer.map_err(|why| anyhow!("{why}"))
+    // After `--`: a name starting with `-` is the build, never an option.
+    let args = |_: &Worker| -> Vec<String> {
+        ["cluster", "link", "--json", "--", name]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    run_fdl_all(t, ws, own, &args, timeout, &parse)
+        .into_iter()
+        .map(|r| r.and_then(|(answer, _)| answer.map_err(|why| anyhow!("{why}"))))
+        .collect()
 }
 
-/// Copies the controller's fdl to the worker's cache, checked by sha256 there before it
+/// Makes the controller's fdl present on every worker: a cached copy is used when its
+/// sha256 is this one's, else it is shipped again.
+pub(super) fn ensure_fdl(
+    t: &dyn Transport,
+    ws: &[&Worker],
+    own: &OwnBinary,
+    timeout: Duration,
+) -> Vec<Result<()>> {
+    let script = |_: &Worker| {
+        format!(
+            "b={}; test -x \"$b\" && [ \"$(sha256sum < \"$b\" | cut -d' ' -f1)\" = {} ]",
+            own.remote_path_expr(),
+            crate::step::single_quote(&own.sha256)
+        )
+    };
+    let checked = t.run_each(ws, &script, timeout);
+    let mut results: Vec<Option<Result<()>>> = Vec::new();
+    let mut need = Vec::new();
+    for (i, r) in checked.into_iter().enumerate() {
+        match r {
+            Ok(out) if out.status.success() => results.push(Some(Ok(()))),
+            Ok(_) => {
+                results.push(None);
+                need.push(i);
+            }
+            Err(e) => results.push(Some(Err(e))),
+        }
+    }
+    let sub: Vec<&Worker> = need.iter().map(|&i| ws[i]).collect();
+    for (i, r) in need.into_iter().zip(ship_binary(t, &sub, own, timeout)) {
+        results[i] = Some(r);
+    }
+    results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
+}
+
+/// Copies the controller's fdl to every worker's cache, checked by sha256 there before it
 /// is renamed into place. A worker of another CPU or libc is refused: the binary would
 /// not run there.
 pub(super) fn ship_binary(
-    t: &Transport,
-    w: &Worker,
+    t: &dyn Transport,
+    ws: &[&Worker],
     own: &OwnBinary,
     timeout: Duration,
-) -> Result<()> {
-    let out = t.run(
-        w,
-        &format!("echo {FACTS}; uname -m; getconf GNU_LIBC_VERSION 2>/dev/null || echo 'no-glibc'"),
-        None,
-        timeout,
-    )?;
-    if let Some(why) = ssh::connection_failure(&out) {
-        bail!("unreachable over SSH: {why}");
+) -> Vec<Result<()>> {
+    if ws.is_empty() {
+        return Vec::new();
     }
+    let dest = own.remote_path_expr();
+    // The facts, and the cache directory made (its physical path is where the copy goes).
+    let facts = |_: &Worker| {
+        format!(
+            "echo {FACTS}; uname -m; getconf GNU_LIBC_VERSION 2>/dev/null || echo 'no-glibc'; \
+             d=$(dirname {dest}) && mkdir -p \"$d\" && cd -P -- \"$d\" && pwd -P"
+        )
+    };
+    let mut results: Vec<Option<Result<()>>> = Vec::new();
+    let mut going: Vec<(usize, String)> = Vec::new();
+    for (i, out) in t.run_each(ws, &facts, timeout).into_iter().enumerate() {
+        match out.and_then(|out| binary_goes_to(&out)) {
+            Ok(dir) => {
+                results.push(None);
+                going.push((i, dir));
+            }
+            Err(e) => results.push(Some(Err(e))),
+        }
+    }
+    let name = format!(".incoming-fdl-{}", &own.sha256[..16]);
+    let hosts: Vec<(&Worker, String)> = going.iter().map(|(i, d)| (ws[*i], d.clone())).collect();
+    let sent = t.send_file(&hosts, &own.path, &name, timeout);
+    let mut landed: Vec<(usize, String)> = Vec::new();
+    for ((i, dir), r) in going.into_iter().zip(sent) {
+        match r {
+            Ok(()) => landed.push((i, dir)),
+            Err(e) => results[i] = Some(Err(e)),
+        }
+    }
+    let check = |w: &Worker| {
+        let dir = &landed
+            .iter()
+            .find(|(i, _)| std::ptr::eq(ws[*i], w))
+            .map(|(_, d)| d.clone())
+            .unwrap_or_default();
+        format!(
+            // Checked as a copy fdl made here: the file as sent may still be held open
+            // by what wrote it (a binary open for writing cannot be run).
+            "cd -P -- {dir} || exit 1; tmp={name}; \
+             cp -- \"$tmp\" \"$tmp.x\" && rm -f -- \"$tmp\" || exit 1; \
+             if [ \"$(sha256sum < \"$tmp.x\" | cut -d' ' -f1)\" = {sha} ]; then chmod 755 \"$tmp.x\" && mv -f \"$tmp.x\" {dest}; \
+             else rm -f \"$tmp.x\"; exit {BAD_UPLOAD}; fi",
+            dir = crate::step::single_quote(dir),
+            name = crate::step::single_quote(&name),
+            sha = crate::step::single_quote(&own.sha256),
+        )
+    };
+    let sub: Vec<&Worker> = landed.iter().map(|(i, _)| ws[*i]).collect();
+    // Copying and hashing a binary of tens of MiB: a copy's time, not a command's.
+    let checked = t.run_each(&sub, &check, transport::copy_limit(timeout));
+    for ((i, _), out) in landed.iter().zip(checked) {
+        results[*i] = Some(out.and_then(|out| match out.status.code() {
+            Some(0) => Ok(()),
+            Some(BAD_UPLOAD) => bail!("the copy arrived damaged (sha256 differs) and was deleted"),
+            _ => bail!(
+                "the copy failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        }));
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow!("no answer"))))
+        .collect()
+}
+
+/// Reads the facts a worker gave for a binary: it must run there; the answer is the
+/// cache directory the copy goes to.
+fn binary_goes_to(out: &std::process::Output) -> Result<String> {
     let text = String::from_utf8_lossy(&out.stdout);
     // The answer starts after fdl's marker line; text before it is the shell's, not uname's.
     let (before, answer) = match text.split_once(&format!("{FACTS}\n")) {
@@ -277,7 +401,7 @@ pub(super) fn ship_binary(
             text.trim().chars().take(120).collect::<String>()
         ),
     };
-    if let Some(why) = ssh::shell_noise(before) {
+    if let Some(why) = transport::shell_noise(before) {
         bail!("{why}");
     }
     let mut lines = answer.lines();
@@ -289,22 +413,10 @@ pub(super) fn ship_binary(
         std::env::consts::ARCH,
         local_glibc().as_deref(),
     )?;
-    let dest = own.remote_path_expr();
-    let script = format!(
-        "d=$(dirname {dest}) && mkdir -p \"$d\" && tmp=\"$d/.incoming-$$\" && cat > \"$tmp\" && \
-         if [ \"$(sha256sum < \"$tmp\" | cut -d' ' -f1)\" = {sha} ]; then chmod 755 \"$tmp\" && mv -f \"$tmp\" {dest}; \
-         else rm -f \"$tmp\"; exit {BAD_UPLOAD}; fi",
-        sha = crate::step::single_quote(&own.sha256),
-    );
-    let out = t.run(w, &script, Some(&own.path), Duration::from_secs(600))?;
-    if let Some(why) = ssh::connection_failure(&out) {
-        bail!("unreachable over SSH: {why}");
-    }
-    match out.status.code() {
-        Some(0) => Ok(()),
-        Some(BAD_UPLOAD) => bail!("the copy arrived damaged (sha256 differs) and was deleted"),
+    match lines.next().map(str::trim) {
+        Some(dir) if dir.starts_with('/') && out.status.success() => Ok(dir.to_string()),
         _ => bail!(
-            "the copy failed: {}",
+            "its cache directory for fdl could not be made: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ),
     }
@@ -338,21 +450,38 @@ fn version_at_least(have: &str, need: &str) -> bool {
     parse(have) >= parse(need)
 }
 
-/// Every worker, `parallel` at a time; the order of the result is the file's.
+/// Every worker's report, the workers reached all at once; the order is the workers'.
 pub fn query_all(
-    cluster: &Cluster,
-    t: &Transport,
+    workers: &[&Worker],
+    t: &dyn Transport,
     own: &OwnBinary,
     timeout: Duration,
-    parallel: usize,
     on_done: &(dyn Fn(&WorkerStatus) + Sync),
 ) -> Vec<WorkerStatus> {
-    super::in_parallel(
-        &cluster.workers,
-        parallel,
-        |w| query(t, w, own, timeout),
-        on_done,
-    )
+    let parse = |out: &std::process::Output| {
+        let text = String::from_utf8_lossy(&out.stdout);
+        match serde_json::from_str::<HostReport>(text.trim()) {
+            Ok(r) if r.schema == REPORT_SCHEMA => Ok(r),
+            Ok(r) => Err(format!("its fdl speaks report schema {}", r.schema)),
+            Err(_) => Err(format!("its fdl gave no report ({})", last_error(out))),
+        }
+    };
+    run_fdl_all(t, workers, own, &self_script_args, timeout, &parse)
+        .into_iter()
+        .zip(workers)
+        .map(|(r, w)| {
+            let mut status = blank_status(w);
+            match r {
+                Ok((r, shipped)) => {
+                    status.report = Some(r);
+                    status.shipped_fdl = shipped;
+                }
+                Err(e) => status.error = Some(format!("{e:#}")),
+            }
+            on_done(&status);
+            status
+        })
+        .collect()
 }
 
 /// The verdicts for the cluster, in the order status prints them. A worker without a

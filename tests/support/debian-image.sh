@@ -30,6 +30,9 @@ fi
 
 root=$(mktemp -d "$lock_dir/fdl-test-rootfs.XXXXXX")
 trap 'rm -rf "$root"' EXIT
+# mktemp made it 0700: as the image's `/` it would shut out every user but root (munge's
+# postinst runs as its own user and could not reach /bin/sh).
+chmod 755 "$root"
 echo "debootstrap $suite from $mirror with: ${packages:-(minbase only)}" >&2
 debootstrap --variant=minbase ${packages:+--include="$packages"} "$suite" "$root" "$mirror" >"$root.log" 2>&1 ||
   { tail -n 30 "$root.log" >&2; rm -f "$root.log"; exit 1; }

@@ -1,0 +1,139 @@
+//! How the controller reaches its workers: one small interface that `status`, `ship` and
+//! `env` call, implemented by OpenSSH (ssh.rs, the hosts of fdl.cluster.yml) and by Slurm
+//! (slurm.rs, the nodes of the current allocation). A third engine is one more file.
+//!
+//! Every call takes many hosts at once, so an engine that reaches them all in one step
+//! (one `srun` across the allocation) can, and one that reaches them one by one (ssh)
+//! runs them in parallel. Outcomes are per host: one host failing never hides another's
+//! answer. What runs there is the same for every engine (fdl's own `cluster self`,
+//! `receive`, `link`): only the way there differs.
+
+use super::config::Worker;
+use crate::step::single_quote;
+use anyhow::{anyhow, Result};
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+/// A script for each host, built from its own settings (its path, its arch).
+pub type Script<'a> = &'a (dyn Fn(&Worker) -> String + Sync);
+
+pub trait Transport: Sync {
+    /// How hosts are reached, for messages: "over SSH", "through srun".
+    fn via(&self) -> &'static str;
+
+    /// `Some(n)` when hosts are reached one by one (n at once): then a many-step job
+    /// (ship) runs each host's steps on its own, so a slow host holds only itself.
+    /// `None` when one call reaches them all (one srun step): then each step is taken
+    /// by all hosts at once.
+    fn one_by_one(&self) -> Option<usize>;
+
+    /// Runs each host's script in a POSIX shell there, all within `timeout`. One result
+    /// per host, in order: `Err` says the engine could not run it there (the host is
+    /// unreachable, down, drained, or did not answer in time); `Ok` is the script's own
+    /// exit and output, each stream bounded by [`crate::process::OUTPUT_CAP`].
+    fn run_each(&self, hosts: &[&Worker], script: Script, timeout: Duration)
+        -> Vec<Result<Output>>;
+
+    /// Puts the controller's file `from` on each host as `dir/name`, where `dir` is the
+    /// directory that host named (an absolute path it made for fdl). The bytes are not
+    /// trusted yet: the caller checks their sha256 there before using them.
+    fn send_file(
+        &self,
+        hosts: &[(&Worker, String)],
+        from: &Path,
+        name: &str,
+        timeout: Duration,
+    ) -> Vec<Result<()>>;
+
+    /// How [`Transport::send_tree`] would copy to a host (for `--dry-run` and the
+    /// report); `rsync_there` says whether the host has rsync.
+    fn tree_method(&self, rsync_there: bool) -> String;
+
+    /// Copies the tree `from` into each host's directory (the `.incoming-<name>/` that
+    /// `receive --prepare` made, entered through [`enter_incoming`]), replacing what is
+    /// in it. Returns per host how it was copied.
+    fn send_tree(
+        &self,
+        hosts: &[(&Worker, &Path, bool)],
+        from: &Path,
+        timeout: Duration,
+    ) -> Vec<Result<String>>;
+}
+
+/// A remote shell command from words, each single-quoted: `cd -- '<path>' && …`.
+pub fn words(words: &[&str]) -> String {
+    words
+        .iter()
+        .map(|w| single_quote(w))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Text a worker's shell printed before fdl's JSON answer (a banner or motd from its
+/// startup files), named as such: fdl's answer is the whole of stdout, and anything
+/// before it is refused rather than skipped, since rsync breaks on it too.
+pub fn banner(stdout: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(stdout);
+    let trimmed = text.trim_start();
+    if trimmed.is_empty() || trimmed.starts_with('{') {
+        return None;
+    }
+    let json_at = text.find("\n{")?;
+    shell_noise(&text[..json_at])
+}
+
+/// The message for `before`, text a worker's shell printed ahead of the answer of a
+/// command fdl ran there; `None` when it is only blank.
+pub fn shell_noise(before: &str) -> Option<String> {
+    let before: Vec<&str> = before
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let first: String = before.first()?.chars().take(80).collect();
+    Some(format!(
+        "the worker's shell printed {} line{} before fdl's answer, starting '{}': a banner or motd from its startup files (.bashrc, .profile). A non-interactive shell must print nothing else: print it only for interactive shells (rsync needs that too)",
+        before.len(),
+        if before.len() == 1 { "" } else { "s" },
+        crate::cli::clean(&first)
+    ))
+}
+
+/// The worker-side shell words that enter `to`, the directory `receive --prepare` just
+/// made (its physical path), and check from inside that it is that directory: a link
+/// swapped in at its name since is refused, never followed. Once there, the copy writes
+/// relative to that directory, whatever happens to its name.
+pub fn enter_incoming(to: &Path) -> Result<String> {
+    let to = to
+        .to_str()
+        .ok_or_else(|| anyhow!("{} is not UTF-8", to.display()))?;
+    let q = single_quote(to);
+    Ok(format!(
+        "cd -P -- {q} && test \"$(pwd -P)\" = {q} || {{ echo {} >&2; exit 1; }}",
+        single_quote(&format!(
+            "{to} is not the directory fdl made for the copy (a link or something else is there now): nothing was copied"
+        ))
+    ))
+}
+
+/// The most a copy may take: it moves hundreds of MiB, so far more than one command.
+pub fn copy_limit(timeout: Duration) -> Duration {
+    (timeout * 20).max(Duration::from_secs(600))
+}
+
+/// The line of a copy tool's stderr that says what went wrong (no space, ...).
+pub fn copy_error(err: &str) -> String {
+    let lines: Vec<&str> = err
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines
+        .iter()
+        .find(|l| l.contains("No space left") || l.contains("Disk quota"))
+        .or_else(|| lines.iter().find(|l| l.contains("Permission denied")))
+        .or_else(|| lines.first())
+        .map(|l| l.to_string())
+        .unwrap_or_else(|| "no message".into())
+}
