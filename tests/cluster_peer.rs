@@ -661,3 +661,100 @@ fn a_refusal_that_needs_force_says_force() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!there.join("include/extra.h").exists());
 }
+
+/// A worker whose machine-wide build store holds the build's key is sent only fdl's
+/// manifest and log: it fills the rest from its store (checked byte for byte), and ends
+/// with a build byte-identical to the controller's, so a second ship is a no-op. Here the
+/// "worker" shares the controller's cache, so its store is the one the build was added to.
+#[test]
+fn a_worker_with_the_key_in_its_store_is_sent_no_library_bytes() {
+    for copy in [Copy::Rsync, Copy::Tar] {
+        let p = Peer::new("node-a").copy_with(copy);
+        let tree = p.f.tree("nccl", (2, 27, 5), &[61, 120]);
+        let name = install_build_with(
+            p.f.project.root(),
+            p.f.cache.path(),
+            &tree,
+            "v2.27.5-1",
+            "6.1;12.0",
+            true,
+        )
+        .unwrap();
+        let ours = p.f.project.root().join("libtorch/nccl/builds").join(&name);
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(ours.join("fdl-build.json")).unwrap()).unwrap();
+        let key = manifest["store"]["key"]
+            .as_str()
+            .expect("a store key")
+            .to_string();
+        let entry_lib =
+            p.f.cache
+                .path()
+                .join("fdl/store")
+                .join(&key)
+                .join("tree/lib/libnccl.so.2.27.5");
+        assert!(entry_lib.is_file(), "{copy:?}: no store entry");
+
+        let dry = p
+            .fdl()
+            .args(["cluster", "ship", &name, "--dry-run", "--json"])
+            .output()
+            .unwrap();
+        assert!(dry.status.success(), "{}", text(&dry.stderr));
+        assert!(
+            text(&dry.stdout).contains("from its build store"),
+            "{}",
+            text(&dry.stdout)
+        );
+
+        let out = p
+            .fdl()
+            .args(["cluster", "ship", &name, "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{copy:?}: {}\n{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let copied = v["workers"][0]["copy"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            copied.starts_with("from its build store; sent only"),
+            "{copy:?}: {v}"
+        );
+        // What went over the wire: the manifest and the log, nothing of lib/.
+        let sent: u64 = copied
+            .split(", ")
+            .nth(1)
+            .and_then(|b| b.strip_suffix(" bytes"))
+            .and_then(|b| b.parse().ok())
+            .expect("the bytes sent are named");
+        let fdl_files = ["fdl-build.json", "build.log"]
+            .iter()
+            .map(|f| std::fs::metadata(ours.join(f)).map_or(0, |m| m.len()))
+            .sum::<u64>();
+        assert_eq!(sent, fdl_files, "{copy:?}");
+        let theirs = p.worker.root().join("libtorch/nccl/builds").join(&name);
+        let lib = theirs.join("lib/libnccl.so.2.27.5");
+        assert_eq!(
+            std::fs::read(&lib).unwrap(),
+            std::fs::read(ours.join("lib/libnccl.so.2.27.5")).unwrap()
+        );
+        assert_eq!(
+            std::fs::read(theirs.join("fdl-build.json")).unwrap(),
+            std::fs::read(ours.join("fdl-build.json")).unwrap()
+        );
+        let again = p.fdl().args(["cluster", "ship", &name]).output().unwrap();
+        assert!(again.status.success(), "{}", text(&again.stderr));
+        assert!(
+            text(&again.stdout).to_lowercase().contains("already"),
+            "{copy:?}: {}",
+            text(&again.stdout)
+        );
+    }
+}

@@ -860,9 +860,22 @@ fn ship_cmd(
 fn describe(o: &Outcome) -> String {
     match o {
         Outcome::AlreadyThere => "already there (same sha256): nothing to do".into(),
+        // A worker whose build store had the payload was sent only fdl's files.
+        Outcome::Installed { replaced, copy } if copy.starts_with("from ") => format!(
+            "{} {copy}, verified there",
+            if *replaced { "replaced" } else { "installed" }
+        ),
         Outcome::Installed { replaced, copy } => format!(
             "{} (copied with {copy}, verified there)",
             if *replaced { "replaced" } else { "installed" }
+        ),
+        Outcome::WouldCopy { copy, replace } if copy.starts_with("from ") => format!(
+            "would install {copy}{}",
+            if *replace {
+                " and replace the build there"
+            } else {
+                ""
+            }
         ),
         Outcome::WouldCopy { copy, replace } => format!(
             "would copy with {copy}{}",

@@ -185,7 +185,8 @@ fn fill_from_store(builds_dir: &Path, incoming: &Path, key: &str, cache: &Path) 
                 to.display()
             );
         }
-        std::fs::rename(entry.path(), &to).context("cannot move the store's files into the copy")?;
+        std::fs::rename(entry.path(), &to)
+            .context("cannot move the store's files into the copy")?;
     }
     Ok(())
 }

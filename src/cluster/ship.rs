@@ -11,7 +11,7 @@
 //! stops another.
 
 use super::config::Worker;
-use super::receive::{content_digest, Installed, Place, StateReport};
+use super::receive::{content_digest, payload_digest, Installed, Place, StateReport};
 use super::status::{ensure_fdl, OwnBinary, NO_PATH};
 use super::transport::{self, Transport};
 use anyhow::{anyhow, bail, Context, Result};
@@ -66,6 +66,10 @@ pub struct ShipRequest<'a> {
     /// The build on the controller.
     pub dir: &'a Path,
     pub digest: String,
+    /// The machine-wide store's key of the build (its manifest's) and its payload digest:
+    /// a worker whose store has an entry of that key with these bytes is sent only the
+    /// manifest and the log.
+    pub store: Option<(String, String)>,
     pub force: bool,
     pub dry_run: bool,
     pub timeout: Duration,
@@ -79,10 +83,15 @@ impl ShipRequest<'_> {
         dry_run: bool,
         timeout: Duration,
     ) -> Result<ShipRequest<'a>> {
+        let store = match crate::nccl::store::read_manifest(dir)?.store {
+            Some(record) => Some((record.key.as_str().to_string(), payload_digest(dir)?)),
+            None => None,
+        };
         Ok(ShipRequest {
             name,
             dir,
             digest: content_digest(dir)?,
+            store,
             force,
             dry_run,
             timeout,
@@ -154,7 +163,12 @@ fn receive_all<T: serde::de::DeserializeOwned>(
 
 /// Where a worker stands between phases: still going (with what it needs next), or done.
 enum Step {
-    Going { incoming: PathBuf, rsync: bool },
+    /// `from_store`: the worker's build store has the payload, so only fdl's files go.
+    Going {
+        incoming: PathBuf,
+        rsync: bool,
+        from_store: bool,
+    },
     Done(Outcome),
 }
 
@@ -213,6 +227,60 @@ pub fn ship_all(
     }
 }
 
+/// How a worker whose build store holds the payload gets the build.
+const FROM_STORE: &str = "from its build store";
+
+/// A private directory holding copies of the build's manifest and log, what a worker
+/// filling the rest from its build store is sent, and their size in bytes.
+fn fdl_files_only(dir: &Path) -> Result<(tempfile::TempDir, u64)> {
+    let meta = tempfile::Builder::new()
+        .prefix("fdl-ship-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
+    let mut bytes = 0;
+    for name in [crate::nccl::tree::MANIFEST, crate::nccl::tree::BUILD_LOG] {
+        let from = dir.join(name);
+        if std::fs::symlink_metadata(&from).is_err() {
+            continue;
+        }
+        let mut file = crate::fsread::open_regular(&from, true)?;
+        crate::nccl::tree::create_new(&meta.path().join(name), &mut file)?;
+        bytes += std::fs::metadata(meta.path().join(name))?.len();
+    }
+    Ok((meta, bytes))
+}
+
+/// One phase's call on a group of workers: the workers, their indices, and whether they
+/// fill from their store.
+type GroupCall<'a, T> = &'a dyn Fn(&[&Worker], &[usize], bool) -> Vec<Result<T>>;
+
+/// Runs `f` once for the workers of `idx` that fill from their store and once for the
+/// others (each group only when not empty), and gives the answers back in `idx`'s order.
+fn by_store<T>(
+    ws: &[&Worker],
+    idx: &[usize],
+    from_store: &dyn Fn(usize) -> bool,
+    f: GroupCall<T>,
+) -> Vec<Result<T>> {
+    let mut out: Vec<Option<Result<T>>> = (0..idx.len()).map(|_| None).collect();
+    for group in [true, false] {
+        let at: Vec<usize> = (0..idx.len())
+            .filter(|&k| from_store(idx[k]) == group)
+            .collect();
+        if at.is_empty() {
+            continue;
+        }
+        let sub_ws: Vec<&Worker> = at.iter().map(|&k| ws[k]).collect();
+        let sub_idx: Vec<usize> = at.iter().map(|&k| idx[k]).collect();
+        for (k, r) in at.into_iter().zip(f(&sub_ws, &sub_idx, group)) {
+            out[k] = Some(r);
+        }
+    }
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow!("the transport gave no answer for this worker"))))
+        .collect()
+}
+
 /// The steps of [`ship_all`], each taken by every worker still going.
 fn ship_steps(
     workers: &[&Worker],
@@ -225,6 +293,7 @@ fn ship_steps(
         .map(|_| Step::Going {
             incoming: PathBuf::new(),
             rsync: false,
+            from_store: false,
         })
         .collect();
     // Present is not enough: a cached copy that is not these bytes is replaced.
@@ -241,12 +310,14 @@ fn ship_steps(
     );
     // `--state=NAME`: one word, so a name starting with `-` is a value, never an option.
     let state_arg = format!("--state={}", req.name);
+    let mut ask = vec![state_arg.clone()];
+    if let Some((key, _)) = &req.store {
+        ask.push(format!("--store-key={key}"));
+    }
     phase(
         &mut steps,
         workers,
-        |ws, _| {
-            receive_all::<StateReport>(t, ws, own, std::slice::from_ref(&state_arg), req.timeout)
-        },
+        |ws, _| receive_all::<StateReport>(t, ws, own, &ask, req.timeout),
         |step, state| {
             let replace = match &state.place {
                 Place::Absent => false,
@@ -270,15 +341,22 @@ fn ship_steps(
                     return;
                 }
             };
+            let from_store = matches!((&req.store, &state.store),
+                (Some((_, ours)), Some(theirs)) if ours == theirs);
             *step = if req.dry_run {
                 Step::Done(Outcome::WouldCopy {
-                    copy: t.tree_method(state.rsync),
+                    copy: if from_store {
+                        FROM_STORE.to_string()
+                    } else {
+                        t.tree_method(state.rsync)
+                    },
                     replace,
                 })
             } else {
                 Step::Going {
                     incoming: PathBuf::new(),
                     rsync: state.rsync,
+                    from_store,
                 }
             };
         },
@@ -295,29 +373,59 @@ fn ship_steps(
         },
     );
     let mut methods: Vec<String> = vec![String::new(); workers.len()];
-    let targets: Vec<(PathBuf, bool)> = steps
+    let targets: Vec<(PathBuf, bool, bool)> = steps
         .iter()
         .map(|s| match s {
             Step::Going {
-                incoming, rsync, ..
-            } => (incoming.clone(), *rsync),
-            Step::Done(_) => (PathBuf::new(), false),
+                incoming,
+                rsync,
+                from_store,
+            } => (incoming.clone(), *rsync, *from_store),
+            Step::Done(_) => (PathBuf::new(), false, false),
         })
         .collect();
+    // What a worker with the payload in its store is sent: fdl's own files of the build.
+    let meta = if targets.iter().any(|t| t.2) {
+        match fdl_files_only(req.dir) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                let why = format!("{e:#}");
+                for (i, step) in steps.iter_mut().enumerate() {
+                    if targets[i].2 {
+                        *step = Step::Done(Outcome::Failed { why: why.clone() });
+                    }
+                }
+                None
+            }
+        }
+    } else {
+        None
+    };
     phase(
         &mut steps,
         workers,
         |ws, idx| {
-            let hosts: Vec<(&Worker, &Path, bool)> = ws
-                .iter()
-                .zip(idx)
-                .map(|(w, &i)| (*w, targets[i].0.as_path(), targets[i].1))
-                .collect();
-            t.send_tree(&hosts, req.dir, req.timeout)
-                .into_iter()
-                .zip(idx)
-                .map(|(r, &i)| r.map(|m| (i, m)))
-                .collect()
+            by_store(ws, idx, &|i| targets[i].2, &|ws, idx, from_store| {
+                let hosts: Vec<(&Worker, &Path, bool)> = ws
+                    .iter()
+                    .zip(idx)
+                    .map(|(w, &i)| (*w, targets[i].0.as_path(), targets[i].1))
+                    .collect();
+                let (from, via) = match (&meta, from_store) {
+                    (Some((dir, bytes)), true) => (
+                        dir.path(),
+                        Some(format!(
+                            "{FROM_STORE}; sent only fdl's manifest and log, {bytes} bytes"
+                        )),
+                    ),
+                    _ => (req.dir, None),
+                };
+                t.send_tree(&hosts, from, req.timeout)
+                    .into_iter()
+                    .zip(idx)
+                    .map(|(r, &i)| r.map(|m| (i, via.clone().unwrap_or(m))))
+                    .collect()
+            })
         },
         |_, (i, m)| methods[i] = m,
     );
@@ -328,21 +436,31 @@ fn ship_steps(
     if req.force {
         install.push("--force".into());
     }
+    let mut install_from_store = install.clone();
+    if let Some((key, _)) = &req.store {
+        install_from_store.push(format!("--from-store={key}"));
+    }
     phase(
         &mut steps,
         workers,
         |ws, idx| {
-            receive_all::<Installed>(
-                t,
-                ws,
-                own,
-                &install,
-                req.timeout.max(Duration::from_secs(60)),
-            )
-            .into_iter()
-            .zip(idx)
-            .map(|(r, &i)| r.map(|v| (i, v)))
-            .collect()
+            by_store(ws, idx, &|i| targets[i].2, &|ws, idx, from_store| {
+                receive_all::<Installed>(
+                    t,
+                    ws,
+                    own,
+                    if from_store {
+                        &install_from_store
+                    } else {
+                        &install
+                    },
+                    req.timeout.max(Duration::from_secs(60)),
+                )
+                .into_iter()
+                .zip(idx)
+                .map(|(r, &i)| r.map(|v| (i, v)))
+                .collect()
+            })
         },
         |step, (i, installed)| {
             *step = Step::Done(Outcome::Installed {

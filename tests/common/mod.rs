@@ -266,6 +266,19 @@ pub fn install_build(
     tag: &str,
     archs: &str,
 ) -> anyhow::Result<String> {
+    install_build_with(root, cache, tree, tag, archs, false)
+}
+
+/// [`install_build`], and with `stored` also added to the machine-wide build store under
+/// `cache` (`$XDG_CACHE_HOME`), with a key of its plan, as a real build would be.
+pub fn install_build_with(
+    root: &Path,
+    cache: &Path,
+    tree: &Path,
+    tag: &str,
+    archs: &str,
+    stored: bool,
+) -> anyhow::Result<String> {
     let plan = BuildPlan::new(PlanInputs {
         tag: Tag::parse(tag).unwrap(),
         tag_origin: TagOrigin::Flag,
@@ -302,6 +315,17 @@ pub fn install_build(
         verbosity: Verbosity::Quiet,
         store: None,
         key: None,
+    };
+    let opts = if stored {
+        let toolchain = BTreeMap::from([("test".to_string(), "copy of a tree".to_string())]);
+        let inputs = fdl::store::key_inputs(&plan, &tree.display().to_string(), &toolchain);
+        ExecOptions {
+            store: Some(fdl::store::Store::open_in(&cache.join("fdl"))?),
+            key: Some(Ok((fdl::store::Key::of(&inputs), inputs))),
+            ..opts
+        }
+    } else {
+        opts
     };
     execute(&plan, &CopyTree(tree), &store, &opts)?;
     Ok(plan.name)
