@@ -275,6 +275,8 @@ fn offline_build_through_the_embedded_dockerfile() {
     // notice, its steps) reaches the terminal.
     let mut force = args.to_vec();
     force.push("--force");
+    // A compile, not the build store's copy of the first build (tests/store.rs has those).
+    force.push("--no-store");
     let out = env.fdl(&force);
     let text = stdout_of("rebuild --force", &out);
     assert!(text.contains("Rebuilt and replaced"), "{text}");
