@@ -649,7 +649,8 @@ mod tests {
             .collect()
     }
 
-    fn passed(only_funcs: Option<&str>) -> Vec<String> {
+    /// The Docker half of a plan for sm_86 with the embedded Dockerfile.
+    fn docker_plan(only_funcs: Option<&str>) -> crate::nccl::plan::DockerPlan {
         let plan = BuildPlan::new(PlanInputs {
             tag: Tag::parse("v2.27.5-1").unwrap(),
             tag_origin: TagOrigin::Flag,
@@ -675,7 +676,15 @@ mod tests {
         let BackendPlan::Docker(d) = plan.backend else {
             panic!("not a Docker plan")
         };
-        d.build_args.into_iter().map(|(k, _)| k).collect()
+        d
+    }
+
+    fn passed(only_funcs: Option<&str>) -> Vec<String> {
+        docker_plan(only_funcs)
+            .build_args
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
     }
 
     #[test]
@@ -704,31 +713,7 @@ mod tests {
     /// base image's ID, the Dockerfile, a build argument — and with nothing else.
     #[test]
     fn the_toolchain_tag_is_a_digest_of_base_id_dockerfile_and_arguments() {
-        let plan = BuildPlan::new(PlanInputs {
-            tag: Tag::parse("v2.27.5-1").unwrap(),
-            tag_origin: TagOrigin::Flag,
-            cuda_flag: None,
-            cuda_from_libtorch: None,
-            archs: vec![Arch::new(8, 6)],
-            arch_origin: ArchOrigin::Flag,
-            jobs: 2,
-            jobs_reason: "test".into(),
-            builds_dir: "/p/libtorch/nccl/builds".into(),
-            backend: BackendInputs::Docker {
-                dockerfile: dockerfile_spec(None).unwrap().0,
-                base_image: None,
-                source: crate::nccl::plan::DockerSource::Clone,
-                probe: None,
-            },
-            backend_reason: "test".into(),
-            ptx: false,
-            only_funcs: None,
-            warnings: Vec::new(),
-        })
-        .unwrap();
-        let BackendPlan::Docker(d) = plan.backend else {
-            panic!("not a Docker plan")
-        };
+        let d = docker_plan(None);
         let tag = toolchain_tag(&d, "sha256:aa", EMBEDDED_DOCKERFILE);
         assert!(tag.starts_with("flodl-nccl-toolchain:cuda12.8-"), "{tag}");
         assert_eq!(tag.len(), "flodl-nccl-toolchain:cuda12.8-".len() + 16);
