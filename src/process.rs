@@ -284,8 +284,12 @@ fn output_capped(
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     let (mut child, _watch) = spawned?;
     let over: Arc<Mutex<Option<&'static str>>> = Arc::new(Mutex::new(None));
+    // Each reader says when it stops (its stream ended, as it does when the child exits,
+    // or went over the cap): the wait below wakes then instead of at its next tick.
+    let (wake, woken) = std::sync::mpsc::channel::<()>();
     let reader = |mut pipe: std::io::PipeReader, stream: &'static str| {
         let over = Arc::clone(&over);
+        let wake = wake.clone();
         let buf = Arc::new(Mutex::new(Vec::new()));
         let kept = Arc::clone(&buf);
         let (done, ended) = std::sync::mpsc::channel::<()>();
@@ -310,12 +314,17 @@ fn output_capped(
                 }
             }
             let _ = done.send(());
+            let _ = wake.send(());
         });
         (buf, ended)
     };
     let out = reader(out_r, "stdout");
     let err = reader(err_r, "stderr");
+    drop(wake);
     let start = std::time::Instant::now();
+    // Between wake-ups the child is polled from 1 ms up to 20 ms: a quick answer (a
+    // `scontrol`, nvidia-smi, an `srun` step) is taken when it comes, not at a tick.
+    let mut pause = Duration::from_millis(1);
     let is_over = || *over.lock().unwrap_or_else(|e| e.into_inner());
     let status = loop {
         if let Some(stream) = is_over() {
@@ -333,7 +342,17 @@ fn output_capped(
             end_tree(&mut child);
             return Ok(None);
         }
-        std::thread::sleep(Duration::from_millis(20));
+        match woken.recv_timeout(pause) {
+            Ok(()) => pause = Duration::from_millis(1),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                pause = (pause * 2).min(Duration::from_millis(20))
+            }
+            // Both streams are closed, and the child has not been reaped yet.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+        }
     };
     // The child is gone; what it left in the pipes comes now. A grandchild that keeps a
     // pipe open (a daemon it started) is not waited for beyond a moment: what was read
