@@ -64,6 +64,85 @@ pub fn sha256_file(path: &std::path::Path) -> Result<String> {
         .collect())
 }
 
+/// [`sha256_file`] of a file that is hashed often and rarely changes (fdl's own binary,
+/// whose digest names its copy on every worker at each `cluster` command: 36 MB, about
+/// 80 ms to read). The digest is kept in fdl's cache under the file's identity as its
+/// open descriptor reports it: device, inode, size, and the modification and change
+/// times to the nanosecond. Any write to the file or change of its metadata moves the
+/// change time, which no program can set back, so a kept digest is of these bytes. The
+/// cache only spares the read: without one (or with an entry that is not a digest), the
+/// file is hashed, and a digest that cannot be kept costs the next run the read again.
+pub fn sha256_file_kept(path: &Path) -> Result<String> {
+    sha256_kept_in(cache_dir().ok().as_deref(), path)
+}
+
+fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
+    use std::io::Read;
+    let mut file = crate::fsread::open_regular(path, true)?;
+    let meta = file.metadata()?;
+    let identity = format!(
+        "{}\0{}\0{}\0{}\0{}.{}\0{}.{}",
+        path.display(),
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec()
+    );
+    let key = sha256_hex(identity.as_bytes());
+    let dir = cache.map(|c| c.join("digests"));
+    let kept = dir.as_ref().map(|d| d.join(&key[..32]));
+    if let (Some(dir), Some(kept)) = (&dir, &kept) {
+        if let Ok(text) = crate::fsread::read_text(kept, 128) {
+            let text = text.trim();
+            if text.len() == 64
+                && text
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+                && own_dir(dir).is_ok()
+            {
+                return Ok(text.to_string());
+            }
+        }
+    }
+    let mut hasher = Sha256::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => hasher.update(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+    let digest: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    // Kept only when the file did not change while it was read.
+    let same = file.metadata().is_ok_and(|after| {
+        after.ctime() == meta.ctime()
+            && after.ctime_nsec() == meta.ctime_nsec()
+            && after.size() == meta.size()
+    });
+    if let (true, Some(dir), Some(kept)) = (same, &dir, &kept) {
+        if dir.parent().is_some_and(|c| own_dir(c).is_ok()) && own_dir(dir).is_ok() {
+            // A new file renamed over the name: whatever was there is replaced, never
+            // written through.
+            use std::io::Write;
+            if let Ok(mut tmp) = tempfile::NamedTempFile::new_in(dir) {
+                if tmp.write_all(format!("{digest}\n").as_bytes()).is_ok() {
+                    let _ = tmp.persist(kept);
+                }
+            }
+        }
+    }
+    Ok(digest)
+}
+
 /// Hex SHA-256 of `bytes`: identities in plans (Dockerfiles) and keys of lock files.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
@@ -123,4 +202,62 @@ fn check_own(dir: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_digest_is_the_files_own_and_is_dropped_when_the_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let file = dir.path().join("fdl");
+        std::fs::write(&file, b"first version").unwrap();
+        let first = sha256_kept_in(Some(&cache), &file).unwrap();
+        assert_eq!(first, sha256_file(&file).unwrap());
+        let kept: Vec<_> = std::fs::read_dir(cache.join("digests")).unwrap().collect();
+        assert_eq!(kept.len(), 1, "the digest is kept");
+        assert_eq!(sha256_kept_in(Some(&cache), &file).unwrap(), first);
+
+        // Same size and the old modification time: only the change time tells, and it
+        // does.
+        let mtime = std::fs::metadata(&file).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&file, b"other version").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        let second = sha256_kept_in(Some(&cache), &file).unwrap();
+        assert_eq!(second, sha256_file(&file).unwrap());
+        assert_ne!(second, first);
+    }
+
+    #[test]
+    fn an_entry_that_is_not_a_digest_is_ignored_and_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let file = dir.path().join("fdl");
+        std::fs::write(&file, b"bytes").unwrap();
+        let right = sha256_kept_in(Some(&cache), &file).unwrap();
+        let entry = std::fs::read_dir(cache.join("digests"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        for junk in ["not a digest\n", &"A".repeat(64), ""] {
+            std::fs::write(&entry, junk).unwrap();
+            assert_eq!(sha256_kept_in(Some(&cache), &file).unwrap(), right);
+            assert_eq!(
+                std::fs::read_to_string(&entry).unwrap(),
+                format!("{right}\n")
+            );
+        }
+        // No cache at all: the file is hashed.
+        assert_eq!(sha256_kept_in(None, &file).unwrap(), right);
+    }
 }

@@ -8,7 +8,6 @@
 use super::config::Worker;
 use super::host::{Facts, HostReport, REPORT_SCHEMA};
 use super::transport::{self, Transport};
-use crate::cache::sha256_file;
 use crate::version::CudaVersion;
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
@@ -85,7 +84,7 @@ impl OwnBinary {
     pub fn current() -> Result<OwnBinary> {
         let path = std::env::current_exe()?;
         Ok(OwnBinary {
-            sha256: sha256_file(&path)?,
+            sha256: crate::cache::sha256_file_kept(&path)?,
             path,
         })
     }
