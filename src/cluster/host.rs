@@ -115,9 +115,15 @@ pub struct SelfQuery {
 }
 
 pub fn report(q: &SelfQuery) -> HostReport {
-    let gpus = Facts::from(gpu::query().map_err(anyhow::Error::from));
-    let driver = Facts::from(gpu::driver().map_err(anyhow::Error::from));
-    let libtorch = Facts::from(libtorch_facts(q));
+    // The two nvidia-smi calls and the libtorch's inspection depend on nothing of each
+    // other: asked at once, the report costs the slowest of them (nvidia-smi takes tens
+    // of ms on a real driver, more without persistence mode), not their sum.
+    let (gpus, driver, libtorch) = std::thread::scope(|s| {
+        let gpus = s.spawn(|| Facts::from(gpu::query().map_err(anyhow::Error::from)));
+        let driver = s.spawn(|| Facts::from(gpu::driver().map_err(anyhow::Error::from)));
+        let libtorch = Facts::from(libtorch_facts(q));
+        (joined(gpus), joined(driver), libtorch)
+    });
     let effective = Facts::from(effective_nccl(q, libtorch.known()));
     let coverage = match (&gpus, &effective) {
         (Facts::Known(gpus), Facts::Known(nccl)) => coverage(gpus, &nccl.gpu_code),
@@ -139,6 +145,13 @@ pub fn report(q: &SelfQuery) -> HostReport {
         coverage,
         missing_symbols,
     }
+}
+
+/// A query's facts from its thread; one that panicked is a failed query, not a report
+/// lost.
+fn joined<T>(h: std::thread::ScopedJoinHandle<'_, Facts<T>>) -> Facts<T> {
+    h.join()
+        .unwrap_or_else(|_| Facts::from(Err(anyhow::anyhow!("the query failed"))))
 }
 
 fn hostname() -> String {

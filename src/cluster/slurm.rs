@@ -22,11 +22,14 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 /// The allocation fdl runs in.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Slurm {
     pub job: String,
     /// Its nodes, in scontrol's order.
     pub nodes: Vec<String>,
+    /// The nodes' states as read beside their names: the first step takes them instead
+    /// of asking scontrol again a few ms later; every later step asks afresh.
+    states: std::sync::Mutex<Option<BTreeMap<String, String>>>,
 }
 
 /// The first line each task prints: its node's name.
@@ -68,9 +71,16 @@ impl Slurm {
         let list = std::env::var("SLURM_JOB_NODELIST")
             .or_else(|_| std::env::var("SLURM_NODELIST"))
             .map_err(|_| anyhow!("Slurm job {job} has no SLURM_JOB_NODELIST in this environment: run fdl in the job's own shell (salloc, sbatch)"))?;
-        let mut cmd = Command::new("scontrol");
-        cmd.args(["show", "hostnames", &list]);
-        let out = crate::process::output_within(&mut cmd, Duration::from_secs(30))
+        // The states need no names (scontrol expands the list itself): both are asked
+        // at once, and a step of a fresh allocation costs one scontrol, not two.
+        let (out, states) = std::thread::scope(|s| {
+            let states = s.spawn(|| node_states(&list));
+            let mut cmd = Command::new("scontrol");
+            cmd.args(["show", "hostnames", &list]);
+            let out = crate::process::output_within(&mut cmd, Duration::from_secs(30));
+            (out, states.join().ok().flatten())
+        });
+        let out = out
             .map_err(|e| {
                 if e.kind() == std::io::ErrorKind::NotFound {
                     anyhow!(
@@ -88,7 +98,11 @@ impl Slurm {
             );
         }
         let nodes = parse_hostnames(&String::from_utf8_lossy(&out.stdout))?;
-        Ok(Slurm { job, nodes })
+        Ok(Slurm {
+            job,
+            nodes,
+            states: std::sync::Mutex::new(states),
+        })
     }
 
     /// The workers: the allocation's nodes (or the `only` ones of them), each with the
@@ -180,12 +194,9 @@ impl Slurm {
 
     /// The nodes among `nodes` Slurm will run no step on, with why.
     fn unusable(&self, nodes: &[&str]) -> BTreeMap<String, String> {
-        let mut cmd = Command::new("scontrol");
-        cmd.args(["show", "node", "-o", &nodes.join(",")]);
-        let Ok(Some(out)) = crate::process::output_within(&mut cmd, Duration::from_secs(30)) else {
-            return BTreeMap::new();
-        };
-        parse_node_states(&String::from_utf8_lossy(&out.stdout))
+        let read = self.states.lock().unwrap_or_else(|e| e.into_inner()).take();
+        read.or_else(|| node_states(&nodes.join(",")))
+            .unwrap_or_default()
             .into_iter()
             .filter(|(n, _)| nodes.contains(&n.as_str()))
             .collect()
@@ -494,6 +505,17 @@ fn tar_of(dir: &Path) -> Result<tempfile::NamedTempFile> {
         );
     }
     Ok(file)
+}
+
+/// The unusable nodes among `list` (names or a Slurm host list) by `scontrol show node
+/// -o`; `None` when scontrol gave no answer (then every node is tried).
+fn node_states(list: &str) -> Option<BTreeMap<String, String>> {
+    let mut cmd = Command::new("scontrol");
+    cmd.args(["show", "node", "-o", list]);
+    let Ok(Some(out)) = crate::process::output_within(&mut cmd, Duration::from_secs(30)) else {
+        return None;
+    };
+    Some(parse_node_states(&String::from_utf8_lossy(&out.stdout)))
 }
 
 /// `scontrol show hostnames`' answer: one node name a line, each a plain word.
