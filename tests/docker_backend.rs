@@ -259,8 +259,16 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         cmd
     };
 
-    // 1. A successful build, installed with its manifest.
-    let out = build(&good, "6.1;12.0", &["--json"]).output().unwrap();
+    // 1. A successful build, installed with its manifest; the toolchain read from
+    // volumes made for it.
+    let volumes_before = common::toolchain_volumes();
+    let out = build(
+        &good,
+        "6.1;12.0",
+        &["--json", "--toolchain-volumes", "always"],
+    )
+    .output()
+    .unwrap();
     engine.adopt();
     assert!(
         out.status.success(),
@@ -303,8 +311,29 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         "BUILDDIR=/fdl/work/build PREFIX=/fdl/prefix",
         // No interface but loopback: nothing in the compile could reach a network.
         "fdl-test-interfaces ['lo']",
+        // The toolchain's directories, copied once into volumes, mounted read-only.
+        "==> copying the toolchain image's /usr, /opt into Docker volumes",
+        "target=/usr,readonly",
+        "target=/opt,readonly",
     ] {
         assert!(log.contains(want), "{want:?} not in {log}");
+    }
+    let made: Vec<String> = common::toolchain_volumes()
+        .difference(&volumes_before)
+        .cloned()
+        .collect();
+    assert_eq!(made.len(), 2, "{made:?}");
+    assert!(
+        made.iter().all(|v| v.starts_with("flodl-nccl-toolchain-"))
+            && made.iter().any(|v| v.ends_with("-usr"))
+            && made.iter().any(|v| v.ends_with("-opt")),
+        "{made:?}"
+    );
+    for v in &made {
+        assert!(
+            log.contains(&format!("type=volume,source={v},")),
+            "{v}: {log}"
+        );
     }
     let pc = std::fs::read_to_string(dir.join("lib/pkgconfig/nccl.pc")).unwrap();
     assert!(
@@ -352,6 +381,44 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         .into_iter()
         .filter(|(p, _)| !p.ends_with("nccl.pc"))
         .collect();
+
+    // A volume whose filling never finished (no mark) is made again, not used; a
+    // volume that has one is reused without a copy.
+    let usr = made.iter().find(|v| v.ends_with("-usr")).unwrap();
+    let unmark = docker(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--mount",
+        &format!("type=volume,source={usr},target=/v"),
+        "--entrypoint",
+        "/bin/rm",
+        &base,
+        "/v/.fdl-toolchain-volume",
+    ]);
+    assert!(unmark.status.success(), "{unmark:?}");
+    let out = build(&good, "7.5", &["--toolchain-volumes", "always"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = std::fs::read_to_string(builds.join("v2.27.5-sm75/build.log")).unwrap();
+    assert!(
+        log.contains("were left incomplete (/usr): making them again")
+            && log.contains("copying the toolchain image's /usr into Docker volumes"),
+        "{log}"
+    );
+    assert_eq!(
+        common::toolchain_volumes()
+            .difference(&volumes_before)
+            .count(),
+        2
+    );
+    std::fs::remove_dir_all(builds.join("v2.27.5-sm75")).unwrap();
 
     // 3. A different plan for the same target is refused, naming the difference.
     let other = user_dockerfile(
@@ -440,12 +507,20 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         );
     }
 
-    // 6. --force with a plan that works replaces the build only after success.
-    build(&other, "6.1;12.0", &["--force"])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("Rebuilt and replaced"));
+    // 6. --force with a plan that works replaces the build only after success; this
+    // one reads the toolchain from the image.
+    build(
+        &other,
+        "6.1;12.0",
+        &["--force", "--toolchain-volumes", "never"],
+    )
+    .assert()
+    .success()
+    .stdout(predicate::str::contains("Rebuilt and replaced"));
     engine.adopt();
+    let log = std::fs::read_to_string(dir.join("build.log")).unwrap();
+    assert!(log.contains("docker run --rm"), "{log}");
+    assert!(!log.contains("type=volume"), "{log}");
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("fdl-build.json")).unwrap())
             .unwrap();
@@ -631,6 +706,8 @@ fn the_compile_writes_only_the_host_and_an_interrupt_leaves_nothing() {
             "--jobs",
             "1",
             "--verbose",
+            "--toolchain-volumes",
+            "always",
             "--dockerfile",
         ])
         .arg(&dockerfile)
@@ -671,6 +748,17 @@ fn the_compile_writes_only_the_host_and_an_interrupt_leaves_nothing() {
         name,
     ]));
     assert_eq!(config, [format!("true none true {uid}:{gid}")]);
+    // The toolchain comes from read-only volumes: the compile reads no image layer for
+    // its compiler and headers.
+    let mounts = lines(docker(&[
+        "inspect",
+        "--format",
+        "{{range .Mounts}}{{.Type}} {{.Destination}} {{.RW}}\n{{end}}",
+        name,
+    ]));
+    for want in ["volume /usr false", "volume /opt false"] {
+        assert!(mounts.iter().any(|m| m == want), "{want}: {mounts:?}");
+    }
     // What the container wrote into its own file system: the mount points at most.
     let diff = lines(docker(&["diff", name]));
     assert!(

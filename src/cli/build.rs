@@ -8,7 +8,7 @@ use crate::native;
 use crate::nccl::build::{self, Backend, BuildRequest, ExecOptions, Outcome, Sources};
 use crate::nccl::plan::{
     ArchOrigin, BackendInputs, BackendPlan, BuildPlan, CudaOrigin, DockerSource, DockerSteps,
-    DockerfileSpec, NativeSource, TagOrigin,
+    DockerfileSpec, NativeSource, TagOrigin, ToolchainFiles, VolumesFlag,
 };
 use crate::nccl::store::{BuildStore, Existing};
 use crate::nccl::tag::Tag;
@@ -68,6 +68,11 @@ pub struct BuildArgs {
     /// nvidia/cuda devel image fdl picks for the CUDA version
     #[arg(long, value_name = "IMAGE")]
     pub base_image: Option<String>,
+    /// Docker: read the toolchain from Docker volumes holding a copy of the toolchain
+    /// image's directories (made once per image), not through the engine's storage
+    /// driver; auto does so where that driver is slow to read (fuse-overlayfs)
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = VolumesFlag::Auto)]
+    pub toolchain_volumes: VolumesFlag,
     /// Native: the CUDA toolkit to use (default: $CUDA_HOME, else nvcc on PATH)
     #[arg(long, value_name = "DIR")]
     pub cuda_home: Option<PathBuf>,
@@ -166,12 +171,18 @@ fn choose(args: &BuildArgs, tag: &Tag) -> Result<(BackendInputs, String, Chosen)
                 (Some(image), Some(_)) => Some(docker::probe_image(image)?),
                 _ => None,
             };
+            let storage_driver = match (&engine, args.toolchain_volumes) {
+                (Some(e), VolumesFlag::Auto) => e.storage_driver(),
+                _ => None,
+            };
             Ok((
                 BackendInputs::Docker {
                     dockerfile: spec,
                     base_image: args.base_image.clone(),
                     source,
                     probe,
+                    volumes: args.toolchain_volumes,
+                    storage_driver,
                 },
                 reason,
                 Chosen::Docker {
@@ -463,7 +474,15 @@ fn plan_steps(plan: &BuildPlan) -> Vec<Step> {
     match &plan.backend {
         BackendPlan::Docker(d) => {
             let paths = Paths::placeholders(DockerSteps::PATHS);
-            DockerSteps::new(d, plan.jobs, &paths)
+            // The volumes are known when the toolchain image is: one per top-level
+            // directory it holds.
+            let volumes = match d.toolchain_files {
+                ToolchainFiles::Volumes => {
+                    vec![("<toolchain-volume>".to_string(), "<dir>".to_string())]
+                }
+                ToolchainFiles::Image => Vec::new(),
+            };
+            DockerSteps::new(d, plan.jobs, &paths, &volumes)
                 .all()
                 .into_iter()
                 .cloned()
@@ -769,6 +788,19 @@ fn render_plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
                 crate::nccl::plan::RUN_WORK_DIR,
                 crate::nccl::plan::RUN_PREFIX_DIR
             ),
+        );
+        row(
+            "toolchain",
+            match docker.toolchain_files {
+                ToolchainFiles::Volumes => format!(
+                    "read from Docker volumes mounted read-only, each a copy of one of the image's top-level directories (usr, opt, …) made once per toolchain image  ({})",
+                    docker.toolchain_files_reason
+                ),
+                ToolchainFiles::Image => format!(
+                    "read from the image  ({})",
+                    docker.toolchain_files_reason
+                ),
+            },
         );
     }
     if let BackendPlan::Native(native) = &plan.backend {

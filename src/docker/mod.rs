@@ -78,6 +78,24 @@ impl Engine {
         })
     }
 
+    /// The engine's storage driver (`overlay2`, `fuse-overlayfs`, …), as a plain word;
+    /// `None` when it does not answer so.
+    pub fn storage_driver(&self) -> Option<String> {
+        let mut cmd = Command::new("docker");
+        cmd.args(["info", "--format", "{{.Driver}}"]);
+        let out = process::output_within(&mut cmd, std::time::Duration::from_secs(30))
+            .ok()
+            .flatten()?;
+        let driver = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.success()
+            && !driver.is_empty()
+            && driver.len() <= 64
+            && driver
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.'))
+        .then_some(driver)
+    }
+
     fn command(&self) -> Command {
         let mut cmd = Command::new("docker");
         // Without buildx a modern client refuses DOCKER_BUILDKIT=1, so say which builder.
@@ -112,8 +130,18 @@ if [ -n "$home" ] && [ -x "$home/bin/nvcc" ]; then
   "$home/bin/nvcc" --version 2>&1 | while IFS= read -r l; do echo "fdl-version $l"; done
   "$home/bin/nvcc" --list-gpu-arch 2>/dev/null | while IFS= read -r l; do echo "fdl-arch $l"; done
 fi
+for d in usr opt bin sbin lib lib32 lib64 libx32; do
+  [ -d "/$d" ] && [ ! -L "/$d" ] && echo "fdl-dir $d"
+done
 exit 0
 "#;
+
+/// The top-level directories a toolchain image keeps its toolchain in, which its
+/// toolchain volumes copy (the probe script asks about exactly these). Anything
+/// elsewhere is still read from the image, only more slowly.
+const VOLUME_DIRS: &[&str] = &[
+    "usr", "opt", "bin", "sbin", "lib", "lib32", "lib64", "libx32",
+];
 
 /// How long the probe may take: it starts a container and asks nvcc twice.
 const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -173,6 +201,7 @@ pub fn parse_probe(image: &str, text: &str) -> ImageProbe {
         gpu_archs: None,
         missing: Vec::new(),
         apt: false,
+        dirs: Vec::new(),
     };
     let (mut version, mut archs) = (String::new(), String::new());
     for line in text.lines() {
@@ -180,6 +209,13 @@ pub fn parse_probe(image: &str, text: &str) -> ImageProbe {
         match key {
             "fdl-missing" => probe.missing.push(value.trim().to_string()),
             "fdl-apt" => probe.apt = true,
+            // Only the names the script asks about: they become mount targets.
+            "fdl-dir" => {
+                let d = value.trim();
+                if VOLUME_DIRS.contains(&d) && !probe.dirs.iter().any(|x| x == d) {
+                    probe.dirs.push(d.to_string());
+                }
+            }
             "fdl-cuda-home" => probe.cuda_home = Some(value.trim().to_string()),
             "fdl-version" => version.push_str(&format!("{value}\n")),
             "fdl-arch" => archs.push_str(&format!("{value}\n")),
@@ -370,7 +406,7 @@ pub fn toolchain_image(
             ("toolchain", tag.clone().into()),
         ],
     };
-    let step = DockerSteps::new(docker, 1, &paths).build;
+    let step = DockerSteps::new(docker, 1, &paths, &[]).build;
     on_line(&format!("==> fdl: step: {}", step.render()));
     let mut build = engine.step(&step);
     if !engine.buildkit {
@@ -434,7 +470,7 @@ pub fn toolchain_id(
 /// The toolchain image must hold what the contract asks (see the embedded Dockerfile):
 /// a `--dockerfile` of the user's, or an unprobed base image, is checked here, before
 /// anything compiles, so a broken image fails with what it lacks rather than deep in make.
-fn check_toolchain(tag: &str, docker: &DockerPlan) -> Result<()> {
+fn check_toolchain(tag: &str, docker: &DockerPlan) -> Result<ImageProbe> {
     let found = probe_image(tag)?;
     let from = match &docker.dockerfile {
         DockerfileSpec::File { path, .. } => format!("--dockerfile {}", path.display()),
@@ -459,7 +495,223 @@ fn check_toolchain(tag: &str, docker: &DockerPlan) -> Result<()> {
             lacking.join(", ")
         );
     }
-    Ok(())
+    Ok(found)
+}
+
+/// The label naming the toolchain image (its engine ID) a volume is a copy of.
+const VOLUME_LABEL: &str = "fdl.toolchain.image";
+/// The file fdl writes at the top of a toolchain volume once the engine has filled it
+/// from the image; it holds the image's ID. A volume without it is incomplete.
+const VOLUME_MARK: &str = ".fdl-toolchain-volume";
+
+/// The toolchain volumes of `toolchain`, one per directory of `dirs`, as (volume,
+/// directory) for the compile's read-only mounts: made once per toolchain image and
+/// kept by the engine. A new volume is filled by the engine itself, which copies the
+/// image's directory into an empty named volume when a container mounts it; fdl then
+/// marks it with the image's ID. Made under a lock per image (two builds make them
+/// once); an unmarked volume (its filling was interrupted) is removed and made again;
+/// volumes of toolchain images the engine no longer has are removed.
+fn toolchain_volumes(
+    engine: &Engine,
+    toolchain: &Toolchain,
+    dirs: &[String],
+    progress: &Progress,
+) -> Result<Vec<(String, String)>> {
+    let hex: String = toolchain
+        .id
+        .trim_start_matches("sha256:")
+        .chars()
+        .take(16)
+        .collect();
+    let base = format!("flodl-nccl-toolchain-{hex}");
+    let want: Vec<(String, String)> = dirs
+        .iter()
+        .map(|d| (format!("{base}-{d}"), format!("/{d}")))
+        .collect();
+    if want.is_empty() {
+        return Ok(want);
+    }
+    let _lock = crate::lock::acquire(
+        &crate::cache::cache_dir()?,
+        Path::new("docker-toolchain-volumes"),
+        &base,
+        crate::lock::Wait::Yes,
+        &|msg| progress.note(msg),
+    )?;
+    remove_stale_volumes(engine, &toolchain.id);
+    for attempt in 0..2 {
+        let existing = fdl_volumes(engine);
+        let (old, new): (Vec<_>, Vec<_>) = want
+            .iter()
+            .partition(|(v, _)| existing.iter().any(|(name, _)| name == v));
+        let mut made = VolumesGuard {
+            engine,
+            names: Vec::new(),
+        };
+        for (volume, _) in &new {
+            let out = process::output_within(
+                engine.command().args([
+                    "volume",
+                    "create",
+                    "--label",
+                    &format!("{VOLUME_LABEL}={}", toolchain.id),
+                    "--label",
+                    &format!("fdl.toolchain.tag={}", toolchain.tag),
+                    volume,
+                ]),
+                std::time::Duration::from_secs(60),
+            )
+            .map_err(process::lift)?;
+            match out {
+                Some(o) if o.status.success() => made.names.push(volume.clone()),
+                Some(o) => bail!(
+                    "docker volume create {volume} failed: {}",
+                    crate::cli::clean(String::from_utf8_lossy(&o.stderr).trim())
+                ),
+                None => bail!("docker volume create {volume} did not answer within 60 s"),
+            }
+        }
+        if !new.is_empty() {
+            progress.note(&format!(
+                "==> copying the toolchain image's {} into Docker volumes (once per toolchain image)",
+                new.iter()
+                    .map(|(_, d)| d.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        // One run mounts them all: the engine fills each new (empty) volume from the
+        // image before the script starts; the script marks those and reads the marks
+        // of the others.
+        let words = |list: &[&(String, String)]| {
+            list.iter()
+                .map(|(_, d)| d.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let script = format!(
+            "for d in {}; do printf '%s\n' '{id}' > \"$d/{VOLUME_MARK}\" || exit 1; done; \
+             for d in {}; do [ \"$(cat \"$d/{VOLUME_MARK}\" 2>/dev/null)\" = '{id}' ] || echo \"fdl-unmarked $d\"; done; exit 0",
+            words(&new),
+            words(&old),
+            id = toolchain.id,
+        );
+        let name = format!("fdl-nccl-volumes-{}-{hex}", std::process::id());
+        let _guard = ContainerGuard {
+            engine,
+            name: name.clone(),
+        };
+        let mut cmd = engine.command();
+        cmd.args([
+            "run",
+            "--rm",
+            "--name",
+            &name,
+            "--pull",
+            "never",
+            "--network",
+            "none",
+            "--read-only",
+            "--user",
+            "0:0",
+        ]);
+        for (volume, dir) in &want {
+            cmd.arg("--mount")
+                .arg(format!("type=volume,source={volume},target={dir}"));
+        }
+        cmd.args(["--entrypoint", "/bin/sh", &toolchain.tag, "-c", &script]);
+        let out = process::output_within(&mut cmd, std::time::Duration::from_secs(3600))
+            .map_err(process::lift)?
+            .ok_or_else(|| anyhow::anyhow!("filling the toolchain volumes took over an hour"))?;
+        if !out.status.success() {
+            bail!(
+                "filling the toolchain volumes from {} failed: {}",
+                toolchain.tag,
+                crate::cli::clean(String::from_utf8_lossy(&out.stderr).trim())
+            );
+        }
+        made.names.clear();
+        let unmarked: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("fdl-unmarked "))
+            .map(|d| d.trim().to_string())
+            .collect();
+        if unmarked.is_empty() {
+            return Ok(want);
+        }
+        if attempt == 1 {
+            break;
+        }
+        progress.note(&format!(
+            "==> the toolchain volumes of {} were left incomplete ({}): making them again",
+            toolchain.tag,
+            unmarked.join(", ")
+        ));
+        for (volume, dir) in &want {
+            if unmarked.iter().any(|d| d == dir) {
+                remove_volume(engine, volume);
+            }
+        }
+    }
+    bail!(
+        "the toolchain volumes of {} stay incomplete: remove them (`docker volume rm` the volumes labelled {VOLUME_LABEL}) or build with --toolchain-volumes never",
+        toolchain.tag
+    )
+}
+
+/// fdl's toolchain volumes in the engine, with the image ID each is a copy of.
+fn fdl_volumes(engine: &Engine) -> Vec<(String, String)> {
+    let mut cmd = engine.command();
+    cmd.args([
+        "volume",
+        "ls",
+        "--filter",
+        &format!("label={VOLUME_LABEL}"),
+        "--format",
+        &format!("{{{{.Name}}}} {{{{.Label \"{VOLUME_LABEL}\"}}}}"),
+    ]);
+    let Ok(Some(out)) = process::output_within(&mut cmd, std::time::Duration::from_secs(60)) else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (name, id) = l.trim().split_once(' ')?;
+            Some((name.to_string(), id.trim().to_string()))
+        })
+        .collect()
+}
+
+/// Removes the toolchain volumes of images the engine no longer has (a toolchain
+/// rebuilt from a new base image leaves its old copy behind otherwise). One in use is
+/// left: the engine refuses, and a later build removes it.
+fn remove_stale_volumes(engine: &Engine, current: &str) {
+    for (name, id) in fdl_volumes(engine) {
+        if id != current && image_id(engine, &id).is_none() {
+            remove_volume(engine, &name);
+        }
+    }
+}
+
+fn remove_volume(engine: &Engine, name: &str) {
+    let _ = process::output_within(
+        engine.command().args(["volume", "rm", name]),
+        std::time::Duration::from_secs(60),
+    );
+}
+
+/// Removes the volumes this run created when their filling did not finish.
+struct VolumesGuard<'a> {
+    engine: &'a Engine,
+    names: Vec<String>,
+}
+
+impl Drop for VolumesGuard<'_> {
+    fn drop(&mut self) {
+        for name in &self.names {
+            remove_volume(self.engine, name);
+        }
+    }
 }
 
 /// Prefix of the work directories (NCCL's `BUILDDIR` and the container's `TMPDIR`) made
@@ -487,21 +739,11 @@ impl Backend for DockerBackend {
             .ok_or_else(|| anyhow::anyhow!("the staging directory has no parent"))?;
         native::remove_stale_work_dirs(builds_dir, WORK_PREFIX, &plan.name, progress);
 
-        // 1. The toolchain image: built once per base image, Dockerfile and arguments.
+        // 1. The toolchain: its image, built once per base image, Dockerfile and
+        // arguments, and where the plan says so its volumes.
         progress.phase(Phase::Prepare);
-        let toolchain = toolchain_image(&self.engine, docker, &self.dockerfile, &mut |line| {
-            progress.output(line)
-        })?;
-        progress.note(&format!(
-            "==> toolchain image {} ({})",
-            toolchain.tag,
-            if toolchain.built {
-                "built"
-            } else {
-                "cached by the engine"
-            }
-        ));
-        check_toolchain(&toolchain.tag, docker)?;
+        let Prepared { toolchain, volumes } =
+            prepare(&self.engine, docker, &self.dockerfile, progress)?;
 
         // 2. The source, on the host: the compile has no network.
         let source = match &docker.source {
@@ -563,7 +805,7 @@ impl Backend for DockerBackend {
             ],
         };
         progress.output(&format!("==> fdl: paths: {}", paths.describe()));
-        let steps = DockerSteps::new(docker, plan.jobs, &paths);
+        let steps = DockerSteps::new(docker, plan.jobs, &paths, &volumes);
 
         // 4. The compile: three `docker run --rm`s, each removed by its guard whatever
         // happens (an error, Ctrl-C), as the run's `--rm` does on success.
@@ -592,6 +834,53 @@ impl Backend for DockerBackend {
         }
         Ok(())
     }
+}
+
+/// A toolchain ready for the compile: its image, and the volumes (volume, directory)
+/// the compile mounts read-only (none where the plan reads the image).
+pub struct Prepared {
+    pub toolchain: Toolchain,
+    pub volumes: Vec<(String, String)>,
+}
+
+/// Makes the toolchain of `docker` ready: the image (built when the engine lacks it),
+/// checked against the contract, and its volumes where the plan reads them. What a build
+/// does first; a benchmark calls it to time the one-time part on its own.
+pub fn prepare(
+    engine: &Engine,
+    docker: &DockerPlan,
+    dockerfile: &str,
+    progress: &Progress,
+) -> Result<Prepared> {
+    let toolchain = toolchain_image(engine, docker, dockerfile, &mut |line| {
+        progress.output(line)
+    })?;
+    progress.note(&format!(
+        "==> toolchain image {} ({})",
+        toolchain.tag,
+        if toolchain.built {
+            "built"
+        } else {
+            "cached by the engine"
+        }
+    ));
+    let found = check_toolchain(&toolchain.tag, docker)?;
+    let volumes = match docker.toolchain_files {
+        crate::nccl::plan::ToolchainFiles::Volumes => {
+            let volumes = toolchain_volumes(engine, &toolchain, &found.dirs, progress)?;
+            progress.note(&format!(
+                "==> toolchain read from volumes {}",
+                volumes
+                    .iter()
+                    .map(|(v, d)| format!("{v} ({d})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            volumes
+        }
+        crate::nccl::plan::ToolchainFiles::Image => Vec::new(),
+    };
+    Ok(Prepared { toolchain, volumes })
 }
 
 /// The build store's toolchain identity of a Docker build: the engine's ID (a content
@@ -666,6 +955,8 @@ mod tests {
                 base_image: None,
                 source: crate::nccl::plan::DockerSource::Clone,
                 probe: None,
+                volumes: crate::nccl::plan::VolumesFlag::Auto,
+                storage_driver: None,
             },
             backend_reason: "test".into(),
             ptx: false,

@@ -207,6 +207,9 @@ pub enum BackendInputs {
         source: DockerSource,
         /// The probe of `base_image`, when the engine answered.
         probe: Option<ImageProbe>,
+        /// `--toolchain-volumes`, and the engine's storage driver when it answered.
+        volumes: VolumesFlag,
+        storage_driver: Option<String>,
     },
     Native {
         toolkit: Toolkit,
@@ -262,6 +265,70 @@ pub struct ImageProbe {
     pub missing: Vec<String>,
     /// Whether the image has apt-get to install what is missing (with network).
     pub apt: bool,
+    /// The top-level directories where a toolchain lives (`usr`, `opt`, and `bin`,
+    /// `lib`… where they are not links into `/usr`) that the image has: what its
+    /// toolchain volumes copy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dirs: Vec<String>,
+}
+
+/// Where the compile containers read the toolchain (compiler, headers, CUDA) from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolchainFiles {
+    /// The image's own file system, through the engine's storage driver.
+    #[default]
+    Image,
+    /// Docker volumes holding a copy of the image's top-level toolchain directories
+    /// (`/usr`, `/opt`, …), made once per toolchain image and mounted read-only: the
+    /// engine keeps a volume as a plain directory of the host, so a compile reads its
+    /// thousands of headers and tools at the host file system's speed, not through a
+    /// slow storage driver.
+    Volumes,
+}
+
+/// `--toolchain-volumes`: whether the compile reads the toolchain from volumes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum VolumesFlag {
+    /// Where the engine's storage driver is fuse-overlayfs (rootless engines, hosts
+    /// without kernel overlayfs)
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+/// The storage drivers whose reads make a compile markedly slower than the host's file
+/// system (fuse-overlayfs: every open and read goes through a FUSE daemon; about 10% of
+/// an NCCL build here, measured by benches/docker_overhead.rs). Kernel overlay2, btrfs,
+/// zfs and vfs read at the backing file system's speed.
+pub const SLOW_STORAGE_DRIVERS: &[&str] = &["fuse-overlayfs"];
+
+/// Where the compile reads the toolchain, and why: `--toolchain-volumes`, else the
+/// engine's storage driver.
+pub fn toolchain_files(flag: VolumesFlag, driver: Option<&str>) -> (ToolchainFiles, String) {
+    match (flag, driver) {
+        (VolumesFlag::Always, _) => (
+            ToolchainFiles::Volumes,
+            "--toolchain-volumes always".to_string(),
+        ),
+        (VolumesFlag::Never, _) => (
+            ToolchainFiles::Image,
+            "--toolchain-volumes never".to_string(),
+        ),
+        (VolumesFlag::Auto, Some(d)) if SLOW_STORAGE_DRIVERS.contains(&d) => (
+            ToolchainFiles::Volumes,
+            format!("the engine stores images with {d}, which is slow to read"),
+        ),
+        (VolumesFlag::Auto, Some(d)) => (
+            ToolchainFiles::Image,
+            format!("the engine stores images with {d}, which reads at the host's speed"),
+        ),
+        (VolumesFlag::Auto, None) => (
+            ToolchainFiles::Image,
+            "the engine's storage driver is not known".to_string(),
+        ),
+    }
 }
 
 /// What the Docker backend will do: build (or reuse) the toolchain image, then compile
@@ -294,6 +361,12 @@ pub struct DockerPlan {
     /// Why the build does or does not run without network.
     #[serde(default)]
     pub network_reason: String,
+    /// Where the compile reads the toolchain from. Not part of the plan's identity: the
+    /// same files either way.
+    #[serde(default)]
+    pub toolchain_files: ToolchainFiles,
+    #[serde(default)]
+    pub toolchain_files_reason: String,
 }
 
 /// Everything `BuildPlan::new` needs, already read from flags, libtorch and GPUs.
@@ -452,7 +525,11 @@ impl BuildPlan {
                 base_image,
                 source,
                 probe,
+                volumes,
+                storage_driver,
             } => {
+                let (toolchain_files, toolchain_files_reason) =
+                    toolchain_files(volumes, storage_driver.as_deref());
                 // CUDA_VERSION names the image's full release when fdl chose the image.
                 let mut cuda_arg = cuda.to_string();
                 let image = match base_image {
@@ -531,6 +608,8 @@ impl BuildPlan {
                     probe,
                     network,
                     network_reason,
+                    toolchain_files,
+                    toolchain_files_reason,
                 })
             }
             BackendInputs::Native {
@@ -755,7 +834,14 @@ impl DockerSteps {
         "user",
     ];
 
-    pub fn new(docker: &DockerPlan, jobs: u32, paths: &Paths) -> DockerSteps {
+    /// `volumes`: the toolchain volumes each compile mounts read-only, as (volume,
+    /// directory); none where the toolchain is read from the image.
+    pub fn new(
+        docker: &DockerPlan,
+        jobs: u32,
+        paths: &Paths,
+        volumes: &[(String, String)],
+    ) -> DockerSteps {
         let context = paths.get("context");
         let toolchain = paths.get("toolchain");
         let mut build = Step::new(
@@ -794,7 +880,7 @@ impl DockerSteps {
             tmp_env.push(&tmp);
             let mut home_env = std::ffi::OsString::from("HOME=");
             home_env.push(&tmp);
-            let step = Step::new(what, "docker", produces)
+            let mut step = Step::new(what, "docker", produces)
                 .arg("run")
                 .arg("--rm")
                 .arg("--name")
@@ -811,7 +897,13 @@ impl DockerSteps {
                 .arg("--mount")
                 .arg(mount("work", RUN_WORK_DIR, false))
                 .arg("--mount")
-                .arg(mount("staging", RUN_PREFIX_DIR, false))
+                .arg(mount("staging", RUN_PREFIX_DIR, false));
+            for (volume, dir) in volumes {
+                step = step
+                    .arg("--mount")
+                    .arg(format!("type=volume,source={volume},target={dir},readonly"));
+            }
+            let step = step
                 .arg("--env")
                 .arg(tmp_env)
                 .arg("--env")
@@ -1062,6 +1154,8 @@ mod tests {
                 base_image: None,
                 source: DockerSource::Clone,
                 probe: None,
+                volumes: VolumesFlag::Auto,
+                storage_driver: None,
             },
             backend_reason: "test".into(),
             ptx: false,
@@ -1080,6 +1174,8 @@ mod tests {
             base_image: Some(probe.image.clone()),
             source,
             probe: Some(probe),
+            volumes: VolumesFlag::Auto,
+            storage_driver: None,
         };
         i
     }
@@ -1092,6 +1188,7 @@ mod tests {
             gpu_archs: Some(vec![Arch::new(7, 5), Arch::new(8, 6), Arch::new(12, 0)]),
             missing: missing.iter().map(|m| m.to_string()).collect(),
             apt,
+            dirs: vec!["usr".into(), "opt".into()],
         }
     }
 
@@ -1183,10 +1280,10 @@ mod tests {
             context(),
         ))
         .unwrap();
-        let steps = DockerSteps::new(docker(&p), 4, &Paths::placeholders(DockerSteps::PATHS));
+        let steps = DockerSteps::new(docker(&p), 4, &Paths::placeholders(DockerSteps::PATHS), &[]);
         assert!(steps.build.render().contains(" --network none "));
         let p = BuildPlan::new(inputs("v2.27.5-1", &[Arch::new(8, 6)])).unwrap();
-        let steps = DockerSteps::new(docker(&p), 4, &Paths::placeholders(DockerSteps::PATHS));
+        let steps = DockerSteps::new(docker(&p), 4, &Paths::placeholders(DockerSteps::PATHS), &[]);
         assert!(!steps.build.render().contains("--network"));
         for run in [&steps.count, &steps.compile, &steps.install] {
             let text = run.render();
@@ -1352,6 +1449,8 @@ mod tests {
             base_image: None,
             source: DockerSource::Clone,
             probe: None,
+            volumes: VolumesFlag::Auto,
+            storage_driver: None,
         };
         assert!(BuildPlan::new(i).unwrap().problems.is_empty());
     }

@@ -276,6 +276,8 @@ mod tests {
                 base_image: None,
                 source: DockerSource::Clone,
                 probe: None,
+                volumes: crate::nccl::plan::VolumesFlag::Auto,
+                storage_driver: None,
             }
         } else {
             BackendInputs::Native {

@@ -296,6 +296,8 @@ pub fn install_build_with(
             base_image: None,
             source: fdl::nccl::plan::DockerSource::Clone,
             probe: None,
+            volumes: fdl::nccl::plan::VolumesFlag::Auto,
+            storage_driver: None,
         },
         backend_reason: "test".into(),
         ptx: false,
@@ -430,7 +432,21 @@ pub fn stubs_for_missing(lib: &Path) -> tempfile::TempDir {
 pub struct EngineGuard {
     images_before: std::collections::BTreeSet<String>,
     containers_before: std::collections::BTreeSet<String>,
+    volumes_before: std::collections::BTreeSet<String>,
     named: Vec<String>,
+}
+
+/// fdl's toolchain volumes in the engine (`--toolchain-volumes`), by name.
+pub fn toolchain_volumes() -> std::collections::BTreeSet<String> {
+    docker_lines(&[
+        "volume",
+        "ls",
+        "-q",
+        "--filter",
+        "label=fdl.toolchain.image",
+    ])
+    .into_iter()
+    .collect()
 }
 
 fn docker_lines(args: &[&str]) -> Vec<String> {
@@ -455,6 +471,7 @@ impl EngineGuard {
             containers_before: docker_lines(&["ps", "-a", "-q", "--no-trunc"])
                 .into_iter()
                 .collect(),
+            volumes_before: toolchain_volumes(),
             named: Vec::new(),
         }
     }
@@ -534,6 +551,12 @@ impl Drop for EngineGuard {
             if removed == 0 {
                 break;
             }
+        }
+        // The toolchain volumes fdl made for the images just removed.
+        for volume in toolchain_volumes().difference(&self.volumes_before) {
+            let _ = std::process::Command::new("docker")
+                .args(["volume", "rm", volume])
+                .output();
         }
     }
 }
