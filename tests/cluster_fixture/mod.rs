@@ -118,7 +118,8 @@ touch /run/fdl-test-ready
 exec /usr/sbin/sshd -D -e
 "#;
 
-fn docker(args: &[&str]) -> Output {
+/// `docker ARGS`, whatever its exit (also for tests/slurm_fixture).
+pub fn docker(args: &[&str]) -> Output {
     Command::new("docker")
         .args(args)
         .output()
@@ -130,7 +131,7 @@ fn docker(args: &[&str]) -> Output {
 }
 
 /// Runs docker and returns its stdout, panicking with its stderr when it fails.
-fn docker_ok(args: &[&str]) -> String {
+pub fn docker_ok(args: &[&str]) -> String {
     let out = docker(args);
     assert!(
         out.status.success(),
@@ -145,39 +146,50 @@ fn docker_ok(args: &[&str]) -> String {
 /// when either failed (an ignored test run on purpose must fail, not pass, without them).
 fn ensure_image() {
     static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    let ready = READY.get_or_init(|| {
-        let version = Command::new("docker")
-            .args(["version", "--format", "{{.Server.Version}}"])
-            .output()
-            .map_err(|e| format!("cannot run `docker` ({e}): install the Docker CLI"))?;
-        if !version.status.success() {
-            return Err(format!(
-                "the Docker engine is not reachable ({}): start it, or leave out --include-ignored",
-                String::from_utf8_lossy(&version.stderr).trim()
-            ));
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/sshd-image.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{} failed to make {IMAGE}:\n{}",
-                script.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(())
-    });
-    if let Err(e) = ready {
+    if let Err(e) = READY.get_or_init(|| make_image("sshd-image.sh", IMAGE)) {
         panic!("{e}");
     }
+}
+
+/// Checks that the engine answers, then runs `tests/support/<script>`, which makes
+/// `image` (and keeps one that exists); the error says which of the two failed.
+pub fn make_image(script: &str, image: &str) -> Result<(), String> {
+    let version = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .map_err(|e| format!("cannot run `docker` ({e}): install the Docker CLI"))?;
+    if !version.status.success() {
+        return Err(format!(
+            "the Docker engine is not reachable ({}): start it, or leave out --include-ignored",
+            String::from_utf8_lossy(&version.stderr).trim()
+        ));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/support")
+        .join(script);
+    let out = Command::new("bash")
+        .arg(&script)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} failed to make {image}:\n{}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
 }
 
 /// `fdl-test-host-<pid>-<nanos>-<label>`, the nanos strictly increasing within the process
 /// so that two threads never get the same name.
 fn unique_name(label: &str) -> String {
+    unique_in("fdl-test-host", label)
+}
+
+/// `<prefix>-<pid>-<nanos>-<label>`, the nanos strictly increasing within the process
+/// (shared by every prefix).
+pub fn unique_in(prefix: &str, label: &str) -> String {
     static LAST: AtomicU64 = AtomicU64::new(0);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -189,7 +201,7 @@ fn unique_name(label: &str) -> String {
         })
         .unwrap();
     let nanos = now.max(prev + 1);
-    format!("fdl-test-host-{}-{nanos}-{label}", std::process::id())
+    format!("{prefix}-{}-{nanos}-{label}", std::process::id())
 }
 
 /// Whether `docker run --init` works on this engine (it needs the daemon's docker-init).

@@ -22,9 +22,8 @@
 use std::io::Write as _;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 pub const IMAGE: &str = "fdl-test-debian:slurm";
 /// The label on every container, network and volume (the one tests/cluster_fixture uses).
@@ -34,83 +33,23 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// The node names (and container hostnames) of the cluster.
 pub const NODES: [&str; 3] = ["node1", "node2", "node3"];
 
-fn docker(args: &[&str]) -> Output {
-    Command::new("docker")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run `docker` ({e}): these tests need the Docker CLI and a running engine"
-            )
-        })
-}
-
-fn docker_ok(args: &[&str]) -> String {
-    let out = docker(args);
-    assert!(
-        out.status.success(),
-        "`docker {}` failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+// The engine helpers are the ssh fixture's: every binary that uses this one has both.
+pub use crate::cluster_fixture::sh_quote;
+use crate::cluster_fixture::{docker, docker_ok};
 
 /// Checks the engine answers and makes the image, once per process; every caller panics
 /// when either failed (an ignored test run on purpose must fail, not pass, without them).
 fn ensure_image() {
     static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    let ready = READY.get_or_init(|| {
-        let version = Command::new("docker")
-            .args(["version", "--format", "{{.Server.Version}}"])
-            .output()
-            .map_err(|e| format!("cannot run `docker` ({e}): install the Docker CLI"))?;
-        if !version.status.success() {
-            return Err(format!(
-                "the Docker engine is not reachable ({}): start it, or leave out --include-ignored",
-                String::from_utf8_lossy(&version.stderr).trim()
-            ));
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/slurm-image.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{} failed to make {IMAGE}:\n{}",
-                script.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(())
-    });
-    if let Err(e) = ready {
+    if let Err(e) =
+        READY.get_or_init(|| crate::cluster_fixture::make_image("slurm-image.sh", IMAGE))
+    {
         panic!("{e}");
     }
 }
 
 fn unique(role: &str) -> String {
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    let prev = LAST
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
-            Some(now.max(last + 1))
-        })
-        .unwrap();
-    format!(
-        "fdl-test-slurm-{}-{}-{role}",
-        std::process::id(),
-        now.max(prev + 1)
-    )
-}
-
-/// `'…'` for sh.
-pub fn sh_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
+    crate::cluster_fixture::unique_in("fdl-test-slurm", role)
 }
 
 /// One container of the cluster: `host` is its hostname and Slurm name.
