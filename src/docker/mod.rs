@@ -531,9 +531,10 @@ fn toolchain_volumes(
     if want.is_empty() {
         return Ok(want);
     }
+    let cache = crate::cache::cache_dir()?;
     let _lock = crate::lock::acquire(
-        &crate::cache::cache_dir()?,
-        Path::new("docker-toolchain-volumes"),
+        &cache,
+        &cache.join("docker-toolchain-volumes"),
         &base,
         crate::lock::Wait::Yes,
         &|msg| progress.note(msg),
@@ -868,14 +869,22 @@ pub fn prepare(
     let volumes = match docker.toolchain_files {
         crate::nccl::plan::ToolchainFiles::Volumes => {
             let volumes = toolchain_volumes(engine, &toolchain, &found.dirs, progress)?;
-            progress.note(&format!(
-                "==> toolchain read from volumes {}",
-                volumes
-                    .iter()
-                    .map(|(v, d)| format!("{v} ({d})"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
+            progress.note(&if volumes.is_empty() {
+                format!(
+                    "==> toolchain read from the image: {} has none of /{}",
+                    toolchain.tag,
+                    VOLUME_DIRS.join(", /")
+                )
+            } else {
+                format!(
+                    "==> toolchain read from volumes {}",
+                    volumes
+                        .iter()
+                        .map(|(v, d)| format!("{v} ({d})"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            });
             volumes
         }
         crate::nccl::plan::ToolchainFiles::Image => Vec::new(),
