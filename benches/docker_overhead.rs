@@ -1,13 +1,14 @@
 //! The Docker backend's overhead over a native build of the same plan, on real NCCL.
 //!
-//! Opt-in and slow (two real NCCL compiles): `FDL_BENCH_NCCL_TREE` names an unpacked NCCL
-//! release tree (e.g. `git archive v2.30.7-1` of NVIDIA/nccl). Both builds use the CUDA
+//! Opt-in and slow (three real NCCL compiles a round, `FDL_BENCH_ROUNDS` rounds, default
+//! 2): `FDL_BENCH_NCCL_TREE` names an unpacked NCCL release tree (e.g. `git archive
+//! v2.30.7-1` of NVIDIA/nccl). The builds use the CUDA
 //! 13.5 toolchain of the PyPI wheels (`FDL_TEST_CUDA_HOME_NEWEST`, from
 //! `.ci/fetch-oracles`): natively as the host's toolkit, and in Docker inside the image
 //! `tests/support/cuda-image.sh` makes of it, through the embedded Dockerfile with
 //! `--source` and `--base-image`: the toolchain image, then `docker run --network none
 //! --read-only` on bind mounts. Same tag, arch, ONLY_FUNCS and jobs; each result is
-//! checked (status, SASS for the arch, the same SASS from both). Prints both times, the
+//! checked (status, SASS for the arch, the same SASS from all). Prints the times, the
 //! overhead against the 5% target, the engine's storage driver, and whether the Docker
 //! build made its toolchain image or found it cached (the image is kept, as a user's
 //! engine keeps it); a missed target is a result, a wrong build a failure. The toolchain
