@@ -382,6 +382,42 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
         .filter(|(p, _)| !p.ends_with("nccl.pc"))
         .collect();
 
+    // A volume of the name fdl would use that fdl did not make is neither used nor
+    // removed: the build stops, naming it, and leaves nothing.
+    let opt = made.iter().find(|v| v.ends_with("-opt")).unwrap();
+    assert!(docker(&["volume", "rm", opt]).status.success());
+    let test_label = format!("{TEST_VOLUME_LABEL}=1");
+    assert!(docker(&["volume", "create", "--label", &test_label, opt])
+        .status
+        .success());
+    let before_foreign = snapshot(root);
+    let out = build(&good, "7.5", &["--toolchain-volumes", "always"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "a Docker volume named {opt} exists that fdl did not make"
+        )),
+        "{stderr}"
+    );
+    assert_eq!(snapshot(root), before_foreign);
+    assert!(fdl_containers(root).is_empty());
+    let label = lines(docker(&[
+        "volume",
+        "inspect",
+        "--format",
+        "{{index .Labels \"fdl.toolchain.image\"}}",
+        opt,
+    ]));
+    // No fdl label (the engine prints an empty value or `<no value>` for a missing one).
+    assert!(
+        label.iter().all(|l| l.is_empty() || l == "<no value>"),
+        "the foreign volume was changed: {label:?}"
+    );
+    assert!(docker(&["volume", "rm", opt]).status.success());
+
     // A volume whose filling never finished (no mark) is made again, not used; a
     // volume that has one is reused without a copy.
     let usr = made.iter().find(|v| v.ends_with("-usr")).unwrap();
@@ -409,6 +445,7 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     let log = std::fs::read_to_string(builds.join("v2.27.5-sm75/build.log")).unwrap();
     assert!(
         log.contains("were left incomplete (/usr): making them again")
+            && log.contains("copying the toolchain image's /opt into Docker volumes")
             && log.contains("copying the toolchain image's /usr into Docker volumes"),
         "{log}"
     );

@@ -541,10 +541,22 @@ fn toolchain_volumes(
     )?;
     remove_stale_volumes(engine, &toolchain.id);
     for attempt in 0..2 {
-        let existing = fdl_volumes(engine);
-        let (old, new): (Vec<_>, Vec<_>) = want
-            .iter()
-            .partition(|(v, _)| existing.iter().any(|(name, _)| name == v));
+        // Each name is looked up itself: a volume of that name that fdl did not make for
+        // this image is neither used nor removed.
+        let mut old = Vec::new();
+        let mut new = Vec::new();
+        for wanted in &want {
+            match volume_image(engine, &wanted.0)? {
+                None => new.push(wanted),
+                Some(id) if id == toolchain.id => old.push(wanted),
+                Some(_) => bail!(
+                    "a Docker volume named {} exists that fdl did not make for {}: remove it (`docker volume rm {}`) or build with --toolchain-volumes never",
+                    wanted.0,
+                    toolchain.tag,
+                    wanted.0
+                ),
+            }
+        }
         let mut made = VolumesGuard {
             engine,
             names: Vec::new(),
@@ -657,6 +669,40 @@ fn toolchain_volumes(
     bail!(
         "the toolchain volumes of {} stay incomplete: remove them (`docker volume rm` the volumes labelled {VOLUME_LABEL}) or build with --toolchain-volumes never",
         toolchain.tag
+    )
+}
+
+/// Whether the volume `name` exists, and then the image ID its fdl label names (empty
+/// when it has none).
+fn volume_image(engine: &Engine, name: &str) -> Result<Option<String>> {
+    let mut cmd = engine.command();
+    cmd.args([
+        "volume",
+        "inspect",
+        "--format",
+        &format!("{{{{index .Labels \"{VOLUME_LABEL}\"}}}}"),
+        name,
+    ]);
+    let out = process::output_within(&mut cmd, std::time::Duration::from_secs(60))
+        .map_err(process::lift)?
+        .ok_or_else(|| {
+            anyhow::anyhow!("docker volume inspect {name} did not answer within 60 s")
+        })?;
+    if out.status.success() {
+        let label = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        return Ok(Some(if label == "<no value>" {
+            String::new()
+        } else {
+            label
+        }));
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.to_ascii_lowercase().contains("no such volume") {
+        return Ok(None);
+    }
+    bail!(
+        "docker volume inspect {name} failed: {}",
+        crate::cli::clean(err.trim())
     )
 }
 

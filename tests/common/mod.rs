@@ -438,15 +438,24 @@ pub struct EngineGuard {
 
 /// fdl's toolchain volumes in the engine (`--toolchain-volumes`), by name.
 pub fn toolchain_volumes() -> std::collections::BTreeSet<String> {
-    docker_lines(&[
-        "volume",
-        "ls",
-        "-q",
-        "--filter",
-        "label=fdl.toolchain.image",
-    ])
-    .into_iter()
-    .collect()
+    volumes_labelled("fdl.toolchain.image")
+}
+
+/// The label a test puts on a volume it makes itself, so that [`EngineGuard`] removes it.
+pub const TEST_VOLUME_LABEL: &str = "fdl-test-volume";
+
+fn volumes_labelled(label: &str) -> std::collections::BTreeSet<String> {
+    let filter = format!("label={label}");
+    docker_lines(&["volume", "ls", "-q", "--filter", &filter])
+        .into_iter()
+        .collect()
+}
+
+/// The volumes an [`EngineGuard`] answers for: fdl's toolchain volumes and the tests' own.
+fn guarded_volumes() -> std::collections::BTreeSet<String> {
+    let mut all = toolchain_volumes();
+    all.extend(volumes_labelled(TEST_VOLUME_LABEL));
+    all
 }
 
 fn docker_lines(args: &[&str]) -> Vec<String> {
@@ -471,7 +480,7 @@ impl EngineGuard {
             containers_before: docker_lines(&["ps", "-a", "-q", "--no-trunc"])
                 .into_iter()
                 .collect(),
-            volumes_before: toolchain_volumes(),
+            volumes_before: guarded_volumes(),
             named: Vec::new(),
         }
     }
@@ -552,8 +561,8 @@ impl Drop for EngineGuard {
                 break;
             }
         }
-        // The toolchain volumes fdl made for the images just removed.
-        for volume in toolchain_volumes().difference(&self.volumes_before) {
+        // The toolchain volumes fdl made for the images just removed, and the tests' own.
+        for volume in guarded_volumes().difference(&self.volumes_before) {
             let _ = std::process::Command::new("docker")
                 .args(["volume", "rm", volume])
                 .output();
