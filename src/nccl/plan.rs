@@ -1472,6 +1472,54 @@ mod tests {
         );
     }
 
+    /// Volumes where the driver is fuse-overlayfs or the flag says so; the image
+    /// otherwise, an unknown driver included. The choice never makes a plan different:
+    /// the compile reads the same files.
+    #[test]
+    fn toolchain_volumes_follow_the_flag_then_the_storage_driver() {
+        let choose = |flag, driver: Option<&str>| toolchain_files(flag, driver).0;
+        use ToolchainFiles::{Image, Volumes};
+        assert_eq!(choose(VolumesFlag::Auto, Some("fuse-overlayfs")), Volumes);
+        for fast in ["overlay2", "btrfs", "zfs", "vfs", "a-driver-of-2030"] {
+            assert_eq!(choose(VolumesFlag::Auto, Some(fast)), Image, "{fast}");
+        }
+        assert_eq!(choose(VolumesFlag::Auto, None), Image);
+        assert_eq!(choose(VolumesFlag::Always, Some("overlay2")), Volumes);
+        assert_eq!(choose(VolumesFlag::Never, Some("fuse-overlayfs")), Image);
+
+        let with = |flag, driver: &str| {
+            let mut i = inputs("v2.27.5-1", &MIXED);
+            if let BackendInputs::Docker {
+                volumes,
+                storage_driver,
+                ..
+            } = &mut i.backend
+            {
+                *volumes = flag;
+                *storage_driver = Some(driver.to_string());
+            }
+            BuildPlan::new(i).unwrap()
+        };
+        let a = with(VolumesFlag::Auto, "fuse-overlayfs");
+        let b = with(VolumesFlag::Never, "fuse-overlayfs");
+        assert_eq!(docker(&a).toolchain_files, Volumes);
+        assert_eq!(docker(&b).toolchain_files, Image);
+        assert!(a.differences(&b).is_empty());
+        // The volumes reach the compile's `docker run`s as read-only mounts.
+        let paths = Paths::placeholders(DockerSteps::PATHS);
+        let vols = [("v-usr".to_string(), "/usr".to_string())];
+        let steps = DockerSteps::new(docker(&a), 2, &paths, &vols);
+        for step in [&steps.count, &steps.compile, &steps.install] {
+            assert!(
+                step.render()
+                    .contains("--mount type=volume,source=v-usr,target=/usr,readonly"),
+                "{}",
+                step.render()
+            );
+        }
+        assert!(!steps.build.render().contains("type=volume"));
+    }
+
     /// The JSON keeps the manifests' shape (`backend` beside its section), and a plan
     /// naming one backend with the other's section, or both, does not read.
     #[test]
