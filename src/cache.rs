@@ -54,14 +54,18 @@ pub fn private_dir(dir: &Path) -> Result<()> {
 /// through a link at `path` itself: a FIFO there cannot hang fdl, nor a device feed it
 /// forever.
 pub fn sha256_file(path: &std::path::Path) -> Result<String> {
+    sha256_of(&mut crate::fsread::open_regular(path, true)?, path)
+}
+
+/// Hex SHA-256 of what `file` (opened at `path`, for the message) holds from here on.
+fn sha256_of(file: &mut std::fs::File, path: &Path) -> Result<String> {
     let mut hasher = Sha256::new();
-    std::io::copy(&mut crate::fsread::open_regular(path, true)?, &mut hasher)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    std::io::copy(file, &mut hasher).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// [`sha256_file`] of a file that is hashed often and rarely changes (fdl's own binary,
@@ -77,7 +81,6 @@ pub fn sha256_file_kept(path: &Path) -> Result<String> {
 }
 
 fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
-    use std::io::Read;
     let mut file = crate::fsread::open_regular(path, true)?;
     let meta = file.metadata()?;
     let identity = format!(
@@ -107,21 +110,7 @@ fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
             }
         }
     }
-    let mut hasher = Sha256::new();
-    let mut chunk = vec![0u8; 1 << 20];
-    loop {
-        match file.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => hasher.update(&chunk[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-        }
-    }
-    let digest: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = sha256_of(&mut file, path)?;
     // Kept only when the file did not change while it was read.
     let same = file.metadata().is_ok_and(|after| {
         after.ctime() == meta.ctime()
@@ -145,10 +134,7 @@ fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
 
 /// Hex SHA-256 of `bytes`: identities in plans (Dockerfiles) and keys of lock files.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(bytes))
 }
 
 /// `dir` exists as a real directory owned by this user, writable by no one else; it is
