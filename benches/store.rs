@@ -178,7 +178,7 @@ fn main() {
         fail(&format!("the first build was not a miss: {v}"));
     }
     let source_dir = PathBuf::from(v["build_dir"].as_str().unwrap());
-    let size = fdl::nccl::store::dir_size(&source_dir);
+    let size = fdl::fsread::dir_size(&source_dir);
     eprintln!(
         "miss (make install of the released library, then stored): {:.2} s; build directory {:.0} MiB",
         took.as_secs_f64(),

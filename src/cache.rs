@@ -4,7 +4,6 @@
 //! for bookkeeping is ever left in one.
 
 use anyhow::{bail, Context, Result};
-use sha2::{Digest, Sha256};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -49,26 +48,7 @@ pub fn private_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Hex SHA-256 of a file's content, read in a stream (a library or fdl's own binary is
-/// tens to hundreds of MiB). Only a regular file, checked on its descriptor, and never
-/// through a link at `path` itself: a FIFO there cannot hang fdl, nor a device feed it
-/// forever.
-pub fn sha256_file(path: &std::path::Path) -> Result<String> {
-    sha256_of(&mut crate::fsread::open_regular(path, true)?, path)
-}
-
-/// Hex SHA-256 of what `file` (opened at `path`, for the message) holds from here on.
-fn sha256_of(file: &mut std::fs::File, path: &Path) -> Result<String> {
-    let mut hasher = Sha256::new();
-    std::io::copy(file, &mut hasher).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(hex(&hasher.finalize()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// [`sha256_file`] of a file that is hashed often and rarely changes (fdl's own binary,
+/// [`crate::digest::sha256_file`] of a file that is hashed often and rarely changes (fdl's own binary,
 /// whose digest names its copy on every worker at each `cluster` command: 36 MB, about
 /// 80 ms to read). The digest is kept in fdl's cache under the file's identity as its
 /// open descriptor reports it: device, inode, size, and the modification and change
@@ -94,7 +74,7 @@ fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
         meta.ctime(),
         meta.ctime_nsec()
     );
-    let key = sha256_hex(identity.as_bytes());
+    let key = crate::digest::sha256_hex(identity.as_bytes());
     let dir = cache.map(|c| c.join("digests"));
     let kept = dir.as_ref().map(|d| d.join(&key[..32]));
     if let (Some(dir), Some(kept)) = (&dir, &kept) {
@@ -110,7 +90,7 @@ fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
             }
         }
     }
-    let digest = sha256_of(&mut file, path)?;
+    let digest = crate::digest::sha256_of(&mut file, path, &mut vec![0u8; 1 << 20])?;
     // Kept only when the file did not change while it was read.
     let same = file.metadata().is_ok_and(|after| {
         after.ctime() == meta.ctime()
@@ -130,11 +110,6 @@ fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
         }
     }
     Ok(digest)
-}
-
-/// Hex SHA-256 of `bytes`: identities in plans (Dockerfiles) and keys of lock files.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
 }
 
 /// `dir` exists as a real directory owned by this user, writable by no one else; it is

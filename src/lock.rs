@@ -39,7 +39,7 @@ pub enum Wait {
 /// share a lock.
 pub fn lock_path(cache: &Path, builds_dir: &Path, name: &str) -> PathBuf {
     let key =
-        crate::cache::sha256_hex(canonical_lenient(builds_dir).as_os_str().as_encoded_bytes());
+        crate::digest::sha256_hex(canonical_lenient(builds_dir).as_os_str().as_encoded_bytes());
     cache
         .join("locks")
         .join(format!("{}-{name}.lock", &key[..16]))

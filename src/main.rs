@@ -1,5 +1,5 @@
 use clap::Parser;
-use fdl::cli::{paint_err, Color};
+use fdl::text::{paint_err, Color};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -33,12 +33,12 @@ fn main() -> ExitCode {
             }
             None if e.downcast_ref::<fdl::cli::Undecided>().is_some() => {
                 // Errors quote files and workers: shown with their control characters escaped.
-                let e = fdl::cli::terminal_safe(&format!("{e:#}"));
+                let e = fdl::text::terminal_safe(&format!("{e:#}"));
                 eprintln!("{} {e}", paint_err("unknown:", Color::Yellow));
                 ExitCode::from(fdl::cli::EXIT_UNKNOWN)
             }
             None => {
-                let e = fdl::cli::terminal_safe(&format!("{e:#}"));
+                let e = fdl::text::terminal_safe(&format!("{e:#}"));
                 eprintln!("{} {e}", paint_err("error:", Color::Red));
                 ExitCode::FAILURE
             }

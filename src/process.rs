@@ -488,3 +488,21 @@ fn wait(mut child: Child) -> Result<ExitStatus> {
         pause = (pause * 2).min(Duration::from_millis(50));
     }
 }
+
+/// The first executable `name` on this process's PATH.
+pub fn on_path(name: &str) -> Option<std::path::PathBuf> {
+    which_in(name, std::env::var_os("PATH").as_deref())
+}
+
+/// The first executable `name` in `path` (a PATH value). Empty entries (meaning the
+/// current directory) are ignored: what fdl runs should not depend on where it was
+/// started.
+pub fn which_in(name: &str, path: Option<&std::ffi::OsStr>) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(path?)
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}

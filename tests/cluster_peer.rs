@@ -551,7 +551,7 @@ fn ship_replaces_a_cached_fdl_that_fails_its_checksum() {
     let p = Peer::new("w1");
     let name = p.build();
     let own = assert_cmd::cargo::cargo_bin("fdl");
-    let sha = fdl::cache::sha256_file(&own).unwrap();
+    let sha = fdl::digest::sha256_file(&own).unwrap();
     let cached = p.f.cache.path().join(format!("fdl/bin/fdl-{}", &sha[..16]));
     std::fs::create_dir_all(cached.parent().unwrap()).unwrap();
     let ran = p.bin.path().join("planted-ran");
@@ -571,7 +571,7 @@ fn ship_replaces_a_cached_fdl_that_fails_its_checksum() {
         text(&out.stderr)
     );
     assert!(text(&out.stdout).contains("would copy with rsync"));
-    assert_eq!(fdl::cache::sha256_file(&cached).unwrap(), sha);
+    assert_eq!(fdl::digest::sha256_file(&cached).unwrap(), sha);
     assert!(!ran.exists(), "the planted fdl was run");
 }
 

@@ -145,7 +145,7 @@ fn lib_bytes(dir: &Path) -> Vec<(String, String)> {
             } else if key != "lib/pkgconfig/nccl.pc" {
                 // nccl.pc names its own directory, which differs per project.
                 let bytes = std::fs::read(e.path()).unwrap();
-                out.push((key, fdl::cache::sha256_hex(&bytes)));
+                out.push((key, fdl::digest::sha256_hex(&bytes)));
             }
         }
     }
@@ -369,7 +369,7 @@ fn a_modified_entry_is_detected_and_rebuilt_not_installed() {
     assert!(
         !rebuilt
             .iter()
-            .any(|(_, d)| *d == fdl::cache::sha256_hex(&bytes)),
+            .any(|(_, d)| *d == fdl::digest::sha256_hex(&bytes)),
         "the modified library was installed"
     );
     // Project a's build, made before, is untouched.
@@ -446,7 +446,7 @@ fn a_byte_changed_in_place_with_size_and_mtime_kept_is_still_detected() {
             )
         );
     }
-    let changed = fdl::cache::sha256_hex(&std::fs::read(&real).unwrap());
+    let changed = fdl::digest::sha256_hex(&std::fs::read(&real).unwrap());
 
     let out = run(m.build(b.root(), "8.6", &[]));
     let v = ok(&out);

@@ -38,10 +38,10 @@ fuzz_target!(|data: &[u8]| {
         },
     ];
     for v in verdicts(&workers) {
-        let shown = fdl::cli::clean(&v.detail);
+        let shown = fdl::text::clean(&v.detail);
         assert!(!shown.chars().any(|c| is_raw(c) || c == '\n'), "{shown:?}");
     }
     let json = serde_json::to_string(&workers[0]).expect("a report serializes");
-    let safe = fdl::cli::terminal_safe(&json);
+    let safe = fdl::text::terminal_safe(&json);
     assert!(!safe.chars().any(is_raw), "{safe:?}");
 });

@@ -300,7 +300,7 @@ fn load_error(e: &marked_yaml::LoadError) -> String {
             return format!(
                 "line {}: the key `{}` appears twice in one mapping (lines {} and {}): keep one",
                 line(&d.key),
-                crate::cli::clean(&d.key.as_str().chars().take(60).collect::<String>()),
+                crate::text::clean(&d.key.as_str().chars().take(60).collect::<String>()),
                 line(&d.prev_key),
                 line(&d.key)
             );

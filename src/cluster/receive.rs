@@ -6,7 +6,6 @@
 //! at its final directory (`nccl.pc`), and committed with one rename — or, with
 //! `--force`, swapped in crash-safely. Anything that fails leaves no partial build.
 
-use crate::cache::{sha256_file, sha256_hex};
 use crate::lock::Wait;
 use crate::nccl::store::{read_manifest, BuildName, BuildStore, Existing};
 use crate::nccl::tree;
@@ -17,63 +16,24 @@ use std::path::{Path, PathBuf};
 
 pub use crate::nccl::store::INCOMING_PREFIX;
 
-/// A build's bytes, named by one digest: every file's content, every link's target, by
-/// relative path in order. `nccl.pc` is left out: its `prefix=` names the directory the
-/// build is in, which differs per host.
-pub fn content_digest(dir: &Path) -> Result<String> {
-    digest_leaving_out(dir, &[])
-}
+/// A build's bytes, named by one digest: [`crate::store::content_digest`], which the
+/// build store also records of its entries.
+pub use crate::store::content_digest;
 
 /// The digest of a build's payload, what NCCL's install made (`lib/`, `include/`, …):
 /// [`content_digest`] without fdl's manifest and build log. It equals the digest a
 /// machine-wide store entry records of its tree, so a worker whose store holds the
 /// build's key can be told, before anything is copied, that it has these bytes.
 pub fn payload_digest(dir: &Path) -> Result<String> {
-    digest_leaving_out(dir, &[tree::MANIFEST, tree::BUILD_LOG])
-}
-
-fn digest_leaving_out(dir: &Path, top_level: &[&str]) -> Result<String> {
-    fn walk(dir: &Path, rel: &str, out: &mut Vec<(String, String)>) -> Result<()> {
-        let mut entries: Vec<_> = std::fs::read_dir(dir)
-            .with_context(|| format!("cannot read {}", dir.display()))?
-            .collect::<std::io::Result<_>>()?;
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let path = if rel.is_empty() {
-                name.clone()
-            } else {
-                format!("{rel}/{name}")
-            };
-            let kind = e.file_type()?;
-            if kind.is_symlink() {
-                let target = std::fs::read_link(e.path())?;
-                out.push((path, format!("link {}", target.display())));
-            } else if kind.is_dir() {
-                out.push((path.clone(), "dir".into()));
-                walk(&e.path(), &path, out)?;
-            } else if !kind.is_file() {
-                bail!(
-                    "{} is {}: a build holds only files, directories and links",
-                    e.path().display(),
-                    crate::fsread::kind_of(&kind)
-                );
-            } else if path != "lib/pkgconfig/nccl.pc" {
-                out.push((path, format!("file {}", sha256_file(&e.path())?)));
-            }
-        }
-        Ok(())
-    }
-    let mut entries = Vec::new();
-    walk(dir, "", &mut entries)?;
-    // A left-out top-level file goes with its entry; a directory of that name would not
-    // be one of fdl's files, and stays in.
-    entries.retain(|(p, what)| !(top_level.contains(&p.as_str()) && what.starts_with("file ")));
-    let text: String = entries
-        .iter()
-        .map(|(p, what)| format!("{p}\0{what}\n"))
-        .collect();
-    Ok(sha256_hex(text.as_bytes()))
+    crate::digest::tree(
+        dir,
+        crate::digest::Hash::Sha256,
+        crate::digest::Leave {
+            top: &[],
+            files: &[crate::store::PKG_CONFIG, tree::MANIFEST, tree::BUILD_LOG],
+        },
+        "a build",
+    )
 }
 
 /// What is at a build's place on this host.
@@ -142,7 +102,7 @@ pub fn state(
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", incoming.display()))?;
     }
-    let rsync = crate::native::on_path("rsync").is_some();
+    let rsync = crate::process::on_path("rsync").is_some();
     Ok(StateReport {
         schema: super::host::REPORT_SCHEMA,
         place,
@@ -257,7 +217,7 @@ pub fn install(
     if !is_sha256(digest) {
         bail!(
             "--digest must be a sha256 (64 lowercase hex digits), not '{}'",
-            crate::cli::clean(&digest.chars().take(80).collect::<String>())
+            crate::text::clean(&digest.chars().take(80).collect::<String>())
         );
     }
     let store = BuildStore::new(builds_dir.to_path_buf());
@@ -365,7 +325,7 @@ pub fn manifest_fits(manifest: &crate::nccl::store::Manifest, name: &str) -> Res
     if plan.name != name {
         bail!(
             "it names build '{}', not '{name}'",
-            crate::cli::clean(&plan.name.chars().take(300).collect::<String>())
+            crate::text::clean(&plan.name.chars().take(300).collect::<String>())
         );
     }
     let out = &plan.output_dir;
@@ -383,14 +343,14 @@ pub fn manifest_fits(manifest: &crate::nccl::store::Manifest, name: &str) -> Res
     if !plain || !ends_right {
         bail!(
             "its output_dir {} is not a libtorch/nccl/builds/{name} directory",
-            crate::cli::clean(&out.display().to_string())
+            crate::text::clean(&out.display().to_string())
         );
     }
     let lib = &manifest.checked.library;
     if lib.is_empty() || lib.contains('/') || lib == "." || lib == ".." {
         bail!(
             "the library it records ('{}') is not a file name in lib/",
-            crate::cli::clean(lib)
+            crate::text::clean(lib)
         );
     }
     Ok(())

@@ -244,7 +244,7 @@ fn fdl_files_only(dir: &Path) -> Result<(tempfile::TempDir, u64)> {
             continue;
         }
         let mut file = crate::fsread::open_regular(&from, true)?;
-        crate::nccl::tree::create_new(&meta.path().join(name), &mut file)?;
+        crate::fswrite::create_new(&meta.path().join(name), &mut file)?;
         bytes += std::fs::metadata(meta.path().join(name))?.len();
     }
     Ok((meta, bytes))

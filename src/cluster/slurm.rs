@@ -65,7 +65,7 @@ impl Slurm {
         if !plain(&job) {
             bail!(
                 "SLURM_JOB_ID is '{}', not a job id",
-                crate::cli::clean(&job)
+                crate::text::clean(&job)
             );
         }
         let list = std::env::var("SLURM_JOB_NODELIST")
@@ -94,7 +94,7 @@ impl Slurm {
         if !out.status.success() {
             bail!(
                 "`scontrol show hostnames` failed: {}",
-                crate::cli::clean(String::from_utf8_lossy(&out.stderr).trim())
+                crate::text::clean(String::from_utf8_lossy(&out.stderr).trim())
             );
         }
         let nodes = parse_hostnames(&String::from_utf8_lossy(&out.stdout))?;
@@ -113,7 +113,7 @@ impl Slurm {
             if !self.nodes.contains(name) {
                 bail!(
                     "--nodes names {}, which is not a node of job {}: its nodes are {}",
-                    crate::cli::clean(name),
+                    crate::text::clean(name),
                     self.job,
                     self.nodes.join(",")
                 );
@@ -254,7 +254,7 @@ impl Slurm {
         after: &(dyn Fn(&str) -> String + Sync),
     ) -> Vec<Result<String>> {
         let mut results: Vec<Option<Result<String>>> = hosts.iter().map(|_| None).collect();
-        let sha = match crate::cache::sha256_file(from) {
+        let sha = match crate::digest::sha256_file(from) {
             Ok(s) => s,
             Err(e) => {
                 let why = format!("cannot read {}: {e:#}", from.display());
@@ -274,7 +274,7 @@ impl Slurm {
             // node fails it, and it may leave partial files behind): each node checks
             // the bytes it got, and one without them gets the stream.
             let everyone = self.nodes.iter().all(|n| ws.iter().any(|w| w.host == *n));
-            let sbcast = everyone && crate::native::on_path("sbcast").is_some() && {
+            let sbcast = everyone && crate::process::on_path("sbcast").is_some() && {
                 let _ = self.sbcast(from, &dest, timeout);
                 true
             };
@@ -444,7 +444,7 @@ impl Transport for Slurm {
     }
 
     fn tree_method(&self, _rsync_there: bool) -> String {
-        if crate::native::on_path("sbcast").is_some() {
+        if crate::process::on_path("sbcast").is_some() {
             "sbcast"
         } else {
             "a stream through srun"
@@ -529,7 +529,7 @@ pub fn parse_hostnames(text: &str) -> Result<Vec<String>> {
     if let Some(bad) = nodes.iter().find(|n| !plain(n)) {
         bail!(
             "Slurm names a node '{}': fdl passes node names to srun as plain words (letters, digits, -_.)",
-            crate::cli::clean(bad)
+            crate::text::clean(bad)
         );
     }
     if nodes.is_empty() {
@@ -577,10 +577,10 @@ pub fn parse_node_states(text: &str) -> BTreeMap<String, String> {
             name.clone(),
             format!(
                 "{} is {}{}",
-                crate::cli::clean(&name),
-                crate::cli::clean(&state.to_ascii_lowercase()),
+                crate::text::clean(&name),
+                crate::text::clean(&state.to_ascii_lowercase()),
                 reason
-                    .map(|r| format!(" (reason: {})", crate::cli::clean(&r)))
+                    .map(|r| format!(" (reason: {})", crate::text::clean(&r)))
                     .unwrap_or_default()
             ),
         );
@@ -679,11 +679,11 @@ fn demux(nodes: &[&str], out: &Output) -> Vec<Result<Output>> {
                 }),
                 Some(_) => Err(anyhow!(
                     "{node} did not finish its step through srun: {}",
-                    crate::cli::clean(&said())
+                    crate::text::clean(&said())
                 )),
                 None => Err(anyhow!(
                     "{node} gave no answer through srun: {}",
-                    crate::cli::clean(&said())
+                    crate::text::clean(&said())
                 )),
             }
         })

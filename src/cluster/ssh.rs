@@ -190,7 +190,7 @@ impl Transport for Ssh {
     }
 
     fn tree_method(&self, rsync_there: bool) -> String {
-        if rsync_there && crate::native::on_path("rsync").is_some() {
+        if rsync_there && crate::process::on_path("rsync").is_some() {
             "rsync"
         } else {
             "tar over ssh"
@@ -435,7 +435,7 @@ mod tests {
     #[test]
     fn rsyncs_ssh_gets_the_options_and_the_target_verbatim() {
         assert!(
-            crate::native::on_path("rsync").is_some(),
+            crate::process::on_path("rsync").is_some(),
             "this test runs the real rsync: install it (`source .ci/setup` does)"
         );
         let dir = tempfile::tempdir().unwrap();

@@ -96,7 +96,7 @@ pub fn shell_noise(before: &str) -> Option<String> {
         "the worker's shell printed {} line{} before fdl's answer, starting '{}': a banner or motd from its startup files (.bashrc, .profile). A non-interactive shell must print nothing else: print it only for interactive shells (rsync needs that too)",
         before.len(),
         if before.len() == 1 { "" } else { "s" },
-        crate::cli::clean(&first)
+        crate::text::clean(&first)
     ))
 }
 

@@ -12,7 +12,7 @@
 //! invoking user, with the make steps and variables of the native backend; each container
 //! is removed by a guard on every path, including errors and Ctrl-C.
 
-use crate::cache::sha256_hex;
+use crate::digest::sha256_hex;
 use crate::native::{self, WorkDir};
 use crate::nccl::build::Backend;
 use crate::nccl::plan::{
@@ -579,7 +579,7 @@ fn toolchain_volumes(
                 Some(o) if o.status.success() => made.names.push(volume.clone()),
                 Some(o) => bail!(
                     "docker volume create {volume} failed: {}",
-                    crate::cli::clean(String::from_utf8_lossy(&o.stderr).trim())
+                    crate::text::clean(String::from_utf8_lossy(&o.stderr).trim())
                 ),
                 None => bail!("docker volume create {volume} did not answer within 60 s"),
             }
@@ -640,7 +640,7 @@ fn toolchain_volumes(
             bail!(
                 "filling the toolchain volumes from {} failed: {}",
                 toolchain.tag,
-                crate::cli::clean(String::from_utf8_lossy(&out.stderr).trim())
+                crate::text::clean(String::from_utf8_lossy(&out.stderr).trim())
             );
         }
         made.names.clear();
@@ -702,7 +702,7 @@ fn volume_image(engine: &Engine, name: &str) -> Result<Option<String>> {
     }
     bail!(
         "docker volume inspect {name} failed: {}",
-        crate::cli::clean(err.trim())
+        crate::text::clean(err.trim())
     )
 }
 
@@ -803,7 +803,7 @@ impl Backend for DockerBackend {
                 else {
                     bail!("no source directory was given, yet one was planned");
                 };
-                let git = native::on_path("git").ok_or_else(|| {
+                let git = crate::process::on_path("git").ok_or_else(|| {
                     anyhow::anyhow!(
                         "git is not on PATH: the Docker backend fetches {} on this host (the compile container has no network). Install git, or pass --source DIR with an NCCL tree",
                         plan.tag
@@ -825,7 +825,7 @@ impl Backend for DockerBackend {
                 .file_name()
                 .unwrap_or_default(),
         );
-        crate::nccl::tree::create_new(&script, &mut crate::nccl::plan::RUN_SCRIPT.as_bytes())
+        crate::fswrite::create_new(&script, &mut crate::nccl::plan::RUN_SCRIPT.as_bytes())
             .with_context(|| format!("cannot write {}", script.display()))?;
         // Mount sources reach `--mount` as CSV fields: plain words, as for make.
         let mut aliases = native::plain::Aliases::new(&crate::cache::cache_dir()?)?;

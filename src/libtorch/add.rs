@@ -78,7 +78,7 @@ pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)
             std::os::unix::fs::symlink(entry.path(), txn.path().join(&file_name))?;
         }
         let text: String = arch.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
-        crate::nccl::tree::create_new(&txn.path().join(".arch"), &mut text.as_bytes())?;
+        crate::fswrite::create_new(&txn.path().join(".arch"), &mut text.as_bytes())?;
         txn.commit()
     })();
     match registered {

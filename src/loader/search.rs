@@ -134,7 +134,7 @@ fn system_search() -> &'static Result<SystemSearch, String> {
 fn cached_help(interp: &Path, cache: &Path) -> Result<String, String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(interp).map_err(|e| format!("{}: {e}", interp.display()))?;
-    let key = crate::cache::sha256_hex(
+    let key = crate::digest::sha256_hex(
         format!(
             "{}\0{}\0{}\0{}\0{}",
             interp.display(),

@@ -14,7 +14,7 @@ mod toolchain;
 pub use source::{
     check_source_dir, ensure_clone, parse_version_mk, repo_key, source_for, NCCL_REPO, REPO_ENV,
 };
-pub use toolchain::{discover, on_path, parse_gpu_archs, parse_nvcc_version};
+pub use toolchain::{discover, parse_gpu_archs, parse_nvcc_version};
 
 use crate::nccl::build::Backend;
 use crate::nccl::plan::{BackendPlan, BuildPlan, NativePlan, NativeSource, NcclMake, Toolkit};
@@ -267,7 +267,7 @@ impl Backend for NativeBackend {
             // One line, and no control character from outside (it is printed later).
             Ok(text
                 .lines()
-                .map(|l| crate::cli::clean(l.trim()))
+                .map(|l| crate::text::clean(l.trim()))
                 .filter(|l| !l.is_empty())
                 .collect::<Vec<_>>()
                 .join(" | "))

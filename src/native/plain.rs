@@ -6,7 +6,7 @@
 //! plain name under fdl's cache, pointing at the real directory. The aliases of one build
 //! are removed when it ends ([`Aliases`] is dropped), whatever the outcome.
 
-use crate::cache::sha256_hex;
+use crate::digest::sha256_hex;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 

@@ -125,7 +125,7 @@ pub fn repo_key(repo: &str) -> String {
         .collect();
     format!(
         "{slug}-{}",
-        &crate::cache::sha256_hex(repo.as_bytes())[..12]
+        &crate::digest::sha256_hex(repo.as_bytes())[..12]
     )
 }
 

@@ -261,19 +261,9 @@ pub fn parse_gpu_archs(text: &str) -> Option<Vec<Arch>> {
     (!archs.is_empty()).then_some(archs)
 }
 
-/// The first executable `name` on this process's PATH.
-pub fn on_path(name: &str) -> Option<PathBuf> {
-    which(name, &HostEnv::current())
-}
-
-/// The first executable `name` in the PATH of `env`. Empty PATH entries (meaning the
-/// current directory) are ignored: a build should not depend on where it was started.
+/// The first executable `name` in the PATH of `env` ([`crate::process::which_in`]).
 pub(crate) fn which(name: &str, env: &HostEnv) -> Option<PathBuf> {
-    let path = env.path.as_ref()?;
-    std::env::split_paths(path)
-        .filter(|dir| !dir.as_os_str().is_empty())
-        .map(|dir| dir.join(name))
-        .find(|p| is_executable(p))
+    crate::process::which_in(name, env.path.as_deref())
 }
 
 fn is_executable(p: &Path) -> bool {

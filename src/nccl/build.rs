@@ -572,9 +572,7 @@ pub fn execute(
     // The log travels with the build; the copy in the cache is only for failures.
     std::fs::File::open(&log_path)
         .map_err(anyhow::Error::from)
-        .and_then(|mut log| {
-            crate::nccl::tree::create_new(&staging.path().join(BUILD_LOG), &mut log)
-        })
+        .and_then(|mut log| crate::fswrite::create_new(&staging.path().join(BUILD_LOG), &mut log))
         .with_context(|| format!("cannot keep the build log in {}", staging.path().display()))?;
     staging.commit(existing.is_some())?;
     let _ = std::fs::remove_file(&log_path);

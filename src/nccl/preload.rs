@@ -44,7 +44,7 @@ pub fn preload_path_in(lib: &Path, name: &str, cache: &Path) -> Result<PathBuf> 
 
 /// Where the link for `lib` lives, made or not.
 pub fn link_path(lib: &Path, name: &str, cache: &Path) -> PathBuf {
-    let digest = crate::cache::sha256_hex(lib.as_os_str().as_encoded_bytes());
+    let digest = crate::digest::sha256_hex(lib.as_os_str().as_encoded_bytes());
     cache
         .join("preload")
         .join(format!("{name}-{}", &digest[..12]))

@@ -240,7 +240,7 @@ impl BuildStore {
                 Read::Build(manifest) => Entry::Build {
                     name,
                     manifest,
-                    size_bytes: dir_size(&path),
+                    size_bytes: crate::fsread::dir_size(&path),
                 },
                 Read::Unreadable(why) => Entry::Unreadable { name, why },
                 Read::NotABuild(why) => Entry::Broken { name, why },
@@ -399,7 +399,7 @@ impl Staging {
             store,
         };
         let text = serde_json::to_string_pretty(&manifest)?;
-        tree::create_new(&self.path().join(MANIFEST), &mut (text + "\n").as_bytes())
+        crate::fswrite::create_new(&self.path().join(MANIFEST), &mut (text + "\n").as_bytes())
             .context("cannot write the build's manifest")?;
         Ok(manifest)
     }
@@ -429,20 +429,6 @@ fn partial_kind(name: &str) -> Option<&'static str> {
     } else {
         None
     }
-}
-
-/// Bytes of regular files below `dir`, not following links.
-pub fn dir_size(dir: &Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    rd.flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_size(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .sum()
 }
 
 #[cfg(test)]

@@ -90,33 +90,6 @@ fn is_regular(p: &Path) -> bool {
     std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file())
 }
 
-/// Creates `path`, which must not exist yet (not even as a dangling link), from `from`.
-pub fn create_new(path: &Path, from: &mut dyn std::io::Read) -> Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    std::io::copy(from, &mut f).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
-}
-
-/// Writes `contents` to `path` through a temporary file in the same directory and a
-/// rename: whatever was at `path` (a link included) is replaced, never written through.
-pub fn replace_file(path: &Path, contents: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let dir = path
-        .parent()
-        .ok_or_else(|| anyhow!("{} has no parent directory", path.display()))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("cannot write in {}", dir.display()))?;
-    tmp.write_all(contents)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
-}
-
 /// Facts established by [`check_tree`] about an installed NCCL tree.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckedTree {
@@ -248,7 +221,7 @@ pub fn rewrite_pc_prefix(pc: &Path, prefix: &Path) -> Result<()> {
         }
         out.push('\n');
     }
-    replace_file(pc, out.as_bytes())
+    crate::fswrite::replace_file(pc, out.as_bytes())
 }
 
 #[cfg(test)]

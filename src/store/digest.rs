@@ -1,97 +1,34 @@
-//! The store's own check of an entry: a BLAKE3 digest of a whole install tree, read in
-//! full at every install. Why not the SHA-256 [`crate::cluster::receive::content_digest`]
-//! the record also keeps (for `cluster ship`, which compares those): on the 208 MiB of a
-//! released NCCL, SHA-256 took about 0.4 s, several times a plain copy; BLAKE3 (SIMD,
-//! chosen at run time) reads and hashes the same bytes in a fraction of that.
-//!
-//! The walk is `content_digest`'s: every file's content and every link's target, by
-//! relative path in order, directories by name; a link is never followed; anything that
-//! is not a file, directory or link is refused. Unlike `content_digest` it covers
-//! `nccl.pc` too: within one store the prefix in it is the entry's own, so nothing in
-//! the tree is left unchecked.
+//! The two digests the store records of an entry's tree, both by the one walk of
+//! [`crate::digest::tree`]:
+//! - [`tree_blake3`], checked in full at every install (BLAKE3: on the 208 MiB of a
+//!   released NCCL, SHA-256 took about 0.4 s, several times a plain copy). It covers
+//!   `nccl.pc` too: within one store the prefix in it is the entry's own, so nothing in
+//!   the tree is left unchecked.
+//! - [`content_digest`], the SHA-256 that `cluster ship` compares across hosts: it leaves
+//!   `nccl.pc` out, since its `prefix=` names the directory the build is in, which
+//!   differs per host.
 
-use anyhow::{bail, Context, Result};
-use std::io::Read;
+use crate::digest::{self, Hash, Leave};
+use anyhow::Result;
 use std::path::Path;
 
-/// How much is read per call: large enough that the syscalls cost nothing next to the
-/// hashing, small enough to stay in the cache. (Reading beat `mmap` here, and cannot
-/// die of a `SIGBUS` when a file shrinks while it is hashed.)
-const CHUNK: usize = 1 << 20;
+/// Where a build's pkg-config file is: its `prefix=` is the one line of a build that
+/// depends on where it is installed.
+pub const PKG_CONFIG: &str = "lib/pkgconfig/nccl.pc";
 
 /// The BLAKE3 tree digest of `dir`, as `blake3:<64 hex digits>`.
 pub fn tree_blake3(dir: &Path) -> Result<String> {
-    let mut buf = vec![0u8; CHUNK];
-    let mut text = String::new();
-    walk(dir, "", &mut text, &mut buf)?;
-    Ok(format!("blake3:{}", blake3::hash(text.as_bytes()).to_hex()))
+    digest::tree(dir, Hash::Blake3, Leave::default(), "a build")
 }
 
-fn walk(dir: &Path, rel: &str, out: &mut String, buf: &mut [u8]) -> Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot read {}", dir.display()))?
-        .collect::<std::io::Result<_>>()
-        .with_context(|| format!("cannot read {}", dir.display()))?;
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let path = if rel.is_empty() {
-            name
-        } else {
-            format!("{rel}/{name}")
-        };
-        let kind = e
-            .file_type()
-            .with_context(|| format!("cannot stat {}", e.path().display()))?;
-        if kind.is_symlink() {
-            let target = std::fs::read_link(e.path())
-                .with_context(|| format!("cannot read the link {}", e.path().display()))?;
-            out.push_str(&format!("{path}\0link {}\n", target.display()));
-        } else if kind.is_dir() {
-            out.push_str(&format!("{path}\0dir\n"));
-            walk(&e.path(), &path, out, buf)?;
-        } else if kind.is_file() {
-            out.push_str(&format!("{path}\0file {}\n", file_blake3(&e.path(), buf)?));
-        } else {
-            bail!(
-                "{} is {}: a build holds only files, directories and links",
-                e.path().display(),
-                crate::fsread::kind_of(&kind)
-            );
-        }
-    }
-    Ok(())
-}
-
-/// The BLAKE3 of the regular file at `path` (a link there is refused, not followed),
-/// read to the size its descriptor had when opened: a file that grows or shrinks while
-/// it is read is an error, not an endless or a short read.
-fn file_blake3(path: &Path, buf: &mut [u8]) -> Result<String> {
-    let f = crate::fsread::open_regular(path, true)?;
-    let len = f
-        .metadata()
-        .with_context(|| format!("cannot stat {}", path.display()))?
-        .len();
-    let mut hasher = blake3::Hasher::new();
-    let mut rest = f.take(len.saturating_add(1));
-    let mut seen: u64 = 0;
-    loop {
-        let n = match rest.read(buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-        };
-        hasher.update(&buf[..n]);
-        seen += n as u64;
-    }
-    if seen != len {
-        bail!(
-            "{} changed size while it was read ({len} bytes when opened, {seen} read)",
-            path.display()
-        );
-    }
-    Ok(hasher.finalize().to_hex().to_string())
+/// A build's bytes, named by one digest: every file's content, every link's target, by
+/// relative path in order, but for [`PKG_CONFIG`].
+pub fn content_digest(dir: &Path) -> Result<String> {
+    let leave = Leave {
+        top: &[],
+        files: &[PKG_CONFIG],
+    };
+    digest::tree(dir, Hash::Sha256, leave, "a build")
 }
 
 #[cfg(test)]

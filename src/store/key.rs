@@ -9,7 +9,7 @@
 //! left out, so two projects with the same inputs share one entry.
 
 use crate::nccl::plan::{BackendPlan, BuildPlan, DockerSource, NativeSource};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -36,7 +36,7 @@ impl Key {
     pub fn of(inputs: &KeyInputs) -> Key {
         // A BTreeMap serializes in key order, without whitespace: one text per input set.
         let text = serde_json::to_string(&inputs.0).unwrap_or_default();
-        Key(crate::cache::sha256_hex(text.as_bytes()))
+        Key(crate::digest::sha256_hex(text.as_bytes()))
     }
 
     pub fn parse(text: &str) -> Result<Key> {
@@ -49,7 +49,7 @@ impl Key {
         } else {
             bail!(
                 "'{}' is not a store key: a key is 64 lowercase hex digits, as `fdl store list` shows it",
-                crate::cli::clean(&text.chars().take(80).collect::<String>())
+                crate::text::clean(&text.chars().take(80).collect::<String>())
             )
         }
     }
@@ -180,44 +180,16 @@ pub fn source_identity(plan: &BuildPlan) -> Result<String, String> {
 /// earlier in-tree build, which an out-of-tree build never reads) are left out, as the
 /// Docker build context leaves them out. Links are never followed.
 pub fn tree_digest(dir: &Path) -> Result<String> {
-    fn walk(dir: &Path, rel: &str, out: &mut String) -> Result<()> {
-        let mut entries: Vec<_> = std::fs::read_dir(dir)
-            .with_context(|| format!("cannot read {}", dir.display()))?
-            .collect::<std::io::Result<_>>()?;
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if rel.is_empty() && (name == ".git" || name == "build") {
-                continue;
-            }
-            let path = if rel.is_empty() {
-                name
-            } else {
-                format!("{rel}/{name}")
-            };
-            let kind = e.file_type()?;
-            if kind.is_symlink() {
-                let target = std::fs::read_link(e.path())?;
-                out.push_str(&format!("{path}\0link {}\n", target.display()));
-            } else if kind.is_dir() {
-                out.push_str(&format!("{path}\0dir\n"));
-                walk(&e.path(), &path, out)?;
-            } else if kind.is_file() {
-                let digest = crate::cache::sha256_file(&e.path())?;
-                out.push_str(&format!("{path}\0file {digest}\n"));
-            } else {
-                bail!(
-                    "{} is {}: an NCCL source tree holds only files, directories and links",
-                    e.path().display(),
-                    crate::fsread::kind_of(&kind)
-                );
-            }
-        }
-        Ok(())
-    }
-    let mut text = String::new();
-    walk(dir, "", &mut text)?;
-    Ok(crate::cache::sha256_hex(text.as_bytes()))
+    let leave = crate::digest::Leave {
+        top: &[".git", "build"],
+        files: &[],
+    };
+    crate::digest::tree(
+        dir,
+        crate::digest::Hash::Sha256,
+        leave,
+        "an NCCL source tree",
+    )
 }
 
 #[cfg(test)]

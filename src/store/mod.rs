@@ -27,6 +27,7 @@ pub mod digest;
 pub mod key;
 
 pub use clone::{clone_tree, Method};
+pub use digest::{content_digest, PKG_CONFIG};
 pub use key::{key_inputs, source_identity, tree_digest, Key, KeyInputs, BUILD_RECIPE_VERSION};
 
 use crate::lock::{self, BuildLock, Wait};
@@ -56,7 +57,7 @@ pub struct Record {
     pub schema: u32,
     pub key: Key,
     pub inputs: KeyInputs,
-    /// [`crate::cluster::receive::content_digest`] of `tree/` (every file but `nccl.pc`).
+    /// [`content_digest`] of `tree/` (every file but `nccl.pc`).
     pub digest: String,
     /// SHA-256 of `tree/lib/pkgconfig/nccl.pc`, which the digest leaves out.
     pub pc_sha256: String,
@@ -315,7 +316,7 @@ impl Store {
         let tree_blake3 = Some(digest::tree_blake3(&dest)?);
         if let Some(log) = log {
             let mut from = crate::fsread::open_regular(log, true)?;
-            crate::nccl::tree::create_new(&txn.path().join(LOG), &mut from)?;
+            crate::fswrite::create_new(&txn.path().join(LOG), &mut from)?;
         }
         let record = Record {
             schema: ENTRY_SCHEMA,
@@ -415,7 +416,7 @@ impl Store {
 
     /// The one key that starts with `prefix` (at least 4 hex digits).
     pub fn resolve(&self, prefix: &str) -> Result<Key> {
-        let shown = crate::cli::clean(&prefix.chars().take(80).collect::<String>());
+        let shown = crate::text::clean(&prefix.chars().take(80).collect::<String>());
         if prefix.len() < 4
             || prefix.len() > 64
             || !prefix
@@ -460,7 +461,7 @@ impl Store {
                     .collect(),
             };
             out.push(Listed {
-                size_bytes: crate::nccl::store::dir_size(&dir.join(TREE)),
+                size_bytes: crate::fsread::dir_size(&dir.join(TREE)),
                 key,
                 record,
                 why,
@@ -481,10 +482,10 @@ fn uses(user: &User, key: &Key) -> bool {
 
 /// The digest of a tree as the store records it, and its `nccl.pc`'s SHA-256.
 fn digests(tree: &Path) -> Result<(String, String)> {
-    let digest = crate::cluster::receive::content_digest(tree)?;
-    let pc = tree.join("lib/pkgconfig/nccl.pc");
+    let digest = content_digest(tree)?;
+    let pc = tree.join(PKG_CONFIG);
     let pc = if std::fs::symlink_metadata(&pc).is_ok() {
-        crate::cache::sha256_file(&pc)?
+        crate::digest::sha256_file(&pc)?
     } else {
         "none".to_string()
     };
@@ -509,7 +510,7 @@ fn read_record(dir: &Path) -> Result<Record> {
 /// Writes `value` as JSON through a temporary file and a rename: never through a link.
 fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value)? + "\n";
-    crate::nccl::tree::replace_file(path, text.as_bytes())
+    crate::fswrite::replace_file(path, text.as_bytes())
 }
 
 /// What a build recorded of the store in its manifest: the key, its inputs, and whether
