@@ -168,6 +168,7 @@ fn check_own(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::digest::sha256_file;
 
     #[test]
     fn a_kept_digest_is_the_files_own_and_is_dropped_when_the_file_changes() {

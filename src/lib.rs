@@ -19,6 +19,7 @@ pub mod loader;
 pub mod lock;
 pub mod native;
 pub mod nccl;
+pub mod pipeline;
 pub mod process;
 pub mod progress;
 pub mod project;

@@ -407,7 +407,7 @@ fn build_cmd(project: &Project, common: &Common, build: super::BuildArgs) -> Res
     let reach = common.reach(project)?;
     let workers = reports(&reach, common, build.json || build.quiet);
     let infer = |flags| crate::cluster::plan::infer(&workers, flags);
-    super::build::run_with(project, build, &infer)
+    super::build::run_inferred(project, build, &infer)
 }
 
 fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {

@@ -6,9 +6,9 @@
 use super::host::Facts;
 use super::status::{driver_runs, DriverFit, WorkerStatus};
 use crate::arch::Arch;
-use crate::nccl::build::{CheckedFlags, Inferred};
 use crate::nccl::plan::{ArchOrigin, HostValue, TagOrigin};
 use crate::nccl::tag::Tag;
+use crate::pipeline::{CheckedFlags, Inferred};
 use crate::version::{CudaVersion, NcclVersion};
 use anyhow::{bail, Result};
 

@@ -14,7 +14,7 @@
 
 use crate::digest::sha256_hex;
 use crate::native::{self, WorkDir};
-use crate::nccl::build::Backend;
+use crate::nccl::backend::Backend;
 use crate::nccl::plan::{
     BackendPlan, BuildPlan, DockerPlan, DockerSource, DockerSteps, DockerfileSpec, ImageProbe,
     NativeSource,

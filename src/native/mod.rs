@@ -16,7 +16,7 @@ pub use source::{
 };
 pub use toolchain::{discover, parse_gpu_archs, parse_nvcc_version};
 
-use crate::nccl::build::Backend;
+use crate::nccl::backend::Backend;
 use crate::nccl::plan::{BackendPlan, BuildPlan, NativePlan, NativeSource, NcclMake, Toolkit};
 use crate::process;
 use crate::progress::{self, Phase, Progress};

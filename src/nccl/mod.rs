@@ -1,6 +1,8 @@
-//! NCCL builds: the tag, the plan, the install store and the build pipeline.
+//! NCCL builds: the tag, the plan, what a backend is, the install store of a project
+//! (`libtorch/nccl/builds/`), its tree checks and verification. The pipeline that runs a
+//! plan is [`crate::pipeline`], above this module.
 
-pub mod build;
+pub mod backend;
 pub mod only_funcs;
 pub mod plan;
 pub mod preload;

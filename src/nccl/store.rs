@@ -449,4 +449,10 @@ mod tests {
         assert!(!t.path().join("libtorch").exists());
         assert!(BuildName::parse("../etc").is_err() && BuildName::parse(".x").is_err());
     }
+
+    /// The machine-wide store reads a user's manifest by its own name for it.
+    #[test]
+    fn the_store_names_the_manifest_as_builds_do() {
+        assert_eq!(crate::store::USER_MANIFEST, MANIFEST);
+    }
 }

@@ -3,7 +3,8 @@
 //! key is there is installed from it (reflink, else hard link, else copy) instead of
 //! compiled; a build that is not is added once it passed verification.
 //!
-//! Not to be confused with [`crate::nccl::store`], a project's `libtorch/nccl/builds/`.
+//! Not to be confused with `nccl::store`, a project's `libtorch/nccl/builds/`, which sits
+//! above this module and records the [`StoreRecord`] of the entry a build came from.
 //!
 //! An entry is `entry.json` (key, inputs, digest), `tree/` (the install tree as the
 //! build staged it, before fdl's manifest and `nccl.pc` prefix), `build.log`, and
@@ -28,7 +29,7 @@ pub mod key;
 
 pub use clone::{clone_tree, Method};
 pub use digest::{content_digest, PKG_CONFIG};
-pub use key::{key_inputs, source_identity, tree_digest, Key, KeyInputs, BUILD_RECIPE_VERSION};
+pub use key::{Key, KeyInputs};
 
 use crate::lock::{self, BuildLock, Wait};
 use crate::txn::Transaction;
@@ -472,12 +473,27 @@ impl Store {
     }
 }
 
-/// Whether the project build `user` is there and was made with (or from) `key`.
+/// The file of a project build that records, under `store`, the [`StoreRecord`] of the
+/// entry it came from or made (the build's manifest, `nccl::tree::MANIFEST`; a test
+/// there holds the two names together).
+pub const USER_MANIFEST: &str = "fdl-build.json";
+
+/// Manifests are small; anything larger is not one, and is not read into memory.
+const USER_MANIFEST_MAX_BYTES: u64 = 4 << 20;
+
+/// Whether the project build `user` is there and was made with (or from) `key`: its
+/// manifest is JSON whose `store` is a record of `key`. Only that part is read, the
+/// part of the manifest this module defines.
 fn uses(user: &User, key: &Key) -> bool {
-    match crate::nccl::store::read_manifest(&user.path()) {
-        Ok(m) => m.store.as_ref().is_some_and(|s| &s.key == key),
-        Err(_) => false,
+    #[derive(Deserialize)]
+    struct Part {
+        store: Option<StoreRecord>,
     }
+    crate::fsread::read_regular(&user.path().join(USER_MANIFEST), USER_MANIFEST_MAX_BYTES)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Part>(&bytes).ok())
+        .and_then(|part| part.store)
+        .is_some_and(|s| &s.key == key)
 }
 
 /// The digest of a tree as the store records it, and its `nccl.pc`'s SHA-256.

@@ -8,12 +8,13 @@ pub mod oracle;
 use assert_cmd::Command;
 use fdl::arch::parse_arch_list;
 use fdl::lock::Wait;
-use fdl::nccl::build::{execute, Backend, ExecOptions};
+use fdl::nccl::backend::Backend;
 use fdl::nccl::plan::{
     ArchOrigin, BackendInputs, BuildPlan, DockerfileSpec, PlanInputs, TagOrigin,
 };
 use fdl::nccl::store::BuildStore;
 use fdl::nccl::tag::Tag;
+use fdl::pipeline::{execute, ExecOptions};
 use fdl::progress::{Progress, Verbosity};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -320,7 +321,7 @@ pub fn install_build_with(
     };
     let opts = if stored {
         let toolchain = BTreeMap::from([("test".to_string(), "copy of a tree".to_string())]);
-        let inputs = fdl::store::key_inputs(&plan, &tree.display().to_string(), &toolchain);
+        let inputs = fdl::pipeline::key_inputs(&plan, &tree.display().to_string(), &toolchain);
         ExecOptions {
             store: Some(fdl::store::Store::open_in(&cache.join("fdl"))?),
             key: Some(Ok((fdl::store::Key::of(&inputs), inputs))),

@@ -1,0 +1,291 @@
+//! Inferring what the flags leave open (the tag and CUDA from the active libtorch, the
+//! archs from the GPUs) and making the plan from it: the pure first half of the build.
+
+use crate::arch::{self, Arch};
+use crate::gpu::{self, Gpu, GpuError};
+use crate::inspect;
+use crate::libtorch::Libtorch;
+use crate::nccl::plan::{ArchOrigin, BackendInputs, BuildPlan, PlanInputs, TagOrigin};
+use crate::nccl::tag::Tag;
+use crate::project::Project;
+use crate::version::CudaVersion;
+use anyhow::{anyhow, bail, Context, Result};
+
+/// The user's flags common to every backend, unvalidated.
+#[derive(Debug, Clone, Default)]
+pub struct BuildRequest {
+    pub tag: Option<String>,
+    pub archs: Option<String>,
+    pub cuda: Option<String>,
+    pub jobs: Option<u32>,
+    pub ptx: bool,
+    pub only_funcs: Option<String>,
+}
+
+/// Where the inputs come from besides flags; tests swap the GPU source.
+pub struct Sources<'a> {
+    pub project: &'a Project,
+    pub gpus: &'a dyn Fn() -> Result<Vec<Gpu>, GpuError>,
+}
+
+/// The flags checked before anything slow runs, so a typo fails fast.
+pub struct CheckedFlags {
+    pub tag: Option<Tag>,
+    pub archs: Option<Vec<Arch>>,
+    pub cuda: Option<CudaVersion>,
+}
+
+pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
+    let tag = req.tag.as_deref().map(Tag::parse_flag).transpose()?;
+    let archs = req
+        .archs
+        .as_deref()
+        .map(arch::parse_arch_list)
+        .transpose()?;
+    let cuda = req
+        .cuda
+        .as_deref()
+        .map(str::parse::<CudaVersion>)
+        .transpose()?;
+    if let Some(expr) = &req.only_funcs {
+        crate::nccl::only_funcs::check(expr)?;
+    }
+    if req.jobs == Some(0) {
+        bail!("--jobs must be at least 1");
+    }
+    if let Some(j) = req.jobs.filter(|&j| j > MAX_JOBS) {
+        bail!("--jobs {j} is more than any machine can run ({MAX_JOBS} at most); each nvcc job of NCCL takes up to ~2 GiB. Leave --jobs out to size it to this machine");
+    }
+    Ok(CheckedFlags { tag, archs, cuda })
+}
+
+/// What the flags, the active libtorch and the GPUs say, before a backend is chosen
+/// (choosing one needs the tag: a native source tree is checked against it).
+#[derive(Debug)]
+pub struct Inferred {
+    pub tag: Tag,
+    pub tag_origin: TagOrigin,
+    pub cuda_flag: Option<CudaVersion>,
+    pub cuda_from_libtorch: Option<CudaVersion>,
+    pub archs: Vec<Arch>,
+    pub arch_origin: ArchOrigin,
+    pub warnings: Vec<String>,
+}
+
+/// Infers what the flags leave open: the tag (and CUDA) from the active libtorch, the
+/// archs from the GPUs.
+pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
+    let CheckedFlags {
+        tag: tag_flag,
+        archs: archs_flag,
+        cuda: cuda_flag,
+    } = flags;
+    let (tag, tag_origin, cuda_from_libtorch) = match tag_flag {
+        Some(t) => (t, TagOrigin::Flag, None),
+        None => infer_tag(src.project)?,
+    };
+    let (archs, arch_origin) = match archs_flag {
+        Some(a) => (a, ArchOrigin::Flag),
+        None => {
+            let gpus = (src.gpus)().map_err(|e| anyhow!("{e}; {}", gpu::ARCHS_HINT))?;
+            // Any capability the driver reports is planned; whether a toolkit can compile
+            // it is the plan's question, not nvidia-smi's.
+            (gpu::distinct_archs(&gpus), ArchOrigin::Gpus { gpus })
+        }
+    };
+    let mut warnings = libtorch_gaps(src.project, &archs);
+    if arch_origin == ArchOrigin::Flag {
+        // `--archs` is for other hosts too; this host's GPUs must still be named, or the
+        // build (and `fdl nccl verify` here) will not cover them. No GPUs readable: no word.
+        if let Ok(gpus) = (src.gpus)() {
+            warnings.extend(left_out(&gpus, &archs));
+        }
+    }
+    Ok(Inferred {
+        tag,
+        tag_origin,
+        cuda_flag,
+        cuda_from_libtorch,
+        archs,
+        arch_origin,
+        warnings,
+    })
+}
+
+/// A warning for each local GPU no planned arch has SASS for.
+pub fn left_out(gpus: &[gpu::Gpu], archs: &[Arch]) -> Vec<String> {
+    gpus.iter()
+        .filter(|g| {
+            !archs
+                .iter()
+                .any(|&a| crate::arch::GpuTarget::generic(a).sass_runs_on(g.compute_cap))
+        })
+        .map(|g| {
+            let mut all: Vec<Arch> = archs.to_vec();
+            all.push(g.compute_cap);
+            all.sort();
+            all.dedup();
+            format!(
+                "--archs leaves out this host's GPU {} ({}, {}): the build will have no code for it, and `fdl nccl verify` here will say so. To cover it, pass --archs \"{}\"",
+                g.index,
+                g.name,
+                g.compute_cap,
+                all.iter().map(|a| a.capability()).collect::<Vec<_>>().join(";")
+            )
+        })
+        .collect()
+}
+
+/// A new NCCL does not make training run on a GPU the libtorch itself has no code for
+/// (the PyPI torch wheels have none for Pascal): say so, with the remedy.
+fn libtorch_gaps(project: &Project, archs: &[Arch]) -> Vec<String> {
+    let Ok(variant) = Libtorch::new(project.libtorch_dir()).active() else {
+        return Vec::new();
+    };
+    let Ok(ins) = inspect::inspect(&variant.libtorch_cuda()) else {
+        return Vec::new();
+    };
+    if ins.gpu_code.is_empty() {
+        return Vec::new(); // not a CUDA build of libtorch at all; nothing to judge by
+    }
+    archs
+        .iter()
+        .filter(|&&a| matches!(inspect::coverage(&ins.gpu_code, a), inspect::Verdict::NotCovered))
+        .map(|a| {
+            format!(
+                "the active libtorch ({}) has no GPU code for {a}: an NCCL built for {a} will not make training run there. Use a libtorch built for {a} (from source with TORCH_CUDA_ARCH_LIST including {}), and register it with `fdl libtorch add`",
+                variant.name,
+                a.capability()
+            )
+        })
+        .collect()
+}
+
+/// The plan, from what was inferred and the chosen backend's inputs.
+pub fn plan(
+    req: &BuildRequest,
+    inferred: Inferred,
+    builds_dir: std::path::PathBuf,
+    backend: BackendInputs,
+    backend_reason: String,
+) -> Result<BuildPlan> {
+    let (jobs, jobs_reason) = match req.jobs {
+        Some(j) => (j, "from --jobs".to_string()),
+        None => default_jobs(),
+    };
+    BuildPlan::new(PlanInputs {
+        tag: inferred.tag,
+        tag_origin: inferred.tag_origin,
+        cuda_flag: inferred.cuda_flag,
+        cuda_from_libtorch: inferred.cuda_from_libtorch,
+        archs: inferred.archs,
+        arch_origin: inferred.arch_origin,
+        jobs,
+        jobs_reason,
+        builds_dir,
+        backend,
+        backend_reason,
+        ptx: req.ptx,
+        only_funcs: req.only_funcs.clone(),
+        warnings: inferred.warnings,
+    })
+}
+
+/// The tag and CUDA version from the active libtorch's NCCL self-id.
+fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>)> {
+    let lt = Libtorch::new(project.libtorch_dir());
+    let variant = lt
+        .active()
+        .map_err(|e| anyhow!("{e:#}; or pass --tag to name the NCCL version yourself"))?;
+    let lib = variant.libtorch_cuda();
+    let meta = std::fs::metadata(&lib).map_err(|_| {
+        anyhow!(
+            "the active libtorch '{}' has no {}: is the variant complete? Pass --tag to name the NCCL version yourself",
+            variant.name,
+            lib.display()
+        )
+    })?;
+    if meta.len() == 0 {
+        bail!(
+            "{} is empty (0 bytes): a broken or interrupted download? Reinstall the variant, or pass --tag",
+            lib.display()
+        );
+    }
+    // The same answer as `fdl nccl detect` without a preload: static, pip-style through
+    // libnccl.so.2, or the version the wheel's metadata pins when that is not installed.
+    let bundled = crate::loader::bundled_nccl(&lib).with_context(|| {
+        format!(
+            "cannot read the NCCL version from {}; pass --tag to name it yourself",
+            lib.display()
+        )
+    })?;
+    let (version, cuda, linkage) = match bundled {
+        crate::loader::Bundled::Nccl(found) => {
+            let linkage = match &found.linkage {
+                inspect::Linkage::Static => "static".to_string(),
+                inspect::Linkage::Dynamic { needed, via } => {
+                    format!("dynamic: {needed} = {} via {via}", found.file.display())
+                }
+                inspect::Linkage::Preload { entry } => format!("preload: {entry}"),
+            };
+            (found.version, Some(found.cuda), linkage)
+        }
+        crate::loader::Bundled::Pinned(p) => {
+            let linkage = format!(
+                "dynamic, pinned by {} ({}=={}, not installed)",
+                p.metadata.display(),
+                p.distribution,
+                p.version
+            );
+            (p.version, None, linkage)
+        }
+        crate::loader::Bundled::None(why) => bail!(
+            "no NCCL self-identification ('NCCL version X.Y.Z+cudaA.B') in a process that loads {}: {why}. It may be truncated or not carry NCCL. Pass --tag, e.g. --tag v2.27.5-1",
+            lib.display()
+        ),
+        crate::loader::Bundled::Unknown(why) => bail!(
+            "which NCCL {} runs is unknown: {why}. Pass --tag to name the version yourself, e.g. --tag v2.27.5-1",
+            lib.display()
+        ),
+    };
+    Ok((
+        Tag::for_release(&version),
+        TagOrigin::Libtorch {
+            variant: variant.name,
+            library: lib,
+            linkage,
+        },
+        cuda,
+    ))
+}
+
+/// The most `--jobs` fdl accepts: 1,024 nvcc jobs would want ~2 TiB of memory.
+pub const MAX_JOBS: u32 = 1024;
+
+/// Parallel nvcc jobs: one per core, but no more than one per ~2 GiB of available memory
+/// (NCCL's device code compiles take up to that each).
+pub fn default_jobs() -> (u32, String) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    const PER_JOB_KIB: u64 = 2 * 1024 * 1024;
+    match available_memory_kib() {
+        Some(kib) => {
+            let by_mem = ((kib / PER_JOB_KIB) as u32).max(1);
+            let jobs = cores.min(by_mem);
+            (
+                jobs,
+                format!(
+                    "{cores} cores, {:.1} GiB available at ~2 GiB per nvcc job",
+                    kib as f64 / (1024.0 * 1024.0)
+                ),
+            )
+        }
+        None => (cores, format!("{cores} cores (available memory unknown)")),
+    }
+}
+
+fn available_memory_kib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}

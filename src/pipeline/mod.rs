@@ -1,0 +1,261 @@
+//! The build pipeline, one straight line: infer → plan → store key → execute (backend
+//! build or store install) → verify → install → report. [`prepare`] does everything up
+//! to a plan that can be shown, checked and saved, without writing anything;
+//! [`Prepared::execute`] runs it and returns a typed [`Report`]. `cli` only turns flags
+//! into a [`Request`] and renders what comes back; `cluster build` calls the same two
+//! functions with inputs inferred from every worker.
+//!
+//! It sits above the concerns it joins (`nccl` for the plan and the install, `store`,
+//! `docker`, `native`, `libtorch`, `gpu`) and below `cluster` and `cli`.
+
+pub mod choose;
+pub mod execute;
+pub mod infer;
+pub mod key;
+pub mod render;
+
+pub use choose::{BackendFlag, BackendRequest};
+pub use execute::{conflict, execute, BuildFailed, ExecOptions, Outcome};
+pub use infer::{
+    check_flags, default_jobs, infer, left_out, plan, BuildRequest, CheckedFlags, Inferred,
+    Sources, MAX_JOBS,
+};
+pub use key::{key_inputs, store_key, KeyAnswer, StoreView};
+
+use crate::docker::{DockerBackend, Engine};
+use crate::lock::Wait;
+use crate::native;
+use crate::nccl::backend::Backend;
+use crate::nccl::plan::BuildPlan;
+use crate::nccl::store::{BuildStore, Existing};
+use crate::nccl::verify;
+use crate::progress::Verbosity;
+use crate::project::Project;
+use crate::step::Step;
+use anyhow::Result;
+use choose::Chosen;
+use std::path::{Path, PathBuf};
+
+/// Everything a build was asked, typed.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub build: BuildRequest,
+    pub backend: BackendRequest,
+    /// Replace an existing build of the same name (only after the new one succeeded).
+    pub force: bool,
+    /// Fail instead of waiting when another fdl is building the same target.
+    pub no_wait: bool,
+    /// Plan only: the problems a real run would meet first are added to the plan.
+    pub dry_run: bool,
+    /// Neither install from the machine-wide store nor add to it.
+    pub no_store: bool,
+    pub verbosity: Verbosity,
+}
+
+/// A plan with what it will run and what the store will do: all a dry run shows, and
+/// all a real run needs.
+pub struct Prepared {
+    pub plan: BuildPlan,
+    /// The commands the plan runs, rendered ([`render::steps`]).
+    pub commands: Vec<String>,
+    pub store: StoreView,
+    backend: Option<Box<dyn Backend>>,
+    chosen: Chosen,
+    key: Option<KeyAnswer>,
+    request: Request,
+    builds_dir: PathBuf,
+}
+
+/// `inferred` the plan's inputs (from this host, or from a whole cluster's reports),
+/// made into a plan for the backend `req` chooses, with every problem a real run would
+/// meet first. Writes nothing: no build, no store directory, no lock.
+pub fn prepare(
+    project: &Project,
+    req: &Request,
+    infer: &dyn Fn(CheckedFlags) -> Result<Inferred>,
+) -> Result<Prepared> {
+    let flags = check_flags(&req.build)?;
+    let inferred = infer(flags)?;
+    let (inputs, reason, mut chosen) = choose::choose(&req.backend, &inferred.tag)?;
+    let mut plan = plan(
+        &req.build,
+        inferred,
+        project.nccl_builds_dir(),
+        inputs,
+        reason,
+    )?;
+    plan.warnings.extend(project.fallback_note());
+    // The engine the build needs is asked for now, so that a dry run meets what a real
+    // run would meet first. A plan is about its inputs, and is sound whichever host it
+    // is made on (a dry run on a laptop before the build host, say): a dry run names this
+    // host's missing engine as a warning; a real build refuses on it.
+    if let Chosen::Docker { engine, .. } = &mut chosen {
+        if engine.is_none() {
+            match Engine::probe() {
+                Ok(e) => *engine = Some(e),
+                Err(e) if req.dry_run => plan.warnings.push(format!(
+                    "this host cannot run the build: {e}; run it where a Docker engine answers, or with --backend native where a CUDA toolkit is installed"
+                )),
+                Err(e) => plan.problems.push(format!(
+                    "{e}; or build with --backend native where a CUDA toolkit is installed"
+                )),
+            }
+        }
+    }
+    // The backend, where it can be made: a dry run needs it for the store key's probes.
+    let backend: Option<Box<dyn Backend>> = match &chosen {
+        Chosen::Docker {
+            engine: Some(engine),
+            dockerfile,
+        } => Some(Box::new(DockerBackend {
+            engine: engine.clone(),
+            dockerfile: dockerfile.clone(),
+        })),
+        Chosen::Docker { engine: None, .. } => None,
+        Chosen::Native { .. } => Some(Box::new(native::NativeBackend)),
+    };
+    let (store, key) = key::store_view(&plan, backend.as_deref(), req.no_store);
+    if let Chosen::Native { missing } = &chosen {
+        if !missing.is_empty() {
+            let tools = missing.join("\n  ");
+            if store.state == "hit" {
+                plan.warnings.push(format!(
+                    "this host lacks tools a compile needs, but none is needed: the build is installed from the store\n  {tools}"
+                ));
+            } else {
+                plan.problems
+                    .push(format!("the native backend cannot build here:\n  {tools}"));
+            }
+        }
+    }
+    if req.dry_run {
+        // What the build checks first under its lock, checked here without one.
+        let builds = BuildStore::new(project.nccl_builds_dir());
+        let existing = builds.existing(&plan.name)?;
+        let dir = builds.path_of(&plan.name);
+        match conflict(&plan, existing.as_ref(), &dir, req.force) {
+            Some(why) => plan.problems.push(why),
+            None => {
+                if let Some(Existing::Build(m)) = &existing {
+                    if !req.force && plan.differences(&m.plan).is_empty() {
+                        plan.warnings.push(format!(
+                            "{} already holds a build from this plan ({}): a real run does nothing (--force rebuilds it)",
+                            dir.display(),
+                            m.built_at
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let commands = render::steps(&plan).iter().map(Step::render).collect();
+    Ok(Prepared {
+        plan,
+        commands,
+        store,
+        backend,
+        chosen,
+        key,
+        request: req.clone(),
+        builds_dir: project.nccl_builds_dir(),
+    })
+}
+
+/// What a build did, and how to wire it.
+#[derive(Debug)]
+pub struct Report {
+    pub outcome: Outcome,
+    /// The build's directory name.
+    pub name: String,
+    /// The `LD_PRELOAD` value the loader honours for it (a cache link where its path
+    /// holds a space or a colon), or why there is none.
+    pub preload: std::result::Result<PathBuf, String>,
+}
+
+impl Report {
+    /// `built`, `installed_from_store`, `replaced` or `already_built`, as `--json` says.
+    pub fn status(&self) -> &'static str {
+        match &self.outcome {
+            Outcome::Built {
+                replaced: false,
+                from_store: None,
+                ..
+            } => "built",
+            Outcome::Built {
+                replaced: false,
+                from_store: Some(_),
+                ..
+            } => "installed_from_store",
+            Outcome::Built { .. } => "replaced",
+            Outcome::AlreadyBuilt { .. } => "already_built",
+        }
+    }
+}
+
+impl Prepared {
+    /// The plan's problems as one error, for a run that must not start.
+    pub fn refusal(&self) -> Option<anyhow::Error> {
+        (!self.plan.problems.is_empty()).then(|| {
+            anyhow::anyhow!(
+                "the plan cannot run (see it with --dry-run):\n  {}",
+                self.plan.problems.join("\n  ")
+            )
+        })
+    }
+
+    /// Runs the plan: the backend's build (or the store's entry) into staging, checked,
+    /// installed all or nothing.
+    pub fn execute(self) -> Result<Report> {
+        if let Some(e) = self.refusal() {
+            return Err(e);
+        }
+        let req = &self.request;
+        let backend: Box<dyn Backend> = match (self.backend, self.chosen) {
+            (Some(b), _) => b,
+            (None, Chosen::Docker { dockerfile, .. }) => Box::new(DockerBackend {
+                engine: Engine::probe()?,
+                dockerfile,
+            }),
+            (None, Chosen::Native { .. }) => Box::new(native::NativeBackend),
+        };
+        let builds = BuildStore::new(self.builds_dir);
+        let exe = std::env::current_exe()?;
+        let probe = |lib: &Path| verify::probe_in_child(&exe, lib);
+        let opts = ExecOptions {
+            probe: Some(&probe),
+            cache: crate::cache::cache_dir()?,
+            force: req.force,
+            wait: if req.no_wait { Wait::No } else { Wait::Yes },
+            verbosity: req.verbosity,
+            // A store fdl cannot use (a cache directory others can write, say) costs the
+            // speed-up, never the build.
+            store: if req.no_store {
+                None
+            } else {
+                match crate::store::Store::open() {
+                    Ok(store) => Some(store),
+                    Err(e) => {
+                        eprintln!("warning: the build store is not used for this build: {e:#}");
+                        None
+                    }
+                }
+            },
+            key: self.key,
+        };
+        let outcome = execute(&self.plan, backend.as_ref(), &builds, &opts)?;
+        let dir = match &outcome {
+            Outcome::Built { dir, .. } | Outcome::AlreadyBuilt { dir, .. } => dir.clone(),
+        };
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let lib = dir.join("lib").join("libnccl.so.2");
+        let preload = crate::nccl::preload::preload_path(&lib, &name).map_err(|e| format!("{e:#}"));
+        Ok(Report {
+            outcome,
+            name,
+            preload,
+        })
+    }
+}
