@@ -1,12 +1,13 @@
 //! `fdl nccl build`: the flags, parsed into a [`pipeline::Request`]; the pipeline's
 //! plan and report, rendered in text or JSON.
 
-use super::{paint, print_json, Color};
+use super::common::print_json;
 use crate::gpu;
 use crate::nccl::plan::VolumesFlag;
 use crate::pipeline::{self, render, BackendFlag, BackendRequest, BuildRequest, Outcome, Sources};
 use crate::progress::Verbosity;
 use crate::project::Project;
+use crate::text::{paint, Color};
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;
@@ -184,7 +185,7 @@ pub(super) fn run_inferred(
                 prepared.plan.problems.len()
             );
             return Err(if args.json {
-                super::JsonReported(e).into()
+                super::common::JsonReported(e).into()
             } else {
                 e
             });

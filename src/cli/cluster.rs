@@ -1,7 +1,7 @@
 //! `fdl cluster …`: the hosts in (the cluster file's over SSH, or the Slurm allocation's
 //! nodes through srun), per-worker reports, verdicts out.
 
-use super::{clean, paint, print_json, Color};
+use super::common::print_json;
 use crate::cluster::config::{self, Worker};
 use crate::cluster::host::{self, Facts, SelfQuery};
 use crate::cluster::receive;
@@ -12,6 +12,7 @@ use crate::cluster::status::{self, OwnBinary, WorkerStatus};
 use crate::cluster::transport::Transport;
 use crate::nccl::store::BuildStore;
 use crate::project::Project;
+use crate::text::{clean, paint, Color};
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -47,7 +48,7 @@ pub enum ClusterCommand {
         #[command(flatten)]
         common: Common,
         #[command(flatten)]
-        build: super::BuildArgs,
+        build: super::build::BuildArgs,
     },
     /// Build that plan here, on the controller, with `fdl nccl build`'s backends
     #[command(
@@ -60,13 +61,13 @@ pub enum ClusterCommand {
         #[command(flatten)]
         common: Common,
         #[command(flatten)]
-        build: super::BuildArgs,
+        build: super::build::BuildArgs,
     },
     /// For each worker, the `env:` block to paste into fdl.cluster.yml (fdl never writes it)
     #[command(after_help = "Example:\n  fdl cluster env v2.27.5-sm61-sm120")]
     Env {
         /// A build of this project (default: as `fdl nccl env` picks)
-        #[arg(value_parser = super::build_name_arg)]
+        #[arg(value_parser = super::common::build_name_arg)]
         build: Option<String>,
         #[command(flatten)]
         common: Common,
@@ -84,7 +85,7 @@ pub enum ClusterCommand {
     )]
     Ship {
         /// A build of this project (default: as `fdl nccl env` picks)
-        #[arg(value_parser = super::build_name_arg)]
+        #[arg(value_parser = super::common::build_name_arg)]
         build: Option<String>,
         /// Only these workers (their `host:` names, comma-separated)
         #[arg(long, value_delimiter = ',', value_name = "A,B")]
@@ -106,14 +107,14 @@ pub enum ClusterCommand {
     Receive {
         /// Say what is at the build's place
         #[arg(long, value_name = "NAME", conflicts_with = "install",
-              value_parser = super::build_name_arg, allow_hyphen_values = true)]
+              value_parser = super::common::build_name_arg, allow_hyphen_values = true)]
         state: Option<String>,
         /// With --state: also make .incoming-<name>/ for the copy
         #[arg(long, requires = "state")]
         prepare: bool,
         /// Verify and install the copy in .incoming-<name>/
         #[arg(long, value_name = "NAME", requires = "digest",
-              value_parser = super::build_name_arg, allow_hyphen_values = true)]
+              value_parser = super::common::build_name_arg, allow_hyphen_values = true)]
         install: Option<String>,
         /// With --install: the sha256 the copy must have
         #[arg(long)]
@@ -134,7 +135,7 @@ pub enum ClusterCommand {
     #[command(hide = true)]
     Link {
         /// The build's name
-        #[arg(value_parser = super::build_name_arg)]
+        #[arg(value_parser = super::common::build_name_arg)]
         build: String,
         /// Print one JSON object
         #[arg(long)]
@@ -403,7 +404,7 @@ fn reports(reach: &Reach, common: &Common, quiet: bool) -> Vec<WorkerStatus> {
     )
 }
 
-fn build_cmd(project: &Project, common: &Common, build: super::BuildArgs) -> Result<()> {
+fn build_cmd(project: &Project, common: &Common, build: super::build::BuildArgs) -> Result<()> {
     let reach = common.reach(project)?;
     let workers = reports(&reach, common, build.json || build.quiet);
     let infer = |flags| crate::cluster::plan::infer(&workers, flags);
@@ -447,14 +448,14 @@ fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
     if !red.is_empty() {
         let e = anyhow::anyhow!("the cluster is not ready: {}", red.join(", "));
         return Err(if json {
-            super::JsonReported(e).into()
+            super::common::JsonReported(e).into()
         } else {
             e
         });
     }
     if !unknown.is_empty() {
         // Exit 3: not a finding, but not ready either; the verdicts say what is missing.
-        return Err(super::Undecided(format!(
+        return Err(super::common::Undecided(format!(
             "the cluster's readiness is unknown: {} could not be judged",
             unknown.join(", ")
         ))
@@ -826,7 +827,7 @@ fn ship_cmd(
             if dry_run { "Nothing was copied anywhere. " } else { "" }
         );
         return Err(if json {
-            super::JsonReported(e).into()
+            super::common::JsonReported(e).into()
         } else {
             e
         });
@@ -849,7 +850,7 @@ fn ship_cmd(
             )
         };
         return Err(if json {
-            super::JsonReported(e).into()
+            super::common::JsonReported(e).into()
         } else {
             e
         });

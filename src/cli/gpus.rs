@@ -1,6 +1,6 @@
 //! `fdl gpus`.
 
-use super::print_json;
+use super::common::print_json;
 use crate::gpu;
 use anyhow::Result;
 use serde_json::json;

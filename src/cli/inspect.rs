@@ -1,7 +1,7 @@
 //! `fdl inspect`, `fdl nccl detect` and `fdl nccl verify`: what a library carries, which
 //! NCCL a libtorch uses, and whether a build is sound.
 
-use super::{paint, print_json, Color};
+use super::common::print_json;
 use crate::arch::{self, Arch, GpuTarget};
 use crate::gpu::{self, Gpu};
 use crate::inspect::{self, GpuCode, Linkage, NcclDetection, Verdict};
@@ -10,6 +10,7 @@ use crate::loader::{self, Answer, LoaderEnv, Which};
 use crate::nccl::store::{BuildStore, Entry};
 use crate::nccl::verify::{self, Against, LocalGpus, Report, Status};
 use crate::project::Project;
+use crate::text::{paint, Color};
 use anyhow::{bail, Result};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -199,11 +200,11 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
     let mib = ins.size as f64 / (1024.0 * 1024.0);
     outln!(
         "{}  ({mib:.1} MiB{})",
-        super::clean(&ins.path.display().to_string()),
+        crate::text::clean(&ins.path.display().to_string()),
         if ins.elf { ", ELF" } else { ", not ELF" }
     );
     // SONAME, needs, paths and warnings are the library's own strings: shown escaped.
-    let row = |k: &str, v: String| outln!("  {k:<9}{}", super::clean(&v));
+    let row = |k: &str, v: String| outln!("  {k:<9}{}", crate::text::clean(&v));
     if let Some(s) = &ins.soname {
         row("soname", s.clone());
     }
@@ -319,7 +320,7 @@ pub(super) fn detect_cmd(
     match &w.answer {
         Answer::Nccl { .. } | Answer::None { .. } => Ok(()),
         Answer::Unknown { reason } | Answer::Split { reason } => {
-            Err(super::Undecided(reason.clone()).into())
+            Err(super::common::Undecided(reason.clone()).into())
         }
     }
 }
@@ -327,7 +328,7 @@ pub(super) fn detect_cmd(
 /// The answer, then the evidence: the calls, the objects that provide or could provide
 /// NCCL, what the loader skipped or could not load.
 fn print_which(lib: &Path, w: &Which) {
-    let clean = super::clean;
+    let clean = crate::text::clean;
     match &w.answer {
         Answer::Nccl { detection: d } => {
             outln!("NCCL {} (built with CUDA {})", d.version, d.cuda);
@@ -517,7 +518,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                 outln!(
                     "  {:<width$}  {status:<7} {}",
                     c.check,
-                    super::clean(&c.detail)
+                    crate::text::clean(&c.detail)
                 );
             };
             for c in &r.checks {
@@ -535,7 +536,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
         let e = anyhow::anyhow!("verification failed for {}", failed.join(", "));
         // With --json the report above already says it, for scripts.
         return Err(if json_out {
-            super::JsonReported(e).into()
+            super::common::JsonReported(e).into()
         } else {
             e
         });

@@ -1,7 +1,7 @@
 //! `fdl libtorch list|activate|add|remove|info`.
 
+use super::common::print_json;
 use super::inspect as ins;
-use super::print_json;
 use crate::inspect;
 use crate::libtorch::Libtorch;
 use crate::project::Project;
@@ -99,11 +99,11 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                         " "
                     };
                     match v.missing() {
-                        None => outln!("{mark} {}", super::clean(&v.name)),
+                        None => outln!("{mark} {}", crate::text::clean(&v.name)),
                         Some(why) => outln!(
                             "{mark} {}  (files missing: {})",
-                            super::clean(&v.name),
-                            super::clean(&why.to_string())
+                            crate::text::clean(&v.name),
+                            crate::text::clean(&why.to_string())
                         ),
                     }
                 }
@@ -139,7 +139,8 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
         }
         LibtorchCommand::Remove { variant, yes } => {
             let v = lt.variant(&variant)?;
-            if !yes && !super::confirm(&format!("Remove the libtorch variant {}?", v.name))? {
+            if !yes && !super::common::confirm(&format!("Remove the libtorch variant {}?", v.name))?
+            {
                 eprintln!("Nothing was removed.");
                 return Ok(());
             }
@@ -215,8 +216,8 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             }
             outln!(
                 "{}  ({})",
-                super::clean(&v.name),
-                super::clean(&v.dir.display().to_string())
+                crate::text::clean(&v.name),
+                crate::text::clean(&v.dir.display().to_string())
             );
             if !meta.is_empty() {
                 outln!("  recorded in .arch when it was added:");
@@ -224,18 +225,21 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 for (k, val) in &meta {
                     let val = if val.is_empty() { "none" } else { val.as_str() };
                     // .arch is a file in the project: its text is shown escaped.
-                    let (k, val) = (super::clean(k), super::clean(val));
+                    let (k, val) = (crate::text::clean(k), crate::text::clean(val));
                     outln!("    {k:<width$}  {val}");
                 }
             }
             match &nccl {
                 Some(Ok(Some(w))) => {
-                    outln!("  NCCL now: {}", super::clean(&ins::answer_line(w)))
+                    outln!("  NCCL now: {}", crate::text::clean(&ins::answer_line(w)))
                 }
                 Some(Ok(None)) => {
                     outln!("  NCCL now: none: {} is not an ELF file", lib.display())
                 }
-                Some(Err(e)) => outln!("  NCCL now: cannot tell: {}", super::clean(&e.to_string())),
+                Some(Err(e)) => outln!(
+                    "  NCCL now: cannot tell: {}",
+                    crate::text::clean(&e.to_string())
+                ),
                 None => outln!("  NCCL now: no {}", lib.display()),
             }
             match &code {
@@ -243,7 +247,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 Some(Err(e)) => {
                     outln!(
                         "  gpu code cannot be read: {}",
-                        super::clean(&e.to_string())
+                        crate::text::clean(&e.to_string())
                     )
                 }
                 None => {}

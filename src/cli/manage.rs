@@ -1,10 +1,11 @@
 //! `fdl nccl list|remove|env`: seeing, deleting and wiring builds.
 
-use super::{clean, paint, print_json, Color};
+use super::common::print_json;
 use crate::libtorch::Libtorch;
 use crate::lock::Wait;
 use crate::nccl::store::{BuildName, BuildStore, Entry, Existing, Manifest};
 use crate::project::Project;
+use crate::text::{clean, paint, Color};
 use anyhow::{bail, Result};
 use clap::ValueEnum;
 use serde_json::json;
@@ -169,7 +170,7 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
         }
     }
     if !yes
-        && !super::confirm(&format!(
+        && !super::common::confirm(&format!(
             "Remove {} from {}?",
             names.join(", "),
             store.dir.display()

@@ -1,8 +1,9 @@
 //! `fdl store list|remove|gc`: the machine-wide build store ([`crate::store`]).
 
-use super::{clean, print_json};
+use super::common::print_json;
 use crate::lock::Wait;
 use crate::store::{Key, Listed, Store};
+use crate::text::clean;
 use anyhow::{bail, Result};
 use clap::Subcommand;
 use serde_json::json;
@@ -123,7 +124,7 @@ fn gc(store: &Store, yes: bool) -> Result<()> {
         for k in &keys {
             eprintln!("  {k}");
         }
-        if !super::confirm(&format!(
+        if !super::common::confirm(&format!(
             "Remove these {} store entries no project uses ({})?",
             keys.len(),
             size(total)

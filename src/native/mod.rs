@@ -14,7 +14,7 @@ mod toolchain;
 pub use source::{
     check_source_dir, ensure_clone, parse_version_mk, repo_key, source_for, NCCL_REPO, REPO_ENV,
 };
-pub use toolchain::{discover, parse_gpu_archs, parse_nvcc_version};
+pub use toolchain::{discover, parse_gpu_archs, parse_nvcc_version, ToolchainReport};
 
 use crate::nccl::backend::Backend;
 use crate::nccl::plan::{BackendPlan, BuildPlan, NativePlan, NativeSource, NcclMake, Toolkit};
@@ -24,22 +24,6 @@ use crate::step::{EnvChange, Paths, Step};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-/// What the host offers for a native build, and what it lacks.
-#[derive(Debug, Clone, Default)]
-pub struct ToolchainReport {
-    pub toolkit: Option<Toolkit>,
-    /// make, c++, python3, git: each found one.
-    pub tools: BTreeMap<String, PathBuf>,
-    /// One entry per missing tool, saying what to install or set.
-    pub missing: Vec<String>,
-}
-
-impl ToolchainReport {
-    pub fn is_complete(&self) -> bool {
-        self.toolkit.is_some() && self.missing.is_empty()
-    }
-}
 
 /// NCCL's makefiles find the CUDA libraries at `$(CUDA_HOME)/lib64` unless `CUDA_LIB`
 /// says otherwise; a toolkit in the wheels' `lib/` layout needs it said. `cuda_home` is

@@ -6,7 +6,6 @@
 //! The lookups read the environment through [`HostEnv`], so the unit tests can give each
 //! case its own PATH and CUDA_HOME without touching the test process's environment.
 
-use super::ToolchainReport;
 use crate::arch::Arch;
 use crate::nccl::plan::Toolkit;
 use crate::process;
@@ -33,6 +32,22 @@ impl HostEnv {
             cuda_home: non_empty("CUDA_HOME"),
             cxx: non_empty("CXX"),
         }
+    }
+}
+
+/// What the host offers for a native build, and what it lacks.
+#[derive(Debug, Clone, Default)]
+pub struct ToolchainReport {
+    pub toolkit: Option<Toolkit>,
+    /// make, c++, python3, git: each found one.
+    pub tools: std::collections::BTreeMap<String, PathBuf>,
+    /// One entry per missing tool, saying what to install or set.
+    pub missing: Vec<String>,
+}
+
+impl ToolchainReport {
+    pub fn is_complete(&self) -> bool {
+        self.toolkit.is_some() && self.missing.is_empty()
     }
 }
 
