@@ -1,8 +1,17 @@
 //! fdl: build, inspect and wire NCCL for libtorch-based training on mixed GPU generations.
 //!
-//! The data flow is one straight line: inputs (`project`, `libtorch`, `gpu`, `inspect`)
-//! → a pure [`nccl::plan::BuildPlan`] → a backend (`docker`) → a transactional install
-//! (`nccl::store`) → a report (`cli`). Lower modules never call higher ones.
+//! The data flow is one straight line: inputs (`project`, `libtorch`, `gpu`, `inspect`,
+//! `loader`) → a pure [`nccl::plan::BuildPlan`] ([`pipeline::prepare`]) → a backend
+//! (`docker`, `native`, or an entry of the machine-wide `store`) → a transactional install
+//! (`nccl::store`) → a typed [`pipeline::Report`] that `cli` renders.
+//!
+//! The modules stand on floors, and a module imports only from its floor or below:
+//! 0, the ground floor, shared by all (`text`, `digest`, `fsread`, `fswrite`, `cache`,
+//! `process`, `lock`, `txn`, `progress`, `step`, `version`, `arch`); 1, facts about this
+//! machine and its build store (`gpu`, `inspect`, `loader`, `project`, `libtorch`,
+//! `store`); 2, `nccl`; 3, the backends `docker` and `native`; 4, `pipeline`; 5,
+//! `cluster`; 6, `cli`, which nothing imports. No file imports one that imports it back.
+//! `tests/architecture.rs` holds both rules against the table in ARCHITECTURE.md.
 
 pub mod arch;
 pub mod cache;
