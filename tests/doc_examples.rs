@@ -425,3 +425,69 @@ fn the_docs_examples_are_real_output() {
         failures.join("\n")
     );
 }
+
+/// GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces
+/// as `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside fenced blocks).
+fn anchors(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            out.push(anchor(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// Every relative link of README.md and docs/*.md names a file that exists, and every
+/// `#anchor` a heading of the page it points at.
+#[test]
+fn every_internal_link_resolves() {
+    assert_eq!(
+        anchor("Which NCCL a process runs: how fdl decides"),
+        "which-nccl-a-process-runs-how-fdl-decides"
+    );
+    let mut broken = Vec::new();
+    for file in doc_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let dir = file.parent().unwrap();
+        for (_, target) in text.match_indices("](").map(|(i, _)| {
+            let rest = &text[i + 2..];
+            (i, &rest[..rest.find(')').unwrap_or(rest.len())])
+        }) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, frag) = target.split_once('#').unwrap_or((target, ""));
+            let page = if path.is_empty() {
+                file.clone()
+            } else {
+                dir.join(path)
+            };
+            if !page.exists() {
+                broken.push(format!("{}: {target}: no such file", file.display()));
+                continue;
+            }
+            if !frag.is_empty() {
+                let text = std::fs::read_to_string(&page).unwrap();
+                if !anchors(&text).iter().any(|a| a == frag) {
+                    broken.push(format!("{}: {target}: no such heading", file.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links: {broken:#?}");
+}
