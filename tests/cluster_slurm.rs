@@ -450,19 +450,19 @@ fn a_shared_project_directory_makes_ship_a_no_op() {
     assert_eq!(worker(&v, "node3")["result"], "already_there", "{v}");
 }
 
-/// The batch script of the README's Slurm section, as it stands there, run by
+/// The batch script of docs/cluster.md's Slurm section, as it stands there, run by
 /// `sbatch --wait` on the controller: red first, shipped, then green, and the launch
 /// sees the build's library preloaded on every node.
 #[test]
 #[ignore = "needs Docker: drives a real Slurm in containers: `cargo test -- --include-ignored`"]
 fn the_readmes_batch_script_ships_and_launches_with_the_preload() {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cluster.md")).unwrap();
     let script = readme
         .split_once("<!-- slurm-script -->\n```sh\n")
         .and_then(|(_, rest)| rest.split_once("```"))
         .map(|(s, _)| s.to_string())
-        .expect("README.md has no `<!-- slurm-script -->` sh block");
+        .expect("docs/cluster.md has no `<!-- slurm-script -->` sh block");
     assert!(script.contains(&format!("cd {ROOT}")), "{script}");
     let _one = CLUSTERS.lock().unwrap_or_else(|e| e.into_inner());
     let rig = Rig::new(None);

@@ -349,7 +349,7 @@ fn cluster_messages_name_cluster_commands() {
 }
 
 /// No cluster file: the error shows the smallest one, which parses to two workers, one
-/// with its own port and key, and is the one the README shows.
+/// with its own port and key, and is the one docs/cluster.md shows.
 #[test]
 fn no_cluster_file_shows_a_minimal_one_that_works() {
     let p = ProjectFixture::empty();
@@ -369,12 +369,12 @@ fn no_cluster_file_shows_a_minimal_one_that_works() {
     assert_eq!(workers[1].ssh.port, Some(2222));
     assert!(workers[1].ssh.identity_file.is_some());
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cluster.md")).unwrap();
     assert!(
         readme.contains(&format!(
             "```yaml\n{}```",
             fdl::cluster::config::MINIMAL_EXAMPLE
         )),
-        "README.md does not show config::MINIMAL_EXAMPLE as a yaml block"
+        "docs/cluster.md does not show config::MINIMAL_EXAMPLE as a yaml block"
     );
 }

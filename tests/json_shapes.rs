@@ -1,6 +1,7 @@
-//! Every `--json` output against README.md's "JSON output" section: each documented
-//! command is run on a fixture project, and its object's top-level keys must be exactly
-//! the documented ones, stamped with the documented schema, with versions as strings.
+//! Every `--json` output against docs/json.md: each documented command is run on a
+//! fixture project, its object's top-level keys must be exactly the documented ones,
+//! stamped with the documented schema, with versions as strings, and the whole object
+//! must validate against the JSON Schema file the table names (docs/schemas/).
 
 mod common;
 mod native_fixture;
@@ -8,14 +9,15 @@ use common::*;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// README's table rows: `| \`fdl …\` | \`key\`, \`key\` |` → command → keys.
-fn documented() -> BTreeMap<String, BTreeSet<String>> {
+/// docs/json.md's table rows: `| \`fdl …\` | \`key\`, \`key\` | [name](schemas/F) |` →
+/// command → (keys, the schema file's path relative to docs/).
+fn documented() -> BTreeMap<String, (BTreeSet<String>, String)> {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/json.md")).unwrap();
     let section = readme
-        .split("\n## JSON output\n")
+        .split("\n## Top-level keys\n")
         .nth(1)
-        .expect("README.md has a '## JSON output' section");
+        .expect("docs/json.md has a '## Top-level keys' section");
     let section = section.split("\n## ").next().unwrap();
     let mut out = BTreeMap::new();
     for line in section.lines().filter(|l| l.starts_with("| `fdl ")) {
@@ -25,7 +27,14 @@ fn documented() -> BTreeMap<String, BTreeSet<String>> {
             .split(',')
             .map(|k| k.trim().trim_matches('`').to_string())
             .collect();
-        out.insert(command, keys);
+        let schema = cells
+            .get(2)
+            .and_then(|c| {
+                c.split_once("](")
+                    .map(|(_, r)| r.trim_end_matches(')').to_string())
+            })
+            .unwrap_or_else(|| panic!("{command}: the table names no schema file"));
+        out.insert(command, (keys, schema));
     }
     out
 }
@@ -53,7 +62,7 @@ fn versions_are_strings(v: &Value, path: &str, bad: &mut Vec<String>) {
 }
 
 #[test]
-fn every_json_output_matches_the_readme() {
+fn every_json_output_matches_its_documented_schema() {
     let doc = documented();
     assert!(doc.len() >= 11, "too few documented commands: {doc:?}");
 
@@ -159,10 +168,24 @@ fn every_json_output_matches_the_readme() {
         let v: Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("{command}: not one JSON object ({e})"));
         let keys: BTreeSet<String> = v.as_object().unwrap().keys().cloned().collect();
-        let want = doc
+        let (want, schema_file) = doc
             .get(command)
-            .unwrap_or_else(|| panic!("{command} is not documented in README.md"));
-        assert_eq!(&keys, want, "{command}: keys differ from README.md");
+            .unwrap_or_else(|| panic!("{command} is not documented in docs/json.md"));
+        assert_eq!(&keys, want, "{command}: keys differ from docs/json.md");
+        let schema_path =
+            std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/docs")).join(schema_file);
+        let schema: Value = serde_json::from_str(
+            &std::fs::read_to_string(&schema_path)
+                .unwrap_or_else(|e| panic!("{}: {e}", schema_path.display())),
+        )
+        .unwrap_or_else(|e| panic!("{}: not JSON: {e}", schema_path.display()));
+        let errors = common::schema::validate(&schema, &v);
+        assert!(
+            errors.is_empty(),
+            "{command}: the output does not match {}:\n{}\n{v}",
+            schema_path.display(),
+            errors.join("\n")
+        );
         assert_eq!(v["schema"], 1, "{command}");
         let mut bad = Vec::new();
         versions_are_strings(&v, "", &mut bad);
@@ -251,4 +274,52 @@ fn json_errors_empty_answers_and_list_contents() {
         .map(|e| e["target"].as_str().unwrap())
         .collect();
     assert_eq!(sass, ["sm_61", "sm_120"]);
+}
+
+/// The validator finds what it must: a wrong type, a missing required key, a key a
+/// closed object does not list, a wrong const, a bad array item, an unknown keyword.
+#[test]
+fn the_schema_validator_finds_each_kind_of_difference() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "schema": {"const": 1},
+            "name": {"type": "string"},
+            "list": {"type": "array", "items": {"type": "integer"}},
+            "state": {"enum": ["a", "b"]}
+        },
+        "required": ["schema", "name"],
+        "additionalProperties": false
+    });
+    let ok = serde_json::json!({"schema": 1, "name": "x", "list": [1, 2], "state": "a"});
+    assert_eq!(common::schema::validate(&schema, &ok), Vec::<String>::new());
+    for bad in [
+        serde_json::json!({"schema": 1, "name": 3}),
+        serde_json::json!({"schema": 1}),
+        serde_json::json!({"schema": 1, "name": "x", "extra": true}),
+        serde_json::json!({"schema": 2, "name": "x"}),
+        serde_json::json!({"schema": 1, "name": "x", "list": [1, "2"]}),
+        serde_json::json!({"schema": 1, "name": "x", "state": "c"}),
+    ] {
+        assert!(
+            !common::schema::validate(&schema, &bad).is_empty(),
+            "{bad} passed"
+        );
+    }
+    let unknown = serde_json::json!({"type": "object", "oneOf": []});
+    assert!(!common::schema::validate(&unknown, &ok).is_empty());
+}
+
+/// Every schema file is used by a row of the table, so none goes stale unchecked.
+#[test]
+fn every_schema_file_is_in_the_table() {
+    let used: BTreeSet<String> = documented().into_values().map(|(_, s)| s).collect();
+    let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/schemas"));
+    for e in std::fs::read_dir(dir).unwrap() {
+        let name = format!("schemas/{}", e.unwrap().file_name().to_string_lossy());
+        assert!(
+            used.contains(&name),
+            "{name} is in no row of docs/json.md's table"
+        );
+    }
 }

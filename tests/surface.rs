@@ -187,7 +187,8 @@ fn cluster_env_has_json() {
     );
 }
 
-/// The README names every command a user can run (`fdl libtorch remove` was missing).
+/// The docs (README.md and docs/*.md together) name every command a user can run
+/// (`fdl libtorch remove` was missing), and the README links every docs/ page.
 #[test]
 fn the_readme_lists_every_command() {
     fn leaves(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
@@ -207,11 +208,24 @@ fn the_readme_lists_every_command() {
     let mut all = Vec::new();
     leaves(&cmd, "fdl", &mut all);
     assert!(all.len() > 15, "{all:?}");
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let missing: Vec<&String> = all
-        .iter()
-        .filter(|c| !readme.contains(c.as_str()))
-        .collect();
-    assert!(missing.is_empty(), "README.md does not name {missing:?}");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let mut docs = readme.clone();
+    for page in std::fs::read_dir(root.join("docs")).unwrap() {
+        let page = page.unwrap().path();
+        if page.extension().is_some_and(|e| e == "md") {
+            let name = page.file_name().unwrap().to_string_lossy().into_owned();
+            // Every page is linked from the README, so the guide leads to it.
+            assert!(
+                readme.contains(&format!("(docs/{name}")),
+                "README.md does not link docs/{name}"
+            );
+            docs.push_str(&std::fs::read_to_string(&page).unwrap());
+        }
+    }
+    let missing: Vec<&String> = all.iter().filter(|c| !docs.contains(c.as_str())).collect();
+    assert!(
+        missing.is_empty(),
+        "neither README.md nor docs/ names {missing:?}"
+    );
 }

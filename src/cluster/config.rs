@@ -107,7 +107,7 @@ pub fn load(root: &Path, cluster_file: Option<&Path>) -> Result<Cluster> {
     }
     if !present(&overlay_path) {
         bail!(
-            "no cluster file at {}. Write one there (or name one with --file PATH) describing the controller and each worker; the smallest one (README, \"The cluster file\"):\n{}",
+            "no cluster file at {}. Write one there (or name one with --file PATH) describing the controller and each worker; the smallest one (docs/cluster.md, \"The cluster file\"):\n{}",
             overlay_path.display(),
             MINIMAL_EXAMPLE.trim_end()
         );

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod oracle;
+pub mod schema;
 
 use assert_cmd::Command;
 use fdl::arch::parse_arch_list;
