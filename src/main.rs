@@ -15,7 +15,7 @@ fn main() -> ExitCode {
     // Output that could not be written (`> /dev/full`) is a failure of the command, said
     // once, whatever else happened.
     if let Err(e) = fdl::cli::finish_stdout() {
-        eprintln!(
+        fdl::eprintln_safe!(
             "{} cannot write the output to stdout: {e}",
             paint_err("error:", Color::Red)
         );
@@ -28,18 +28,16 @@ fn main() -> ExitCode {
         // An interrupt surfaces through whatever step was running; say only that.
         Err(e) => match e.downcast_ref::<fdl::process::Interrupted>() {
             Some(interrupted) => {
-                eprintln!("{} {interrupted}", paint_err("error:", Color::Red));
+                fdl::eprintln_safe!("{} {interrupted}", paint_err("error:", Color::Red));
                 ExitCode::from(130)
             }
             None if e.downcast_ref::<fdl::cli::Undecided>().is_some() => {
-                // Errors quote files and workers: shown with their control characters escaped.
-                let e = fdl::text::terminal_safe(&format!("{e:#}"));
-                eprintln!("{} {e}", paint_err("unknown:", Color::Yellow));
+                // Errors quote files and workers: eprintln_safe escapes their controls.
+                fdl::eprintln_safe!("{} {e:#}", paint_err("unknown:", Color::Yellow));
                 ExitCode::from(fdl::cli::EXIT_UNKNOWN)
             }
             None => {
-                let e = fdl::text::terminal_safe(&format!("{e:#}"));
-                eprintln!("{} {e}", paint_err("error:", Color::Red));
+                fdl::eprintln_safe!("{} {e:#}", paint_err("error:", Color::Red));
                 ExitCode::FAILURE
             }
         },

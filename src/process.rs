@@ -26,7 +26,7 @@ pub fn install_interrupt_handler() {
     let _ = ctrlc::set_handler(|| {
         INTERRUPTED.store(true, Ordering::SeqCst);
         if CRITICAL.load(Ordering::SeqCst) == 0 {
-            eprintln!("error: {Interrupted}");
+            crate::eprintln_safe!("error: {Interrupted}");
             std::process::exit(130);
         }
     });

@@ -186,8 +186,9 @@ impl Progress {
 
     fn print(&self, line: &str) {
         match &self.bar {
-            Some(bar) => bar.println(line),
-            None => eprintln!("{line}"),
+            // The build's own output: shown with its controls escaped.
+            Some(bar) => bar.println(crate::text::terminal_safe(line)),
+            None => crate::eprintln_safe!("{line}"),
         }
     }
 
@@ -213,10 +214,11 @@ impl Progress {
         if let Some(bar) = &self.bar {
             let line = self.status_line(&s);
             // The bar shows its own elapsed time.
-            bar.set_message(
-                line.split_once(' ')
+            bar.set_message(crate::text::terminal_safe(
+                &line
+                    .split_once(' ')
                     .map_or(line.clone(), |(_, m)| m.to_string()),
-            );
+            ));
             return;
         }
         let due = s.last_plain.is_none_or(|t| t.elapsed() >= PLAIN_EVERY);
@@ -224,7 +226,7 @@ impl Progress {
             s.last_plain = Some(Instant::now());
             let line = self.status_line(&s);
             drop(s);
-            eprintln!("{line}");
+            crate::eprintln_safe!("{line}");
         }
     }
 }

@@ -3,39 +3,83 @@
 //! own colours. A ground-floor module: every concern that quotes a file, a library, a
 //! worker or an engine in a message uses it, so none of them needs `cli`.
 
+/// fdl's own colours travel inside its text as private-use characters, which only
+/// [`terminal_safe`] turns into escape sequences at the end: so no escape sequence that
+/// came from outside (a name in `DT_NEEDED`, a directory, an engine's version string)
+/// can pass for one of fdl's, and [`clean`] escapes these characters in outside text
+/// too. One character per colour, and one for "back to normal".
+const MARK_RESET: char = '\u{F8F0}';
+const MARK_RED: char = '\u{F8F1}';
+const MARK_GREEN: char = '\u{F8F2}';
+const MARK_YELLOW: char = '\u{F8F3}';
+
+fn is_mark(c: char) -> bool {
+    matches!(c, '\u{F8F0}'..='\u{F8F3}')
+}
+
+/// Characters that change how a terminal shows text: C0 and C1 controls (ESC, so every
+/// CSI and OSC sequence, carriage return, backspace, and the C1 CSI itself), and the
+/// bidi controls that reorder a line.
+fn is_bad(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// The backstop under [`clean`] for whole lines of output: every control character but
-/// newline and tab is escaped, except fdl's own colour codes (`ESC [ digits m`, which
-/// only colour text). Fields from outside are cleaned where they are printed (that also
-/// escapes their newlines, so no line can be forged); this catches the rest, so no
-/// output of fdl can retitle, clear or move about the user's terminal.
+/// newline and tab is escaped (ESC included, so any CSI or OSC sequence is printed as
+/// inert text), and fdl's own colour marks become colour codes. Fields from outside are
+/// cleaned where they are printed (that also escapes their newlines, so no line can be
+/// forged); this catches the rest, so no output of fdl can retitle, clear or move about
+/// the user's terminal. (A colour mark in outside text that skipped [`clean`] could at
+/// most colour it: it becomes a colour code and nothing else.)
 pub fn terminal_safe(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let is_sgr = |at: usize| {
-        let rest = &bytes[at..];
-        rest.len() >= 3 && rest[1] == b'[' && {
-            let n = rest[2..]
-                .iter()
-                .take_while(|b| b.is_ascii_digit() || **b == b';')
-                .count();
-            rest.get(2 + n) == Some(&b'm')
-        }
-    };
-    let needs = text.char_indices().any(|(i, c)| {
-        (c.is_control() && c != '\n' && c != '\t' && !(c == '\x1b' && is_sgr(i)))
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    });
-    if !needs {
+    if !text
+        .chars()
+        .any(|c| (is_bad(c) && c != '\n' && c != '\t') || is_mark(c))
+    {
         return text.to_string();
     }
-    let mut out = String::with_capacity(text.len());
-    for (i, c) in text.char_indices() {
-        if c == '\n' || c == '\t' || (c == '\x1b' && is_sgr(i)) {
-            out.push(c);
-        } else {
-            out.push_str(&clean(c.encode_utf8(&mut [0; 4])));
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' => out.push(c),
+            MARK_RESET => out.push_str("\x1b[0m"),
+            MARK_RED => out.push_str("\x1b[31m"),
+            MARK_GREEN => out.push_str("\x1b[32m"),
+            MARK_YELLOW => out.push_str("\x1b[33m"),
+            c if is_bad(c) => out.push_str(&c.escape_unicode().to_string()),
+            c => out.push(c),
         }
     }
     out
+}
+
+/// `eprintln!` through [`terminal_safe`]: what fdl writes to stderr (warnings, progress,
+/// errors quoting files and workers) is as safe as what it writes to stdout.
+#[macro_export]
+macro_rules! eprintln_safe {
+    () => {
+        $crate::text::write_err(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {{
+        $crate::text::write_err(format_args!("{}\n", format_args!($($arg)*)))
+    }};
+}
+
+/// `eprint!` through [`terminal_safe`]; see [`eprintln_safe!`].
+#[macro_export]
+macro_rules! eprint_safe {
+    ($($arg:tt)*) => {
+        $crate::text::write_err(format_args!($($arg)*))
+    };
+}
+
+/// Writes to stderr through [`terminal_safe`]; a failed write is dropped, as
+/// `eprint!`'s would panic instead.
+pub fn write_err(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let text = terminal_safe(&std::fmt::format(args));
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -50,16 +94,12 @@ fn color_enabled(stream_is_terminal: bool) -> bool {
     std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) && stream_is_terminal
 }
 
-/// `text` in `color` when it goes to a terminal on stdout.
 /// Text that came from outside fdl (a file, a library, a worker), made safe to print: every
-/// control character (escape sequences, carriage returns, bidi controls are not
-/// excepted) is written as a visible `\u{…}` escape, so nothing can retitle, clear or
-/// forge lines of the user's terminal.
+/// control character (escape sequences, carriage returns, newlines; bidi controls and
+/// fdl's own colour marks are not excepted) is written as a visible `\u{…}` escape, so
+/// nothing can retitle, clear, recolour or forge lines of the user's terminal.
 pub fn clean(text: &str) -> String {
-    let bad = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
+    let bad = |c: char| is_bad(c) || is_mark(c);
     if !text.chars().any(bad) {
         return text.to_string();
     }
@@ -74,6 +114,7 @@ pub fn clean(text: &str) -> String {
         .collect()
 }
 
+/// `text` in `color` when it goes to a terminal on stdout.
 pub fn paint(text: &str, color: Color) -> String {
     use std::io::IsTerminal;
     paint_if(color_enabled(std::io::stdout().is_terminal()), text, color)
@@ -89,10 +130,38 @@ fn paint_if(enabled: bool, text: &str, color: Color) -> String {
     if !enabled {
         return text.to_string();
     }
-    let code = match color {
-        Color::Red => 31,
-        Color::Yellow => 33,
-        Color::Green => 32,
+    let mark = match color {
+        Color::Red => MARK_RED,
+        Color::Yellow => MARK_YELLOW,
+        Color::Green => MARK_GREEN,
     };
-    format!("\x1b[{code}m{text}\x1b[0m")
+    format!("{mark}{text}{MARK_RESET}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Outside text cannot colour, move or forge: an SGR, a CSI that clears, an OSC that
+    /// retitles, a C1 CSI and a forged colour mark are all inert, in a field and on a
+    /// whole line; fdl's own colours still come out as colour codes.
+    #[test]
+    fn only_fdls_own_colours_reach_the_terminal() {
+        let hostile = "lib\x1b[31mred\x1b[2J\x1b]0;title\x07\u{9b}31m\rname";
+        for shown in [terminal_safe(hostile), clean(hostile)] {
+            assert!(
+                !shown.contains('\x1b') && !shown.contains('\r') && !shown.contains('\u{9b}'),
+                "{shown:?}"
+            );
+            assert!(!shown.contains('\x07'), "{shown:?}");
+        }
+        assert!(!clean("\u{F8F1}x\u{F8F0}").chars().any(is_mark));
+        assert!(clean("a\nforged line").contains("\\u{a}"));
+        let ours = paint_if(true, "ok", Color::Green);
+        assert_eq!(terminal_safe(&ours), "\x1b[32mok\x1b[0m");
+        // A mark that came from outside and was cleaned stays text.
+        let line = format!("{} {}", ours, clean("\u{F8F1}evil"));
+        assert_eq!(terminal_safe(&line), "\x1b[32mok\x1b[0m \\u{f8f1}evil");
+        assert_eq!(terminal_safe("plain\ttext\n"), "plain\ttext\n");
+    }
 }

@@ -155,7 +155,7 @@ impl Drop for Transaction {
         }
         if let Err(e) = std::fs::remove_dir_all(&self.staging) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                eprintln!(
+                crate::eprintln_safe!(
                     "warning: could not remove staging directory {}: {e}",
                     self.staging.display()
                 );

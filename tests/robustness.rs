@@ -221,3 +221,45 @@ fn a_librarys_strings_are_printed_escaped() {
     );
     assert!(!text.contains("\nnccl     2.99.9"), "{text}");
 }
+
+/// A colour sequence in a name that came from a file (a `DT_NEEDED` entry here) does not
+/// reach the terminal as one: the old filter let `ESC [ … m` through as if it were
+/// fdl's own colour. Neither `inspect` nor `nccl detect` (whose "unknown:" line names
+/// the missing library) prints an escape character, on stdout or stderr.
+#[test]
+fn a_colour_sequence_in_a_needed_name_stays_text() {
+    let p = ProjectFixture::empty();
+    let dep = p.root().join("libdep.so");
+    compile_shared(
+        "int dep_fn(void) { return 1; }\n",
+        &dep,
+        &["-Wl,-soname,libx\u{1b}[31mred\u{1b}[0m\u{1b}[2J.so"],
+    );
+    let user = p.root().join("libuser.so");
+    compile_shared(
+        "int dep_fn(void); int user_fn(void) { return dep_fn(); }\n",
+        &user,
+        &["-Wl,--no-as-needed", dep.to_str().unwrap()],
+    );
+    std::fs::remove_file(&dep).unwrap();
+    for args in [&["inspect"][..], &["nccl", "detect"][..]] {
+        let out = Command::new(assert_cmd::cargo::cargo_bin("fdl"))
+            .args(args)
+            .arg(&user)
+            .env("LD_LIBRARY_PATH", "")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(
+            stdout.contains("libx\\u{1b}[31mred") || stderr.contains("libx\\u{1b}[31mred"),
+            "{args:?} does not name the library:\n{stdout}\n{stderr}"
+        );
+        assert!(
+            !stdout.contains('\u{1b}') && !stderr.contains('\u{1b}'),
+            "{args:?}: {stdout:?}\n{stderr:?}"
+        );
+    }
+}

@@ -141,7 +141,7 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
             gpus: &|| {
                 let gpus = gpu::query()?;
                 if !quiet_gpus {
-                    eprint!("Local GPUs:\n{}", gpu::table(&gpus));
+                    crate::eprint_safe!("Local GPUs:\n{}", gpu::table(&gpus));
                 }
                 Ok(gpus)
             },
@@ -159,7 +159,7 @@ pub(super) fn run_inferred(
     infer: &dyn Fn(pipeline::CheckedFlags) -> Result<pipeline::Inferred>,
 ) -> Result<()> {
     if args.verbose {
-        eprintln!("project root: {}", project.describe());
+        crate::eprintln_safe!("project root: {}", project.describe());
     }
     let prepared = pipeline::prepare(project, &args.request(), infer)?;
     // One rule for every dry run: the plan, then every problem, then a status that is 0
@@ -196,7 +196,7 @@ pub(super) fn run_inferred(
         return Err(e);
     }
     if !args.json && !args.quiet {
-        eprint!(
+        crate::eprint_safe!(
             "{}",
             render::plan(&prepared.plan, &prepared.commands, &prepared.store)
         );

@@ -225,7 +225,7 @@ impl Common {
                 Err(e) => return Err(e),
             }
             if slurm {
-                eprintln!(
+                crate::eprintln_safe!(
                     "note: no workers in {}, and fdl runs inside Slurm job {}: using the allocation's nodes through srun (as --slurm)",
                     config::CLUSTER_FILE,
                     clean(&std::env::var("SLURM_JOB_ID").unwrap_or_default())
@@ -391,7 +391,7 @@ fn reports(reach: &Reach, common: &Common, quiet: bool) -> Vec<WorkerStatus> {
             } else {
                 "answered"
             };
-            eprintln!("  {} ({}): {state}", clean(&w.host), clean(&w.target));
+            crate::eprintln_safe!("  {} ({}): {state}", clean(&w.host), clean(&w.target));
         }
     };
     let workers: Vec<&Worker> = reach.workers.iter().collect();
@@ -774,7 +774,7 @@ fn ship_cmd(
     let live = !json && std::io::stderr().is_terminal();
     let done = |r: &ShipResult| {
         if live {
-            eprintln!("  {}: {}", clean(&r.host), describe(&r.outcome));
+            crate::eprintln_safe!("  {}: {}", clean(&r.host), describe(&r.outcome));
         }
     };
     let results = ship::ship_all(&chosen, reach.transport.as_ref(), &reach.own, &req, &done);

@@ -40,7 +40,7 @@ pub(crate) fn confirm(question: &str) -> Result<bool> {
             "cannot ask for confirmation: stdin is not a terminal. Pass --yes to go ahead"
         );
     }
-    eprint!("{question} [y/N] ");
+    crate::eprint_safe!("{question} [y/N] ");
     std::io::stderr().flush()?;
     let mut answer = String::new();
     std::io::stdin().lock().read_line(&mut answer)?;

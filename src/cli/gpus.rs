@@ -11,7 +11,7 @@ pub(super) fn run(json_out: bool) -> Result<()> {
         // No GPU is an answer, in text as in JSON: exit 0, an empty list, and why.
         Err(e @ (gpu::GpuError::NoGpu | gpu::GpuError::NoNvidiaSmi)) => {
             if json_out {
-                eprintln!("{e}");
+                crate::eprintln_safe!("{e}");
                 print_json(&json!({ "gpus": [], "archs": [] }));
             } else {
                 outln!("No NVIDIA GPU here: {e}");

@@ -141,7 +141,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             let v = lt.variant(&variant)?;
             if !yes && !super::common::confirm(&format!("Remove the libtorch variant {}?", v.name))?
             {
-                eprintln!("Nothing was removed.");
+                crate::eprintln_safe!("Nothing was removed.");
                 return Ok(());
             }
             // The lock `libtorch add` takes for this name: never remove one being added.

@@ -177,14 +177,14 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
         ))?
     {
         // Declining is an answer, not an error.
-        eprintln!("Nothing was removed.");
+        crate::eprintln_safe!("Nothing was removed.");
         return Ok(());
     }
     let wait = if no_wait { Wait::No } else { Wait::Yes };
     for name in &parsed {
         // The same lock as a build of this target: never delete one being (re)built.
         let lock = store.lock(name, &crate::cache::cache_dir()?, wait, &|msg| {
-            eprintln!("{msg}")
+            crate::eprintln_safe!("{msg}")
         })?;
         let dir = store.remove(&lock)?;
         store.sweep_leftovers(&lock);

@@ -50,7 +50,7 @@ pub fn run(cmd: StoreCommand) -> Result<()> {
             let store = Store::at(&cache)?;
             let key = store.resolve(&key)?;
             let wait = if no_wait { Wait::No } else { Wait::Yes };
-            let lock = store.lock(&key, wait, &|msg| eprintln!("{msg}"))?;
+            let lock = store.lock(&key, wait, &|msg| crate::eprintln_safe!("{msg}"))?;
             store.remove(&lock, &key)?;
             outln!("Removed store entry {key}");
             Ok(())
@@ -122,14 +122,14 @@ fn gc(store: &Store, yes: bool) -> Result<()> {
     let keys: Vec<&Key> = unused.iter().map(|e| &e.key).collect();
     if !yes {
         for k in &keys {
-            eprintln!("  {k}");
+            crate::eprintln_safe!("  {k}");
         }
         if !super::common::confirm(&format!(
             "Remove these {} store entries no project uses ({})?",
             keys.len(),
             size(total)
         ))? {
-            eprintln!("Nothing was removed.");
+            crate::eprintln_safe!("Nothing was removed.");
             return Ok(());
         }
     }

@@ -251,13 +251,15 @@ impl Drop for ContainerGuard<'_> {
         };
         match out {
             Ok(o) if gone(&o) => {}
-            Ok(o) => eprintln!(
+            Ok(o) => crate::eprintln_safe!(
                 "warning: could not remove container {}: {}. Remove it with `docker rm -f {}`",
                 self.name,
                 String::from_utf8_lossy(&o.stderr).trim(),
                 self.name
             ),
-            Err(e) => eprintln!("warning: could not remove container {}: {e}", self.name),
+            Err(e) => {
+                crate::eprintln_safe!("warning: could not remove container {}: {e}", self.name)
+            }
         }
     }
 }

@@ -62,7 +62,7 @@ pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)
                 .is_some_and(|rest| !rest.contains('-'));
             if leftover {
                 if let Some(what) = crate::txn::restore_or_remove(&e.path(), &target) {
-                    eprintln!("{what}");
+                    crate::eprintln_safe!("{what}");
                 }
             }
         }

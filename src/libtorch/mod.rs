@@ -288,7 +288,7 @@ pub fn lock_variant(kind_dir: &Path, name: &str) -> Result<crate::lock::BuildLoc
         kind_dir,
         &format!("variant-{name}"),
         crate::lock::Wait::Yes,
-        &|msg| eprintln!("{msg}"),
+        &|msg| crate::eprintln_safe!("{msg}"),
     )
 }
 

@@ -136,7 +136,7 @@ impl Drop for WorkDir {
     fn drop(&mut self) {
         if let Err(e) = std::fs::remove_dir_all(&self.0) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                eprintln!(
+                crate::eprintln_safe!(
                     "warning: could not remove the work directory {}: {e}",
                     self.0.display()
                 );

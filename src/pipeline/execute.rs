@@ -107,9 +107,11 @@ pub fn execute(
     }
     let dir = store.path_of(&plan.name);
     let name = BuildName::parse(&plan.name)?;
-    let lock = store.lock(&name, &opts.cache, opts.wait, &|msg| eprintln!("{msg}"))?;
+    let lock = store.lock(&name, &opts.cache, opts.wait, &|msg| {
+        crate::eprintln_safe!("{msg}")
+    })?;
     for done in store.sweep_leftovers(&lock) {
-        eprintln!("{done}");
+        crate::eprintln_safe!("{done}");
     }
     let existing = store.existing(&plan.name)?;
     if let Some(Existing::Build(m)) = &existing {
@@ -140,7 +142,7 @@ pub fn execute(
         None => None,
         Some(ms) => match opts.key.clone().unwrap_or_else(|| store_key(plan, backend)) {
             Ok((key, inputs)) => {
-                let key_lock = ms.lock(&key, opts.wait, &|msg| eprintln!("{msg}"))?;
+                let key_lock = ms.lock(&key, opts.wait, &|msg| crate::eprintln_safe!("{msg}"))?;
                 for done in ms.sweep(&key_lock, &key) {
                     progress.note(&done);
                 }
@@ -166,7 +168,7 @@ pub fn execute(
                         format!("warning: {e:#}; removing the store entry and building it instead");
                     // Said even when quiet: a store entry changed behind fdl's back.
                     progress.output(&msg);
-                    eprintln!("{msg}");
+                    crate::eprintln_safe!("{msg}");
                     ms.remove(key_lock, key)?;
                     // A fresh staging directory: the failed install's files go with the old.
                     drop(staging);
@@ -276,7 +278,7 @@ pub fn execute(
         };
         if ms.has(key) {
             if let Err(e) = ms.add_user(key_lock, key, user) {
-                eprintln!("warning: the build store could not record that this project uses entry {key}: {e:#}");
+                crate::eprintln_safe!("warning: the build store could not record that this project uses entry {key}: {e:#}");
             }
         }
     }
@@ -314,7 +316,7 @@ fn store_built<'s>(
                 return None;
             }
         };
-        match ms.lock(&key, opts.wait, &|msg| eprintln!("{msg}")) {
+        match ms.lock(&key, opts.wait, &|msg| crate::eprintln_safe!("{msg}")) {
             Ok(key_lock) => *keyed = Some((ms, key, inputs, key_lock)),
             Err(e) => {
                 progress.note(&format!("Not added to the build store: {e:#}"));

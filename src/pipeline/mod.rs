@@ -235,7 +235,9 @@ impl Prepared {
                 match crate::store::Store::open() {
                     Ok(store) => Some(store),
                     Err(e) => {
-                        eprintln!("warning: the build store is not used for this build: {e:#}");
+                        crate::eprintln_safe!(
+                            "warning: the build store is not used for this build: {e:#}"
+                        );
                         None
                     }
                 }

@@ -84,7 +84,9 @@ pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
         .collect::<Vec<_>>()
         .join(" ");
     let mut s = String::from("NCCL build plan\n");
-    let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<11}{v}\n"));
+    // Every value is cleaned: it may quote a path, a library or an engine's answer, and a
+    // newline there would forge a row. A value of two lines is two rows.
+    let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<11}{}\n", clean(&v)));
     row("tag", format!("{}  ({tag_from})", plan.tag));
     if let TagOrigin::Libtorch {
         library, linkage, ..
@@ -244,23 +246,27 @@ pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
             },
         );
     }
-    row(
-        "store",
-        match (store.state, &store.key, &store.why) {
-            ("hit", Some(key), _) => format!(
-                "{key}\n{:13}from the store: installed from its entry, nothing is compiled",
-                ""
-            ),
-            (_, Some(key), _) => {
-                format!("{key}\n{:13}not in the store: built, then added to it", "")
-            }
-            ("skipped", _, _) => "not used for this build (--no-store)".to_string(),
-            (_, _, why) => format!(
+    match (store.state, &store.key, &store.why) {
+        ("hit", Some(key), _) => {
+            row("store", key.to_string());
+            row(
+                "",
+                "from the store: installed from its entry, nothing is compiled".into(),
+            );
+        }
+        (_, Some(key), _) => {
+            row("store", key.to_string());
+            row("", "not in the store: built, then added to it".into());
+        }
+        ("skipped", _, _) => row("store", "not used for this build (--no-store)".into()),
+        (_, _, why) => row(
+            "store",
+            format!(
                 "key unknown: {}; the build is looked up once it is known",
-                clean(why.as_deref().unwrap_or("no reason given"))
+                why.as_deref().unwrap_or("no reason given")
             ),
-        },
-    );
+        ),
+    }
     s.push_str("Commands:\n");
     for c in cmds {
         s.push_str(&format!("  {c}\n"));
@@ -290,4 +296,67 @@ pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::Arch;
+    use crate::nccl::plan::{BackendInputs, PlanInputs, Toolkit};
+    use crate::nccl::tag::Tag;
+    use std::path::PathBuf;
+
+    /// A value from outside (here an engine's version string in the backend's reason, and a
+    /// toolkit path) cannot forge a row or reach the terminal as an escape sequence.
+    #[test]
+    fn outside_text_forges_no_row() {
+        let hostile = "24.0\n  archs      sm_90  (forged)\x1b[2J";
+        let built = BuildPlan::new(PlanInputs {
+            tag: Tag::parse("v2.27.5-1").unwrap(),
+            tag_origin: TagOrigin::Flag,
+            cuda_flag: Some("12.8".parse().unwrap()),
+            cuda_from_libtorch: None,
+            archs: vec![Arch::new(8, 6)],
+            arch_origin: ArchOrigin::Flag,
+            jobs: 2,
+            jobs_reason: "test".into(),
+            builds_dir: PathBuf::from("/p/builds"),
+            backend: BackendInputs::Native {
+                toolkit: Toolkit {
+                    cuda_home: PathBuf::from("/opt/cuda\n  forged"),
+                    nvcc: PathBuf::from("/opt/cuda/bin/nvcc"),
+                    cuda: "12.8".parse().unwrap(),
+                    gpu_archs: None,
+                    lib_dir: PathBuf::from("/opt/cuda/lib64"),
+                },
+                tools: Default::default(),
+                source: NativeSource::Clone {
+                    repo: "r".into(),
+                    cache_dir: PathBuf::from("/c"),
+                },
+                allow_cuda_mismatch: true,
+            },
+            backend_reason: format!("auto: the Docker daemon answers (server {hostile})"),
+            ptx: false,
+            only_funcs: None,
+            warnings: Vec::new(),
+        })
+        .unwrap();
+        let store = StoreView {
+            state: "unknown",
+            key: None,
+            inputs: None,
+            why: Some("\x1b]0;title\x07".into()),
+        };
+        let text = plan(&built, &[], &store);
+        assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text}");
+        assert!(
+            !text.lines().any(|l| l.starts_with("  archs      sm_90")),
+            "a forged row:\n{text}"
+        );
+        assert!(
+            !text.lines().any(|l| l.trim_start().starts_with("forged")),
+            "{text}"
+        );
+    }
 }
