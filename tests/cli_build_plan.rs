@@ -894,3 +894,42 @@ fn the_plan_warns_when_the_libtorch_itself_cannot_run_on_a_gpu() {
     let plan = json_plan(&["--archs", "12.0", "--backend", "docker"], p.root());
     assert!(plan.get("warnings").is_none(), "{plan}");
 }
+
+/// `--backend docker` asks the engine for its storage driver as `auto` does, so both
+/// plan the same toolchain files (the volumes, on a fuse-overlayfs engine); it used to
+/// say "the engine's storage driver is not known" and read the toolchain from the image.
+#[test]
+#[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
+fn backend_docker_asks_the_engine_for_its_storage_driver_as_auto_does() {
+    let p = ProjectFixture::empty();
+    let plan = |backend: &str| -> serde_json::Value {
+        let out = fdl_in(p.root())
+            .args(["nccl", "build", "--tag", "v2.27.5-1", "--archs", "8.6"])
+            .args(["--backend", backend, "--dry-run", "--json"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        v["plan"]["docker"].clone()
+    };
+    let (auto, docker) = (plan("auto"), plan("docker"));
+    assert!(
+        auto["toolchain_files"].is_string(),
+        "auto did not plan for Docker here (is the engine up?): {auto}"
+    );
+    assert_eq!(
+        docker["toolchain_files"], auto["toolchain_files"],
+        "{docker}"
+    );
+    assert_eq!(
+        docker["toolchain_files_reason"],
+        auto["toolchain_files_reason"]
+    );
+    assert!(
+        !docker["toolchain_files_reason"]
+            .as_str()
+            .unwrap()
+            .contains("not known"),
+        "{docker}"
+    );
+}

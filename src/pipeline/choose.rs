@@ -144,7 +144,9 @@ pub(crate) fn choose(req: &BackendRequest, tag: &Tag) -> Result<(BackendInputs, 
             if let Some(flag) = native_flag {
                 bail!("{flag} is for the native backend, but --backend docker was given");
             }
-            docker(None, "--backend docker".into())
+            // The engine is asked now, as auto asks it: its storage driver decides the
+            // toolchain volumes, and its answer whether a real run can start.
+            docker(Engine::probe().ok(), "--backend docker".into())
         }
         BackendFlag::Native => {
             if let Some(flag) = docker_flag {
