@@ -405,6 +405,12 @@ pub struct BuildFailed {
     pub tail: Vec<String>,
 }
 
+const LOG_SUFFIX: &str = ".log";
+/// How many bytes a build's log name (`<name>-<seconds>-<pid>.log`) adds to the build's
+/// name at most (a u64 of seconds, a u32 pid): what a build name must leave room for
+/// ([`crate::nccl::store::BuildName`]).
+pub const LOG_NAME_EXTRA: usize = 1 + 20 + 1 + 10 + LOG_SUFFIX.len();
+
 /// Runs the plan: takes the target's lock, compares with what is installed, builds into
 /// staging, checks, seals and commits. Any error before the commit leaves the store
 /// exactly as it was; the log of a failed build is kept in the cache and named.
@@ -440,10 +446,10 @@ pub fn execute(
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let log_path =
-        opts.cache
-            .join("logs")
-            .join(format!("{}-{stamp}-{}.log", plan.name, std::process::id()));
+    // `logs/` made and checked as every cache directory is: never through a link, never
+    // in another user's directory.
+    let log_path = crate::cache::subdir(&opts.cache, "logs")?
+        .join(format!("{}-{stamp}-{}{LOG_SUFFIX}", plan.name, std::process::id()));
     let progress = Progress::new(opts.verbosity, log_path.clone())
         .with_context(|| format!("cannot create the build log {}", log_path.display()))?;
     // The store: with the key's lock held from here to the end, a second build of the
