@@ -687,7 +687,10 @@ fn a_build_name_over_255_bytes_is_refused_at_once() {
                 extra,
             ]
             .concat(),
-            "more than a directory name may hold (255)",
+            &format!(
+                "more than a build name may hold ({}, so that the names made from it fit",
+                fdl::nccl::store::BuildName::MAX_BYTES
+            ),
         );
     }
 }

@@ -763,7 +763,7 @@ impl Drop for VolumesGuard<'_> {
 
 /// Prefix of the work directories (NCCL's `BUILDDIR` and the container's `TMPDIR`) made
 /// beside the staging directory and bind-mounted into the compile container.
-const WORK_PREFIX: &str = ".docker-work-";
+pub(crate) const WORK_PREFIX: &str = ".docker-work-";
 
 impl Backend for DockerBackend {
     fn toolchain_identity(

@@ -125,7 +125,7 @@ impl NativeSteps {
 }
 
 /// Prefix of the work directories (NCCL's `BUILDDIR`) made beside the staging directory.
-const WORK_PREFIX: &str = ".native-work-";
+pub(crate) const WORK_PREFIX: &str = ".native-work-";
 
 /// A build's work directory, removed when dropped — after success, failure or Ctrl-C.
 pub(crate) struct WorkDir(pub(crate) PathBuf);

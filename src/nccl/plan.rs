@@ -431,8 +431,9 @@ pub struct BuildPlan {
     pub warnings: Vec<String>,
 }
 
-/// The longest build name: a directory name (NAME_MAX on Linux file systems).
-pub const MAX_NAME_BYTES: usize = 255;
+/// The longest build name: a directory name (NAME_MAX on Linux file systems) less what
+/// the names fdl derives from it add ([`crate::nccl::store::BuildName::MAX_BYTES`]).
+pub const MAX_NAME_BYTES: usize = crate::nccl::store::BuildName::MAX_BYTES;
 
 /// `-ptx` and `-only-<digest>` mark builds that differ from a plain full build, so such a
 /// build can never pass for one.
@@ -511,7 +512,7 @@ impl BuildPlan {
         // plan (dry or not) is made for one.
         if name.len() > MAX_NAME_BYTES {
             anyhow::bail!(
-                "the build's name would be {} bytes ({}…), more than a directory name may hold ({MAX_NAME_BYTES}): {} archs are too many for one build. Build fewer at once with --archs (the archs of the hosts that will load it)",
+                "the build's name would be {} bytes ({}…), more than a build name may hold ({MAX_NAME_BYTES}, so that the names made from it fit in a directory entry): {} archs are too many for one build. Build fewer at once with --archs (the archs of the hosts that will load it)",
                 name.len(),
                 name.chars().take(48).collect::<String>(),
                 inputs.archs.len()

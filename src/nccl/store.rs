@@ -60,18 +60,53 @@ impl Entry {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BuildName(String);
 
+/// The longest file name Linux file systems take (NAME_MAX).
+const NAME_MAX: usize = 255;
+/// What `tempfile` appends to a prefix: `-` then six random characters.
+const RANDOM_TAIL: usize = 1 + 6;
+
+/// The most bytes any name fdl derives from a build's name adds to it: the directories
+/// beside the build (`.staging-<name>-XXXXXX`, `.replaced-…`, `.removing-…`,
+/// `.incoming-<name>`, the backends' work directories), its lock file in the cache and
+/// its log. Each comes from the constant its maker uses, so a longer one moves the bound.
+const LONGEST_DERIVED: usize = {
+    let extras = [
+        STAGING_PREFIX.len() + RANDOM_TAIL,
+        REPLACED_PREFIX.len() + RANDOM_TAIL,
+        REMOVING_PREFIX.len() + RANDOM_TAIL,
+        INCOMING_PREFIX.len(),
+        crate::native::WORK_PREFIX.len() + RANDOM_TAIL,
+        crate::docker::WORK_PREFIX.len() + RANDOM_TAIL,
+        crate::lock::LOCK_NAME_EXTRA,
+        crate::nccl::build::LOG_NAME_EXTRA,
+    ];
+    let mut most = 0;
+    let mut i = 0;
+    while i < extras.len() {
+        if extras[i] > most {
+            most = extras[i];
+        }
+        i += 1;
+    }
+    most
+};
+
 impl BuildName {
+    /// The longest build name: one whose every derived name (see [`LONGEST_DERIVED`])
+    /// is still a file name, so a long name is refused here rather than as "File name
+    /// too long" halfway through a build.
+    pub const MAX_BYTES: usize = NAME_MAX - LONGEST_DERIVED;
+
     pub fn parse(name: &str) -> Result<BuildName> {
-        if name.len() > crate::nccl::plan::MAX_NAME_BYTES {
+        if name.len() > Self::MAX_BYTES {
             bail!(
-                "'{}…' ({} bytes) is not a build name: a build is a directory, and a directory name has at most {} bytes",
-                name.chars().take(40).collect::<String>(),
+                "'{}…' ({} bytes) is not a build name: a build name has at most {} bytes, so that the names fdl makes from it (`.staging-<name>-…`, `.incoming-<name>`, its lock and log) fit in a directory entry ({NAME_MAX} bytes). Give a shorter name",
+                crate::cli::clean(&name.chars().take(40).collect::<String>()),
                 name.len(),
-                crate::nccl::plan::MAX_NAME_BYTES
+                Self::MAX_BYTES
             );
         }
         let ok = !name.is_empty()
-            && name.len() <= 255
             && !name.starts_with('.')
             && name
                 .bytes()
@@ -462,5 +497,49 @@ mod tests {
         drop(staging);
         assert!(!t.path().join("libtorch").exists());
         assert!(BuildName::parse("../etc").is_err() && BuildName::parse(".x").is_err());
+    }
+
+    /// The longest name parses, and every name fdl derives from it is made for real
+    /// (lock, staging, the set-aside and removal directories, both work directories, the
+    /// log); one byte more is refused when parsed, naming the bound, never as "File name
+    /// too long" later.
+    #[test]
+    fn the_longest_build_name_leaves_room_for_every_name_derived_from_it() {
+        let longest = "n".repeat(BuildName::MAX_BYTES);
+        let err = BuildName::parse(&format!("{longest}n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("at most {} bytes", BuildName::MAX_BYTES)),
+            "{err}"
+        );
+        assert!(BuildName::parse(&"n".repeat(255)).is_err());
+
+        let t = tempfile::tempdir().unwrap();
+        let cache = t.path().join("cache");
+        let store = BuildStore::new(t.path().join("libtorch/nccl/builds"));
+        let name = BuildName::parse(&longest).unwrap();
+        let lock = store.lock(&name, &cache, lock::Wait::No, &|_| {}).unwrap();
+        let staging = store.begin(&lock).unwrap();
+        std::fs::write(staging.path().join("x"), "built").unwrap();
+        let builds = store.dir.clone();
+        for prefix in [crate::native::WORK_PREFIX, crate::docker::WORK_PREFIX] {
+            crate::native::WorkDir::create_with(&builds, prefix, name.as_str()).unwrap();
+        }
+        for prefix in [REPLACED_PREFIX, REMOVING_PREFIX] {
+            tempfile::Builder::new()
+                .prefix(&format!("{prefix}{name}-"))
+                .tempdir_in(&builds)
+                .unwrap();
+        }
+        std::fs::create_dir(builds.join(format!("{INCOMING_PREFIX}{name}"))).unwrap();
+        let log = format!("{name}-{}-{}.log", u64::MAX, u32::MAX);
+        assert_eq!(
+            log.len(),
+            name.as_str().len() + crate::nccl::build::LOG_NAME_EXTRA
+        );
+        std::fs::write(t.path().join(log), "").unwrap();
+        // The bound is the tightest: the longest derived name is exactly NAME_MAX.
+        assert_eq!(BuildName::MAX_BYTES + LONGEST_DERIVED, 255);
     }
 }
