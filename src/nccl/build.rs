@@ -456,7 +456,17 @@ pub fn execute(
     // same key waits, then finds the entry this one makes.
     let mut keyed = match &opts.store {
         None => None,
-        Some(ms) => match opts.key.clone().unwrap_or_else(|| store_key(plan, backend)) {
+        Some(ms) => match match opts.key.clone() {
+            Some(Ok(known)) => Ok(known),
+            // A clone-source build's key is the cloned tag's commit, unknown before the
+            // first clone: the tag is cloned first, so that the key is known and its
+            // lock taken before anything compiles — a second first build of that key
+            // then waits here and takes this one's entry instead of compiling it again.
+            _ => {
+                clone_before_lookup(plan, &progress)?;
+                store_key(plan, backend)
+            }
+        } {
             Ok((key, inputs)) => {
                 let key_lock = ms.lock(&key, opts.wait, &|msg| eprintln!("{msg}"))?;
                 for done in ms.sweep(&key_lock, &key) {
@@ -611,6 +621,32 @@ pub fn execute(
 /// After a build that passed verification: adds it to the store (the key is computed
 /// again if it was not known before the build: a clone or an image the build fetched
 /// names it now). A failure to store is said, and leaves the build as it is.
+/// Clones the tag of a native clone-source plan into fdl's clone cache when it is not
+/// there yet (as the backend would first thing), so that [`store_key`] can name its
+/// commit. Other plans' sources are known without it.
+fn clone_before_lookup(plan: &BuildPlan, progress: &Progress) -> Result<()> {
+    let crate::nccl::plan::BackendPlan::Native(n) = &plan.backend else {
+        return Ok(());
+    };
+    let crate::nccl::plan::NativeSource::Clone { repo, cache_dir } = &n.source else {
+        return Ok(());
+    };
+    if cache_dir.is_dir() {
+        return Ok(());
+    }
+    let git = match n.tools.get("git") {
+        Some(git) => git.clone(),
+        None => crate::native::on_path("git").ok_or_else(|| {
+            anyhow!(
+                "git is not on PATH: fdl clones {} with it. Install git, or pass --source DIR with an NCCL tree",
+                plan.tag
+            )
+        })?,
+    };
+    crate::native::ensure_clone(repo, &plan.tag, cache_dir, &git, progress)?;
+    Ok(())
+}
+
 fn store_built<'s>(
     plan: &BuildPlan,
     backend: &dyn Backend,
