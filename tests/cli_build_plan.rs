@@ -500,7 +500,7 @@ fn dry_run_without_docker_shows_the_plan_then_the_warning_and_writes_nothing() {
     );
     for needle in [
         "docker build --tag '<toolchain>' --build-arg CUDA_VERSION=12.8.1",
-        "docker run --rm --name '<container>-build' --pull never --network none --read-only --user '<user>'",
+        "docker run --rm --interactive --name '<container>-build' --label 'fdl.owner=<owner>' --pull never --network none --read-only --user '<user>'",
         "--mount 'type=bind,source=<source>,target=/fdl/src,readonly'",
         "--mount 'type=bind,source=<staging>,target=/fdl/prefix'",
         "'<toolchain>' /fdl/work/fdl-run.sh make -C /fdl/src -j",

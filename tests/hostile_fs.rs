@@ -831,7 +831,11 @@ fn a_link_at_any_cache_directory_is_refused_and_its_target_untouched() {
             text.contains(&format!("{} is not a directory", cache.join(sub).display())),
             "{sub}: {text}"
         );
-        assert_eq!(snapshot(v.path()), before, "{sub}: the link's target was written");
+        assert_eq!(
+            snapshot(v.path()),
+            before,
+            "{sub}: the link's target was written"
+        );
         assert!(
             !must_fail || project_builds(work.path()).is_empty(),
             "{sub}: a build was installed or left: {:?}",
@@ -842,8 +846,7 @@ fn a_link_at_any_cache_directory_is_refused_and_its_target_untouched() {
         // A real directory that others may write: refused, nothing made in it.
         std::fs::remove_file(cache.join(sub)).unwrap();
         std::fs::create_dir(cache.join(sub)).unwrap();
-        std::fs::set_permissions(cache.join(sub), std::fs::Permissions::from_mode(0o777))
-            .unwrap();
+        std::fs::set_permissions(cache.join(sub), std::fs::Permissions::from_mode(0o777)).unwrap();
         let (code, text) = cache_build(xdg.path(), work.path(), source, from);
         assert!(code == Some(1) || !must_fail, "{sub}: {text}");
         assert!(text.contains("is writable by others"), "{sub}: {text}");
@@ -884,7 +887,10 @@ fn another_users_cache_gets_nothing_and_lock_files_are_private() {
     std::os::unix::fs::chown(&cache, Some(65534), Some(65534)).unwrap();
     let (code, text) = cache_build(xdg.path(), work.path(), Some(&tree), None);
     assert_eq!(code, Some(1), "{text}");
-    assert!(text.contains("belongs to another user (uid 65534)"), "{text}");
+    assert!(
+        text.contains("belongs to another user (uid 65534)"),
+        "{text}"
+    );
     let made: Vec<_> = std::fs::read_dir(&cache).unwrap().flatten().collect();
     assert!(made.is_empty(), "made in another user's cache: {made:?}");
 

@@ -448,8 +448,11 @@ pub fn execute(
         .map_or(0, |d| d.as_secs());
     // `logs/` made and checked as every cache directory is: never through a link, never
     // in another user's directory.
-    let log_path = crate::cache::subdir(&opts.cache, "logs")?
-        .join(format!("{}-{stamp}-{}{LOG_SUFFIX}", plan.name, std::process::id()));
+    let log_path = crate::cache::subdir(&opts.cache, "logs")?.join(format!(
+        "{}-{stamp}-{}{LOG_SUFFIX}",
+        plan.name,
+        std::process::id()
+    ));
     let progress = Progress::new(opts.verbosity, log_path.clone())
         .with_context(|| format!("cannot create the build log {}", log_path.display()))?;
     // The store: with the key's lock held from here to the end, a second build of the
