@@ -505,7 +505,7 @@ fn dry_run_without_docker_shows_the_plan_then_the_warning_and_writes_nothing() {
         "--mount 'type=bind,source=<staging>,target=/fdl/prefix'",
         "'<toolchain>' /fdl/work/fdl-run.sh make -C /fdl/src -j",
         "where /fdl/work/fdl-run.sh is this script",
-        "exec \"$@\" CUDA_HOME=\"$home\" CUDA_LIB=\"$lib\"",
+        "\"$@\" CUDA_HOME=\"$home\" CUDA_LIB=\"$lib\" </dev/null &",
         "install BUILDDIR=/fdl/work/build PREFIX=/fdl/prefix",
         "this host cannot run the build",
         "docker command was not found",
