@@ -112,6 +112,25 @@ fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
     Ok(digest)
 }
 
+/// `<cache>/<rel>`, every directory on the way made or checked as [`own_dir`] does —
+/// `cache` itself first, then each component of `rel` — and returned. The one way fdl
+/// gets a directory under its cache (locks, logs, paths, preload, nccl-src, store,
+/// volume marks…): a link planted at any of them, or one of them owned by another user or
+/// open to others, is refused before anything is created or written in it.
+pub fn subdir(cache: &Path, rel: &str) -> Result<PathBuf> {
+    own_dir(cache)?;
+    let mut dir = cache.to_path_buf();
+    for part in Path::new(rel).components() {
+        match part {
+            std::path::Component::Normal(p) => dir.push(p),
+            // Only names below the cache: `..` or an absolute part would leave it.
+            _ => bail!("{rel} is not a directory name under fdl's cache"),
+        }
+        own_dir(&dir)?;
+    }
+    Ok(dir)
+}
+
 /// `dir` exists as a real directory owned by this user, writable by no one else; it is
 /// created (0700) when missing. A link or another user's directory is refused: another
 /// user could otherwise choose what fdl's links point to.

@@ -41,9 +41,18 @@ pub fn lock_path(cache: &Path, builds_dir: &Path, name: &str) -> PathBuf {
     let key =
         crate::digest::sha256_hex(canonical_lenient(builds_dir).as_os_str().as_encoded_bytes());
     cache
-        .join("locks")
-        .join(format!("{}-{name}.lock", &key[..16]))
+        .join(LOCKS_DIR)
+        .join(format!("{}-{name}{LOCK_SUFFIX}", &key[..LOCK_KEY_LEN]))
 }
+
+/// Where the lock files live, under fdl's cache.
+const LOCKS_DIR: &str = "locks";
+/// A lock file's name is `<key>-<name>.lock`, the key this many hex digits.
+const LOCK_KEY_LEN: usize = 16;
+const LOCK_SUFFIX: &str = ".lock";
+/// How many bytes a lock file's name adds to the name it locks: what a build name must
+/// leave room for ([`crate::nccl::store::BuildName`]).
+pub const LOCK_NAME_EXTRA: usize = LOCK_KEY_LEN + "-".len() + LOCK_SUFFIX.len();
 
 /// The canonical form of `path` even when its tail does not exist yet (before the first
 /// build, `libtorch/nccl/builds` may not): the longest existing ancestor is resolved and
@@ -71,15 +80,17 @@ pub fn acquire(
     on_wait: &dyn Fn(&str),
 ) -> Result<BuildLock> {
     let path = lock_path(cache, builds_dir, name);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    // Never through a link, and only a regular file: a FIFO cannot block the open.
+    // The cache and its `locks/` are made and checked as every cache directory is: a
+    // link there, or another user's directory, never gets fdl's lock files.
+    crate::cache::subdir(cache, LOCKS_DIR)?;
+    // Never through a link, and only a regular file: a FIFO cannot block the open. 0600:
+    // the file records the holder's command line.
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(&path)
         .with_context(|| {
@@ -93,6 +104,13 @@ pub fn acquire(
             "lock file {} is not a regular file: remove it and run again",
             path.display()
         );
+    }
+    // One made by an older fdl may be readable by others: narrowed on the descriptor,
+    // which no link can redirect.
+    use std::os::unix::fs::PermissionsExt;
+    if file.metadata()?.permissions().mode() & 0o077 != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("cannot make {} private", path.display()))?;
     }
     match file.try_lock() {
         Ok(()) => {}

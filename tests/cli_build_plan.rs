@@ -500,12 +500,12 @@ fn dry_run_without_docker_shows_the_plan_then_the_warning_and_writes_nothing() {
     );
     for needle in [
         "docker build --tag '<toolchain>' --build-arg CUDA_VERSION=12.8.1",
-        "docker run --rm --name '<container>-build' --pull never --network none --read-only --user '<user>'",
+        "docker run --rm --interactive --name '<container>-build' --label 'fdl.owner=<owner>' --pull never --network none --read-only --user '<user>'",
         "--mount 'type=bind,source=<source>,target=/fdl/src,readonly'",
         "--mount 'type=bind,source=<staging>,target=/fdl/prefix'",
         "'<toolchain>' /fdl/work/fdl-run.sh make -C /fdl/src -j",
         "where /fdl/work/fdl-run.sh is this script",
-        "exec \"$@\" CUDA_HOME=\"$home\" CUDA_LIB=\"$lib\"",
+        "\"$@\" CUDA_HOME=\"$home\" CUDA_LIB=\"$lib\" </dev/null &",
         "install BUILDDIR=/fdl/work/build PREFIX=/fdl/prefix",
         "this host cannot run the build",
         "docker command was not found",
@@ -687,7 +687,10 @@ fn a_build_name_over_255_bytes_is_refused_at_once() {
                 extra,
             ]
             .concat(),
-            "more than a directory name may hold (255)",
+            &format!(
+                "more than a build name may hold ({}, so that the names made from it fit",
+                fdl::nccl::store::BuildName::MAX_BYTES
+            ),
         );
     }
 }

@@ -592,7 +592,8 @@ fn a_build_name_over_255_bytes_is_a_usage_error() {
         let out = p.fdl().args(args).output().unwrap();
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{}: {err}", args[1]);
-        assert!(err.contains("at most 255 bytes"), "{}: {err}", args[1]);
+        let most = format!("at most {} bytes", fdl::nccl::store::BuildName::MAX_BYTES);
+        assert!(err.contains(&most), "{}: {err}", args[1]);
     }
 }
 

@@ -753,3 +753,158 @@ fn ship_never_writes_through_a_link_swapped_in_at_incoming() {
             .exists());
     }
 }
+
+// ---- what fdl creates under its cache: every directory checked as the store's is ----
+
+mod native_fixture;
+
+/// A native build of the stand-in NCCL tree (stand-in nvcc, no GPU toolchain) with its
+/// own cache at `xdg`; `source` is the tree, or `None` to clone the tag from `repo`.
+fn cache_build(
+    xdg: &Path,
+    work: &Path,
+    source: Option<&Path>,
+    repo: Option<&Path>,
+) -> (Option<i32>, String) {
+    let cuda = work.join("cuda");
+    if !cuda.exists() {
+        native_fixture::cuda_12_8(&cuda);
+    }
+    let project = work.join("project");
+    std::fs::create_dir_all(project.join("libtorch/nccl/builds")).unwrap();
+    let mut cmd = assert_cmd::Command::cargo_bin("fdl").unwrap();
+    for var in ["FDL_ROOT", "CUDA_HOME", "CXX", "FDL_NCCL_REPO", "MAKEFLAGS"] {
+        cmd.env_remove(var);
+    }
+    cmd.env("XDG_CACHE_HOME", xdg)
+        .arg("--root")
+        .arg(&project)
+        .args(["nccl", "build", "--backend", "native", "--tag", "v2.27.5-1"])
+        .args(["--archs", "8.6", "--cuda-home"])
+        .arg(&cuda)
+        .timeout(Duration::from_secs(120));
+    if let Some(s) = source {
+        cmd.arg("--source").arg(s);
+    }
+    if let Some(r) = repo {
+        cmd.env("FDL_NCCL_REPO", r);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// A link planted at any directory fdl keeps under its cache — build locks, the logs,
+/// the plain aliases of paths, the clone cache, the store — is refused by name before
+/// anything is made in it: the build fails, and the link's target keeps exactly what it
+/// held. A directory there that others may write is refused the same way.
+#[test]
+fn a_link_at_any_cache_directory_is_refused_and_its_target_untouched() {
+    for sub in ["locks", "logs", "paths", "nccl-src", "store"] {
+        let xdg = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        // A source path with a space: the build needs a plain alias of it in `paths/`.
+        let tree = work.path().join("with space/nccl");
+        native_fixture::standin_tree(&tree, (2, 27, 5));
+        let repo = native_fixture::tagged_repo(&work.path().join("repo"), (2, 27, 5), "v2.27.5-1");
+        let cache = xdg.path().join("fdl");
+        std::fs::create_dir(&cache).unwrap();
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let (v, before) = victim();
+        std::os::unix::fs::symlink(v.path(), cache.join(sub)).unwrap();
+        let (source, from) = if sub == "nccl-src" {
+            (None, Some(repo.as_path()))
+        } else {
+            (Some(tree.as_path()), None)
+        };
+        // The store alone is optional: a build goes on without it, saying why.
+        let must_fail = sub != "store";
+        let (code, text) = cache_build(xdg.path(), work.path(), source, from);
+        assert!(code == Some(1) || !must_fail, "{sub}: {text}");
+        assert!(
+            text.contains(&format!("{} is not a directory", cache.join(sub).display())),
+            "{sub}: {text}"
+        );
+        assert_eq!(
+            snapshot(v.path()),
+            before,
+            "{sub}: the link's target was written"
+        );
+        assert!(
+            !must_fail || project_builds(work.path()).is_empty(),
+            "{sub}: a build was installed or left: {:?}",
+            project_builds(work.path())
+        );
+        let _ = std::fs::remove_dir_all(work.path().join("project"));
+
+        // A real directory that others may write: refused, nothing made in it.
+        std::fs::remove_file(cache.join(sub)).unwrap();
+        std::fs::create_dir(cache.join(sub)).unwrap();
+        std::fs::set_permissions(cache.join(sub), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let (code, text) = cache_build(xdg.path(), work.path(), source, from);
+        assert!(code == Some(1) || !must_fail, "{sub}: {text}");
+        assert!(text.contains("is writable by others"), "{sub}: {text}");
+        assert_eq!(
+            std::fs::read_dir(cache.join(sub)).unwrap().count(),
+            0,
+            "{sub}: something was made in a directory others can write"
+        );
+    }
+}
+
+fn project_builds(work: &Path) -> Vec<String> {
+    std::fs::read_dir(work.join("project/libtorch/nccl/builds"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A cache directory of another user's: refused before anything is made in it (no
+/// `locks/`, no `logs/`), naming the owner. And the lock files fdl makes are 0600, since
+/// they record the command line.
+#[test]
+fn another_users_cache_gets_nothing_and_lock_files_are_private() {
+    assert!(
+        is_root(),
+        "this test gives a directory to another user (chown), which needs root"
+    );
+    let xdg = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("nccl");
+    native_fixture::standin_tree(&tree, (2, 27, 5));
+    let cache = xdg.path().join("fdl");
+    std::fs::create_dir(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&cache, Some(65534), Some(65534)).unwrap();
+    let (code, text) = cache_build(xdg.path(), work.path(), Some(&tree), None);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("belongs to another user (uid 65534)"),
+        "{text}"
+    );
+    let made: Vec<_> = std::fs::read_dir(&cache).unwrap().flatten().collect();
+    assert!(made.is_empty(), "made in another user's cache: {made:?}");
+
+    // This user's own cache: the build runs, and its lock files are this user's alone.
+    std::fs::remove_dir(&cache).unwrap();
+    let (code, text) = cache_build(xdg.path(), work.path(), Some(&tree), None);
+    assert_eq!(code, Some(0), "{text}");
+    let locks: Vec<_> = std::fs::read_dir(cache.join("locks"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(!locks.is_empty(), "the build took no lock");
+    for lock in locks {
+        let mode = lock.metadata().unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", lock.path().display());
+    }
+}

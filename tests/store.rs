@@ -500,6 +500,60 @@ fn two_concurrent_builds_of_one_key_build_it_once() {
     assert_eq!(lib_bytes(&build_dir(&v1)), lib_bytes(&build_dir(&v2)));
 }
 
+/// The same for two first builds of a tag fdl clones (no `--source`): the key is the
+/// cloned commit, unknown before the clone, and the first build clones before it looks
+/// the key up, so it holds the key's lock while it compiles; the second waits for it and
+/// installs its entry without running make.
+#[test]
+#[ignore = "needs the real nvcc of the oracle wheels: `source .ci/fetch-oracles`, then `cargo test --test store -- --include-ignored`"]
+fn two_concurrent_first_builds_of_a_cloned_tag_build_it_once() {
+    let m = Machine::new();
+    let repo = tagged_repo(&m.work.path().join("repo"), (2, 27, 5), TAG);
+    let (a, b) = (ProjectFixture::empty(), ProjectFixture::empty());
+    let build = |root: &Path| {
+        let mut cmd = m.fdl();
+        cmd.arg("--root")
+            .arg(root)
+            .args(["nccl", "build", "--backend", "native", "--tag", TAG])
+            .args(["--cuda", &m.cuda, "--archs", "8.6", "--json"])
+            .arg("--cuda-home")
+            .arg(&m.cuda_home)
+            .env("FDL_NCCL_REPO", &repo);
+        cmd
+    };
+    let marker = m.work.path().join("compiling");
+    let mut first = build(a.root());
+    first
+        .env("FDL_TEST_STALL", &marker)
+        .env("FDL_TEST_STALL_SECS", "4")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let first = first.spawn().unwrap();
+    let start = std::time::Instant::now();
+    while !marker.exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "the first build never reached its compile"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (path, ran) = path_with_recording_make(m.work.path());
+    let mut second = build(b.root());
+    second.env("PATH", path);
+    let second = run(second);
+    let first = first.wait_with_output().unwrap();
+    let v1 = ok(&first);
+    let v2 = ok(&second);
+    assert_eq!(v1["status"], "built", "{v1}");
+    assert_eq!(v1["manifest"]["plan"]["native"]["source"]["kind"], "clone");
+    assert_eq!(v2["status"], "installed_from_store", "{v2}");
+    let err = text(&second.stderr);
+    assert!(err.contains("locked by another fdl"), "{err}");
+    assert!(!ran.exists(), "the second build ran make");
+    assert_eq!(m.entries().len(), 1);
+    assert_eq!(lib_bytes(&build_dir(&v1)), lib_bytes(&build_dir(&v2)));
+}
+
 /// PATH with a `make` first that touches `<dir>/make-ran` and then runs the real one.
 fn path_with_recording_make(dir: &Path) -> (String, PathBuf) {
     use std::os::unix::fs::PermissionsExt;

@@ -45,18 +45,74 @@ pub struct Engine {
     pub buildkit: bool,
 }
 
+/// How long a question to the engine (`version`, `info`, `inspect`, `ls`) may take: an
+/// engine answers these in milliseconds, and one that does not within this is stuck.
+const QUERY_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
+/// How long a change of the engine's state (`volume create`, `rm`, `tag`) may take.
+const CHANGE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Why one call of the engine gave no answer: it did not end within its limit, or it
+/// wrote more than [`process::OUTPUT_CAP`] (it was stopped either way).
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("`{what}` did not answer within {secs} s, so it was stopped: the Docker engine is stuck or overloaded. Check it (`docker info`), restart it, or build with --backend native")]
+    Timeout { what: String, secs: u64 },
+    #[error("`{what}` answered more than {kib} KiB on its {stream}, far more than the engine ever answers, so it was stopped: check the docker command on PATH and the engine")]
+    TooLarge {
+        what: String,
+        kib: usize,
+        stream: &'static str,
+    },
+}
+
+/// Runs one call of the engine, bounded in time (`limit`) and in output
+/// ([`process::OUTPUT_CAP`] per stream), in a process group that dies with fdl. Every
+/// call of the engine that is not a build's own output goes through here, so none can
+/// hang fdl or fill its memory; the error names the call and the bound it passed.
+fn engine_call(cmd: &mut Command, limit: std::time::Duration) -> Result<std::process::Output> {
+    // The call's words up to its first option: `docker image inspect`, `docker info`.
+    let what = std::iter::once(cmd.get_program())
+        .chain(
+            cmd.get_args()
+                .take_while(|a| !a.to_string_lossy().starts_with('-')),
+        )
+        .take(3)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    match process::output_within(cmd, limit) {
+        Ok(Some(out)) => Ok(out),
+        Ok(None) => Err(CallError::Timeout {
+            what,
+            secs: limit.as_secs(),
+        }
+        .into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(DockerError::NoCommand.into()),
+        Err(e) => match process::too_large(&e) {
+            Some(t) => Err(CallError::TooLarge {
+                what,
+                kib: t.limit / 1024,
+                stream: t.stream,
+            }
+            .into()),
+            None => Err(process::lift(e)).with_context(|| format!("cannot run `{what}`")),
+        },
+    }
+}
+
 impl Engine {
     /// Asks the daemon for its version: distinguishes "no docker" from "no daemon".
     pub fn probe() -> Result<Engine, DockerError> {
-        let out = Command::new("docker")
-            .args(["version", "--format", "{{.Server.Version}}"])
-            .output();
-        let out = match out {
+        let mut cmd = Command::new("docker");
+        cmd.args(["version", "--format", "{{.Server.Version}}"]);
+        let out = match engine_call(&mut cmd, QUERY_LIMIT) {
             Ok(o) => o,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(DockerError::NoCommand)
+            Err(e) => {
+                return Err(match e.downcast::<DockerError>() {
+                    Ok(d) => d,
+                    Err(e) => DockerError::DaemonUnreachable(format!("{e:#}")),
+                })
             }
-            Err(e) => return Err(DockerError::DaemonUnreachable(e.to_string())),
         };
         let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if !out.status.success() || version.is_empty() {
@@ -68,10 +124,11 @@ impl Engine {
                 .unwrap_or("no answer");
             return Err(DockerError::DaemonUnreachable(line.trim().to_string()));
         }
-        let buildkit = Command::new("docker")
-            .args(["buildx", "version"])
-            .output()
-            .is_ok_and(|o| o.status.success());
+        let buildkit = engine_call(
+            Command::new("docker").args(["buildx", "version"]),
+            QUERY_LIMIT,
+        )
+        .is_ok_and(|o| o.status.success());
         Ok(Engine {
             server_version: version,
             buildkit,
@@ -83,9 +140,18 @@ impl Engine {
     pub fn storage_driver(&self) -> Option<String> {
         let mut cmd = Command::new("docker");
         cmd.args(["info", "--format", "{{.Driver}}"]);
-        let out = process::output_within(&mut cmd, std::time::Duration::from_secs(30))
-            .ok()
-            .flatten()?;
+        // Only a hint for the plan: an engine that does not answer is named, and the
+        // plan is made without it.
+        let out = match engine_call(&mut cmd, QUERY_LIMIT) {
+            Ok(out) => out,
+            Err(e) => {
+                crate::eprintln_safe!(
+                    "warning: {}; the storage driver is not known, so the toolchain volumes are chosen without it",
+                    crate::text::clean(&format!("{e:#}"))
+                );
+                return None;
+            }
+        };
         let driver = String::from_utf8_lossy(&out.stdout).trim().to_string();
         (out.status.success()
             && !driver.is_empty()
@@ -151,7 +217,7 @@ const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 /// otherwise fail later, trying a registry an offline host cannot reach.
 pub fn probe_image(image: &str) -> Result<ImageProbe> {
     check_image_reference(image)?;
-    let out = process::output_within(
+    let out = engine_call(
         Command::new("docker").args([
             "run",
             "--rm",
@@ -167,13 +233,7 @@ pub fn probe_image(image: &str) -> Result<ImageProbe> {
         ]),
         PROBE_TIMEOUT,
     )
-    .context("cannot run docker to probe --base-image")?;
-    let Some(out) = out else {
-        bail!(
-            "probing --base-image {image} took over {} s: check the Docker engine (`docker run --rm {image} true`)",
-            PROBE_TIMEOUT.as_secs()
-        );
-    };
+    .with_context(|| format!("cannot probe --base-image {image}: check the Docker engine (`docker run --rm {image} true`)"))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         if err.contains("No such image") {
@@ -241,11 +301,10 @@ struct ContainerGuard<'a> {
 
 impl Drop for ContainerGuard<'_> {
     fn drop(&mut self) {
-        let out = self
-            .engine
-            .command()
-            .args(["rm", "--force", &self.name])
-            .output();
+        let out = engine_call(
+            self.engine.command().args(["rm", "--force", &self.name]),
+            CHANGE_LIMIT,
+        );
         let gone = |o: &std::process::Output| {
             o.status.success() || String::from_utf8_lossy(&o.stderr).contains("No such container")
         };
@@ -258,7 +317,7 @@ impl Drop for ContainerGuard<'_> {
                 self.name
             ),
             Err(e) => {
-                crate::eprintln_safe!("warning: could not remove container {}: {e}", self.name)
+                crate::eprintln_safe!("warning: could not remove container {}: {e:#}", self.name)
             }
         }
     }
@@ -347,13 +406,21 @@ pub struct Toolchain {
 }
 
 /// The engine's ID of `reference` (`sha256:…`), or `None` when it has no such image.
-fn image_id(engine: &Engine, reference: &str) -> Option<String> {
+/// The engine's silence or flood is an error, never "no image": the answer decides what
+/// is built, kept and removed.
+fn image_id(engine: &Engine, reference: &str) -> Result<Option<String>> {
     let mut cmd = engine.command();
     cmd.args(["image", "inspect", "--format", "{{.Id}}", reference]);
-    let text = process::capture(&mut cmd, "docker image inspect").ok()?;
+    let out = engine_call(&mut cmd, QUERY_LIMIT)?;
+    if !out.status.success() {
+        return Ok(None);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
     let id = text.trim();
-    (id.starts_with("sha256:") && id.len() <= 80 && id[7..].bytes().all(|b| b.is_ascii_hexdigit()))
-        .then(|| id.to_string())
+    Ok((id.starts_with("sha256:")
+        && id.len() <= 80
+        && id[7..].bytes().all(|b| b.is_ascii_hexdigit()))
+    .then(|| id.to_string()))
 }
 
 /// The toolchain image's tag: its name and a digest of what decides its content — the
@@ -369,11 +436,11 @@ fn toolchain_tag(docker: &DockerPlan, base_id: &str, dockerfile: &str) -> String
     format!("{}-{}", docker.image, &sha256_hex(key.as_bytes())[..16])
 }
 
-fn base_id(engine: &Engine, docker: &DockerPlan) -> String {
-    match &docker.base_image {
-        Some(base) => image_id(engine, base).unwrap_or_else(|| format!("absent {base}")),
+fn base_id(engine: &Engine, docker: &DockerPlan) -> Result<String> {
+    Ok(match &docker.base_image {
+        Some(base) => image_id(engine, base)?.unwrap_or_else(|| format!("absent {base}")),
         None => "from the Dockerfile".to_string(),
-    }
+    })
 }
 
 /// Makes sure the toolchain image of `docker` is in the engine, building it only when the
@@ -388,9 +455,9 @@ pub fn toolchain_image(
     if sha256_hex(dockerfile.as_bytes()) != docker.dockerfile.sha256() {
         bail!("the Dockerfile changed since the plan was made: run the build again");
     }
-    let base = base_id(engine, docker);
+    let base = base_id(engine, docker)?;
     let tag = toolchain_tag(docker, &base, dockerfile);
-    if let Some(id) = image_id(engine, &tag) {
+    if let Some(id) = image_id(engine, &tag)? {
         return Ok(Toolchain {
             tag,
             id,
@@ -435,15 +502,15 @@ pub fn toolchain_image(
             "the toolchain image build failed. Nothing was installed{hint}"
         )));
     }
-    let id = image_id(engine, &tag).ok_or_else(|| {
+    let id = image_id(engine, &tag)?.ok_or_else(|| {
         anyhow::anyhow!("docker build reported success, but {tag} is not in the engine")
     })?;
     // A base image the build pulled has an ID now: tag the image by it as well, so the
     // next build finds it without running the Dockerfile's steps again.
     if base.starts_with("absent ") {
-        let again = toolchain_tag(docker, &base_id(engine, docker), dockerfile);
+        let again = toolchain_tag(docker, &base_id(engine, docker)?, dockerfile);
         if again != tag {
-            let _ = engine.command().args(["tag", &tag, &again]).output();
+            let _ = engine_call(engine.command().args(["tag", &tag, &again]), CHANGE_LIMIT);
         }
     }
     Ok(Toolchain {
@@ -502,9 +569,84 @@ fn check_toolchain(tag: &str, docker: &DockerPlan) -> Result<ImageProbe> {
 
 /// The label naming the toolchain image (its engine ID) a volume is a copy of.
 const VOLUME_LABEL: &str = "fdl.toolchain.image";
+/// The label holding the SHA-256 of the volume's ownership token (see [`VolumeMarks`]).
+const OWNER_LABEL: &str = "fdl.toolchain.owner";
+/// Every toolchain volume's name starts so; fdl never removes a volume whose name does
+/// not.
+const VOLUME_PREFIX: &str = "flodl-nccl-toolchain-";
 /// The file fdl writes at the top of a toolchain volume once the engine has filled it
 /// from the image; it holds the image's ID. A volume without it is incomplete.
 const VOLUME_MARK: &str = ".fdl-toolchain-volume";
+
+/// What makes a Docker volume fdl's own. Anyone with access to the engine can make a
+/// volume of fdl's name with fdl's labels (the image ID is no secret), so neither proves
+/// anything: when fdl creates a toolchain volume it draws a random token, keeps it in
+/// its private cache (`<cache>/docker-volumes/<volume>`, 0600, in a directory checked as
+/// every cache directory is) and puts the token's SHA-256 in the volume's
+/// [`OWNER_LABEL`]. A volume is fdl's only when its name, its labels and the kept token
+/// all agree; any other is neither mounted nor removed.
+struct VolumeMarks {
+    dir: std::path::PathBuf,
+}
+
+impl VolumeMarks {
+    fn open() -> Result<VolumeMarks> {
+        let cache = crate::cache::cache_dir()?;
+        Ok(VolumeMarks {
+            dir: crate::cache::subdir(&cache, "docker-volumes")?,
+        })
+    }
+
+    fn path(&self, volume: &str) -> std::path::PathBuf {
+        self.dir.join(volume)
+    }
+
+    /// A new token for `volume`, kept before the volume is made (a volume made without a
+    /// kept token would be no one's); its SHA-256 is what the label carries.
+    fn issue(&self, volume: &str) -> Result<String> {
+        use std::io::Write;
+        let mut bytes = [0u8; 32];
+        // SAFETY: fills exactly the buffer given.
+        let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        if n != bytes.len() as isize {
+            bail!(
+                "cannot draw a random token for the Docker volume {volume}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let token = sha256_hex(&bytes);
+        // A new file (0600) renamed over the name: whatever was there is replaced, never
+        // written through.
+        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)
+            .with_context(|| format!("cannot write in {}", self.dir.display()))?;
+        tmp.write_all(token.as_bytes())
+            .and_then(|()| tmp.as_file().sync_all())
+            .with_context(|| format!("cannot write in {}", self.dir.display()))?;
+        tmp.persist(self.path(volume))
+            .with_context(|| format!("cannot write {}", self.path(volume).display()))?;
+        Ok(sha256_hex(token.as_bytes()))
+    }
+
+    /// Whether `labels` (a volume's) carry the digest of the token kept for `volume`.
+    fn owns(&self, volume: &str, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        let Some(label) = labels.get(OWNER_LABEL) else {
+            return false;
+        };
+        let kept = crate::fsread::open_regular(&self.path(volume), true).and_then(|f| {
+            use std::io::Read;
+            let mut text = String::new();
+            f.take(128).read_to_string(&mut text)?;
+            Ok(text)
+        });
+        volume.starts_with(VOLUME_PREFIX)
+            && labels.contains_key(VOLUME_LABEL)
+            && kept.is_ok_and(|t| t.len() == 64 && &sha256_hex(t.as_bytes()) == label)
+    }
+
+    fn forget(&self, volume: &str) {
+        let _ = std::fs::remove_file(self.path(volume));
+    }
+}
 
 /// The toolchain volumes of `toolchain`, one per directory of `dirs`, as (volume,
 /// directory) for the compile's read-only mounts: made once per toolchain image and
@@ -512,7 +654,8 @@ const VOLUME_MARK: &str = ".fdl-toolchain-volume";
 /// image's directory into an empty named volume when a container mounts it; fdl then
 /// marks it with the image's ID. Made under a lock per image (two builds make them
 /// once); an unmarked volume (its filling was interrupted) is removed and made again;
-/// volumes of toolchain images the engine no longer has are removed.
+/// fdl's own volumes ([`VolumeMarks`]) of toolchain images the engine no longer has are
+/// removed.
 fn toolchain_volumes(
     engine: &Engine,
     toolchain: &Toolchain,
@@ -525,7 +668,7 @@ fn toolchain_volumes(
         .chars()
         .take(16)
         .collect();
-    let base = format!("flodl-nccl-toolchain-{hex}");
+    let base = format!("{VOLUME_PREFIX}{hex}");
     let want: Vec<(String, String)> = dirs
         .iter()
         .map(|d| (format!("{base}-{d}"), format!("/{d}")))
@@ -541,18 +684,24 @@ fn toolchain_volumes(
         crate::lock::Wait::Yes,
         &|msg| progress.note(msg),
     )?;
-    remove_stale_volumes(engine, &toolchain.id);
+    let marks = VolumeMarks::open()?;
+    remove_stale_volumes(engine, &marks, &toolchain.id);
     for attempt in 0..2 {
         // Each name is looked up itself: a volume of that name that fdl did not make for
         // this image is neither used nor removed.
         let mut old = Vec::new();
         let mut new = Vec::new();
         for wanted in &want {
-            match volume_image(engine, &wanted.0)? {
+            match volume_labels(engine, &wanted.0)? {
                 None => new.push(wanted),
-                Some(id) if id == toolchain.id => old.push(wanted),
+                Some(labels)
+                    if marks.owns(&wanted.0, &labels)
+                        && labels.get(VOLUME_LABEL) == Some(&toolchain.id) =>
+                {
+                    old.push(wanted)
+                }
                 Some(_) => bail!(
-                    "a Docker volume named {} exists that fdl did not make for {}: remove it (`docker volume rm {}`) or build with --toolchain-volumes never",
+                    "a Docker volume named {} exists that fdl did not make for {} (its labels and fdl's token for it do not agree): fdl neither uses nor removes it. Remove it (`docker volume rm {}`) if it is not needed, or build with --toolchain-volumes never",
                     wanted.0,
                     toolchain.tag,
                     wanted.0
@@ -561,10 +710,12 @@ fn toolchain_volumes(
         }
         let mut made = VolumesGuard {
             engine,
+            marks: &marks,
             names: Vec::new(),
         };
         for (volume, _) in &new {
-            let out = process::output_within(
+            let owner = marks.issue(volume)?;
+            let out = engine_call(
                 engine.command().args([
                     "volume",
                     "create",
@@ -572,18 +723,30 @@ fn toolchain_volumes(
                     &format!("{VOLUME_LABEL}={}", toolchain.id),
                     "--label",
                     &format!("fdl.toolchain.tag={}", toolchain.tag),
+                    "--label",
+                    &format!("{OWNER_LABEL}={owner}"),
                     volume,
                 ]),
-                std::time::Duration::from_secs(60),
-            )
-            .map_err(process::lift)?;
-            match out {
-                Some(o) if o.status.success() => made.names.push(volume.clone()),
-                Some(o) => bail!(
+                CHANGE_LIMIT,
+            )?;
+            if !out.status.success() {
+                marks.forget(volume);
+                bail!(
                     "docker volume create {volume} failed: {}",
-                    crate::text::clean(String::from_utf8_lossy(&o.stderr).trim())
-                ),
-                None => bail!("docker volume create {volume} did not answer within 60 s"),
+                    crate::text::clean(String::from_utf8_lossy(&out.stderr).trim())
+                );
+            }
+            made.names.push(volume.clone());
+            // Made by someone else between the look and the create (`volume create` of
+            // an existing name succeeds and changes nothing): not fdl's, so not used.
+            match volume_labels(engine, volume)? {
+                Some(labels) if marks.owns(volume, &labels) => {}
+                _ => {
+                    made.names.pop();
+                    bail!(
+                        "a Docker volume named {volume} appeared that fdl did not make: fdl neither uses nor removes it. Remove it (`docker volume rm {volume}`) if it is not needed, or build with --toolchain-volumes never"
+                    );
+                }
             }
         }
         if !new.is_empty() {
@@ -635,9 +798,8 @@ fn toolchain_volumes(
                 .arg(format!("type=volume,source={volume},target={dir}"));
         }
         cmd.args(["--entrypoint", "/bin/sh", &toolchain.tag, "-c", &script]);
-        let out = process::output_within(&mut cmd, std::time::Duration::from_secs(3600))
-            .map_err(process::lift)?
-            .ok_or_else(|| anyhow::anyhow!("filling the toolchain volumes took over an hour"))?;
+        let out = engine_call(&mut cmd, std::time::Duration::from_secs(3600))
+            .context("filling the toolchain volumes")?;
         if !out.status.success() {
             bail!(
                 "filling the toolchain volumes from {} failed: {}",
@@ -664,7 +826,7 @@ fn toolchain_volumes(
         ));
         for (volume, dir) in &want {
             if unmarked.iter().any(|d| d == dir) {
-                remove_volume(engine, volume);
+                remove_volume(engine, &marks, volume);
             }
         }
     }
@@ -674,29 +836,24 @@ fn toolchain_volumes(
     )
 }
 
-/// Whether the volume `name` exists, and then the image ID its fdl label names (empty
-/// when it has none).
-fn volume_image(engine: &Engine, name: &str) -> Result<Option<String>> {
+/// The labels of the volume `name`, or `None` when there is no such volume.
+fn volume_labels(
+    engine: &Engine,
+    name: &str,
+) -> Result<Option<std::collections::BTreeMap<String, String>>> {
     let mut cmd = engine.command();
-    cmd.args([
-        "volume",
-        "inspect",
-        "--format",
-        &format!("{{{{index .Labels \"{VOLUME_LABEL}\"}}}}"),
-        name,
-    ]);
-    let out = process::output_within(&mut cmd, std::time::Duration::from_secs(60))
-        .map_err(process::lift)?
-        .ok_or_else(|| {
-            anyhow::anyhow!("docker volume inspect {name} did not answer within 60 s")
-        })?;
+    cmd.args(["volume", "inspect", "--format", "{{json .Labels}}", name]);
+    let out = engine_call(&mut cmd, QUERY_LIMIT)?;
     if out.status.success() {
-        let label = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        return Ok(Some(if label == "<no value>" {
-            String::new()
-        } else {
-            label
-        }));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let text = text.trim();
+        // A volume without labels answers `null`.
+        if text == "null" || text.is_empty() {
+            return Ok(Some(Default::default()));
+        }
+        return serde_json::from_str(text)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("docker volume inspect {name} answered no labels ({e})"));
     }
     let err = String::from_utf8_lossy(&out.stderr);
     if err.to_ascii_lowercase().contains("no such volume") {
@@ -708,8 +865,9 @@ fn volume_image(engine: &Engine, name: &str) -> Result<Option<String>> {
     )
 }
 
-/// fdl's toolchain volumes in the engine, with the image ID each is a copy of.
-fn fdl_volumes(engine: &Engine) -> Vec<(String, String)> {
+/// The names of the volumes that carry fdl's image label: candidates only, each still
+/// checked by [`VolumeMarks::owns`] before anything is done to it.
+fn labelled_volumes(engine: &Engine) -> Vec<String> {
     let mut cmd = engine.command();
     cmd.args([
         "volume",
@@ -717,55 +875,122 @@ fn fdl_volumes(engine: &Engine) -> Vec<(String, String)> {
         "--filter",
         &format!("label={VOLUME_LABEL}"),
         "--format",
-        &format!("{{{{.Name}}}} {{{{.Label \"{VOLUME_LABEL}\"}}}}"),
+        "{{.Name}}",
     ]);
-    let Ok(Some(out)) = process::output_within(&mut cmd, std::time::Duration::from_secs(60)) else {
+    let Ok(out) = engine_call(&mut cmd, QUERY_LIMIT) else {
         return Vec::new();
     };
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| {
-            let (name, id) = l.trim().split_once(' ')?;
-            Some((name.to_string(), id.trim().to_string()))
-        })
+        .map(|l| l.trim().to_string())
+        .filter(|n| n.starts_with(VOLUME_PREFIX))
         .collect()
 }
 
-/// Removes the toolchain volumes of images the engine no longer has (a toolchain
-/// rebuilt from a new base image leaves its old copy behind otherwise). One in use is
-/// left: the engine refuses, and a later build removes it.
-fn remove_stale_volumes(engine: &Engine, current: &str) {
-    for (name, id) in fdl_volumes(engine) {
-        if id != current && image_id(engine, &id).is_none() {
-            remove_volume(engine, &name);
+/// Removes fdl's own toolchain volumes of images the engine no longer has (a toolchain
+/// rebuilt from a new base image leaves its old copy behind otherwise). A volume is
+/// removed only when fdl made it ([`VolumeMarks::owns`]) and the engine said plainly
+/// that its image is gone (an engine that does not answer removes nothing). One in use
+/// is left: the engine refuses, and a later build removes it.
+fn remove_stale_volumes(engine: &Engine, marks: &VolumeMarks, current: &str) {
+    for name in labelled_volumes(engine) {
+        let Ok(Some(labels)) = volume_labels(engine, &name) else {
+            continue;
+        };
+        let Some(id) = labels.get(VOLUME_LABEL) else {
+            continue;
+        };
+        if id != current && marks.owns(&name, &labels) && matches!(image_id(engine, id), Ok(None)) {
+            remove_volume(engine, marks, &name);
         }
     }
 }
 
-fn remove_volume(engine: &Engine, name: &str) {
-    let _ = process::output_within(
-        engine.command().args(["volume", "rm", name]),
-        std::time::Duration::from_secs(60),
-    );
+/// Removes fdl's volume `name` and its kept token (once the engine removed it).
+fn remove_volume(engine: &Engine, marks: &VolumeMarks, name: &str) {
+    if engine_call(engine.command().args(["volume", "rm", name]), CHANGE_LIMIT)
+        .is_ok_and(|o| o.status.success())
+    {
+        marks.forget(name);
+    }
 }
 
 /// Removes the volumes this run created when their filling did not finish.
 struct VolumesGuard<'a> {
     engine: &'a Engine,
+    marks: &'a VolumeMarks,
     names: Vec<String>,
 }
 
 impl Drop for VolumesGuard<'_> {
     fn drop(&mut self) {
         for name in &self.names {
-            remove_volume(self.engine, name);
+            remove_volume(self.engine, self.marks, name);
         }
+    }
+}
+
+/// The [`crate::nccl::plan::CONTAINER_OWNER_LABEL`] value of the fdl whose pid is `pid`:
+/// `<uid>-<pid>-<start time>`, the start time (clock ticks since boot) read from
+/// `/proc/<pid>/stat`, so that a pid reused by another process does not pass for it.
+/// `None` when there is no such process.
+fn owner_of(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: fields are
+    // counted after its closing one; the start time is field 22.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let start = rest.split_whitespace().nth(19)?;
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    Some(format!("{uid}-{pid}-{start}"))
+}
+
+/// Removes the compile containers that an fdl of this user left when it died: those
+/// whose owner label names this user and a process that is no longer the one that made
+/// them. Their run script ends them once their fdl's pipe closes, but a container an
+/// older fdl started, or one the engine kept while the daemon restarted, is removed
+/// here. Containers of other users, or without fdl's name and label, are never touched.
+fn remove_orphan_containers(engine: &Engine, progress: &Progress) {
+    let label = crate::nccl::plan::CONTAINER_OWNER_LABEL;
+    let mut cmd = engine.command();
+    cmd.args([
+        "ps",
+        "--all",
+        "--filter",
+        &format!("label={label}"),
+        "--format",
+        &format!("{{{{.Names}}}} {{{{.Label \"{label}\"}}}}"),
+    ]);
+    let Ok(out) = engine_call(&mut cmd, QUERY_LIMIT) else {
+        return;
+    };
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() }.to_string();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some((name, owner)) = line.trim().split_once(' ') else {
+            continue;
+        };
+        let mut parts = owner.splitn(3, '-');
+        let (Some(uid), Some(pid), Some(_)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if !name.starts_with("fdl-nccl-") || uid != me || owner_of(pid).as_deref() == Some(owner) {
+            continue;
+        }
+        progress.note(&format!(
+            "==> removing container {} left by an fdl that is gone (pid {pid})",
+            crate::text::clean(name)
+        ));
+        let _ = engine_call(engine.command().args(["rm", "--force", name]), CHANGE_LIMIT);
     }
 }
 
 /// Prefix of the work directories (NCCL's `BUILDDIR` and the container's `TMPDIR`) made
 /// beside the staging directory and bind-mounted into the compile container.
-const WORK_PREFIX: &str = ".docker-work-";
+pub(crate) const WORK_PREFIX: &str = crate::nccl::store::DOCKER_WORK_PREFIX;
 
 impl Backend for DockerBackend {
     fn toolchain_identity(
@@ -787,6 +1012,7 @@ impl Backend for DockerBackend {
             .parent()
             .ok_or_else(|| anyhow::anyhow!("the staging directory has no parent"))?;
         native::remove_stale_work_dirs(builds_dir, WORK_PREFIX, &plan.name, progress);
+        remove_orphan_containers(&self.engine, progress);
 
         // 1. The toolchain: its image, built once per base image, Dockerfile and
         // arguments, and where the plan says so its volumes.
@@ -851,6 +1077,10 @@ impl Backend for DockerBackend {
                 ("staging", aliases.plain(&staging)?),
                 ("container", container.into()),
                 ("user", user.into()),
+                (
+                    "owner",
+                    owner_of(std::process::id()).unwrap_or_default().into(),
+                ),
             ],
         };
         progress.output(&format!("==> fdl: paths: {}", paths.describe()));
@@ -862,23 +1092,33 @@ impl Backend for DockerBackend {
             engine: &self.engine,
             name: format!("{}-{step}", paths.get("container").display()),
         };
+        // Each run's stdin is a pipe whose only write end fdl holds (dropped after the
+        // run): when fdl dies, even by SIGKILL, the container reads end of file and its
+        // run script kills the build (see RUN_SCRIPT).
+        let lease = || -> Result<(std::io::PipeWriter, std::process::Stdio)> {
+            let (r, w) = std::io::pipe().context("cannot create a pipe")?;
+            Ok((w, r.into()))
+        };
         progress.phase(Phase::Compile);
         let total = {
             let _guard = guard("count");
-            native::count_compiles(&steps.count, progress)
+            let (_held, stdin) = lease()?;
+            native::count_compiles_with(&steps.count, progress, stdin)
         };
         if let Some(total) = total {
             progress.set_total(total);
         }
         {
             let _guard = guard("build");
-            native::run_make(&steps.compile, progress, total)
+            let (_held, stdin) = lease()?;
+            native::run_make_with(&steps.compile, progress, total, stdin)
                 .context("the compile in the toolchain image failed. Nothing was installed")?;
         }
         progress.phase(Phase::Install);
         {
             let _guard = guard("install");
-            native::run_make(&steps.install, progress, None)
+            let (_held, stdin) = lease()?;
+            native::run_make_with(&steps.install, progress, None, stdin)
                 .context("`make install` in the toolchain image failed. Nothing was installed")?;
         }
         Ok(())
@@ -959,8 +1199,8 @@ fn store_identity(
         bail!("the Dockerfile changed since the plan was made");
     }
     let engine = Engine::probe()?;
-    let tag = toolchain_tag(docker, &base_id(&engine, docker), dockerfile);
-    let id = image_id(&engine, &tag).ok_or_else(|| {
+    let tag = toolchain_tag(docker, &base_id(&engine, docker)?, dockerfile);
+    let id = image_id(&engine, &tag)?.ok_or_else(|| {
         anyhow::anyhow!("the toolchain image {tag} is not built yet (the build makes it)")
     })?;
     Ok([

@@ -109,7 +109,7 @@ impl NativeSteps {
 }
 
 /// Prefix of the work directories (NCCL's `BUILDDIR`) made beside the staging directory.
-const WORK_PREFIX: &str = ".native-work-";
+pub(crate) const WORK_PREFIX: &str = crate::nccl::store::NATIVE_WORK_PREFIX;
 
 /// A build's work directory, removed when dropped — after success, failure or Ctrl-C.
 pub(crate) struct WorkDir(pub(crate) PathBuf);
@@ -313,8 +313,18 @@ fn make_env(native: &NativePlan, mut step: Step) -> Step {
 /// remakes included makefiles, such as NCCL's generated kernel lists — into the work
 /// directory, where the real build then reuses them.)
 pub(crate) fn count_compiles(count: &Step, progress: &Progress) -> Option<u64> {
+    count_compiles_with(count, progress, std::process::Stdio::null())
+}
+
+/// [`count_compiles`] with the step's stdin given: the Docker backend's is a pipe whose
+/// end it holds, which ties the container's life to fdl's.
+pub(crate) fn count_compiles_with(
+    count: &Step,
+    progress: &Progress,
+    stdin: std::process::Stdio,
+) -> Option<u64> {
     let mut cmd = count.command();
-    cmd.stdin(std::process::Stdio::null());
+    cmd.stdin(stdin);
     match process::capture(&mut cmd, &count.what) {
         Ok(text) => {
             let n = text
@@ -338,10 +348,20 @@ pub(crate) fn count_compiles(count: &Step, progress: &Progress) -> Option<u64> {
 
 /// Runs one make command, its output to the log (and the terminal when verbose), its
 /// `Compiling`/`Linking` lines to the progress.
-pub(crate) fn run_make(step: &Step, progress: &Progress, mut total: Option<u64>) -> Result<()> {
+pub(crate) fn run_make(step: &Step, progress: &Progress, total: Option<u64>) -> Result<()> {
+    run_make_with(step, progress, total, std::process::Stdio::null())
+}
+
+/// [`run_make`] with the step's stdin given (see [`count_compiles_with`]).
+pub(crate) fn run_make_with(
+    step: &Step,
+    progress: &Progress,
+    mut total: Option<u64>,
+    stdin: std::process::Stdio,
+) -> Result<()> {
     progress.output(&format!("==> fdl: step: {}", step.render()));
     let mut cmd = step.command();
-    cmd.stdin(std::process::Stdio::null());
+    cmd.stdin(stdin);
     let mut linking = false;
     let mut compiled = 0u64;
     process::stream(&mut cmd, &step.what, &mut |line| {

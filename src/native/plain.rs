@@ -48,8 +48,10 @@ impl Aliases {
         if is_plain(&path) {
             return Ok(path);
         }
-        std::fs::create_dir_all(&self.dir)
-            .with_context(|| format!("cannot create {}", self.dir.display()))?;
+        // Made and checked as every cache directory is: an alias is never made through
+        // a link, nor in a directory another user could change.
+        let cache = self.dir.parent().unwrap_or(Path::new("/"));
+        crate::cache::subdir(cache, "paths")?;
         // Random, so that two builds never share (or remove) one alias.
         let name = format!(
             "{}-{}",

@@ -23,6 +23,8 @@ use std::process::Command;
 pub const NCCL_REPO: &str = "https://github.com/NVIDIA/nccl.git";
 /// Overrides [`NCCL_REPO`]: a mirror, a fork, or a local repository in tests.
 pub const REPO_ENV: &str = "FDL_NCCL_REPO";
+/// The clone cache's directory under fdl's cache: `<cache>/nccl-src/<repo>/<tag>`.
+const CLONE_CACHE_DIR: &str = "nccl-src";
 
 /// Names of leftovers of an unfinished clone of `tag` in the cache.
 fn partial_prefix(tag: &Tag) -> String {
@@ -90,7 +92,7 @@ pub fn source_for(source_dir: Option<&Path>, tag: &Tag, cache_root: &Path) -> Re
                 .unwrap_or_else(|| NCCL_REPO.to_string());
             Ok(NativeSource::Clone {
                 cache_dir: cache_root
-                    .join("nccl-src")
+                    .join(CLONE_CACHE_DIR)
                     .join(repo_key(&repo))
                     .join(tag.as_str()),
                 repo,
@@ -225,8 +227,22 @@ pub fn ensure_clone(
     let parent = cache_dir
         .parent()
         .ok_or_else(|| anyhow!("the source cache {} has no parent", cache_dir.display()))?;
-    std::fs::create_dir_all(parent)
-        .with_context(|| format!("cannot create the source cache {}", parent.display()))?;
+    // `<cache>/nccl-src/<repo>/` made and checked as every cache directory is (never
+    // through a link, never another user's): the cache is found above the layout that
+    // [`source_for`] gives.
+    let root = parent
+        .ancestors()
+        .find(|a| a.file_name().is_some_and(|n| n == CLONE_CACHE_DIR))
+        .and_then(Path::parent)
+        .ok_or_else(|| {
+            anyhow!(
+                "the source cache {} is not under fdl's {CLONE_CACHE_DIR}/",
+                cache_dir.display()
+            )
+        })?;
+    let rel = parent.strip_prefix(root).unwrap_or(parent);
+    crate::cache::subdir(root, &rel.to_string_lossy())
+        .with_context(|| format!("cannot use the source cache {}", parent.display()))?;
     let _lock = lock_entry(&parent.join(format!(".{tag}.lock")), progress)?;
 
     // Under the lock nobody else is cloning this tag: any partial clone is a leftover of
@@ -311,10 +327,14 @@ fn remove_any(path: &Path) -> Result<()> {
 
 /// Takes the cache entry's lock, waiting (interruptibly) while another fdl holds it.
 fn lock_entry(path: &Path, progress: &Progress) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Never through a link, never blocked by a FIFO, and private as every lock is.
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
         .with_context(|| format!("cannot open lock file {}", path.display()))?;
     let mut said = false;

@@ -431,8 +431,9 @@ pub struct BuildPlan {
     pub warnings: Vec<String>,
 }
 
-/// The longest build name: a directory name (NAME_MAX on Linux file systems).
-pub const MAX_NAME_BYTES: usize = 255;
+/// The longest build name: a directory name (NAME_MAX on Linux file systems) less what
+/// the names fdl derives from it add ([`crate::nccl::name::BuildName::MAX_BYTES`]).
+pub const MAX_NAME_BYTES: usize = crate::nccl::name::BuildName::MAX_BYTES;
 
 /// `-ptx` and `-only-<digest>` mark builds that differ from a plain full build, so such a
 /// build can never pass for one.
@@ -511,7 +512,7 @@ impl BuildPlan {
         // plan (dry or not) is made for one.
         if name.len() > MAX_NAME_BYTES {
             anyhow::bail!(
-                "the build's name would be {} bytes ({}…), more than a directory name may hold ({MAX_NAME_BYTES}): {} archs are too many for one build. Build fewer at once with --archs (the archs of the hosts that will load it)",
+                "the build's name would be {} bytes ({}…), more than a build name may hold ({MAX_NAME_BYTES}, so that the names made from it fit in a directory entry): {} archs are too many for one build. Build fewer at once with --archs (the archs of the hosts that will load it)",
                 name.len(),
                 name.chars().take(48).collect::<String>(),
                 inputs.archs.len()
@@ -782,6 +783,11 @@ impl NcclMake<'_> {
     }
 }
 
+/// The label of each compile container naming the fdl that runs it, as
+/// `<pid>-<start time>` (the start time in clock ticks since boot, from
+/// `/proc/<pid>/stat`, so a reused pid is not taken for it).
+pub const CONTAINER_OWNER_LABEL: &str = "fdl.owner";
+
 /// Where the compile container finds [`RUN_SCRIPT`]: fdl writes it into the work
 /// directory before the first run.
 pub const RUN_SCRIPT_PATH: &str = "/fdl/work/fdl-run.sh";
@@ -791,7 +797,18 @@ pub const RUN_SCRIPT_PATH: &str = "/fdl/work/fdl-run.sh";
 /// libraries in `lib64/`, else `lib/` as the PyPI wheels lay them out), refuses a home
 /// make would split, and runs the make given as its arguments with `CUDA_HOME` and
 /// `CUDA_LIB` added and the toolkit's `bin/` first on PATH.
-pub const RUN_SCRIPT: &str = r#"home=${CUDA_HOME:-}
+///
+/// The make runs in the background, tied to fdl: fdl holds the container's stdin open
+/// (`docker run -i`, a pipe whose only write end is fdl's) for as long as it lives, so
+/// end of file there means fdl is gone — even by SIGKILL, which leaves no one to remove
+/// the container — and a watchdog then kills everything in the container. The shell is
+/// the container's PID 1, which ignores SIGTERM unless it traps it: it traps it (the
+/// signal `docker run` passes on at Ctrl-C) and kills the make at once, so an interrupt
+/// does not wait for `docker stop`'s grace. `kill -KILL -1` reaches every process of
+/// the container but PID 1 and the sender.
+pub const RUN_SCRIPT: &str = r#"exec 3<&0
+trap 'kill -KILL -1 2>/dev/null; exit 143' TERM INT HUP
+home=${CUDA_HOME:-}
 if [ -z "$home" ]; then
   if [ -x /usr/local/cuda/bin/nvcc ]; then home=/usr/local/cuda
   elif nvcc=$(command -v nvcc); then home=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
@@ -805,7 +822,12 @@ lib=$home/lib64
 [ -d "$lib" ] || lib=$home/lib
 PATH=$home/bin:$PATH
 export PATH
-exec "$@" CUDA_HOME="$home" CUDA_LIB="$lib"
+{ while IFS= read -r _; do :; done; kill -KILL -1; } <&3 &
+"$@" CUDA_HOME="$home" CUDA_LIB="$lib" </dev/null &
+wait $!
+status=$?
+kill -KILL -1 2>/dev/null
+exit $status
 "#;
 
 /// The Docker backend's steps, by name: the toolchain image's build, then three
@@ -814,7 +836,8 @@ exec "$@" CUDA_HOME="$home" CUDA_LIB="$lib"
 /// `context` (the private build context, holding only the Dockerfile), `toolchain` (the
 /// image's tag, a digest known at run time), `source`, `work` and `staging` (the host
 /// directories mounted at [`RUN_SOURCE_DIR`], [`RUN_WORK_DIR`] and [`RUN_PREFIX_DIR`]),
-/// `container` (the prefix of the containers' names) and `user` (`uid:gid`).
+/// `container` (the prefix of the containers' names), `user` (`uid:gid`) and `owner` (the
+/// [`CONTAINER_OWNER_LABEL`] value).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DockerSteps {
     pub build: Step,
@@ -832,6 +855,7 @@ impl DockerSteps {
         "staging",
         "container",
         "user",
+        "owner",
     ];
 
     /// `volumes`: the toolchain volumes each compile mounts read-only, as (volume,
@@ -883,8 +907,18 @@ impl DockerSteps {
             let mut step = Step::new(what, "docker", produces)
                 .arg("run")
                 .arg("--rm")
+                // Its stdin is a pipe fdl holds: the run script ends the build when it
+                // closes (see RUN_SCRIPT).
+                .arg("--interactive")
                 .arg("--name")
                 .arg(name)
+                // Whose container it is: the next run removes one whose fdl is gone.
+                .arg("--label")
+                .arg({
+                    let mut l = std::ffi::OsString::from(format!("{CONTAINER_OWNER_LABEL}="));
+                    l.push(paths.get("owner"));
+                    l
+                })
                 .arg("--pull")
                 .arg("never")
                 .arg("--network")
@@ -1288,7 +1322,8 @@ mod tests {
         for run in [&steps.count, &steps.compile, &steps.install] {
             let text = run.render();
             for want in [
-                "run --rm --name '<container>-",
+                "run --rm --interactive --name '<container>-",
+                " --label 'fdl.owner=<owner>' ",
                 " --network none --read-only --user '<user>' ",
                 "'type=bind,source=<source>,target=/fdl/src,readonly'",
                 "'type=bind,source=<work>,target=/fdl/work' ",

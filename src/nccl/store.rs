@@ -7,6 +7,10 @@
 //! directory that looks like a build, and never touches an existing one. Like rustup's
 //! install transaction, [`Staging`] rolls everything back on `Drop` unless committed.
 
+pub use super::name::{
+    BuildName, DOCKER_WORK_PREFIX, INCOMING_PREFIX, LOG_NAME_EXTRA, LOG_SUFFIX, NATIVE_WORK_PREFIX,
+};
+use super::name::{REMOVING_PREFIX, STAGING_PREFIX};
 use crate::lock::{self, BuildLock};
 use crate::nccl::plan::BuildPlan;
 use crate::nccl::tree::{self, CheckedTree};
@@ -21,10 +25,6 @@ pub use crate::nccl::tree::MANIFEST;
 /// objects); 2: versions as strings, `schema` present. Reading takes any schema whose
 /// fields this fdl understands, and ignores fields it does not know.
 pub const MANIFEST_SCHEMA: u32 = 2;
-const STAGING_PREFIX: &str = ".staging-";
-const REMOVING_PREFIX: &str = ".removing-";
-/// Where `fdl cluster ship` lands a copy before installing it; a rerun resumes it.
-pub const INCOMING_PREFIX: &str = ".incoming-";
 
 /// One entry of the builds directory, as `fdl nccl list` shows it.
 #[derive(Debug, Serialize)]
@@ -52,45 +52,6 @@ impl Entry {
             | Entry::Unreadable { name, .. }
             | Entry::Broken { name, .. } => name,
         }
-    }
-}
-
-/// A build's name: a plain directory name under the builds directory, never a path,
-/// checked once when it comes in (from the user or a plan).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BuildName(String);
-
-impl BuildName {
-    pub fn parse(name: &str) -> Result<BuildName> {
-        if name.len() > crate::nccl::plan::MAX_NAME_BYTES {
-            bail!(
-                "'{}…' ({} bytes) is not a build name: a build is a directory, and a directory name has at most {} bytes",
-                name.chars().take(40).collect::<String>(),
-                name.len(),
-                crate::nccl::plan::MAX_NAME_BYTES
-            );
-        }
-        let ok = !name.is_empty()
-            && name.len() <= 255
-            && !name.starts_with('.')
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-        if !ok {
-            let shown: String = name.chars().take(80).collect();
-            bail!("'{shown}' is not a build name: give a directory name under libtorch/nccl/builds/ as `fdl nccl list` shows it");
-        }
-        Ok(BuildName(name.to_string()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for BuildName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
     }
 }
 
@@ -454,5 +415,46 @@ mod tests {
     #[test]
     fn the_store_names_the_manifest_as_builds_do() {
         assert_eq!(crate::store::USER_MANIFEST, MANIFEST);
+    }
+
+    /// The longest name parses, and every name fdl derives from it is made for real
+    /// (lock, staging, the set-aside and removal directories, both work directories, the
+    /// log); one byte more is refused when parsed, naming the bound, never as "File name
+    /// too long" later.
+    #[test]
+    fn the_longest_build_name_leaves_room_for_every_name_derived_from_it() {
+        let longest = "n".repeat(BuildName::MAX_BYTES);
+        let err = BuildName::parse(&format!("{longest}n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("at most {} bytes", BuildName::MAX_BYTES)),
+            "{err}"
+        );
+        assert!(BuildName::parse(&"n".repeat(255)).is_err());
+
+        let t = tempfile::tempdir().unwrap();
+        let cache = t.path().join("cache");
+        let store = BuildStore::new(t.path().join("libtorch/nccl/builds"));
+        let name = BuildName::parse(&longest).unwrap();
+        let lock = store.lock(&name, &cache, lock::Wait::No, &|_| {}).unwrap();
+        let staging = store.begin(&lock).unwrap();
+        std::fs::write(staging.path().join("x"), "built").unwrap();
+        let builds = store.dir.clone();
+        for prefix in [NATIVE_WORK_PREFIX, DOCKER_WORK_PREFIX] {
+            crate::native::WorkDir::create_with(&builds, prefix, name.as_str()).unwrap();
+        }
+        for prefix in [REPLACED_PREFIX, REMOVING_PREFIX] {
+            tempfile::Builder::new()
+                .prefix(&format!("{prefix}{name}-"))
+                .tempdir_in(&builds)
+                .unwrap();
+        }
+        std::fs::create_dir(builds.join(format!("{INCOMING_PREFIX}{name}"))).unwrap();
+        let log = format!("{name}-{}-{}.log", u64::MAX, u32::MAX);
+        assert_eq!(log.len(), name.as_str().len() + LOG_NAME_EXTRA);
+        std::fs::write(t.path().join(log), "").unwrap();
+        // The bound is the tightest: the longest derived name is exactly NAME_MAX.
+        assert_eq!(BuildName::MAX_BYTES + super::super::name::LONGEST_DERIVED, 255);
     }
 }

@@ -7,7 +7,7 @@ use super::key::{store_key, KeyAnswer};
 use crate::lock;
 use crate::nccl::backend::Backend;
 use crate::nccl::plan::BuildPlan;
-use crate::nccl::store::{BuildName, BuildStore, Existing, Manifest};
+use crate::nccl::store::{BuildName, BuildStore, Existing, Manifest, LOG_SUFFIX};
 use crate::nccl::tree::BUILD_LOG;
 use crate::nccl::verify;
 use crate::process;
@@ -130,17 +130,30 @@ pub fn execute(
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let log_path =
-        opts.cache
-            .join("logs")
-            .join(format!("{}-{stamp}-{}.log", plan.name, std::process::id()));
+    // `logs/` made and checked as every cache directory is: never through a link, never
+    // in another user's directory.
+    let log_path = crate::cache::subdir(&opts.cache, "logs")?.join(format!(
+        "{}-{stamp}-{}{LOG_SUFFIX}",
+        plan.name,
+        std::process::id()
+    ));
     let progress = Progress::new(opts.verbosity, log_path.clone())
         .with_context(|| format!("cannot create the build log {}", log_path.display()))?;
     // The store: with the key's lock held from here to the end, a second build of the
     // same key waits, then finds the entry this one makes.
     let mut keyed = match &opts.store {
         None => None,
-        Some(ms) => match opts.key.clone().unwrap_or_else(|| store_key(plan, backend)) {
+        Some(ms) => match match opts.key.clone() {
+            Some(Ok(known)) => Ok(known),
+            // A clone-source build's key is the cloned tag's commit, unknown before the
+            // first clone: the tag is cloned first, so that the key is known and its
+            // lock taken before anything compiles — a second first build of that key
+            // then waits here and takes this one's entry instead of compiling it again.
+            _ => {
+                clone_before_lookup(plan, &progress)?;
+                store_key(plan, backend)
+            }
+        } {
             Ok((key, inputs)) => {
                 let key_lock = ms.lock(&key, opts.wait, &|msg| crate::eprintln_safe!("{msg}"))?;
                 for done in ms.sweep(&key_lock, &key) {
@@ -288,6 +301,32 @@ pub fn execute(
         replaced: existing.is_some(),
         from_store: hit.map(|h| h.method),
     })
+}
+
+/// Clones the tag of a native clone-source plan into fdl's clone cache when it is not
+/// there yet (as the backend would first thing), so that [`store_key`] can name its
+/// commit. Other plans' sources are known without it.
+fn clone_before_lookup(plan: &BuildPlan, progress: &Progress) -> Result<()> {
+    let crate::nccl::plan::BackendPlan::Native(n) = &plan.backend else {
+        return Ok(());
+    };
+    let crate::nccl::plan::NativeSource::Clone { repo, cache_dir } = &n.source else {
+        return Ok(());
+    };
+    if cache_dir.is_dir() {
+        return Ok(());
+    }
+    let git = match n.tools.get("git") {
+        Some(git) => git.clone(),
+        None => crate::process::on_path("git").ok_or_else(|| {
+            anyhow!(
+                "git is not on PATH: fdl clones {} with it. Install git, or pass --source DIR with an NCCL tree",
+                plan.tag
+            )
+        })?,
+    };
+    crate::native::ensure_clone(repo, &plan.tag, cache_dir, &git, progress)?;
+    Ok(())
 }
 
 /// After a build that passed verification: adds it to the store (the key is computed
