@@ -232,7 +232,7 @@ impl Common {
             }
         }
         if slurm {
-            let s = Slurm::from_env()?;
+            let s = Slurm::from_env(Duration::from_secs(self.timeout.max(1)))?;
             let path = match &self.path {
                 Some(p) if p.starts_with('/') && !p.chars().any(char::is_control) => p.clone(),
                 Some(p) => bail!(
