@@ -12,7 +12,7 @@
 
 use super::config::Worker;
 use super::receive::{content_digest, payload_digest, Installed, Place, StateReport};
-use super::status::{ensure_fdl, OwnBinary, NO_PATH};
+use super::status::{ensure_fdl, OwnBinary, NOT_THIS_FDL, NO_PATH};
 use super::transport::{self, Transport};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
@@ -104,9 +104,9 @@ fn receive_script(w: &Worker, own: &OwnBinary, args: &[String]) -> String {
     let mut all = vec!["cluster", "receive"];
     all.extend(args.iter().map(String::as_str));
     format!(
-        "cd -- {} 2>/dev/null || exit {NO_PATH}; exec {} --root \"$PWD\" {}",
+        "cd -- {} 2>/dev/null || exit {NO_PATH}; {}; [ -n \"$f\" ] || exit {NOT_THIS_FDL}; exec \"$f\" --root \"$PWD\" {}",
         crate::step::single_quote(&w.path),
-        own.remote_path_expr(),
+        own.open_there(),
         transport::words(&all)
     )
 }
@@ -119,6 +119,12 @@ fn receive_answer<T: serde::de::DeserializeOwned>(w: &Worker, out: Result<Output
             "its path {} does not exist there (or cannot be entered): fix `path:` or create the checkout",
             w.path
         );
+    }
+    if let Some(e) = super::status::unsafe_cache(&out) {
+        return Err(e);
+    }
+    if out.status.code() == Some(NOT_THIS_FDL) {
+        bail!("the fdl in its cache is no longer this fdl's bytes (it was not run): ship again");
     }
     if let Some(why) = transport::banner(&out.stdout) {
         bail!("{why}");
