@@ -17,6 +17,7 @@ pub mod loader;
 pub mod lock;
 pub mod native;
 pub mod nccl;
+pub mod paste;
 pub mod process;
 pub mod progress;
 pub mod project;

@@ -326,7 +326,9 @@ fn status_plan_ship_env_on_the_allocations_nodes() {
     let export = format!("export LD_PRELOAD='{lib}'");
     assert!(env.lines().any(|l| l == export), "{env}");
     assert!(
-        env.contains(&format!("srun --export=ALL,LD_PRELOAD={lib} ")),
+        env.contains(&format!(
+            "# or per step: LD_PRELOAD='{lib}' srun --export=ALL "
+        )),
         "{env}"
     );
     let out = rig.fdl(&format!("{export};"), "cluster status --slurm");
