@@ -6,7 +6,7 @@
 //! (`nccl::store`) → a typed [`pipeline::Report`] that `cli` renders.
 //!
 //! The modules stand on floors, and a module imports only from its floor or below:
-//! 0, the ground floor, shared by all (`text`, `digest`, `fsread`, `fswrite`, `cache`,
+//! 0, the ground floor, shared by all (`text`, `paste`, `digest`, `fsread`, `fswrite`, `cache`,
 //! `process`, `lock`, `txn`, `progress`, `step`, `version`, `arch`); 1, facts about this
 //! machine and its build store (`gpu`, `inspect`, `loader`, `project`, `libtorch`,
 //! `store`); 2, `nccl`; 3, the backends `docker` and `native`; 4, `pipeline`; 5,
@@ -28,6 +28,7 @@ pub mod loader;
 pub mod lock;
 pub mod native;
 pub mod nccl;
+pub mod paste;
 pub mod pipeline;
 pub mod process;
 pub mod progress;

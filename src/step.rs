@@ -144,7 +144,7 @@ pub fn quote(s: &OsStr) -> String {
 /// One POSIX shell word, always quoted: single quotes, each `'` written as `'\''`.
 /// Nothing inside single quotes is expanded, newlines included.
 pub fn single_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
+    crate::paste::shell(s)
 }
 
 /// The private paths a step runs with, named in a dry run (`<staging>`) and real in a

@@ -326,7 +326,9 @@ fn status_plan_ship_env_on_the_allocations_nodes() {
     let export = format!("export LD_PRELOAD='{lib}'");
     assert!(env.lines().any(|l| l == export), "{env}");
     assert!(
-        env.contains(&format!("srun --export=ALL,LD_PRELOAD={lib} ")),
+        env.contains(&format!(
+            "# or per step: LD_PRELOAD='{lib}' srun --export=ALL "
+        )),
         "{env}"
     );
     let out = rig.fdl(&format!("{export};"), "cluster status --slurm");
@@ -504,4 +506,204 @@ fn the_readmes_batch_script_ships_and_launches_with_the_preload() {
         log.contains("ok      bridge    the LD_PRELOAD of 3 worker(s) takes effect"),
         "{log}"
     );
+}
+
+/// A `scontrol` that never answers (a hung slurmctld) costs the command's `--timeout`,
+/// not a fixed 30 s of fdl's own, and is named with what to do. A stand-in on PATH: the
+/// real one cannot be made to hang on demand.
+#[test]
+fn a_hanging_scontrol_costs_the_timeout_it_was_given() {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = tempfile::tempdir().unwrap();
+    let scontrol = bin.path().join("scontrol");
+    std::fs::write(&scontrol, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let project = ProjectFixture::empty();
+    let started = std::time::Instant::now();
+    let out = fdl_in(project.root())
+        .args(["cluster", "status", "--slurm", "--timeout", "2"])
+        .env("PATH", path_with(bin.path()))
+        .env("SLURM_JOB_ID", "7")
+        .env("SLURM_JOB_NODELIST", "node[1-3]")
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        took < std::time::Duration::from_secs(20),
+        "took {took:?}: {}",
+        text(&out)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`scontrol show hostnames` gave no answer within 2 s (--timeout)"),
+        "{err}"
+    );
+}
+
+/// On one allocation, the project on a filesystem every node shares:
+/// - a file planted in node1's cache under the controller's fdl's name (other bytes,
+///   which would leave a marker) is never run, and is replaced; a cache directory that
+///   others may write (node2) is refused, named; fixed, the genuine fdl runs there;
+/// - ship to a fresh directory the three nodes share: one copies and installs, the other
+///   two see its install as already there (all ok, never "failed on the second node");
+/// - a hostile checkout path (`$(…)`, backticks, quotes, a comma that would split
+///   `--export=`): the lines `env --slurm` prints, pasted into bash and run through the
+///   real srun, give each task the value exactly and run nothing of it.
+#[test]
+#[ignore = "needs Docker: drives a real Slurm in containers: `cargo test -- --include-ignored`"]
+fn planted_binaries_shared_directories_and_hostile_paths_on_slurm() {
+    let _one = CLUSTERS.lock().unwrap_or_else(|e| e.into_inner());
+    let rig = Rig::new(Some("/shared"));
+    let sha = fdl::digest::sha256_file(Path::new(env!("CARGO_BIN_EXE_fdl"))).unwrap();
+    let cached = format!("/root/.cache/fdl/bin/fdl-{}", &sha[..16]);
+    let node1 = rig.cluster.node("node1");
+    let node2 = rig.cluster.node("node2");
+    node1.write(
+        &cached,
+        b"#!/bin/sh\ntouch /tmp/planted-ran\necho '{\"schema\": 1}'\n",
+        0o755,
+    );
+    node1.exec("chmod 700 /root/.cache/fdl /root/.cache/fdl/bin");
+    node2.exec("mkdir -p /root/.cache/fdl/bin && chmod 700 /root/.cache/fdl && chmod 770 /root/.cache/fdl/bin");
+    let status = |rig: &Rig| {
+        json_of(
+            &rig.cluster
+                .salloc("cd /shared/flodl && fdl cluster status --slurm --json"),
+        )
+    };
+    let v = status(&rig);
+    assert_eq!(
+        node1
+            .exec("test -e /tmp/planted-ran && echo ran || echo no")
+            .trim(),
+        "no"
+    );
+    assert!(worker(&v, "node1")["report"].is_object(), "{v}");
+    assert_eq!(worker(&v, "node1")["shipped_fdl"], true, "{v}");
+    assert!(
+        node1.exec(&format!("sha256sum {cached}")).starts_with(&sha),
+        "the planted file was not replaced"
+    );
+    let error = worker(&v, "node2")["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("fdl's cache /root/.cache/fdl/bin on this worker is writable by others (mode drwxrwx---)"),
+        "{v}"
+    );
+    assert_eq!(
+        node2.exec("ls -A /root/.cache/fdl/bin").trim(),
+        "",
+        "nothing sent there"
+    );
+    node2.exec("chmod 700 /root/.cache/fdl/bin");
+    let v = status(&rig);
+    for host in ["node1", "node2", "node3"] {
+        assert!(worker(&v, host)["report"].is_object(), "{v}");
+    }
+    assert_eq!(
+        worker(&v, "node1")["shipped_fdl"],
+        false,
+        "the genuine one runs: {v}"
+    );
+
+    // Ship into one fresh directory the three nodes share.
+    let hostile = "/shared/h,LD_LIBRARY_PATH=/evil$(touch${IFS}/tmp/ran)`touch${IFS}/tmp/ran`'q\"";
+    node1.exec(&format!("mkdir -p {}", sh_quote(hostile)));
+    let out = rig.cluster.salloc(&format!(
+        "cd /shared/flodl && fdl cluster ship --slurm --json --path {} {}",
+        sh_quote(hostile),
+        rig.name
+    ));
+    eprintln!(
+        "$ fdl cluster ship --slurm --path <shared, hostile>\n{}",
+        text(&out)
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let v = json_of(&out);
+    let results: Vec<&str> = ["node1", "node2", "node3"]
+        .iter()
+        .map(|h| worker(&v, h)["result"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        results.iter().filter(|r| **r == "installed").count(),
+        1,
+        "{v}"
+    );
+    assert_eq!(
+        results.iter().filter(|r| **r == "already_there").count(),
+        2,
+        "{v}"
+    );
+    let builds = rig
+        .cluster
+        .node("node3")
+        .exec(&format!("ls -A {}/libtorch/nccl/builds", sh_quote(hostile)));
+    assert_eq!(builds.trim(), rig.name, "one build, no copy left: {builds}");
+
+    let lib = format!(
+        "{hostile}/libtorch/nccl/builds/{}/lib/libnccl.so.2",
+        rig.name
+    );
+    let out = rig.cluster.salloc(&format!(
+        "cd /shared/flodl && fdl cluster env --slurm --path {}",
+        sh_quote(hostile)
+    ));
+    let env = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("$ fdl cluster env --slurm --path <hostile>\n{env}");
+    assert!(out.status.success(), "{}", text(&out));
+    let export = env
+        .lines()
+        .find(|l| l.starts_with("export LD_PRELOAD="))
+        .unwrap_or_else(|| panic!("no export line: {env}"));
+    let per_step = env
+        .lines()
+        .find_map(|l| l.strip_prefix("# or per step: "))
+        .and_then(|l| l.strip_suffix(" <your launcher>"))
+        .unwrap_or_else(|| panic!("no srun line: {env}"));
+    let show = "sh -c 'printf \"%s|%s\\n\" \"$LD_PRELOAD\" \"${LD_LIBRARY_PATH-unset}\"'";
+    let want = format!("{lib}|unset");
+    // The batch-script form, then the per-step form, each through the real srun.
+    for line in [
+        format!("{export}; srun --export=ALL -N3 {show}"),
+        format!("{per_step} -N3 {show}"),
+    ] {
+        let out = rig.cluster.salloc(&format!(
+            "unset LD_LIBRARY_PATH; bash -c {}",
+            sh_quote(&line)
+        ));
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{line}\n{}", text(&out));
+        assert_eq!(said.lines().count(), 3, "{line}\n{said}");
+        assert!(said.lines().all(|l| l == want), "{line}\n{said}");
+    }
+    // The JSON form's strings, as a script would use them.
+    let v = json_of(&rig.cluster.salloc(&format!(
+        "cd /shared/flodl && fdl cluster env --slurm --json --path {}",
+        sh_quote(hostile)
+    )));
+    let group = &v["groups"][0];
+    assert_eq!(group["env"]["LD_PRELOAD"], lib.as_str(), "{v}");
+    let srun = group["srun"].as_str().unwrap();
+    assert!(!srun.contains("--export=ALL,"), "{srun}");
+    let out = rig.cluster.salloc(&format!(
+        "unset LD_LIBRARY_PATH; bash -c {}",
+        sh_quote(&format!("{srun} -N3 {show}"))
+    ));
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .all(|l| l == want),
+        "{}",
+        text(&out)
+    );
+    for node in rig.cluster.all() {
+        assert_eq!(
+            node.exec("ls /tmp/ran /evil 2>/dev/null || echo none")
+                .trim(),
+            "none",
+            "{}: a pasted line ran code",
+            node.host
+        );
+    }
 }

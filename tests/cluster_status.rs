@@ -873,3 +873,63 @@ fn hostile_workers_are_bounded_and_printed_escaped() {
         assert!(!text.contains(bad), "{bad:?} in {text:?}");
     }
 }
+
+/// A file planted in a worker's cache under the controller's fdl's name (other bytes,
+/// which would leave a marker) is never run: status ships the genuine one over it and
+/// runs that. A cache directory others may write is refused and named, nothing is sent
+/// into it; fixed, the genuine fdl runs there and is not shipped again.
+#[test]
+#[ignore = "drives the real Docker engine and OpenSSH: `cargo test -- --include-ignored`"]
+fn a_planted_fdl_in_a_workers_cache_never_runs() {
+    let _hosts = HOSTS.lock().unwrap_or_else(|e| e.into_inner());
+    let rig = Rig::new();
+    let sha = fdl::digest::sha256_file(Path::new(env!("CARGO_BIN_EXE_fdl"))).unwrap();
+    let cached = format!("/root/.cache/fdl/bin/fdl-{}", &sha[..16]);
+    let (pascal, blackwell) = (&rig.hosts[0].0, &rig.hosts[1].0);
+    pascal.write(
+        &cached,
+        "#!/bin/sh\ntouch /tmp/planted-ran\necho '{\"schema\": 1}'\n",
+        0o755,
+    );
+    pascal.exec("chmod 700 /root/.cache/fdl /root/.cache/fdl/bin");
+    blackwell.exec(
+        "mkdir -p /root/.cache/fdl/bin && chmod 700 /root/.cache/fdl && chmod 775 /root/.cache/fdl/bin",
+    );
+    let v = json_of(&rig.fdl(&["cluster", "status", "--json"]));
+    let workers = v["workers"].as_array().unwrap();
+    assert_eq!(
+        pascal
+            .exec("test -e /tmp/planted-ran && echo ran || echo no")
+            .trim(),
+        "no",
+        "the planted file ran"
+    );
+    assert!(workers[0]["report"].is_object(), "{v}");
+    assert_eq!(workers[0]["shipped_fdl"], true, "{v}");
+    assert!(
+        pascal
+            .exec(&format!("sha256sum {cached}"))
+            .starts_with(&sha),
+        "the planted file was not replaced"
+    );
+    let error = workers[1]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(
+            "fdl's cache /root/.cache/fdl/bin on this worker is writable by others (mode drwxrwxr-x)"
+        ),
+        "{v}"
+    );
+    assert_eq!(blackwell.exec("ls -A /root/.cache/fdl/bin").trim(), "");
+
+    blackwell.exec("chmod 755 /root/.cache/fdl/bin");
+    let v = json_of(&rig.fdl(&["cluster", "status", "--json"]));
+    let workers = v["workers"].as_array().unwrap();
+    for w in workers {
+        assert!(w["report"].is_object(), "{w}");
+    }
+    assert_eq!(
+        workers[0]["shipped_fdl"], false,
+        "the genuine one runs: {v}"
+    );
+    assert_eq!(workers[1]["shipped_fdl"], true, "{v}");
+}

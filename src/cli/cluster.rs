@@ -233,7 +233,7 @@ impl Common {
             }
         }
         if slurm {
-            let s = Slurm::from_env()?;
+            let s = Slurm::from_env(Duration::from_secs(self.timeout.max(1)))?;
             let path = match &self.path {
                 Some(p) if p.starts_with('/') && !p.chars().any(char::is_control) => p.clone(),
                 Some(p) => bail!(
@@ -658,7 +658,7 @@ fn env_cmd(
 }
 
 /// `env` for a Slurm job: each node's own path for the build (its `cluster link`
-/// answers), as the `export` line of a batch script and the `srun --export` form, one
+/// answers), as the `export` line of a batch script and the per-step `srun` form, one
 /// pair per group of nodes that share a path.
 fn slurm_env(
     reach: &Reach,
@@ -690,7 +690,7 @@ fn slurm_env(
             clean(&failed.join("; "))
         );
     }
-    let word = |p: &str| crate::step::single_quote(p);
+    let word = |p: &str| crate::paste::shell(p);
     match format {
         EnvFormat::Json => print_json(&json!({
             "build": name,
@@ -699,7 +699,7 @@ fn slurm_env(
                 "nodes": nodes,
                 "env": { "LD_PRELOAD": p },
                 "export": format!("export LD_PRELOAD={}", word(p)),
-                "srun": format!("srun --export=ALL,LD_PRELOAD={}", p),
+                "srun": crate::paste::srun("LD_PRELOAD", p),
             })).collect::<Vec<_>>(),
         })),
         EnvFormat::Yaml => {
@@ -710,8 +710,8 @@ fn slurm_env(
                 }
                 outln!("export LD_PRELOAD={}", word(p));
                 outln!(
-                    "# or per step: srun --export=ALL,LD_PRELOAD={} <your launcher>",
-                    clean(p)
+                    "# or per step: {} <your launcher>",
+                    super::manage::comment_text(&crate::paste::srun("LD_PRELOAD", p))
                 );
             }
         }

@@ -220,7 +220,7 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
             outln!("# {comment}");
             outln!(
                 "export LD_PRELOAD={}\"${{LD_PRELOAD:+:$LD_PRELOAD}}\"",
-                crate::step::single_quote(path)
+                crate::paste::shell(path)
             );
         }
         EnvFormat::Yaml => {
@@ -284,15 +284,13 @@ pub(super) fn pick_build(
 /// A YAML double-quoted scalar. YAML's double-quoted escapes are a superset of JSON's, so
 /// a JSON string literal is one.
 pub(super) fn yaml_quote(s: &str) -> String {
-    serde_json::to_string(s).expect("strings serialize")
+    crate::paste::yaml(s)
 }
 
 /// Text for a `#` comment line: control characters (a newline would end the comment and
 /// make the rest a command) become spaces.
 pub(super) fn comment_text(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+    crate::paste::comment(s)
 }
 
 /// The builds there are, as `name (NCCL x.y.z)`.

@@ -203,6 +203,16 @@ pub fn parse(sources: &[(PathBuf, String)]) -> Result<(Controller, Vec<Worker>)>
                 "the worker's name and default SSH target",
             )?;
             let path = at.required(w, &field, "path", "the project checkout on that host")?;
+            // One host is one worker: twice would make two answers of one name in every
+            // report, and two ships racing into one directory.
+            if let Some(j) = workers.iter().position(|x: &Worker| x.host == host) {
+                let node = w.get_node("host").unwrap_or(node);
+                return Err(at.wrong(
+                    node,
+                    &format!("{field}.host"),
+                    &format!("a name no other worker has (cluster.workers[{j}] is this host already: list each worker once)"),
+                ));
+            }
             let mut ssh = SshSettings {
                 target: host.clone(),
                 ..Default::default()
@@ -494,6 +504,17 @@ commands:
         assert_eq!((c.host.as_str(), c.path.as_str()), ("c", "/over"));
         assert_eq!(w[0].env["A"], "base");
         assert_eq!(w[0].env["B"], "over");
+    }
+
+    #[test]
+    fn a_worker_listed_twice_is_named() {
+        let e = parse_one("cluster:\n  controller:\n    host: c\n    path: /p\n  workers:\n    - host: a\n      path: /a\n    - host: b\n      path: /b\n    - host: a\n      path: /other\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("fdl.cluster.yml:10: cluster.workers[2].host must be a name no other worker has (cluster.workers[0] is this host already"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -63,6 +63,12 @@ pub struct StateReport {
     /// for that key (see [`payload_digest`]); `None` when it has no such entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<String>,
+    /// Asked to prepare: the token of the directory the copy goes to (see
+    /// [`place_token`]). Hosts that answer the same token share that directory (one
+    /// filesystem, an NFS home), so the controller copies and installs through one of
+    /// them alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 /// What is at the place of build `name`. With `prepare`, the directory a copy goes to is
@@ -88,6 +94,7 @@ pub fn state(
         Some(Existing::Unreadable(why)) | Some(Existing::NotABuild(why)) => Place::Other { why },
     };
     let mut incoming = builds_dir.join(format!("{INCOMING_PREFIX}{name}"));
+    let mut place_id = None;
     if prepare {
         std::fs::create_dir_all(builds_dir).with_context(|| {
             format!(
@@ -96,6 +103,7 @@ pub fn state(
             )
         })?;
         prepare_incoming(&incoming)?;
+        place_id = Some(place_token(&incoming)?);
         // The physical path: the copy checks, once inside it, that it is where it
         // should be (a link swapped in after this answer is then refused, not followed).
         incoming = incoming
@@ -109,7 +117,46 @@ pub fn state(
         incoming,
         rsync,
         store: in_store,
+        token: place_id,
     })
+}
+
+/// The name of the file in `.incoming-<name>/` that holds its [`place_token`]. The copy
+/// replaces everything in that directory, this file included, so it is never part of
+/// what is installed.
+const PLACE_FILE: &str = ".fdl-place";
+
+/// A random token kept in the copy's directory `incoming` (made by fdl, checked by
+/// [`prepare_incoming`]): made once, by whichever host gets there first (a new file
+/// linked in, never replacing one), and read by every other host that sees the same
+/// directory. Equal tokens mean one directory; random ones (128 bits) never collide, so
+/// two hosts are never taken for one (as equal inode numbers on two disks could be).
+fn place_token(incoming: &Path) -> Result<String> {
+    use std::io::{Read, Write};
+    let path = incoming.join(PLACE_FILE);
+    let read = |path: &Path| -> Option<String> {
+        let text = crate::fsread::read_text(path, 128).ok()?;
+        let text = text.trim();
+        is_sha256(text).then(|| text.to_string())
+    };
+    if let Some(token) = read(&path) {
+        return Ok(token);
+    }
+    let mut random = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut random))
+        .context("cannot read /dev/urandom")?;
+    let token = crate::digest::sha256_hex(&random);
+    let mut tmp = tempfile::NamedTempFile::new_in(incoming)
+        .with_context(|| format!("cannot write in {}", incoming.display()))?;
+    tmp.write_all(format!("{token}\n").as_bytes())?;
+    match tmp.persist_noclobber(&path) {
+        Ok(_) => Ok(token),
+        // Another host of this directory made it first: its token is the directory's.
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => read(&path)
+            .ok_or_else(|| anyhow::anyhow!("{} is not fdl's token: ship again", path.display())),
+        Err(e) => Err(e.error).with_context(|| format!("cannot write {}", path.display())),
+    }
 }
 
 /// What this user's store records of `key`'s entry: its payload digest. Only a look (an
@@ -185,10 +232,24 @@ fn prepare_incoming(incoming: &Path) -> Result<()> {
             })?;
         }
     }
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(incoming)
-        .with_context(|| format!("cannot create {}", incoming.display()))
+    match std::fs::DirBuilder::new().mode(0o700).create(incoming) {
+        // Made at this moment by another host sharing the directory: checked as any
+        // existing one (the check above, once more).
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let m = std::fs::symlink_metadata(incoming)?;
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            if m.file_type().is_dir() && m.uid() == me && m.mode() & 0o022 == 0 {
+                Ok(())
+            } else {
+                bail!(
+                    "{} appeared while fdl made it, and is not fdl's: remove it and ship again",
+                    incoming.display()
+                )
+            }
+        }
+        r => r.with_context(|| format!("cannot create {}", incoming.display())),
+    }
 }
 
 /// The answer to `receive --install`.

@@ -12,7 +12,7 @@
 
 use super::config::Worker;
 use super::receive::{content_digest, payload_digest, Installed, Place, StateReport};
-use super::status::{ensure_fdl, OwnBinary, NO_PATH};
+use super::status::{ensure_fdl, OwnBinary, NOT_THIS_FDL, NO_PATH};
 use super::transport::{self, Transport};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
@@ -104,9 +104,9 @@ fn receive_script(w: &Worker, own: &OwnBinary, args: &[String]) -> String {
     let mut all = vec!["cluster", "receive"];
     all.extend(args.iter().map(String::as_str));
     format!(
-        "cd -- {} 2>/dev/null || exit {NO_PATH}; exec {} --root \"$PWD\" {}",
+        "cd -- {} 2>/dev/null || exit {NO_PATH}; {}; [ -n \"$f\" ] || exit {NOT_THIS_FDL}; exec \"$f\" --root \"$PWD\" {}",
         crate::step::single_quote(&w.path),
-        own.remote_path_expr(),
+        own.open_there(),
         transport::words(&all)
     )
 }
@@ -119,6 +119,12 @@ fn receive_answer<T: serde::de::DeserializeOwned>(w: &Worker, out: Result<Output
             "its path {} does not exist there (or cannot be entered): fix `path:` or create the checkout",
             w.path
         );
+    }
+    if let Some(e) = super::status::unsafe_cache(&out) {
+        return Err(e);
+    }
+    if out.status.code() == Some(NOT_THIS_FDL) {
+        bail!("the fdl in its cache is no longer this fdl's bytes (it was not run): ship again");
     }
     if let Some(why) = transport::banner(&out.stdout) {
         bail!("{why}");
@@ -281,6 +287,21 @@ fn by_store<T>(
         .collect()
 }
 
+/// Per worker still going, the earlier worker whose copy directory it shares (the same
+/// token in it), if any.
+fn sharing(steps: &[Step], places: &[Option<String>]) -> Vec<Option<usize>> {
+    let mut shares: Vec<Option<usize>> = vec![None; steps.len()];
+    for i in 0..steps.len() {
+        if !matches!(steps[i], Step::Going { .. }) || places[i].is_none() {
+            continue;
+        }
+        shares[i] = (0..i).find(|&j| {
+            shares[j].is_none() && matches!(steps[j], Step::Going { .. }) && places[j] == places[i]
+        });
+    }
+    shares
+}
+
 /// The steps of [`ship_all`], each taken by every worker still going.
 fn ship_steps(
     workers: &[&Worker],
@@ -362,16 +383,33 @@ fn ship_steps(
         },
     );
     let prepare = [state_arg.clone(), "--prepare".to_string()];
+    let mut places: Vec<Option<String>> = vec![None; workers.len()];
     phase(
         &mut steps,
         workers,
-        |ws, _| receive_all::<StateReport>(t, ws, own, &prepare, req.timeout),
-        |step, state| {
+        |ws, idx| {
+            receive_all::<StateReport>(t, ws, own, &prepare, req.timeout)
+                .into_iter()
+                .zip(idx)
+                .map(|(r, &i)| r.map(|s| (i, s)))
+                .collect()
+        },
+        |step, (i, state)| {
+            places[i] = state.token;
             if let Step::Going { incoming, .. } = step {
                 *incoming = state.incoming;
             }
         },
     );
+    // Workers that see one directory (a shared filesystem, by the token each found
+    // there): the first copies and installs, the others take no step until it is done,
+    // then look for the build themselves. Two copies into one directory would race.
+    let shares = sharing(&steps, &places);
+    for (i, rep) in shares.iter().enumerate() {
+        if rep.is_some() {
+            steps[i] = Step::Done(Outcome::AlreadyThere);
+        }
+    }
     let mut methods: Vec<String> = vec![String::new(); workers.len()];
     let targets: Vec<(PathBuf, bool, bool)> = steps
         .iter()
@@ -469,6 +507,44 @@ fn ship_steps(
             })
         },
     );
+    let look: Vec<usize> = (0..workers.len())
+        .filter(|&i| shares[i].is_some())
+        .collect();
+    for &i in &look {
+        let rep = shares[i].unwrap_or(i);
+        if let Step::Done(o) = &steps[rep] {
+            if !o.ok() {
+                steps[i] = Step::Done(Outcome::Failed {
+                    why: format!(
+                        "it shares its directory with {} (one filesystem), whose ship failed",
+                        workers[rep].host
+                    ),
+                });
+            }
+        }
+    }
+    let look: Vec<usize> = look
+        .into_iter()
+        .filter(|&i| matches!(&steps[i], Step::Done(o) if o.ok()))
+        .collect();
+    if !look.is_empty() {
+        let ws: Vec<&Worker> = look.iter().map(|&i| workers[i]).collect();
+        let states = receive_all::<StateReport>(t, &ws, own, &ask, req.timeout);
+        for (&i, state) in look.iter().zip(states) {
+            steps[i] = match state {
+                Ok(s) if matches!(&s.place, Place::Build { digest } if *digest == req.digest) => {
+                    Step::Done(Outcome::AlreadyThere)
+                }
+                Ok(_) => Step::Done(Outcome::Failed {
+                    why: format!(
+                        "it shares its directory with {}, which installed the build, but this worker does not see it there",
+                        workers[shares[i].unwrap_or(i)].host
+                    ),
+                }),
+                Err(e) => failed(e),
+            };
+        }
+    }
     workers
         .iter()
         .zip(steps)

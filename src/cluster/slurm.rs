@@ -30,6 +30,9 @@ pub struct Slurm {
     /// The nodes' states as read beside their names: the first step takes them instead
     /// of asking scontrol again a few ms later; every later step asks afresh.
     states: std::sync::Mutex<Option<BTreeMap<String, String>>>,
+    /// How long one `scontrol` may take: the command's `--timeout`, never a fixed time
+    /// of fdl's own (a hung slurmctld would otherwise cost that whatever the user asked).
+    scontrol_limit: Duration,
 }
 
 /// The first line each task prints: its node's name.
@@ -54,8 +57,9 @@ pub fn in_allocation() -> bool {
 }
 
 impl Slurm {
-    /// The allocation of this environment, or the reason there is none.
-    pub fn from_env() -> Result<Slurm> {
+    /// The allocation of this environment, or the reason there is none; `timeout` (the
+    /// command's `--timeout`) bounds each `scontrol` asked.
+    pub fn from_env(timeout: Duration) -> Result<Slurm> {
         let job = std::env::var("SLURM_JOB_ID").unwrap_or_default();
         if job.is_empty() {
             bail!(
@@ -74,10 +78,10 @@ impl Slurm {
         // The states need no names (scontrol expands the list itself): both are asked
         // at once, and a step of a fresh allocation costs one scontrol, not two.
         let (out, states) = std::thread::scope(|s| {
-            let states = s.spawn(|| node_states(&list));
+            let states = s.spawn(|| node_states(&list, timeout));
             let mut cmd = Command::new("scontrol");
             cmd.args(["show", "hostnames", &list]);
-            let out = crate::process::output_within(&mut cmd, Duration::from_secs(30));
+            let out = crate::process::output_within(&mut cmd, timeout);
             (out, states.join().ok().flatten())
         });
         let out = out
@@ -90,7 +94,12 @@ impl Slurm {
                     crate::process::lift(e)
                 }
             })?
-            .ok_or_else(|| anyhow!("`scontrol show hostnames` gave no answer within 30 s"))?;
+            .ok_or_else(|| {
+                anyhow!(
+                    "`scontrol show hostnames` gave no answer within {} s (--timeout): is slurmctld up? Run `scontrol ping`, or give a longer --timeout",
+                    timeout.as_secs()
+                )
+            })?;
         if !out.status.success() {
             bail!(
                 "`scontrol show hostnames` failed: {}",
@@ -102,6 +111,7 @@ impl Slurm {
             job,
             nodes,
             states: std::sync::Mutex::new(states),
+            scontrol_limit: timeout,
         })
     }
 
@@ -165,8 +175,7 @@ impl Slurm {
             "printf '{NODE_MARK}%s\\n' \"$SLURMD_NODENAME\"; ( {script}\n); printf '\\n{EXIT_MARK}%s\\n' \"$?\""
         );
         let mut cmd = self.srun(nodes, &wrapped, true);
-        let cap = OUTPUT_CAP.saturating_mul(nodes.len() + 1);
-        let out = match crate::process::output_within_cap(&mut cmd, timeout, cap) {
+        let out = match capture_step(&mut cmd, nodes.len(), timeout) {
             Ok(Some(out)) => out,
             Ok(None) => {
                 let outs = nodes
@@ -195,7 +204,7 @@ impl Slurm {
     /// The nodes among `nodes` Slurm will run no step on, with why.
     fn unusable(&self, nodes: &[&str]) -> BTreeMap<String, String> {
         let read = self.states.lock().unwrap_or_else(|e| e.into_inner()).take();
-        read.or_else(|| node_states(&nodes.join(",")))
+        read.or_else(|| node_states(&nodes.join(","), self.scontrol_limit))
             .unwrap_or_default()
             .into_iter()
             .filter(|(n, _)| nodes.contains(&n.as_str()))
@@ -507,12 +516,36 @@ fn tar_of(dir: &Path) -> Result<tempfile::NamedTempFile> {
     Ok(file)
 }
 
+/// The most one step's output may hold in all (per stream), whatever its node count:
+/// each node's share is bounded by [`OUTPUT_CAP`] when it is split ([`demux`]), and the
+/// whole by this, so an endless stream from a step of thousands of nodes costs at most
+/// this much memory, not a MiB per node.
+pub const STEP_CAP: usize = 64 << 20;
+
+/// The bound of a step of `nodes` tasks: a MiB per node (and one for srun's own lines),
+/// at most [`STEP_CAP`] in all.
+fn step_cap(nodes: usize) -> usize {
+    OUTPUT_CAP
+        .saturating_mul(nodes.saturating_add(1))
+        .min(STEP_CAP)
+}
+
+/// Runs one step's `srun` and collects what it printed, bounded by [`step_cap`]: past it,
+/// the step is stopped and the error says so.
+fn capture_step(
+    cmd: &mut Command,
+    nodes: usize,
+    timeout: Duration,
+) -> std::io::Result<Option<Output>> {
+    crate::process::output_within_cap(cmd, timeout, step_cap(nodes))
+}
+
 /// The unusable nodes among `list` (names or a Slurm host list) by `scontrol show node
 /// -o`; `None` when scontrol gave no answer (then every node is tried).
-fn node_states(list: &str) -> Option<BTreeMap<String, String>> {
+fn node_states(list: &str, timeout: Duration) -> Option<BTreeMap<String, String>> {
     let mut cmd = Command::new("scontrol");
     cmd.args(["show", "node", "-o", list]);
-    let Ok(Some(out)) = crate::process::output_within(&mut cmd, Duration::from_secs(30)) else {
+    let Ok(Some(out)) = crate::process::output_within(&mut cmd, timeout) else {
         return None;
     };
     Some(parse_node_states(&String::from_utf8_lossy(&out.stdout)))
@@ -520,12 +553,13 @@ fn node_states(list: &str) -> Option<BTreeMap<String, String>> {
 
 /// `scontrol show hostnames`' answer: one node name a line, each a plain word.
 pub fn parse_hostnames(text: &str) -> Result<Vec<String>> {
-    let nodes: Vec<String> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect();
+    // A list naming a node twice (`node[1,1]`) is that node once: one worker, one task.
+    let mut nodes: Vec<String> = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !nodes.iter().any(|n| n == line) {
+            nodes.push(line.to_string());
+        }
+    }
     if let Some(bad) = nodes.iter().find(|n| !plain(n)) {
         bail!(
             "Slurm names a node '{}': fdl passes node names to srun as plain words (letters, digits, -_.)",
@@ -705,9 +739,30 @@ mod tests {
             parse_hostnames("gpu-a100-01\nnode7.cluster\n\n").unwrap(),
             ["gpu-a100-01", "node7.cluster"]
         );
+        assert_eq!(
+            parse_hostnames("node1\nnode2\nnode1\n").unwrap(),
+            ["node1", "node2"],
+            "a node named twice is one worker"
+        );
         assert!(parse_hostnames("node1\n$(rm -rf)\n").is_err());
         assert!(parse_hostnames("-oProxy\n").is_err());
         assert!(parse_hostnames("").is_err());
+    }
+
+    /// A step of 3,000 nodes whose output never ends: stopped at the total bound (not at
+    /// a MiB per node, 3 GB), and said to be too large.
+    #[test]
+    fn an_endless_step_is_stopped_at_a_total_bound_whatever_its_node_count() {
+        let mut cmd = Command::new("yes");
+        cmd.arg("0: fdl-node:node1");
+        let e = capture_step(&mut cmd, 3000, Duration::from_secs(300)).unwrap_err();
+        let t = crate::process::too_large(&e).expect("stopped for its size");
+        assert!(t.limit <= STEP_CAP, "stopped only at {} MiB", t.limit >> 20);
+        assert_eq!(
+            step_cap(2),
+            3 * OUTPUT_CAP,
+            "a small step keeps a MiB per node"
+        );
     }
 
     #[test]

@@ -99,6 +99,72 @@ impl OwnBinary {
     }
 }
 
+/// The worker-side POSIX sh that checks fdl's cache directories there (`…/fdl` and
+/// `…/fdl/bin`, where they exist): each must be a real directory of this user that no
+/// one else may write, as [`crate::cache::own_dir`] wants of the local cache; otherwise
+/// the script says why on stderr and exits [`UNSAFE_CACHE`]. A directory others may
+/// write is refused, not chmod-ed: whoever could write it may have planted anything.
+fn cache_dirs_check() -> String {
+    format!(
+        "set -f; me=$(id -u); c=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/fdl\"; \
+         for d in \"$c\" \"$c/bin\"; do \
+           if [ -e \"$d\" ] || [ -h \"$d\" ]; then \
+             set -- $(LC_ALL=C ls -ldn -- \"$d\"); \
+             if [ \"${{1#d}}\" = \"$1\" ]; then why='is not a directory (a link or a file is there)'; \
+             elif [ \"$3\" != \"$me\" ]; then why=\"belongs to another user (uid $3)\"; \
+             else case \"$1\" in ?????w*|????????w*) why=\"is writable by others (mode $1)\";; *) why=;; esac; fi; \
+             if [ -n \"$why\" ]; then \
+               printf '%s\\n' \"fdl's cache $d on this worker $why: fdl runs nothing from it. Make it a directory of this user that only it can write there (chmod go-w), or remove it, then run again\" >&2; \
+               exit {UNSAFE_CACHE}; \
+             fi; \
+           fi; \
+         done"
+    )
+}
+
+impl OwnBinary {
+    /// The worker-side POSIX sh that opens the controller's fdl in the worker's cache
+    /// (see [`OwnBinary::remote_path_expr`]) and sets `f` to run it, or leaves `f` empty
+    /// where no file is there. The one way fdl runs its cached binary on a worker:
+    /// after [`cache_dirs_check`], the file must be a regular file of this user that
+    /// no one else may write; it is opened once as fd 9, its sha256 read from that
+    /// descriptor, and `f` is `/proc/self/fd/9`, so what runs is the file that was
+    /// hashed, whatever is renamed over its name in between. A file that fails any of
+    /// this exits [`NOT_THIS_FDL`]: it is never run, and the controller ships its own
+    /// over it (a planted file included).
+    pub(super) fn open_there(&self) -> String {
+        format!(
+            "{dirs}; b={b}; f=; \
+             if [ -e \"$b\" ] || [ -h \"$b\" ]; then \
+               set -- $(LC_ALL=C ls -ldn -- \"$b\"); ours=; \
+               case \"$1\" in -????w*|-???????w*) ;; -*) [ \"$3\" = \"$me\" ] && [ -r \"$b\" ] && ours=1;; esac; \
+               [ -n \"$ours\" ] && exec 9< \"$b\" || exit {NOT_THIS_FDL}; \
+               [ \"$(sha256sum <&9 | cut -d' ' -f1)\" = {sha} ] || exit {NOT_THIS_FDL}; \
+               f=/proc/self/fd/9; \
+             fi",
+            dirs = cache_dirs_check(),
+            b = self.remote_path_expr(),
+            sha = crate::step::single_quote(&self.sha256),
+        )
+    }
+}
+
+/// What a worker's script exiting [`UNSAFE_CACHE`] said: its cache line, for the error.
+pub(super) fn unsafe_cache(out: &std::process::Output) -> Option<anyhow::Error> {
+    if out.status.code() != Some(UNSAFE_CACHE) {
+        return None;
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .rfind(|l| l.starts_with("fdl's cache "))
+        .unwrap_or("fdl's cache on this worker is not safe to run from");
+    Some(anyhow!(
+        "{}",
+        crate::text::clean(&line.chars().take(400).collect::<String>())
+    ))
+}
+
 /// The line fdl prints before the facts it asks a worker's shell for.
 const FACTS: &str = "fdl-facts";
 
@@ -106,16 +172,20 @@ const FACTS: &str = "fdl-facts";
 pub(super) const NO_PATH: i32 = 97;
 const NO_FDL: i32 = 96;
 const BAD_UPLOAD: i32 = 95;
+/// The cached fdl there is not these bytes, or not in a file only its user can change.
+pub(super) const NOT_THIS_FDL: i32 = 94;
+/// fdl's cache directory there is not the user's alone.
+const UNSAFE_CACHE: i32 = 93;
 
 /// The remote command that runs fdl with `args` in the worker's checkout: the
 /// controller's fdl when the worker holds it, else the worker's own.
 fn fdl_script(w: &Worker, own: &OwnBinary, args: &[&str]) -> String {
     format!(
-        "cd -- {} 2>/dev/null || exit {NO_PATH}; b={}; \
-         if [ -x \"$b\" ]; then f=$b; elif command -v fdl >/dev/null 2>&1; then f=fdl; else exit {NO_FDL}; fi; \
+        "cd -- {} 2>/dev/null || exit {NO_PATH}; {}; \
+         if [ -n \"$f\" ]; then :; elif command -v fdl >/dev/null 2>&1; then f=fdl; else exit {NO_FDL}; fi; \
          exec \"$f\" --root \"$PWD\" {}",
         crate::step::single_quote(&w.path),
-        own.remote_path_expr(),
+        own.open_there(),
         transport::words(args)
     )
 }
@@ -134,7 +204,16 @@ fn attempt<T>(
             w.path
         ),
         Some(NO_FDL) => return Ok(Err("no fdl there".into())),
+        Some(NOT_THIS_FDL) => {
+            return Ok(Err(
+                "the fdl in its cache is not this fdl's bytes, or others may change it (it was not run)"
+                    .into(),
+            ))
+        }
         _ => {}
+    }
+    if let Some(e) = unsafe_cache(&out) {
+        return Err(e);
     }
     if let Some(why) = transport::banner(&out.stdout) {
         bail!("{why}");
@@ -283,19 +362,14 @@ pub(super) fn ensure_fdl(
     own: &OwnBinary,
     timeout: Duration,
 ) -> Vec<Result<()>> {
-    let script = |_: &Worker| {
-        format!(
-            "b={}; test -x \"$b\" && [ \"$(sha256sum < \"$b\" | cut -d' ' -f1)\" = {} ]",
-            own.remote_path_expr(),
-            crate::step::single_quote(&own.sha256)
-        )
-    };
+    let script = |_: &Worker| format!("{}; [ -n \"$f\" ]", own.open_there());
     let checked = t.run_each(ws, &script, timeout);
     let mut results: Vec<Option<Result<()>>> = Vec::new();
     let mut need = Vec::new();
     for (i, r) in checked.into_iter().enumerate() {
         match r {
             Ok(out) if out.status.success() => results.push(Some(Ok(()))),
+            Ok(out) if unsafe_cache(&out).is_some() => results.push(unsafe_cache(&out).map(Err)),
             Ok(_) => {
                 results.push(None);
                 need.push(i);
@@ -327,7 +401,8 @@ pub(super) fn ship_binary(
     let facts = |_: &Worker| {
         format!(
             "echo {FACTS}; uname -m; getconf GNU_LIBC_VERSION 2>/dev/null || echo 'no-glibc'; \
-             d=$(dirname {dest}) && mkdir -p \"$d\" && cd -P -- \"$d\" && pwd -P"
+             d=$(dirname {dest}) && (umask 077 && mkdir -p \"$d\") && {{ {check}; }} && cd -P -- \"$d\" && pwd -P",
+            check = cache_dirs_check(),
         )
     };
     let mut results: Vec<Option<Result<()>>> = Vec::new();
@@ -412,11 +487,14 @@ fn binary_goes_to(out: &std::process::Output) -> Result<String> {
         std::env::consts::ARCH,
         local_glibc().as_deref(),
     )?;
+    if let Some(e) = unsafe_cache(out) {
+        return Err(e);
+    }
     match lines.next().map(str::trim) {
         Some(dir) if dir.starts_with('/') && out.status.success() => Ok(dir.to_string()),
         _ => bail!(
             "its cache directory for fdl could not be made: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            crate::text::clean(String::from_utf8_lossy(&out.stderr).trim())
         ),
     }
 }
@@ -800,6 +878,102 @@ pub(crate) fn test_worker(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The worker's side of running the cached fdl, in this machine's /bin/sh and in
+    /// bash (a worker's login shell): the genuine file runs; a file of that name with
+    /// other bytes, a link, a file others may write, or a directory others may write
+    /// are never run (each stand-in would leave a marker).
+    #[test]
+    fn only_the_checked_bytes_in_the_users_own_cache_run() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let genuine = format!("#!/bin/sh\necho genuine \"$@\" > '{}'\n", marker.display());
+        let planted = format!("#!/bin/sh\necho planted > '{}'\n", marker.display());
+        let exe = dir.path().join("fdl-src");
+        std::fs::write(&exe, &genuine).unwrap();
+        let own = OwnBinary {
+            sha256: crate::digest::sha256_file(&exe).unwrap(),
+            path: exe,
+        };
+        let cache = dir.path().join("cache");
+        let bin = cache.join("fdl/bin");
+        let file = bin.join(format!("fdl-{}", &own.sha256[..16]));
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        let put = |bytes: &str, m: u32| {
+            let _ = std::fs::remove_file(&file);
+            std::fs::write(&file, bytes).unwrap();
+            mode(&file, m);
+        };
+        for shell in ["/bin/sh", "bash"] {
+            let run = || {
+                let _ = std::fs::remove_file(&marker);
+                let out = std::process::Command::new(shell)
+                    .arg("-c")
+                    .arg(format!(
+                        "{}; [ -n \"$f\" ] || exit 9; exec \"$f\" --root x",
+                        own.open_there()
+                    ))
+                    .env("XDG_CACHE_HOME", &cache)
+                    .output()
+                    .unwrap();
+                let ran = std::fs::read_to_string(&marker).ok();
+                (
+                    out.status.code(),
+                    ran,
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                )
+            };
+            std::fs::create_dir_all(&bin).unwrap();
+            mode(&cache.join("fdl"), 0o700);
+            mode(&bin, 0o700);
+            put(&genuine, 0o755);
+            assert_eq!(run().1.as_deref(), Some("genuine --root x\n"), "{shell}");
+            // No file: nothing to run, nothing refused.
+            std::fs::remove_file(&file).unwrap();
+            assert_eq!(run().0, Some(9), "{shell}");
+
+            put(&planted, 0o755);
+            assert_eq!(run().0, Some(NOT_THIS_FDL), "{shell}: a planted file");
+            assert_eq!(run().1, None, "{shell}: the planted file ran");
+
+            put(&genuine, 0o775);
+            assert_eq!(
+                run().0,
+                Some(NOT_THIS_FDL),
+                "{shell}: a group-writable file"
+            );
+            assert_eq!(run().1, None);
+
+            std::fs::remove_file(&file).unwrap();
+            let elsewhere = dir.path().join("elsewhere");
+            std::fs::write(&elsewhere, &genuine).unwrap();
+            mode(&elsewhere, 0o755);
+            std::os::unix::fs::symlink(&elsewhere, &file).unwrap();
+            assert_eq!(run().0, Some(NOT_THIS_FDL), "{shell}: a link");
+            assert_eq!(run().1, None);
+
+            put(&genuine, 0o755);
+            for d in [cache.join("fdl"), bin.clone()] {
+                mode(&d, 0o770);
+                let (code, ran, err) = run();
+                assert_eq!(code, Some(UNSAFE_CACHE), "{shell}: {}: {err}", d.display());
+                assert_eq!(ran, None);
+                assert!(
+                    err.contains(&format!(
+                        "fdl's cache {} on this worker is writable by others",
+                        d.display()
+                    )),
+                    "{err}"
+                );
+                mode(&d, 0o700);
+            }
+            assert!(run().1.is_some(), "{shell}: the genuine file runs again");
+            std::fs::remove_dir_all(&cache).unwrap();
+        }
+    }
 
     #[test]
     fn the_binary_goes_only_where_it_runs() {

@@ -455,6 +455,9 @@ mod tests {
         assert_eq!(log.len(), name.as_str().len() + LOG_NAME_EXTRA);
         std::fs::write(t.path().join(log), "").unwrap();
         // The bound is the tightest: the longest derived name is exactly NAME_MAX.
-        assert_eq!(BuildName::MAX_BYTES + super::super::name::LONGEST_DERIVED, 255);
+        assert_eq!(
+            BuildName::MAX_BYTES + super::super::name::LONGEST_DERIVED,
+            255
+        );
     }
 }
