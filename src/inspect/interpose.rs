@@ -94,7 +94,7 @@ const WHY_NOT_EXPORTED: &str =
 
 /// Analyses the library at `path`.
 pub fn analyze(path: &Path) -> Result<Interposition> {
-    analyze_source(&Source::open(path)?)
+    Source::with_file(path, analyze_source)
 }
 
 /// [`analyze`] on bytes in memory (robustness tests, fuzzing).
@@ -107,8 +107,11 @@ pub fn analyze_bytes(data: &[u8]) -> Result<Interposition> {
 /// functions in `.dynsym` of the library at `path`, sorted: what a preloaded
 /// `libnccl.so.2` offers, to compare with [`Interposition::imported`].
 pub fn exported_nccl_symbols(path: &Path) -> Result<Vec<String>> {
-    let src = Source::open(path)?;
-    let t = Tables::read(&src)?;
+    Source::with_file(path, exported_nccl_symbols_in)
+}
+
+fn exported_nccl_symbols_in(src: &Source<'_>) -> Result<Vec<String>> {
+    let t = Tables::read(src)?;
     let mut out = BTreeSet::new();
     for (_, c) in t.dynamic_candidates()? {
         let exported = matches!(c.bind, elf::STB_GLOBAL | elf::STB_WEAK)
@@ -152,8 +155,11 @@ pub struct DynamicNccl {
 /// closure: `None` when `.dynsym` names no `nccl*` function (most objects), without
 /// reading any relocation.
 pub fn dynamic_nccl(path: &Path) -> Result<Option<DynamicNccl>> {
-    let src = Source::open(path)?;
-    let Some(t) = tables_if_dynamic(&src)? else {
+    Source::with_file(path, dynamic_nccl_in)
+}
+
+fn dynamic_nccl_in(src: &Source<'_>) -> Result<Option<DynamicNccl>> {
+    let Some(t) = tables_if_dynamic(src)? else {
         return Ok(None);
     };
     let candidates = t.dynamic_candidates()?;
@@ -192,7 +198,7 @@ pub fn dynamic_nccl(path: &Path) -> Result<Option<DynamicNccl>> {
 /// instead of reading a `.dynsym` of 100,000 entries — and by a scan only when there is
 /// no hash table.
 pub fn exported_among(path: &Path, names: &[&str]) -> Result<BTreeSet<String>> {
-    exported_among_source(&Source::open(path)?, names)
+    Source::with_file(path, |src| exported_among_source(src, names))
 }
 
 /// [`exported_among`] on bytes in memory (fuzzing, robustness tests).
@@ -246,8 +252,11 @@ fn exported_among_source(src: &Source<'_>, names: &[&str]) -> Result<BTreeSet<St
 /// Whether the object at `path` imports the function `name` (an undefined `.dynsym`
 /// entry), e.g. `dlopen`: what says it can load code no file names.
 pub fn imports(path: &Path, name: &str) -> Result<bool> {
-    let src = Source::open(path)?;
-    let Some(t) = tables_if_dynamic(&src)? else {
+    Source::with_file(path, |src| imports_in(src, name))
+}
+
+fn imports_in(src: &Source<'_>, name: &str) -> Result<bool> {
+    let Some(t) = tables_if_dynamic(src)? else {
         return Ok(false);
     };
     let e = t.endian;

@@ -156,14 +156,15 @@ struct Failed {
 /// Lays out the link map of a process whose program is `target` (an executable), or of
 /// a program that links `target` (a shared library), in `env`.
 pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
-    let src = Source::open(target)?;
-    if src.is_empty() || !elf::is_elf(src.bytes_clipped(0, 16)) {
-        bail!(
-            "{} is not an ELF file: pass a shared library such as libtorch_cuda.so, or a program",
-            target.display()
-        );
-    }
-    let info = elf::parse(&src)?;
+    let info = Source::with_file(target, |src| {
+        if src.is_empty() || !elf::is_elf(src.bytes_clipped(0, 16)) {
+            bail!(
+                "{} is not an ELF file: pass a shared library such as libtorch_cuda.so, or a program",
+                target.display()
+            );
+        }
+        elf::parse(src)
+    })?;
     let host = Host {
         is_64: info.is_64,
         machine: info.machine,
@@ -346,8 +347,7 @@ impl LinkMap {
             self.objects[i].names.push(name.to_string());
             return Ok(i);
         }
-        let info = Source::open(&path)
-            .and_then(|src| elf::parse(&src))
+        let info = Source::with_file(&path, elf::parse)
             .with_context(|| format!("{} cannot be read", path.display()));
         let dynamic = match info {
             Ok(i) => i.dynamic,
