@@ -135,3 +135,234 @@ fn receive_manifest_seeds_give_their_known_answers() {
         }
     }
 }
+
+/// The seeds of `loader_map` (`[u32 LE length of A][A][B]`) and `dynamic_tables`
+/// (`fdl_synth::dso::Dso::from_fuzz_input`), by name. With `FDL_WRITE_FUZZ_SEEDS` set they
+/// are written into `fuzz/seeds/`; otherwise the committed ones must be these bytes.
+fn loader_seed_files() -> Vec<(&'static str, String, Vec<u8>)> {
+    use fdl_synth::dso::{self, gnu_hash, Dso, Hash, Symbol};
+    let sym = |name: &str, defined: bool| Symbol {
+        name: name.into(),
+        defined,
+    };
+    let asking = Dso {
+        soname: Some("libtorch_cuda.so".into()),
+        needed: vec!["libdep.so".into()],
+        runpath: Some("$ORIGIN".into()),
+        symbols: vec![sym("ncclAllReduce", false), sym("ncclGetVersion", false)],
+        ..Dso::default()
+    };
+    let dep = |hash: Hash| Dso {
+        soname: Some("libdep.so".into()),
+        symbols: vec![sym("ncclAllReduce", true), sym("ncclGetVersion", true)],
+        hash,
+        sections: true,
+        rodata: b"NCCL version 2.27.5+cuda12.9\0".to_vec(),
+        ..Dso::default()
+    };
+    let pair = |a: &Dso, b: &Dso| {
+        let a = a.to_vec();
+        let mut out = (a.len() as u32).to_le_bytes().to_vec();
+        out.extend(a);
+        out.extend(b.to_vec());
+        out
+    };
+    let far = 1u64 << 40;
+    let mut out = vec![
+        (
+            "loader_map",
+            "gnu_hash.bin".into(),
+            pair(&asking, &dep(Hash::Gnu)),
+        ),
+        (
+            "loader_map",
+            "sysv_hash.bin".into(),
+            pair(&asking, &dep(Hash::SysV)),
+        ),
+        (
+            "loader_map",
+            "hash_loop.bin".into(),
+            pair(&asking, &dep(Hash::SysVSelfLoop { nchain: u32::MAX })),
+        ),
+        (
+            "loader_map",
+            "strtab_outside.bin".into(),
+            pair(
+                &Dso {
+                    override_tags: vec![(dso::DT_STRTAB, far)],
+                    ..asking.clone()
+                },
+                &dep(Hash::Gnu),
+            ),
+        ),
+        (
+            "loader_map",
+            "versym_outside.bin".into(),
+            pair(
+                &asking,
+                &Dso {
+                    extra_tags: vec![(dso::DT_VERSYM, far)],
+                    ..dep(Hash::SysV)
+                },
+            ),
+        ),
+    ];
+    // dynamic_tables: flags, defined, number of tags, tags, hash words. Three symbols
+    // (ncclAllReduce undefined, ncclGetVersion and ncclCommInitRank defined): undefined
+    // ones first, so symbols 2 and 3 are the defined ones.
+    let input = |flags: u8, tags: &[(u64, u64)], words: &[u32]| {
+        let mut v = vec![flags, 0b110, tags.len() as u8];
+        for (t, val) in tags {
+            v.extend(t.to_le_bytes());
+            v.extend(val.to_le_bytes());
+        }
+        for w in words {
+            v.extend(w.to_le_bytes());
+        }
+        v
+    };
+    let three = 3 << 2;
+    let h = |n: &str| gnu_hash(n.as_bytes()) & !1;
+    out.extend([
+        (
+            "dynamic_tables",
+            "sysv.bin".into(),
+            input(three, &[], &[1, 4, 1, 0, 2, 3, 0]),
+        ),
+        (
+            "dynamic_tables",
+            "gnu.bin".into(),
+            input(
+                three | 1,
+                &[],
+                &[
+                    1,
+                    2,
+                    1,
+                    6,
+                    u32::MAX,
+                    u32::MAX,
+                    2,
+                    h("ncclGetVersion"),
+                    h("ncclCommInitRank") | 1,
+                ],
+            ),
+        ),
+        (
+            "dynamic_tables",
+            "sysv_loop_sections.bin".into(),
+            input(three | 2, &[], &[1, u32::MAX, 1, 0, 1]),
+        ),
+        (
+            "dynamic_tables",
+            "tables_outside.bin".into(),
+            input(
+                three | 2,
+                &[
+                    (dso::DT_VERSYM, far),
+                    (dso::DT_VERNEED, far),
+                    (dso::DT_STRTAB, far),
+                ],
+                &[1, 4, 1, 0, 2, 3, 0],
+            ),
+        ),
+    ]);
+    out
+}
+
+#[test]
+fn loader_fuzz_seeds_are_what_the_generator_writes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    let write = std::env::var_os("FDL_WRITE_FUZZ_SEEDS").is_some();
+    for (target, name, bytes) in loader_seed_files() {
+        let p = root.join(target).join(&name);
+        if write {
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, &bytes).unwrap();
+        }
+        let committed = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(
+            committed == bytes,
+            "{} differs from what the generator writes; regenerate with FDL_WRITE_FUZZ_SEEDS=1",
+            p.display()
+        );
+    }
+}
+
+/// `loader_map`'s seeds through the loader model, with their known answers.
+#[test]
+fn loader_map_seeds_give_their_known_answers() {
+    for seed in seeds("loader_map") {
+        let bytes = std::fs::read(&seed).unwrap();
+        let (len, rest) = bytes.split_first_chunk::<4>().unwrap();
+        let (a, b) = rest.split_at((u32::from_le_bytes(*len) as usize).min(rest.len()));
+        let dir = tempfile::tempdir().unwrap();
+        let w = fdl::loader::which_nccl_in_dir(
+            dir.path(),
+            &[("libtorch_cuda.so", a), ("libdep.so", b)],
+        )
+        .unwrap_or_else(|e| panic!("{}: {e:#}", seed.display()));
+        serde_json::to_string(&w).unwrap();
+        let name = seed.file_name().unwrap().to_string_lossy().into_owned();
+        let reason = w.answer.reason().unwrap_or_default().to_string();
+        match name.as_str() {
+            "gnu_hash.bin" | "sysv_hash.bin" => {
+                let d = w
+                    .answer
+                    .detection()
+                    .unwrap_or_else(|| panic!("{name}: {reason}"));
+                assert_eq!(d.version.to_string(), "2.27.5", "{name}");
+            }
+            "hash_loop.bin" => assert!(reason.contains("loops"), "{name}: {reason}"),
+            "strtab_outside.bin" => assert!(reason.contains("DT_STRTAB"), "{name}: {reason}"),
+            "versym_outside.bin" => assert!(reason.contains("DT_VERSYM"), "{name}: {reason}"),
+            other => panic!("{other}: no known answer"),
+        }
+        if name != "gnu_hash.bin" && name != "sysv_hash.bin" {
+            assert_eq!(w.answer.kind(), "unknown", "{name}: {reason}");
+        }
+    }
+}
+
+/// `dynamic_tables`' seeds as the target reads them: the honest tables find the two
+/// defined NCCL functions by hash; the looping chain and the tables outside the file are
+/// errors that say so, never answers.
+#[test]
+fn dynamic_tables_seeds_give_their_known_answers() {
+    use fdl_synth::dso::{Dso, FUZZ_NAMES};
+    for seed in seeds("dynamic_tables") {
+        let input = std::fs::read(&seed).unwrap();
+        let name = seed.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = Dso::from_fuzz_input(&input)
+            .expect("a whole input")
+            .to_vec();
+        let _ = fdl::inspect::inspect_bytes(&bytes);
+        let _ = fdl::inspect::interpose::analyze_bytes(&bytes);
+        let found = fdl::inspect::interpose::exported_among_bytes(&bytes, &FUZZ_NAMES);
+        match name.as_str() {
+            "sysv.bin" | "gnu.bin" => assert_eq!(
+                found.unwrap_or_else(|e| panic!("{name}: {e:#}")),
+                ["ncclCommInitRank", "ncclGetVersion"]
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+                "{name}"
+            ),
+            "sysv_loop_sections.bin" => {
+                let e = format!("{:#}", found.unwrap_err());
+                assert!(e.contains("loops"), "{name}: {e}");
+            }
+            "tables_outside.bin" => {
+                let ins = fdl::inspect::inspect_bytes(&bytes).unwrap();
+                assert!(
+                    ins.warnings
+                        .iter()
+                        .any(|w| w.contains("outside the file's loadable segments")),
+                    "{name}: {:?}",
+                    ins.warnings
+                );
+            }
+            other => panic!("{other}: no known answer"),
+        }
+    }
+}

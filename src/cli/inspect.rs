@@ -151,7 +151,9 @@ pub(super) fn which_json(w: &Which) -> serde_json::Value {
         "link_map": w.link_map.objects.iter().filter(|o| !o.is_stand_in()).collect::<Vec<_>>(),
         "skipped_preloads": w.link_map.skipped_preloads,
         "failures": w.link_map.failures,
+        "failures_omitted": w.link_map.failures_omitted,
         "caveats": w.link_map.caveats,
+        "caveats_omitted": w.link_map.caveats_omitted,
         "pin": w.pin,
         "warnings": w.warnings,
     })
@@ -424,6 +426,13 @@ fn print_which(lib: &Path, w: &Which) {
                 .collect();
             outln!("    searched: {}", dirs.join(", "));
         }
+    }
+    if w.link_map.failures_omitted > 0 {
+        outln!(
+            "  {} {} more DT_NEEDED entries (not listed)",
+            paint("cannot load", Color::Red),
+            w.link_map.failures_omitted
+        );
     }
     if let Some(p) = &w.pin {
         outln!("  pinned: {}", clean(&p.to_string()));

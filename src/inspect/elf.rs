@@ -2,6 +2,12 @@
 //! strings and fatbins live without reading the rest) and the dynamic table (SONAME,
 //! DT_NEEDED, DT_RPATH, DT_RUNPATH). Parsing goes through `object`'s bounds-checked
 //! raw readers; everything here only reads headers, never section contents in bulk.
+//!
+//! Every count the dynamic table implies is bounded twice: by what the file holds (the
+//! table and its strings must lie in it) and by a fixed cap ([`MAX_DYN_ENTRIES`],
+//! [`MAX_NEEDED`], [`MAX_PATH_ENTRIES`]). What a cap or an unreadable table leaves out is
+//! recorded in [`DynamicInfo::incomplete`], which the loader model turns into an unknown
+//! answer with that reason: a cut list is never read as the whole list.
 
 use super::source::Source;
 use anyhow::{anyhow, bail, Context, Result};
@@ -14,6 +20,32 @@ use object::Endianness;
 const MAX_TABLE_ENTRIES: usize = 1 << 16;
 /// Dynamic-table strings longer than this are cut (real ones are well under 1 KiB).
 const MAX_DYN_STRING: usize = 4096;
+/// Dynamic-table entries read before DT_NULL (a real library has under 100).
+pub const MAX_DYN_ENTRIES: usize = 1 << 16;
+/// DT_NEEDED entries followed per object (a real library has under 100; the loader
+/// model's whole closure is capped at 4096 objects anyway).
+pub const MAX_NEEDED: usize = 4096;
+/// Directories of one DT_RPATH or DT_RUNPATH list, after duplicates are dropped (a
+/// 4096-byte string holds at most 2049 elements).
+pub const MAX_PATH_ENTRIES: usize = 1024;
+/// DT_RELR and DT_RELRSZ (glibc 2.36), which `object` 0.36 does not name.
+const DT_RELRSZ: u32 = 35;
+const DT_RELR: u32 = 36;
+/// The dynamic tags whose value is the address of a table in the file: each must lie in
+/// a loadable segment's file bytes, or the object cannot be read as the loader reads it.
+const TABLE_TAGS: &[(u32, &str)] = &[
+    (elf::DT_STRTAB, "DT_STRTAB"),
+    (elf::DT_SYMTAB, "DT_SYMTAB"),
+    (elf::DT_HASH, "DT_HASH"),
+    (elf::DT_GNU_HASH, "DT_GNU_HASH"),
+    (elf::DT_VERSYM, "DT_VERSYM"),
+    (elf::DT_VERNEED, "DT_VERNEED"),
+    (elf::DT_VERDEF, "DT_VERDEF"),
+    (elf::DT_JMPREL, "DT_JMPREL"),
+    (elf::DT_RELA, "DT_RELA"),
+    (elf::DT_REL, "DT_REL"),
+    (DT_RELR, "DT_RELR"),
+];
 
 #[derive(Debug, Clone)]
 pub struct Section {
@@ -60,6 +92,9 @@ pub struct DynamicInfo {
     /// DT_FLAGS_1 (DF_1_NODEFLIB keeps the cache and default directories out of the
     /// searches this object starts).
     pub flags_1: u64,
+    /// Why the lists above are not the whole story: the table could not be read, a table
+    /// it names lies outside the file, or a cap cut a list. Empty for a sound table.
+    pub incomplete: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -210,9 +245,12 @@ fn parse_as<Elf: FileHeader<Endian = Endianness>>(src: &Source<'_>) -> Result<El
     match read_dynamic::<Elf>(&info, endian, data) {
         Ok(d) => info.dynamic = d,
         Err(e) => info
-            .warnings
+            .dynamic
+            .incomplete
             .push(format!("dynamic table unreadable: {e:#}")),
     }
+    info.warnings
+        .extend(info.dynamic.incomplete.iter().cloned());
     Ok(info)
 }
 
@@ -313,18 +351,56 @@ fn read_dynamic<Elf: FileHeader<Endian = Endianness>>(
     let entries: &[Elf::Dyn] = object::pod::slice_from_bytes(&data[off as usize..], count)
         .map(|(s, _)| s)
         .map_err(|_| anyhow!("the dynamic table is misaligned or truncated"))?;
+    // Up to DT_NULL, and at most MAX_DYN_ENTRIES of it.
+    let live = entries
+        .iter()
+        .position(|d| {
+            let tag: u64 = d.d_tag(endian).into();
+            tag == u64::from(elf::DT_NULL)
+        })
+        .unwrap_or(entries.len());
+    let mut incomplete = Vec::new();
+    if live > MAX_DYN_ENTRIES {
+        incomplete.push(format!(
+            "its dynamic table has {live} entries, more than the {MAX_DYN_ENTRIES} fdl reads"
+        ));
+    }
+    let entries = &entries[..live.min(MAX_DYN_ENTRIES)];
+    let tag_of = |d: &Elf::Dyn| -> (u64, u64) { (d.d_tag(endian).into(), d.d_val(endian).into()) };
 
-    let mut strtab_addr = None;
-    let mut strsz = None;
-    for d in entries {
-        let tag: u64 = d.d_tag(endian).into();
-        if tag == u64::from(elf::DT_NULL) {
-            break;
-        }
-        if tag == u64::from(elf::DT_STRTAB) {
-            strtab_addr = Some(d.d_val(endian).into());
-        } else if tag == u64::from(elf::DT_STRSZ) {
-            strsz = Some(d.d_val(endian).into());
+    // The last of each tag counts, as in glibc's `elf_get_dynamic_info`, which keeps one
+    // entry per tag (DT_NEEDED alone is read as a list).
+    let last = |want: u32| -> Option<u64> {
+        entries
+            .iter()
+            .rev()
+            .map(tag_of)
+            .find(|&(t, _)| t == u64::from(want))
+            .map(|(_, v)| v)
+    };
+    let strtab_addr = last(elf::DT_STRTAB);
+    let strsz = last(elf::DT_STRSZ);
+    // Every table the loader would read must be in the file: one placed past its end is
+    // a file fdl cannot read as the loader does, never an empty table.
+    let sized = |tag: u32| -> u64 {
+        let size_tag = match tag {
+            elf::DT_STRTAB => elf::DT_STRSZ,
+            elf::DT_JMPREL => elf::DT_PLTRELSZ,
+            elf::DT_RELA => elf::DT_RELASZ,
+            elf::DT_REL => elf::DT_RELSZ,
+            DT_RELR => DT_RELRSZ,
+            _ => return 1,
+        };
+        last(size_tag).unwrap_or(1).max(1)
+    };
+    for &(tag, tag_name) in TABLE_TAGS {
+        if let Some(addr) = last(tag) {
+            if info.vaddr_to_offset(addr, sized(tag)).is_none() {
+                bail!(
+                    "{tag_name} places its table ({} bytes at address {addr:#x}) outside the file's loadable segments: the file is truncated or corrupt",
+                    sized(tag)
+                );
+            }
         }
     }
     // The string table, by address through the segments (what the loader uses).
@@ -350,35 +426,52 @@ fn read_dynamic<Elf: FileHeader<Endian = Endianness>>(
         let s = &rest[..end.min(MAX_DYN_STRING)];
         Some(String::from_utf8_lossy(s).into_owned())
     };
+    // A colon-separated list, kept whole (the loader model reads an empty element as
+    // the working directory, as glibc does), each directory once: glibc's
+    // `fillin_rpath` drops repeats too.
+    let path_list = |tag: u32, tag_name: &str, incomplete: &mut Vec<String>| -> Vec<String> {
+        let Some(s) = last(tag).and_then(string_at) else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for e in s.split(':') {
+            if seen.insert(e) {
+                if out.len() == MAX_PATH_ENTRIES {
+                    incomplete.push(format!(
+                        "its {tag_name} lists more than {MAX_PATH_ENTRIES} directories; fdl follows the first {MAX_PATH_ENTRIES}"
+                    ));
+                    break;
+                }
+                out.push(e.to_string());
+            }
+        }
+        out
+    };
 
-    let mut out = DynamicInfo::default();
-    for d in entries {
-        let tag: u64 = d.d_tag(endian).into();
-        let val: u64 = d.d_val(endian).into();
-        if tag == u64::from(elf::DT_NULL) {
-            break;
-        }
-        if tag == u64::from(elf::DT_FLAGS_1) {
-            out.flags_1 = val;
-            continue;
-        }
-        let is_string_tag = matches!(
-            u32::try_from(tag),
-            Ok(elf::DT_NEEDED | elf::DT_SONAME | elf::DT_RPATH | elf::DT_RUNPATH)
-        );
-        if !is_string_tag {
-            continue;
-        }
-        let Some(s) = string_at(val) else { continue };
-        match tag as u32 {
-            elf::DT_NEEDED => out.needed.push(s),
-            elf::DT_SONAME => out.soname = Some(s),
-            // Colon-separated lists, kept whole: the loader model reads an empty element
-            // as the working directory, as glibc does.
-            elf::DT_RPATH => out.rpath.extend(s.split(':').map(String::from)),
-            elf::DT_RUNPATH => out.runpath.extend(s.split(':').map(String::from)),
-            _ => {}
+    let mut out = DynamicInfo {
+        flags_1: last(elf::DT_FLAGS_1).unwrap_or(0),
+        soname: last(elf::DT_SONAME).and_then(string_at),
+        rpath: path_list(elf::DT_RPATH, "DT_RPATH", &mut incomplete),
+        runpath: path_list(elf::DT_RUNPATH, "DT_RUNPATH", &mut incomplete),
+        ..DynamicInfo::default()
+    };
+    let mut needed = entries
+        .iter()
+        .map(tag_of)
+        .filter(|&(t, _)| t == u64::from(elf::DT_NEEDED));
+    for (_, v) in needed.by_ref().take(MAX_NEEDED) {
+        if let Some(s) = string_at(v) {
+            out.needed.push(s);
         }
     }
+    let rest = needed.count();
+    if rest > 0 {
+        incomplete.push(format!(
+            "it lists {} DT_NEEDED entries; fdl follows the first {MAX_NEEDED}",
+            MAX_NEEDED + rest
+        ));
+    }
+    out.incomplete = incomplete;
     Ok(out)
 }

@@ -33,6 +33,10 @@ const MAX_NAME: usize = 256;
 /// 2.30.7 exports 165, `pnccl*` aliases included); refusing keeps memory bounded whatever
 /// the symbol tables claim.
 const MAX_NAMES: usize = 1 << 14;
+/// More dynamic symbols than this is not a library (libtorch_cuda.so has about 100,000):
+/// the count a hash table implies is refused past it, so no walk over `.dynsym` or a
+/// hash chain is longer.
+const MAX_DYNSYM: u64 = 1 << 22;
 
 /// How one `nccl*` function the library uses is bound.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -94,7 +98,7 @@ const WHY_NOT_EXPORTED: &str =
 
 /// Analyses the library at `path`.
 pub fn analyze(path: &Path) -> Result<Interposition> {
-    analyze_source(&Source::open(path)?)
+    Source::with_file(path, analyze_source)
 }
 
 /// [`analyze`] on bytes in memory (robustness tests, fuzzing).
@@ -107,8 +111,11 @@ pub fn analyze_bytes(data: &[u8]) -> Result<Interposition> {
 /// functions in `.dynsym` of the library at `path`, sorted: what a preloaded
 /// `libnccl.so.2` offers, to compare with [`Interposition::imported`].
 pub fn exported_nccl_symbols(path: &Path) -> Result<Vec<String>> {
-    let src = Source::open(path)?;
-    let t = Tables::read(&src)?;
+    Source::with_file(path, exported_nccl_symbols_in)
+}
+
+fn exported_nccl_symbols_in(src: &Source<'_>) -> Result<Vec<String>> {
+    let t = Tables::read(src)?;
     let mut out = BTreeSet::new();
     for (_, c) in t.dynamic_candidates()? {
         let exported = matches!(c.bind, elf::STB_GLOBAL | elf::STB_WEAK)
@@ -152,8 +159,11 @@ pub struct DynamicNccl {
 /// closure: `None` when `.dynsym` names no `nccl*` function (most objects), without
 /// reading any relocation.
 pub fn dynamic_nccl(path: &Path) -> Result<Option<DynamicNccl>> {
-    let src = Source::open(path)?;
-    let Some(t) = tables_if_dynamic(&src)? else {
+    Source::with_file(path, dynamic_nccl_in)
+}
+
+fn dynamic_nccl_in(src: &Source<'_>) -> Result<Option<DynamicNccl>> {
+    let Some(t) = tables_if_dynamic(src)? else {
         return Ok(None);
     };
     let candidates = t.dynamic_candidates()?;
@@ -192,7 +202,7 @@ pub fn dynamic_nccl(path: &Path) -> Result<Option<DynamicNccl>> {
 /// instead of reading a `.dynsym` of 100,000 entries — and by a scan only when there is
 /// no hash table.
 pub fn exported_among(path: &Path, names: &[&str]) -> Result<BTreeSet<String>> {
-    exported_among_source(&Source::open(path)?, names)
+    Source::with_file(path, |src| exported_among_source(src, names))
 }
 
 /// [`exported_among`] on bytes in memory (fuzzing, robustness tests).
@@ -224,7 +234,7 @@ fn exported_among_source(src: &Source<'_>, names: &[&str]) -> Result<BTreeSet<St
     let mut out = BTreeSet::new();
     for name in names {
         let want = name.as_bytes();
-        let found = match t.hash_lookup(want) {
+        let found = match t.hash_lookup(want)? {
             Some(candidates) => candidates
                 .into_iter()
                 .filter_map(|i| t.dynsym.get(i))
@@ -246,8 +256,11 @@ fn exported_among_source(src: &Source<'_>, names: &[&str]) -> Result<BTreeSet<St
 /// Whether the object at `path` imports the function `name` (an undefined `.dynsym`
 /// entry), e.g. `dlopen`: what says it can load code no file names.
 pub fn imports(path: &Path, name: &str) -> Result<bool> {
-    let src = Source::open(path)?;
-    let Some(t) = tables_if_dynamic(&src)? else {
+    Source::with_file(path, |src| imports_in(src, name))
+}
+
+fn imports_in(src: &Source<'_>, name: &str) -> Result<bool> {
+    let Some(t) = tables_if_dynamic(src)? else {
         return Ok(false);
     };
     let e = t.endian;
@@ -459,12 +472,14 @@ fn gnu_hash_count(table: &[u8], endian: Endianness) -> Option<u64> {
         return Some(symoffset);
     }
     let mut i = last;
-    loop {
+    // Bounded by the table's end (`word` fails there) and by the symbol cap.
+    while i - symoffset <= MAX_DYNSYM {
         if word(chains.checked_add(i - symoffset)?)? & 1 != 0 {
             return i.checked_add(1);
         }
         i += 1;
     }
+    None
 }
 
 /// Byte ranges `(offset, length)` merged where they overlap, so that hostile tables
@@ -692,6 +707,9 @@ impl<'a> Tables<'a> {
             Some(n) => n,
             None => self.count_from_hash()?,
         };
+        if count > MAX_DYNSYM {
+            bail!("{name}: the dynamic symbol table claims {count} symbols, more than the {MAX_DYNSYM} fdl reads; the file is corrupt");
+        }
         let len = count.checked_mul(SYM_SIZE).with_context(|| {
             format!("{name}: the dynamic symbol table claims {count} symbols; the file is corrupt")
         })?;
@@ -718,82 +736,118 @@ impl<'a> Tables<'a> {
     }
 
     /// The `.dynsym` indices the object's hash table lists under `name`'s hash: `None`
-    /// when it has no hash table fdl can read (the caller then scans).
-    fn hash_lookup(&self, name: &[u8]) -> Option<Vec<usize>> {
+    /// when it has no hash table (the caller then scans). A hash table the dynamic table
+    /// names but that cannot be read, or whose chain loops, is an error: the loader would
+    /// fault or never finish its lookup there, so no answer can rest on it.
+    ///
+    /// A chain walk is bounded by the symbols `.dynsym` holds (a chain never lists more)
+    /// and by the chain entries the file holds, so it costs at most what the file is.
+    fn hash_lookup(&self, name: &[u8]) -> Result<Option<Vec<usize>>> {
         let e = self.endian;
-        let words = |addr: u64| -> Option<&'a [u8]> {
-            let off = self.info.vaddr_to_offset(addr, 16)?;
-            Some(self.src.bytes_clipped(off, u64::MAX))
+        let obj = self.name();
+        let words = |addr: u64, tag: &str| -> Result<&'a [u8]> {
+            let off = self.info.vaddr_to_offset(addr, 16).with_context(|| {
+                format!("{obj}: its {tag} table (at address {addr:#x}) lies outside the file's loaded segments: the file is truncated or corrupt")
+            })?;
+            Ok(self.src.bytes_clipped(off, u64::MAX))
         };
         let word = |table: &[u8], i: u64| -> Option<u32> {
             let at = usize::try_from(i.checked_mul(4)?).ok()?;
             let b = table.get(at..at.checked_add(4)?)?;
             Some(e.read_u32_bytes([b[0], b[1], b[2], b[3]]))
         };
-        if let Some(table) = self.tags.gnu_hash.and_then(words) {
+        let symbols = self.dynsym.len() as u64;
+        if let Some(addr) = self.tags.gnu_hash {
+            let table = words(addr, "DT_GNU_HASH")?;
+            let corrupt = || anyhow!("{obj}: its DT_GNU_HASH table is truncated or corrupt");
             let h = name.iter().fold(5381u32, |h, &c| {
                 h.wrapping_mul(33).wrapping_add(u32::from(c))
             });
-            let nbuckets = u64::from(word(table, 0)?);
-            let symoffset = u64::from(word(table, 1)?);
-            let bloom_words = u64::from(word(table, 2)?);
+            let nbuckets = u64::from(word(table, 0).ok_or_else(corrupt)?);
+            let symoffset = u64::from(word(table, 1).ok_or_else(corrupt)?);
+            let bloom_words = u64::from(word(table, 2).ok_or_else(corrupt)?);
             if nbuckets == 0 {
-                return Some(Vec::new());
+                return Ok(Some(Vec::new()));
             }
             // The Bloom filter (64-bit words in ELF64) only speeds up misses; the chains
             // decide, so it is not consulted.
-            let buckets = 4u64.checked_add(bloom_words.checked_mul(2)?)?;
-            let chains = buckets.checked_add(nbuckets)?;
-            let mut i = u64::from(word(table, buckets + u64::from(h) % nbuckets)?);
+            let buckets = bloom_words
+                .checked_mul(2)
+                .and_then(|b| b.checked_add(4))
+                .ok_or_else(corrupt)?;
+            let chains = buckets.checked_add(nbuckets).ok_or_else(corrupt)?;
+            let mut i =
+                u64::from(word(table, buckets + u64::from(h) % nbuckets).ok_or_else(corrupt)?);
             let mut out = Vec::new();
             if i < symoffset {
-                return Some(out);
+                return Ok(Some(out));
             }
             // A chain ends at an entry with its low bit set; a hostile one that never does
             // ends where the table or the symbol count does.
-            let limit = self.dynsym.len() as u64;
-            while i < limit {
-                let h2 = word(table, chains.checked_add(i - symoffset)?)?;
+            while i < symbols {
+                let Some(h2) = chains
+                    .checked_add(i - symoffset)
+                    .and_then(|at| word(table, at))
+                else {
+                    break;
+                };
                 if h2 | 1 == h | 1 {
-                    out.push(usize::try_from(i).ok()?);
+                    out.push(i as usize);
                 }
                 if h2 & 1 != 0 {
                     break;
                 }
                 i += 1;
             }
-            return Some(out);
+            return Ok(Some(out));
         }
-        if let Some(table) = self.tags.hash.and_then(words) {
+        if let Some(addr) = self.tags.hash {
+            let table = words(addr, "DT_HASH")?;
+            let corrupt = || anyhow!("{obj}: its DT_HASH table is truncated or corrupt");
             // SysV hash: nbucket, nchain, buckets, chains.
             let h = name.iter().fold(0u32, |h, &c| {
                 let h = (h << 4).wrapping_add(u32::from(c));
                 let g = h & 0xf000_0000;
                 (h ^ (g >> 24)) & !g
             });
-            let nbucket = u64::from(word(table, 0)?);
-            let nchain = u64::from(word(table, 1)?);
+            let nbucket = u64::from(word(table, 0).ok_or_else(corrupt)?);
+            let nchain = u64::from(word(table, 1).ok_or_else(corrupt)?);
             if nbucket == 0 {
-                return Some(Vec::new());
+                return Ok(Some(Vec::new()));
             }
-            let mut i = u64::from(word(table, 2 + u64::from(h) % nbucket)?);
+            // The chain entries that exist: claimed, in the file, and one per symbol.
+            let in_file = (table.len() as u64 / 4).saturating_sub(2 + nbucket);
+            let entries = nchain.min(in_file).min(symbols);
+            let mut i = u64::from(word(table, 2 + u64::from(h) % nbucket).ok_or_else(corrupt)?);
             let mut out = Vec::new();
-            let mut steps = 0u64;
-            while i != 0 && i < nchain && steps <= nchain {
-                out.push(usize::try_from(i).ok()?);
-                i = u64::from(word(table, 2 + nbucket + i)?);
-                steps += 1;
+            while i != 0 && i < entries {
+                // Each step lists a different symbol, or the chain has come round.
+                if out.len() as u64 >= entries {
+                    bail!(
+                        "{obj}: a chain of its DT_HASH table loops (it passes symbol {i} again after {} steps): the loader would never finish looking up a name there",
+                        out.len()
+                    );
+                }
+                out.push(i as usize);
+                i = u64::from(word(table, 2 + nbucket + i).ok_or_else(corrupt)?);
             }
-            return Some(out);
+            return Ok(Some(out));
         }
-        None
+        Ok(None)
     }
 
     fn count_from_hash(&self) -> Result<u64> {
         let name = self.name();
         let rest = |addr: u64| -> Result<&'a [u8]> {
+            let tag = if self.tags.hash == Some(addr) {
+                "DT_HASH"
+            } else {
+                "DT_GNU_HASH"
+            };
             let off = self.info.vaddr_to_offset(addr, 16).with_context(|| {
-                format!("{name}: the symbol hash table lies outside the file's loaded segments")
+                format!(
+                    "{name}: the symbol hash table ({tag}) lies outside the file's loaded segments"
+                )
             })?;
             Ok(self.src.bytes_clipped(off, u64::MAX))
         };

@@ -138,8 +138,7 @@ impl std::fmt::Display for ResolveRule {
 
 /// Inspects the file at `path`.
 pub fn inspect(path: &Path) -> Result<Inspection> {
-    let src = Source::open(path)?;
-    inspect_source(&src)
+    Source::with_file(path, inspect_source)
 }
 
 /// Inspects bytes already in memory: the same reader as [`inspect`], for fuzzing.
@@ -151,7 +150,7 @@ pub fn inspect_bytes(data: &[u8]) -> Result<Inspection> {
 /// and with libzstd, counting disagreements in [`Inspection::work`] (the oracle tests).
 #[doc(hidden)]
 pub fn inspect_cross_checking_zstd(path: &Path) -> Result<Inspection> {
-    inspect_with(&Source::open(path)?, true)
+    Source::with_file(path, |src| inspect_with(src, true))
 }
 
 /// Inspects whatever `src` holds.
@@ -446,16 +445,19 @@ fn scan_self_ids_while<R: Send>(
 /// Finds the NCCL self-id in a file. `Ok(None)` when the file holds none.
 /// Several distinct self-ids are an error: the answer would be a guess.
 pub fn find_nccl_self_id(path: &Path) -> Result<Option<SelfId>> {
-    let src = Source::open(path)?;
+    Source::with_file(path, |src| find_nccl_self_id_in(src, path))
+}
+
+fn find_nccl_self_id_in(src: &Source<'_>, path: &Path) -> Result<Option<SelfId>> {
     if src.is_empty() {
         return Ok(None);
     }
     src.check_len()?;
     let ids = if elf::is_elf(src.bytes_clipped(0, 16)) {
-        let info = elf::parse(&src)?;
-        self_ids_in_elf(&src, &info)?
+        let info = elf::parse(src)?;
+        self_ids_in_elf(src, &info)?
     } else {
-        scan_self_ids(&src, &[(0, src.len())])?
+        scan_self_ids(src, &[(0, src.len())])?
     };
     match ids.as_slice() {
         [] => Ok(None),

@@ -6,6 +6,19 @@
 //! ([`Source::bytes`]); large regions are scanned window by window
 //! ([`Source::find_iter`]) and each window's pages are handed back to the kernel
 //! afterwards, because touched pages of a mapping count toward the process's RSS.
+//!
+//! A mapped file that shrinks while it is read (someone truncates or rewrites it) turns
+//! a read past its new end into SIGBUS. Positional reads into owned buffers would avoid
+//! that, but the ELF readers (`object`'s) and the scans work on borrowed slices of the
+//! whole file, and copying gigabytes of `libtorch_cuda.so` would give up the fixed
+//! memory footprint; so the mapping stays, and a SIGBUS handler makes the hazard an
+//! error instead: a fault inside a live mapping of ours maps zero pages over the rest of
+//! it and marks it damaged, the read goes on with zeros, and the damage is reported when
+//! the read ends. [`Source::with_file`] is the only way to open a file, and it checks
+//! after its reader has returned, whatever that returned: no answer read from a file that
+//! changed underneath reaches a caller. Faults anywhere else go to the handler that was
+//! there before (Rust's stack-overflow handler, or the default action). This is the only
+//! mapping fdl makes of a file it did not create.
 
 use anyhow::{bail, Context, Result};
 use memchr::memmem;
@@ -21,6 +34,8 @@ enum Backing<'a> {
     /// A read-only shared mapping of a file, kept with the file it maps so the length can
     /// be re-checked (a file that shrinks under a mapping turns reads into SIGBUS).
     Mapped {
+        /// Declared first: dropped (unregistered) before the mapping is unmapped.
+        guard: guard::Guard,
         map: memmap2::Mmap,
         file: File,
     },
@@ -42,14 +57,180 @@ impl std::fmt::Debug for Source<'_> {
     }
 }
 
+/// The SIGBUS handler's view of the live mappings: where each starts and how long it
+/// is, and whether a fault hit it (and where). A handler may only touch atomics, so this
+/// is a fixed table; [`MAPPINGS`] live mappings at once is far more than fdl holds (one
+/// per file being read, in each thread).
+mod guard {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Mutex, Once};
+
+    pub const MAPPINGS: usize = 64;
+
+    struct Slot {
+        start: AtomicUsize,
+        len: AtomicUsize,
+        faulted: AtomicBool,
+        /// The first faulting offset in the mapping.
+        at: AtomicUsize,
+    }
+
+    #[allow(clippy::declare_interior_mutable_const)]
+    const EMPTY: Slot = Slot {
+        start: AtomicUsize::new(0),
+        len: AtomicUsize::new(0),
+        faulted: AtomicBool::new(false),
+        at: AtomicUsize::new(0),
+    };
+    static SLOTS: [Slot; MAPPINGS] = [EMPTY; MAPPINGS];
+    /// Serialises claiming and freeing slots (never taken by the handler).
+    static CLAIM: Mutex<()> = Mutex::new(());
+    static INSTALL: Once = Once::new();
+    static PAGE: AtomicUsize = AtomicUsize::new(4096);
+    /// The disposition before ours, written once before ours is installed.
+    static mut PREVIOUS: Option<libc::sigaction> = None;
+
+    /// A registered mapping; freed on drop (before the mapping is unmapped).
+    pub struct Guard(usize);
+
+    /// Registers `[start, start + len)`; `None` when every slot is taken.
+    pub fn register(start: usize, len: usize) -> Option<Guard> {
+        INSTALL.call_once(install);
+        let _held = CLAIM.lock().unwrap_or_else(|e| e.into_inner());
+        let i = SLOTS
+            .iter()
+            .position(|s| s.start.load(Ordering::Acquire) == 0)?;
+        let s = &SLOTS[i];
+        s.faulted.store(false, Ordering::Relaxed);
+        s.len.store(len, Ordering::Relaxed);
+        s.start.store(start, Ordering::Release);
+        Some(Guard(i))
+    }
+
+    impl Guard {
+        /// The offset of the first read that found no file behind it, if any did.
+        pub fn fault(&self) -> Option<usize> {
+            let s = &SLOTS[self.0];
+            s.faulted
+                .load(Ordering::Acquire)
+                .then(|| s.at.load(Ordering::Relaxed))
+        }
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let _held = CLAIM.lock().unwrap_or_else(|e| e.into_inner());
+            SLOTS[self.0].start.store(0, Ordering::Release);
+        }
+    }
+
+    fn install() {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if page > 0 {
+            PAGE.store(page as usize, Ordering::Relaxed);
+        }
+        // SAFETY: a zeroed sigaction is a valid value; the previous disposition is
+        // stored before the handler that reads it can run, and never written again.
+        unsafe {
+            let mut ours: libc::sigaction = std::mem::zeroed();
+            ours.sa_sigaction = on_sigbus as *const () as usize;
+            ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut ours.sa_mask);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
+                return;
+            }
+            PREVIOUS = Some(old);
+            libc::sigaction(libc::SIGBUS, &ours, std::ptr::null_mut());
+        }
+    }
+
+    extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+        let addr = unsafe { (*info).si_addr() } as usize;
+        let page = PAGE.load(Ordering::Relaxed);
+        for s in &SLOTS {
+            let start = s.start.load(Ordering::Acquire);
+            let len = s.len.load(Ordering::Relaxed);
+            if start == 0 || addr < start || addr - start >= len {
+                continue;
+            }
+            // The file no longer has this page: zeros from here to the mapping's end
+            // (a truncation takes the whole tail), so the read goes on and ends.
+            let from = addr & !(page - 1);
+            let end = (start + len).div_ceil(page) * page;
+            // SAFETY: [from, end) lies within our own live mapping (registered until
+            // it is unmapped); MAP_FIXED replaces those pages with anonymous zeros.
+            let p = unsafe {
+                libc::mmap(
+                    from as *mut libc::c_void,
+                    end - from,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                if !s.faulted.load(Ordering::Relaxed) {
+                    s.at.store(addr - start, Ordering::Relaxed);
+                }
+                s.faulted.store(true, Ordering::Release);
+                return;
+            }
+            break;
+        }
+        // Not ours (or not repairable): what was there before decides.
+        // SAFETY: PREVIOUS was written before this handler was installed.
+        let prev = unsafe { *std::ptr::addr_of!(PREVIOUS) };
+        match prev {
+            Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
+                // SAFETY: calling the previous handler as it was registered.
+                unsafe {
+                    if p.sa_flags & libc::SA_SIGINFO != 0 {
+                        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                            std::mem::transmute(p.sa_sigaction);
+                        f(sig, info, ctx);
+                    } else {
+                        let f: extern "C" fn(libc::c_int) = std::mem::transmute(p.sa_sigaction);
+                        f(sig);
+                    }
+                }
+            }
+            _ => {
+                // The default action: restore it and return; the faulting access runs
+                // again and the signal ends the process as it would have.
+                // SAFETY: a zeroed sigaction with SIG_DFL is valid.
+                unsafe {
+                    let mut dfl: libc::sigaction = std::mem::zeroed();
+                    dfl.sa_sigaction = libc::SIG_DFL;
+                    libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+                }
+            }
+        }
+    }
+}
+
 impl Source<'static> {
+    /// Opens `path` (see [`Source::open`]), runs `read` on it, and then fails if the file
+    /// shrank or a read found no file behind a page, whatever `read` returned: an answer
+    /// read from a file that changed underneath never reaches the caller. The one way
+    /// fdl opens a file to inspect.
+    pub fn with_file<T>(path: &Path, read: impl FnOnce(&Source<'_>) -> Result<T>) -> Result<T> {
+        let src = Source::open(path)?;
+        let out = read(&src);
+        src.check_len()?;
+        out
+    }
+
     /// Opens and maps `path` read-only.
     ///
     /// The file type is checked before opening and again on the opened descriptor: a FIFO
     /// or device must never be opened blocking or mapped, and a directory has no bytes.
     /// The open itself uses `O_NONBLOCK` so that a path swapped for a FIFO between the
     /// two checks still cannot hang us.
-    pub fn open(path: &Path) -> Result<Source<'static>> {
+    fn open(path: &Path) -> Result<Source<'static>> {
         let meta = std::fs::metadata(path).with_context(|| {
             format!(
                 "cannot inspect {}: the path cannot be read (check that it exists and that you may read it)",
@@ -86,15 +267,22 @@ impl Source<'static> {
         }
         // SAFETY: the mapping is read-only and private to this process's reads. The one
         // hazard, the file shrinking underneath (SIGBUS on access past the new end), is
-        // narrowed by `check_len` before every large access; see the module docs.
+        // caught by the guard registered below; see the module docs.
         let map = unsafe { memmap2::MmapOptions::new().map(&file) }.with_context(|| {
             format!(
                 "cannot memory-map {}: the file system may not support mapping; copy the file to a local disk and retry",
                 path.display()
             )
         })?;
+        let guard = guard::register(map.as_ptr() as usize, map.len()).with_context(|| {
+            format!(
+                "cannot inspect {}: more than {} files are being read at once",
+                path.display(),
+                guard::MAPPINGS
+            )
+        })?;
         Ok(Source {
-            backing: Backing::Mapped { map, file },
+            backing: Backing::Mapped { guard, map, file },
             name: path.to_path_buf(),
         })
     }
@@ -153,7 +341,15 @@ impl<'a> Source<'a> {
     /// Fails if the file is now shorter than when it was mapped; reading the vanished
     /// tail would kill the process with SIGBUS instead of giving an error.
     pub fn check_len(&self) -> Result<()> {
-        if let Backing::Mapped { map, file } = &self.backing {
+        if let Backing::Mapped { guard, .. } = &self.backing {
+            if let Some(at) = guard.fault() {
+                bail!(
+                    "{} was truncated while being read (nothing behind offset {at} any more): wait until whatever is writing it has finished, then retry",
+                    self.name.display()
+                );
+            }
+        }
+        if let Backing::Mapped { map, file, .. } = &self.backing {
             let now = file
                 .metadata()
                 .with_context(|| format!("cannot stat {}", self.name.display()))?
@@ -319,6 +515,40 @@ mod tests {
         assert!(s.bytes(2, u64::MAX).is_err());
         assert_eq!(s.bytes_clipped(2, u64::MAX), &[3, 4]);
         assert!(s.bytes_clipped(9, 1).is_empty());
+    }
+
+    /// A file truncated under the mapping: the vanished pages read as zeros instead of
+    /// killing the process with SIGBUS, and the read ends with an error that says so,
+    /// whatever the reader returned.
+    #[test]
+    fn a_file_truncated_under_the_mapping_is_an_error_not_sigbus() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("lib.so");
+        let len = 16 * 4096;
+        std::fs::write(&p, vec![0xa5u8; len]).unwrap();
+        let e = Source::with_file(&p, |src| {
+            let all = src.bytes(0, src.len())?;
+            assert_eq!(all[len - 1], 0xa5);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_len(4096)
+                .unwrap();
+            // Pages past the new end: read without the length check a scan makes.
+            // SAFETY: a volatile read of a byte inside a live borrowed slice.
+            let far = unsafe { std::ptr::read_volatile(&all[len - 1]) };
+            let mid = unsafe { std::ptr::read_volatile(&all[5 * 4096]) };
+            assert_eq!((far, mid), (0, 0), "vanished pages read as zeros");
+            assert_eq!(all[100], 0xa5, "pages still in the file keep their bytes");
+            Ok("an answer from a changed file")
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("truncated while being read"), "{e}");
+        // The slot is free again and a fresh read of the short file works.
+        let n = Source::with_file(&p, |src| Ok(src.len())).unwrap();
+        assert_eq!(n, 4096);
     }
 
     #[test]

@@ -343,7 +343,9 @@ pub fn which_nccl_knowing(
 
     let answer = if !doubts.is_empty() {
         let shown_doubts: Vec<&str> = doubts.iter().take(3).map(String::as_str).collect();
-        let more = match doubts.len().saturating_sub(3) {
+        // Failures and caveats past the map's caps are counted there, not listed.
+        let omitted = map.failures_omitted + map.caveats_omitted;
+        let more = match doubts.len().saturating_sub(3) + omitted {
             0 => String::new(),
             n => format!(" (and {n} more)"),
         };

@@ -9,6 +9,12 @@
 //! already loaded (by the name it was asked for, its path or its soname) or a file already
 //! loaded (same inode) is not loaded again. Failures are kept with the place in the order
 //! where the object would have been, so that an answer can say whether they matter.
+//!
+//! The work is bounded whatever the files say: at most [`MAX_OBJECTS`] objects and
+//! [`MAX_PROBES`] paths looked at, past which the map stops with a caveat (an unknown
+//! answer, never a cut map read as whole); the first [`MAX_FAILURES`] failures and
+//! [`MAX_CAVEATS`] caveats are kept and the rest counted, since any one of them already
+//! makes the answer unknown and the earliest are the ones an answer names.
 
 use super::preload::{self, Element, PreloadSource};
 use super::search::{self, expand_origin, Host, LoaderEnv, Probe, ResolveRule};
@@ -130,8 +136,17 @@ pub struct Caveat {
 pub struct LinkMap {
     pub objects: Vec<Object>,
     pub skipped_preloads: Vec<SkippedPreload>,
+    /// The first [`MAX_FAILURES`], in the order's order.
     pub failures: Vec<LoadFailure>,
+    /// Failures past [`MAX_FAILURES`], counted only.
+    pub failures_omitted: usize,
+    /// The first [`MAX_CAVEATS`] distinct ones.
     pub caveats: Vec<Caveat>,
+    /// Caveats past [`MAX_CAVEATS`], counted only.
+    pub caveats_omitted: usize,
+    /// Paths looked at so far, against [`MAX_PROBES`].
+    #[serde(skip)]
+    probes: usize,
     #[serde(skip)]
     pub host: Host,
     /// Per search directory: whether it has a `glibc-hwcaps` subdirectory and whether it
@@ -144,6 +159,17 @@ pub struct LinkMap {
 /// At most this many objects: a real process loads a few hundred; a hostile closure of
 /// generated names must not grow without bound.
 const MAX_OBJECTS: usize = 4096;
+/// Paths looked at over the whole map: a real process's searches look at a few
+/// thousand; this keeps hostile search lists (many directories, many names) to a second.
+pub const MAX_PROBES: usize = 1 << 18;
+/// Failures kept with their details; the rest are counted.
+pub const MAX_FAILURES: usize = 16;
+/// Caveats kept; the rest are counted.
+pub const MAX_CAVEATS: usize = 64;
+/// Directories one search goes through, before the cache and the system directories.
+const MAX_SEARCH_DIRS: usize = 4096;
+/// Paths kept in one failure's `searched`.
+const MAX_SEARCHED: usize = 1024;
 
 /// A file the loader takes: its path as opened, the rule that found it, its identity.
 type Hit = (PathBuf, ResolveRule, (u64, u64));
@@ -156,14 +182,15 @@ struct Failed {
 /// Lays out the link map of a process whose program is `target` (an executable), or of
 /// a program that links `target` (a shared library), in `env`.
 pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
-    let src = Source::open(target)?;
-    if src.is_empty() || !elf::is_elf(src.bytes_clipped(0, 16)) {
-        bail!(
-            "{} is not an ELF file: pass a shared library such as libtorch_cuda.so, or a program",
-            target.display()
-        );
-    }
-    let info = elf::parse(&src)?;
+    let info = Source::with_file(target, |src| {
+        if src.is_empty() || !elf::is_elf(src.bytes_clipped(0, 16)) {
+            bail!(
+                "{} is not an ELF file: pass a shared library such as libtorch_cuda.so, or a program",
+                target.display()
+            );
+        }
+        elf::parse(src)
+    })?;
     let host = Host {
         is_64: info.is_64,
         machine: info.machine,
@@ -178,7 +205,10 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
         objects: Vec::new(),
         skipped_preloads: Vec::new(),
         failures: Vec::new(),
+        failures_omitted: 0,
         caveats: Vec::new(),
+        caveats_omitted: 0,
+        probes: 0,
         host,
         subdirs: std::collections::HashMap::new(),
     };
@@ -189,6 +219,7 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
                 target.display()
             );
         }
+        map.incomplete(&info.dynamic, target);
         // The kernel gives the loader the program's real path (/proc/self/exe).
         let real = target
             .canonicalize()
@@ -223,7 +254,7 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
     // Breadth first over the list as it grows: the program, the preloads, then each
     // object's DT_NEEDED in order (`_dl_map_object_deps`).
     let mut next = 0;
-    while next < map.objects.len() {
+    'closure: while next < map.objects.len() {
         let needed = map.objects[next].needed.clone();
         for name in needed {
             if map.objects.len() >= MAX_OBJECTS {
@@ -233,15 +264,29 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
                 );
             }
             let position = map.objects.len();
+            if map.probes > MAX_PROBES {
+                map.caveat(
+                    format!("the searches for this process's libraries looked at more than {MAX_PROBES} paths; fdl stopped at {name} (needed by {})", map.display_path(next).display()),
+                    position,
+                );
+                break 'closure;
+            }
             match map.map_object(next, &name, env, None) {
                 Ok(_) => {}
-                Err(f) => map.failures.push(LoadFailure {
-                    needed: name.clone(),
-                    needed_by: map.display_path(next),
-                    reason: f.reason,
-                    searched: f.searched,
-                    position,
-                }),
+                Err(mut f) => {
+                    if map.failures.len() < MAX_FAILURES {
+                        f.searched.truncate(MAX_SEARCHED);
+                        map.failures.push(LoadFailure {
+                            needed: name.clone(),
+                            needed_by: map.display_path(next),
+                            reason: f.reason,
+                            searched: f.searched,
+                            position,
+                        })
+                    } else {
+                        map.failures_omitted += 1;
+                    }
+                }
             }
         }
         next += 1;
@@ -290,6 +335,28 @@ fn new_object(
 }
 
 impl LinkMap {
+    /// Records a caveat at `position`, once, up to [`MAX_CAVEATS`] of them.
+    fn caveat(&mut self, what: String, position: usize) {
+        if self.caveats.iter().any(|c| c.what == what) {
+            return;
+        }
+        if self.caveats.len() < MAX_CAVEATS {
+            self.caveats.push(Caveat { what, position });
+        } else {
+            self.caveats_omitted += 1;
+        }
+    }
+
+    /// What the dynamic table of the object about to be placed at the end of the order
+    /// leaves unknown: a caveat for that object.
+    fn incomplete(&mut self, d: &elf::DynamicInfo, path: &Path) {
+        let position = self.objects.len();
+        for why in &d.incomplete {
+            let what = format!("{}: {why}", path.display());
+            self.caveat(what, position);
+        }
+    }
+
     fn display_path(&self, i: usize) -> PathBuf {
         let o = &self.objects[i];
         if o.is_stand_in() {
@@ -346,17 +413,16 @@ impl LinkMap {
             self.objects[i].names.push(name.to_string());
             return Ok(i);
         }
-        let info = Source::open(&path)
-            .and_then(|src| elf::parse(&src))
+        let info = Source::with_file(&path, elf::parse)
             .with_context(|| format!("{} cannot be read", path.display()));
         let dynamic = match info {
-            Ok(i) => i.dynamic,
+            Ok(i) => {
+                self.incomplete(&i.dynamic, &path);
+                i.dynamic
+            }
             Err(e) => {
                 // The loader would read it; fdl cannot, so what it needs is unknown.
-                self.caveats.push(Caveat {
-                    what: format!("{e:#}"),
-                    position: self.objects.len(),
-                });
+                self.caveat(format!("{e:#}"), self.objects.len());
                 elf::DynamicInfo::default()
             }
         };
@@ -455,7 +521,7 @@ impl LinkMap {
             &l.path,
         );
         for what in unknown {
-            self.caveats.push(Caveat { what, position });
+            self.caveat(what, position);
         }
         dirs
     }
@@ -483,6 +549,7 @@ impl LinkMap {
                 });
             };
             let full = absolute(env, &path);
+            self.probes += 1;
             return match search::probe(&full, host) {
                 Probe::Take { dev, ino } => Ok((path, ResolveRule::Path, (dev, ino))),
                 Probe::Absent => Err(Failed {
@@ -496,7 +563,14 @@ impl LinkMap {
             };
         }
         let position = self.objects.len();
-        let dirs = self.search_dirs(loader, env);
+        let mut dirs = self.search_dirs(loader, env);
+        if dirs.len() > MAX_SEARCH_DIRS {
+            self.caveat(
+                format!("the search for {name} goes through {} directories (DT_RPATH inherited along the loaders, LD_LIBRARY_PATH, DT_RUNPATH); fdl searches the first {MAX_SEARCH_DIRS}", dirs.len()),
+                position,
+            );
+            dirs.truncate(MAX_SEARCH_DIRS);
+        }
         let nodeflib = self.objects[loader].nodeflib;
         let mut hit: Option<Hit> = None;
         let mut fatal: Option<String> = None;
@@ -578,10 +652,7 @@ impl LinkMap {
                 }
             }
             if env.cache_hwcaps_names.iter().any(|n| n == name) {
-                self.caveats.push(Caveat {
-                    what: format!("ld.so.cache lists {name} for a glibc-hwcaps subdirectory too, and fdl does not rank such entries"),
-                    position,
-                });
+                self.caveat(format!("ld.so.cache lists {name} for a glibc-hwcaps subdirectory too, and fdl does not rank such entries"), position);
             }
         }
         if hit.is_none() && fatal.is_none() && !nodeflib {
@@ -601,14 +672,15 @@ impl LinkMap {
         }
         self.subdirs = subdirs;
         for l in legacy {
-            self.caveats.push(Caveat {
-                what: format!(
+            self.caveat(
+                format!(
                     "{} lies in a legacy hwcaps subdirectory, which glibc before 2.37 may prefer; fdl does not model those",
                     l.display()
                 ),
                 position,
-            });
+            );
         }
+        self.probes = self.probes.saturating_add(searched.len());
         if let Some(why) = fatal {
             return Err(Failed {
                 reason: why,

@@ -24,7 +24,7 @@ pub use search::LoaderEnv;
 
 use crate::inspect::NcclDetection;
 use crate::version::NcclVersion;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The NCCL a library brings by itself (no preload): what `libtorch add` records, what a
 /// build's tag is inferred from, and what `nccl env` matches builds against. One answer
@@ -67,4 +67,29 @@ pub fn bundled_nccl_in(lib: &Path, env: &LoaderEnv) -> anyhow::Result<Bundled> {
             None => Bundled::Unknown(reason),
         },
     })
+}
+
+/// [`which_nccl`] for a process linking the first of `files`, written into `dir` under
+/// their names, in a closed environment: `LD_LIBRARY_PATH` is `dir` and nothing else is
+/// searched (no preloads, no `ld.so.cache`, no system directories, no hwcaps). The
+/// loader model's entry for bytes from anywhere: the `loader_map` fuzz target and the
+/// replay of its seeds feed it arbitrary files. Names must be plain file names.
+#[doc(hidden)]
+pub fn which_nccl_in_dir(dir: &Path, files: &[(&str, &[u8])]) -> anyhow::Result<Which> {
+    let Some((first, _)) = files.first() else {
+        anyhow::bail!("no files to lay out");
+    };
+    for (name, bytes) in files {
+        if name.is_empty() || name.contains('/') || *name == "." || *name == ".." {
+            anyhow::bail!("'{name}' is not a plain file name");
+        }
+        std::fs::write(dir.join(name), bytes)?;
+    }
+    let env = LoaderEnv {
+        ld_library_path: vec![dir.to_path_buf()],
+        cwd: dir.to_path_buf(),
+        system_dirs_from: "none (a closed environment)".into(),
+        ..LoaderEnv::default()
+    };
+    which_nccl(&PathBuf::from(dir).join(first), &env)
 }

@@ -187,17 +187,20 @@ fn loader_help(interp: &Path) -> std::io::Result<Vec<u8>> {
 /// PT_INTERP of the running program.
 fn own_interpreter() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let src = crate::inspect::Source::open(&exe).ok()?;
-    let info = crate::inspect::elf::parse(&src).ok()?;
-    let seg = info
-        .segments
-        .iter()
-        .find(|s| s.p_type == object::elf::PT_INTERP)?;
-    let bytes = src.bytes(seg.offset, seg.filesz).ok()?;
-    let end = memchr::memchr(0, bytes).unwrap_or(bytes.len());
-    Some(PathBuf::from(
-        String::from_utf8_lossy(&bytes[..end]).into_owned(),
-    ))
+    crate::inspect::Source::with_file(&exe, |src| {
+        let info = crate::inspect::elf::parse(src)?;
+        let seg = info
+            .segments
+            .iter()
+            .find(|s| s.p_type == object::elf::PT_INTERP)
+            .ok_or_else(|| anyhow::anyhow!("no PT_INTERP"))?;
+        let bytes = src.bytes(seg.offset, seg.filesz)?;
+        let end = memchr::memchr(0, bytes).unwrap_or(bytes.len());
+        Ok(PathBuf::from(
+            String::from_utf8_lossy(&bytes[..end]).into_owned(),
+        ))
+    })
+    .ok()
 }
 
 /// Reads at most `cap` bytes of a regular file, never blocking on a FIFO or device.

@@ -8,6 +8,8 @@
 //! ELF header (the arch in `e_flags`, as nvcc writes it) and compressed entries hold a
 //! valid LZ4 block, so `readelf` and `cuobjdump --list-elf/--list-ptx` read the output.
 
+pub mod dso;
+
 use anyhow::{Context, Result};
 use fdl::arch::{GpuTarget, Variant};
 use std::io::{self, Write};
