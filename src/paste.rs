@@ -79,23 +79,21 @@ mod tests {
             .output()
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), hostile);
-        // The srun form, with a stand-in srun that prints what its tasks would get.
-        let bin = dir.path().join("bin");
-        std::fs::create_dir(&bin).unwrap();
-        std::fs::write(
-            bin.join("srun"),
-            "#!/bin/sh\n[ \"$1\" = --export=ALL ] && printf %s \"$LD_PRELOAD\"\n",
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(bin.join("srun"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        // The srun form as bash parses it: the words bash would run srun with, and the
+        // environment it would hand srun (the real srun is run in tests/cluster_slurm.rs).
+        let probe = format!(
+            "{}; printf '%s\\0' \"$@\"",
+            srun("LD_PRELOAD", &hostile).replacen(" srun ", " printenv LD_PRELOAD; set -- ", 1)
+        );
         let out = std::process::Command::new("bash")
             .arg("-c")
-            .arg(srun("LD_PRELOAD", &hostile))
-            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .arg(&probe)
             .output()
             .unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), hostile);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("{hostile}\n--export=ALL\0")
+        );
         assert!(!srun("LD_PRELOAD", &hostile).contains("--export=ALL,"));
         assert!(!ran.exists(), "a quoted line ran code");
 

@@ -1244,39 +1244,106 @@ fn the_engine_guard_removes_what_a_test_made_and_keeps_cached_images() {
     let _ = docker(&["rmi", "--force", &kept]);
 }
 
-/// A `docker` on PATH that stands in for an engine that never answers one call, or
-/// answers it forever (`FDL_TEST_DOCKER`: `<call>-<hang|flood>`, the call being
-/// `version`, `info` or `inspect`); every other call answers as a working engine with no
-/// images would. A stand-in is right for these failures only: a real engine cannot be
-/// made to hang on cue.
-fn stuck_docker() -> tempfile::TempDir {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    let script = r#"#!/bin/sh
-act() { case "$FDL_TEST_DOCKER" in "$1-hang") exec sleep 600 ;; "$1-flood") exec yes fdl-flood ;; esac; }
-case "$1" in
-  version) act version; echo 27.5.1 ;;
-  buildx) echo "github.com/docker/buildx v0.20.0" ;;
-  info) act info; echo overlay2 ;;
-  image) act inspect; echo "Error: No such image: $5" >&2; exit 1 ;;
-  *) echo "stand-in docker: $*" >&2; exit 1 ;;
-esac
+/// A hostile Docker engine for the real `docker` client: an API endpoint on a Unix
+/// socket (`DOCKER_HOST=unix://…`) that answers `_ping` and every call as an engine
+/// with no images would, except the one `case` names (`<call>-<hang|flood>`, the call
+/// being `version`, `info` or `inspect`): that one never answers, or answers with a
+/// 64 MiB value the client then prints. The client is the real one; only the engine
+/// behind it is made to fail on cue, which a working engine cannot be.
+struct HostileEngine {
+    dir: tempfile::TempDir,
+    server: std::process::Child,
+}
+
+impl HostileEngine {
+    fn start(case: &str) -> HostileEngine {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("engine.sock");
+        let script = r#"
+import http.server, json, os, socketserver, sys, time
+sock, case = sys.argv[1], sys.argv[2]
+BIG = "9" * (64 << 20)
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def address_string(self): return "engine"
+    def send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Api-Version", "1.41")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def act(self, call):
+        if case == call + "-hang":
+            time.sleep(600)
+        return case == call + "-flood"
+    def do_HEAD(self): self.do_GET()
+    def do_GET(self):
+        path = self.path.split("?")[0]
+        if path.endswith("/_ping"):
+            self.send_response(200)
+            self.send_header("Api-Version", "1.41")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            if self.command == "GET": self.wfile.write(b"OK")
+        elif path.endswith("/version"):
+            big = self.act("version")
+            self.send(200, {"Version": BIG if big else "27.5.1", "ApiVersion": "1.41",
+                            "MinAPIVersion": "1.12", "Os": "linux", "Arch": "amd64"})
+        elif path.endswith("/info"):
+            big = self.act("info")
+            self.send(200, {"Driver": BIG if big else "overlay2", "OSType": "linux"})
+        elif "/images/" in path and path.endswith("/json"):
+            if self.act("inspect"):
+                self.send(200, {"Id": "sha256:" + BIG})
+            else:
+                self.send(404, {"message": "No such image"})
+        else:
+            self.send(404, {"message": "page not found"})
+class S(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+S(sock, H).serve_forever()
 "#;
-    let path = dir.path().join("docker");
-    std::fs::write(&path, script).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
+        let server = Std::new("python3")
+            .args(["-c", script])
+            .arg(&sock)
+            .arg(case)
+            .spawn()
+            .expect("python3 serves the hostile engine");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !sock.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the hostile engine did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        HostileEngine { dir, server }
+    }
+
+    fn host(&self) -> String {
+        format!("unix://{}", self.dir.path().join("engine.sock").display())
+    }
+}
+
+impl Drop for HostileEngine {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
 }
 
 /// `docker version`, `info` and `inspect` that never answer, or answer without end, cost
 /// a dry run a bounded wait and bounded memory: it ends, naming the call and its limit
-/// (the hung or flooding stand-in is stopped). Each case runs under a memory limit far
-/// below what an unbounded read of the flood reaches.
+/// (the hung or flooding client is stopped). The client is the real `docker`, talking
+/// to a [`HostileEngine`].
 #[test]
+#[ignore = "needs the docker client: `cargo test -- --include-ignored`"]
 fn engine_calls_that_hang_or_flood_are_bounded_and_named() {
     let work = tempfile::tempdir().unwrap();
     let source = tree(&work.path().join("nccl"), (2, 27, 5), |m| m);
-    let stand_in = stuck_docker();
     let cases = [
         ("version-hang", "did not answer within 15 s"),
         ("version-flood", "KiB on its stdout"),
@@ -1290,11 +1357,9 @@ fn engine_calls_that_hang_or_flood_are_bounded_and_named() {
         .map(|(case, _)| {
             let project = ProjectFixture::empty();
             let cache = tempfile::tempdir().unwrap();
-            let mut cmd = Std::new("sh");
-            cmd.arg("-c")
-                .arg("ulimit -v 4194304 && exec \"$0\" \"$@\"")
-                .arg(assert_cmd::cargo::cargo_bin("fdl"))
-                .arg("--root")
+            let engine = HostileEngine::start(case);
+            let mut cmd = Std::new(assert_cmd::cargo::cargo_bin("fdl"));
+            cmd.arg("--root")
                 .arg(project.root())
                 .args(["nccl", "build", "--tag", "v2.27.5-1"])
                 // Chosen by the engine's answer, so that `info` is asked too; a version
@@ -1307,16 +1372,16 @@ fn engine_calls_that_hang_or_flood_are_bounded_and_named() {
                 .args(["--archs", "8.6", "--cuda", "12.8", "--dry-run", "--source"])
                 .arg(&source)
                 .env("XDG_CACHE_HOME", cache.path())
-                .env("FDL_TEST_DOCKER", case)
-                .env("PATH", path_with(stand_in.path()))
+                .env("DOCKER_HOST", engine.host())
+                .env_remove("DOCKER_CONTEXT")
                 .env_remove("FDL_ROOT")
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped());
             let start = std::time::Instant::now();
-            (cmd.spawn().unwrap(), start, project, cache)
+            (cmd.spawn().unwrap(), start, project, cache, engine)
         })
         .collect();
-    for ((case, want), (child, start, _project, _cache)) in cases.iter().zip(runs) {
+    for ((case, want), (child, start, _project, _cache, _engine)) in cases.iter().zip(runs) {
         let out = child.wait_with_output().unwrap();
         let took = start.elapsed();
         let text = format!(
