@@ -469,6 +469,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
             Entry::Build { name, manifest, .. } => {
                 let against = Against {
                     recorded: Some(&manifest.checked),
+                    files: manifest.files.as_deref(),
                     gpus: gpus.as_deref().map_or(LocalGpus::Unknown, LocalGpus::Known),
                     probe: Some(&probe),
                 };
