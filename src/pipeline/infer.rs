@@ -33,15 +33,19 @@ pub struct CheckedFlags {
     pub tag: Option<Tag>,
     pub archs: Option<Vec<Arch>>,
     pub cuda: Option<CudaVersion>,
+    /// `--ptx`, or `+PTX` on the highest arch of `--archs` (the same request).
+    pub ptx: bool,
 }
 
 pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
     let tag = req.tag.as_deref().map(Tag::parse_flag).transpose()?;
-    let archs = req
-        .archs
-        .as_deref()
-        .map(arch::parse_arch_list)
-        .transpose()?;
+    let (archs, ptx_in_archs) = match req.archs.as_deref().map(arch::parse_build_archs) {
+        Some(parsed) => {
+            let (archs, ptx) = parsed?;
+            (Some(archs), ptx)
+        }
+        None => (None, false),
+    };
     let cuda = req
         .cuda
         .as_deref()
@@ -56,7 +60,12 @@ pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
     if let Some(j) = req.jobs.filter(|&j| j > MAX_JOBS) {
         bail!("--jobs {j} is more than any machine can run ({MAX_JOBS} at most); each nvcc job of NCCL takes up to ~2 GiB. Leave --jobs out to size it to this machine");
     }
-    Ok(CheckedFlags { tag, archs, cuda })
+    Ok(CheckedFlags {
+        tag,
+        archs,
+        cuda,
+        ptx: req.ptx || ptx_in_archs,
+    })
 }
 
 /// What the flags, the active libtorch and the GPUs say, before a backend is chosen
@@ -79,6 +88,7 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
         tag: tag_flag,
         archs: archs_flag,
         cuda: cuda_flag,
+        ptx: _,
     } = flags;
     let (tag, tag_origin, cuda_from_libtorch) = match tag_flag {
         Some(t) => (t, TagOrigin::Flag, None),
@@ -240,11 +250,11 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>)>
             (p.version, None, linkage)
         }
         crate::loader::Bundled::None(why) => bail!(
-            "no NCCL self-identification ('NCCL version X.Y.Z+cudaA.B') in a process that loads {}: {why}. It may be truncated or not carry NCCL. Pass --tag, e.g. --tag v2.27.5-1",
+            "no NCCL self-identification ('NCCL version X.Y.Z+cudaA.B') in a process that loads {}: {why}. It may be truncated or not carry NCCL. Pass --tag with the NCCL tag (vX.Y.Z-N) your training runs",
             lib.display()
         ),
         crate::loader::Bundled::Unknown(why) => bail!(
-            "which NCCL {} runs is unknown: {why}. Pass --tag to name the version yourself, e.g. --tag v2.27.5-1",
+            "which NCCL {} runs is unknown: {why}. Pass --tag with the NCCL tag (vX.Y.Z-N) your training runs",
             lib.display()
         ),
     };
