@@ -153,6 +153,8 @@ pub(super) fn which_json(w: &Which) -> serde_json::Value {
         "failures": w.link_map.failures,
         "caveats": w.link_map.caveats,
         "pin": w.pin,
+        // With an unknown answer: what it is if what is unknown defines no nccl*.
+        "conditional": w.conditional,
         "warnings": w.warnings,
     })
 }
