@@ -195,17 +195,16 @@ fn main() {
             fail(&format!("run {i} was not a store hit: {v}"));
         }
         let dir = PathBuf::from(v["build_dir"].as_str().unwrap());
-        let lib_of = |d: &Path| {
+        // A hit is a new file, never the store's or another project's inode.
+        let id_of = |d: &Path| {
             use std::os::unix::fs::MetadataExt;
-            std::fs::metadata(d.join("lib/libnccl.so.2.28.9"))
-                .unwrap()
-                .ino()
+            let m = std::fs::metadata(d.join("lib/libnccl.so.2.28.9")).unwrap();
+            (m.dev(), m.ino())
         };
-        method = if lib_of(&dir) == lib_of(&source_dir) {
-            "hard link".into()
-        } else {
-            "reflink or copy".into()
-        };
+        if id_of(&dir) == id_of(&source_dir) {
+            fail("a hit shares the library's inode with the first project's build");
+        }
+        method = "reflink or copy".into();
         hits.push(took);
     }
     let calls = std::fs::read_to_string(&nvcc_log).unwrap_or_default();

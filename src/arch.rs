@@ -77,51 +77,154 @@ pub enum ArchError {
     Malformed(String),
     #[error("no architectures given: pass a list such as --archs \"6.1;12.0\"")]
     Empty,
+    /// `sm_90a`, `9.0a`, `sm_100f`: a real arch with a variant suffix.
+    #[error("'{token}' is well-formed ({arch} with the '{suffix}' suffix: {meaning}) but not built by NCCL's makefiles, which compile plain SASS for each arch (code=sm_{number}). Give {capability} instead: its SASS runs on every GPU of compute capability {capability}", number = arch.number(), capability = arch.capability())]
+    Variant {
+        token: String,
+        arch: Arch,
+        suffix: char,
+        meaning: &'static str,
+    },
+    /// `6.1+PTX` where a higher arch is in the list too.
+    #[error("'{token}' asks for PTX of {arch}, but fdl embeds PTX for the highest arch of a build only ({highest} here), as --ptx does; that PTX is what newer GPUs compile at load time, and the lower archs run their own SASS. Write +PTX on the highest arch ({highest_cap}+PTX) or pass --ptx", highest_cap = highest.capability())]
+    PtxNotHighest {
+        token: String,
+        arch: Arch,
+        highest: Arch,
+    },
+    /// `8.6+PTX` where a list names GPUs, not a build.
+    #[error("'{token}': +PTX asks a build for PTX; this list names GPU capabilities only. Give {capability}", capability = arch.capability())]
+    PtxNotHere { token: String, arch: Arch },
 }
 
-/// Parses one entry: `6.1`, `61`, `120`, `sm_61`, `sm61`, `compute_61`. Any well-formed
-/// capability is accepted, known to fdl or not; whether it can be built is the plan's
-/// question, answered from the toolkit or the support table.
-pub fn parse_arch_token(token: &str) -> Result<Arch, ArchError> {
+/// What a variant suffix means, for messages: the shape is open (any one letter), the
+/// meaning known for the two NVIDIA uses.
+fn suffix_meaning(suffix: char) -> &'static str {
+    match suffix {
+        'a' => "arch-specific features, runs only on exactly that arch",
+        'f' => "family-specific features, runs on the later minors of its major",
+        _ => "a variant suffix fdl does not know",
+    }
+}
+
+/// The shape of one entry: an optional `compute_`/`sm_`/`sm` prefix, then `M.m` or the
+/// digits nvcc writes (the last one the minor), then at most one letter. No list of
+/// known archs is consulted: any capability of that shape is one.
+fn parse_shape(token: &str) -> Result<(Arch, Option<char>), ArchError> {
     let t = token.trim();
     let malformed = || ArchError::Malformed(t.chars().take(40).collect());
     let lower = t.to_ascii_lowercase();
-    let digits = ["compute_", "sm_", "sm"]
+    let body = ["compute_", "sm_", "sm"]
         .iter()
         .find_map(|p| lower.strip_prefix(p))
         .unwrap_or(&lower);
+    let (digits, suffix) = match body.chars().last() {
+        Some(c) if c.is_ascii_alphabetic() => (&body[..body.len() - 1], Some(c)),
+        _ => (body, None),
+    };
     let number = |s: &str, max_len: usize| -> Option<u32> {
         (!s.is_empty() && s.len() <= max_len && s.bytes().all(|b| b.is_ascii_digit()))
             .then(|| s.parse().ok())
             .flatten()
     };
-    if let Some((maj, min)) = digits.split_once('.') {
+    let arch = if let Some((maj, min)) = digits.split_once('.') {
         match (number(maj, 3), number(min, 1)) {
-            (Some(maj), Some(min)) if maj > 0 => Ok(Arch::new(maj, min)),
-            _ => Err(malformed()),
+            (Some(maj), Some(min)) if maj > 0 => Arch::new(maj, min),
+            _ => return Err(malformed()),
         }
     } else {
         // `61`, `120`, `1000`: the last digit is the minor, as nvcc numbers them.
         match number(digits, 4) {
-            Some(n) if n >= 10 => Ok(Arch::from_number(n)),
-            _ => Err(malformed()),
+            Some(n) if n >= 10 => Arch::from_number(n),
+            _ => return Err(malformed()),
         }
+    };
+    Ok((arch, suffix))
+}
+
+/// Parses one entry: `6.1`, `61`, `120`, `sm_61`, `sm61`, `compute_61`. Any well-formed
+/// capability is accepted, known to fdl or not; whether it can be built is the plan's
+/// question, answered from the toolkit or the support table. A variant (`sm_90a`,
+/// `9.0a`, `sm_100f`) is well-formed but no plain arch: [`ArchError::Variant`].
+pub fn parse_arch_token(token: &str) -> Result<Arch, ArchError> {
+    match parse_shape(token)? {
+        (arch, None) => Ok(arch),
+        (arch, Some(suffix)) => Err(ArchError::Variant {
+            token: token.trim().chars().take(40).collect(),
+            arch,
+            suffix,
+            meaning: suffix_meaning(suffix),
+        }),
     }
 }
 
-/// Parses a list separated by `;`, `,` or whitespace, then sorts and deduplicates it.
-pub fn parse_arch_list(list: &str) -> Result<Vec<Arch>, ArchError> {
-    let mut archs = list
-        .split(|c: char| c == ';' || c == ',' || c.is_whitespace())
+/// One entry of a build's `--archs`: an arch, and whether it ends in `+PTX` (as
+/// TORCH_CUDA_ARCH_LIST writes "SASS and PTX"; any case).
+fn parse_build_token(token: &str) -> Result<(Arch, bool), ArchError> {
+    let t = token.trim();
+    let (body, ptx) = match t.len().checked_sub(4) {
+        Some(at) if t.is_char_boundary(at) && t[at..].eq_ignore_ascii_case("+ptx") => {
+            (&t[..at], true)
+        }
+        _ => (t, false),
+    };
+    Ok((parse_arch_token(body)?, ptx))
+}
+
+fn tokens(list: &str) -> impl Iterator<Item = &str> {
+    list.split(|c: char| c == ';' || c == ',' || c.is_whitespace())
         .filter(|t| !t.is_empty())
-        .map(parse_arch_token)
-        .collect::<Result<Vec<_>, _>>()?;
+}
+
+/// Parses a list separated by `;`, `,` or whitespace, then sorts and deduplicates it.
+/// For lists of GPUs (`fdl inspect --archs`): `+PTX` is refused here.
+pub fn parse_arch_list(list: &str) -> Result<Vec<Arch>, ArchError> {
+    let mut archs = Vec::new();
+    for t in tokens(list) {
+        match parse_build_token(t)? {
+            (arch, true) => {
+                return Err(ArchError::PtxNotHere {
+                    token: t.chars().take(40).collect(),
+                    arch,
+                })
+            }
+            (arch, false) => archs.push(arch),
+        }
+    }
     if archs.is_empty() {
         return Err(ArchError::Empty);
     }
     archs.sort();
     archs.dedup();
     Ok(archs)
+}
+
+/// A build's `--archs`: the sorted, deduplicated archs, and whether PTX was asked for
+/// with `+PTX`. fdl embeds PTX for the highest arch only ([`gencode`]), so `+PTX` is
+/// taken on the highest arch, where it means what `--ptx` means (`6.1;8.6+PTX` is
+/// `--archs "6.1;8.6" --ptx`: the same build, the same name and key), and refused on a
+/// lower one, which would be another build under the same name.
+pub fn parse_build_archs(list: &str) -> Result<(Vec<Arch>, bool), ArchError> {
+    let mut entries = Vec::new();
+    for t in tokens(list) {
+        let (arch, ptx) = parse_build_token(t)?;
+        entries.push((arch, ptx, t));
+    }
+    let Some(highest) = entries.iter().map(|e| e.0).max() else {
+        return Err(ArchError::Empty);
+    };
+    if let Some((arch, _, t)) = entries.iter().find(|e| e.1 && e.0 != highest) {
+        return Err(ArchError::PtxNotHighest {
+            token: t.chars().take(40).collect(),
+            arch: *arch,
+            highest,
+        });
+    }
+    let ptx = entries.iter().any(|e| e.1);
+    let mut archs: Vec<Arch> = entries.into_iter().map(|e| e.0).collect();
+    archs.sort();
+    archs.dedup();
+    Ok((archs, ptx))
 }
 
 /// `sm61-sm120`: the arch part of a build's directory name.
@@ -546,6 +649,74 @@ mod tests {
             let archs = parse_arch_list(list).unwrap();
             assert_eq!(archs, vec![Arch::new(6, 1), Arch::new(12, 0)], "{list}");
         }
+    }
+
+    /// Variants are well-formed, and refused as what they are, with what to give.
+    #[test]
+    fn variants_are_well_formed_but_not_built() {
+        for (token, arch, suffix) in [
+            ("sm_90a", Arch::new(9, 0), 'a'),
+            ("9.0a", Arch::new(9, 0), 'a'),
+            ("sm_100f", Arch::new(10, 0), 'f'),
+            ("compute_120a", Arch::new(12, 0), 'a'),
+            ("sm_107x", Arch::new(10, 7), 'x'),
+        ] {
+            match parse_arch_token(token) {
+                Err(ArchError::Variant {
+                    token: t,
+                    arch: a,
+                    suffix: s,
+                    ..
+                }) => assert_eq!((t.as_str(), a, s), (token, arch, suffix)),
+                other => panic!("{token}: {other:?}"),
+            }
+            let e = parse_arch_list(token).unwrap_err().to_string();
+            assert!(
+                e.contains("well-formed")
+                    && e.contains("not built by NCCL's makefiles")
+                    && e.contains(&format!("Give {}", arch.capability())),
+                "{e}"
+            );
+        }
+    }
+
+    /// `+PTX` as TORCH_CUDA_ARCH_LIST writes it: on the highest arch it is --ptx.
+    #[test]
+    fn plus_ptx_is_ptx_for_the_highest_arch() {
+        let (archs, ptx) = parse_build_archs("6.1;8.6+PTX").unwrap();
+        assert_eq!((archs, ptx), (vec![Arch::new(6, 1), Arch::new(8, 6)], true));
+        assert_eq!(
+            parse_build_archs("8.6+ptx 6.1").unwrap(),
+            (vec![Arch::new(6, 1), Arch::new(8, 6)], true)
+        );
+        assert_eq!(
+            parse_build_archs("6.1;8.6").unwrap(),
+            (vec![Arch::new(6, 1), Arch::new(8, 6)], false)
+        );
+        // One arch twice, once with +PTX: still the highest, still PTX.
+        assert!(parse_build_archs("8.6;8.6+PTX").unwrap().1);
+        let e = parse_build_archs("6.1+PTX;8.6").unwrap_err();
+        assert_eq!(
+            e,
+            ArchError::PtxNotHighest {
+                token: "6.1+PTX".into(),
+                arch: Arch::new(6, 1),
+                highest: Arch::new(8, 6)
+            }
+        );
+        assert!(e.to_string().contains("8.6+PTX"), "{e}");
+        assert!(matches!(
+            parse_build_archs("9.0a+PTX"),
+            Err(ArchError::Variant { .. })
+        ));
+        assert_eq!(
+            parse_build_archs("+PTX"),
+            Err(ArchError::Malformed("".into()))
+        );
+        assert!(matches!(
+            parse_arch_list("8.6+PTX"),
+            Err(ArchError::PtxNotHere { .. })
+        ));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::path::Path;
 /// How much is read per call: large enough that the syscalls cost nothing next to the
 /// hashing, small enough to stay in the cache. (Reading beat `mmap` here, and cannot
 /// die of a `SIGBUS` when a file shrinks while it is hashed.)
-const CHUNK: usize = 1 << 20;
+pub const CHUNK: usize = 1 << 20;
 
 /// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
@@ -45,6 +45,19 @@ pub fn sha256_of(file: &mut std::fs::File, path: &Path, buf: &mut [u8]) -> Resul
     let mut hasher = Sha256::new();
     read_sized(file, path, buf, &mut |chunk| hasher.update(chunk))?;
     Ok(hex(&hasher.finalize()))
+}
+
+/// The size and hex BLAKE3 of a regular file's content (never through a link at
+/// `path`), read in a stream with `buf`: what a build's manifest records of each file.
+pub fn blake3_file(path: &Path, buf: &mut [u8]) -> Result<(u64, String)> {
+    let mut f = crate::fsread::open_regular(path, true)?;
+    let mut hasher = blake3::Hasher::new();
+    let mut size = 0u64;
+    read_sized(&mut f, path, buf, &mut |chunk| {
+        size += chunk.len() as u64;
+        hasher.update(chunk);
+    })?;
+    Ok((size, hasher.finalize().to_hex().to_string()))
 }
 
 /// Which hash a tree digest uses.

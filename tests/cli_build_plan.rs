@@ -267,6 +267,67 @@ fn bad_tags_are_refused() {
     }
 }
 
+/// NCCL has no `v2.27.5`, and it would plan into `v2.27.5-1`'s directory.
+#[test]
+fn a_release_tag_without_its_revision_is_refused() {
+    let p = ProjectFixture::empty();
+    for (tag, meant) in [("v2.27.5", "v2.27.5-1"), ("v2.30.7-", "v2.30.7-1")] {
+        fails_cleanly(
+            p.root(),
+            &["--tag", tag, "--archs", "8.6", "--dry-run"],
+            &format!("did you mean {meant}?"),
+        );
+    }
+}
+
+/// Variants are well-formed and refused as such, with the plain arch to give.
+#[test]
+fn arch_variants_are_refused_as_well_formed_but_not_built() {
+    let p = ProjectFixture::empty();
+    for (archs, plain) in [("sm_90a", "9.0"), ("8.6;9.0a", "9.0"), ("sm_100f", "10.0")] {
+        fails_cleanly(
+            p.root(),
+            &["--tag", "v2.27.5-1", "--archs", archs, "--dry-run"],
+            "well-formed",
+        );
+        fails_cleanly(
+            p.root(),
+            &["--tag", "v2.27.5-1", "--archs", archs, "--dry-run"],
+            &format!("not built by NCCL's makefiles, which compile plain SASS for each arch (code=sm_{}). Give {plain} instead", plain.replace('.', "")),
+        );
+    }
+}
+
+/// `8.6+PTX` (TORCH_CUDA_ARCH_LIST's spelling) is --ptx on the highest arch: the same
+/// plan, name and gencode; on a lower arch it is refused.
+#[test]
+fn plus_ptx_on_the_highest_arch_is_ptx() {
+    let p = ProjectFixture::empty();
+    let plus = json_plan(&["--tag", "v2.27.5-1", "--archs", "6.1;8.6+PTX"], p.root());
+    let flag = json_plan(
+        &["--tag", "v2.27.5-1", "--archs", "6.1;8.6", "--ptx"],
+        p.root(),
+    );
+    assert_eq!(plus["name"], "v2.27.5-sm61-sm86-ptx");
+    assert_eq!(plus["ptx"], true);
+    assert_eq!(plus["name"], flag["name"]);
+    assert_eq!(plus["gencode"], flag["gencode"]);
+    assert!(
+        plus["gencode"]
+            .as_str()
+            .unwrap()
+            .ends_with("-gencode=arch=compute_86,code=compute_86"),
+        "{plus}"
+    );
+    let plain = json_plan(&["--tag", "v2.27.5-1", "--archs", "6.1;8.6"], p.root());
+    assert_ne!(plain["name"], plus["name"]);
+    fails_cleanly(
+        p.root(),
+        &["--tag", "v2.27.5-1", "--archs", "6.1+PTX;8.6", "--dry-run"],
+        "fdl embeds PTX for the highest arch of a build only",
+    );
+}
+
 #[test]
 fn bad_archs_are_named() {
     let p = ProjectFixture::empty();

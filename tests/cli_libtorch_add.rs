@@ -447,3 +447,177 @@ fn info_reads_as_a_table() {
     assert!(text.contains("\n  sm_61  native SASS (sm_61)"), "{text}");
     assert!(text.contains("\n  sm_70  NOT COVERED"), "{text}");
 }
+
+/// Lays out `site` as pip installs torch 2.15 from the oracle wheels: the real
+/// `libtorch_cuda.so`, `version.py`, the NCCL wheel's `libnccl.so.2` and dist-info, and
+/// torch's own `METADATA` from its wheel; every other library torch needs is an empty
+/// stand-in, except `missing`, which are left out as on a login or controller node.
+fn pip_torch_215(site: &Path, missing: &[&str]) -> std::path::PathBuf {
+    let real = oracle_input("FDL_TEST_TORCH_LIB_CU13");
+    let unpacked = real.ancestors().nth(3).unwrap().to_path_buf();
+    for rel in [
+        "torch/lib/libtorch_cuda.so",
+        "torch/version.py",
+        "nvidia/nccl/lib/libnccl.so.2",
+    ] {
+        let to = site.join(rel);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(unpacked.join(rel), &to)
+            .unwrap_or_else(|e| panic!("{}: {e}", unpacked.join(rel).display()));
+    }
+    for e in std::fs::read_dir(&unpacked).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".dist-info") {
+            std::fs::create_dir_all(site.join(&name)).unwrap();
+            std::fs::copy(e.path().join("METADATA"), site.join(&name).join("METADATA")).unwrap();
+        }
+    }
+    let cache = std::env::var_os("FDL_ORACLE_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var_os("HOME").unwrap()).join(".cache/fdl-wheels"));
+    let wheel = cache.join("torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl");
+    assert!(
+        wheel.is_file(),
+        "{}: the torch 2.15.0 wheel is missing; run `source .ci/setup`",
+        wheel.display()
+    );
+    let dist = site.join("torch-2.15.0.dist-info");
+    std::fs::create_dir_all(&dist).unwrap();
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read('torch-2.15.0.dist-info/METADATA')[:4<<20])"])
+        .arg(&wheel)
+        .output()
+        .expect("python3 is needed for this test");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(dist.join("METADATA"), &out.stdout).unwrap();
+    let lib = site.join("torch/lib/libtorch_cuda.so");
+    let stubs = stubs_for_missing(&lib);
+    let mut left_out = 0;
+    for e in std::fs::read_dir(stubs.path()).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if missing.contains(&name.as_str()) {
+            left_out += 1;
+            continue;
+        }
+        let to = site.join("torch/lib").join(&name);
+        std::fs::copy(e.path(), &to).unwrap();
+    }
+    assert_eq!(
+        left_out,
+        missing.len(),
+        "not all of {missing:?} are missing on this machine"
+    );
+    site.join("torch")
+}
+
+/// A pip torch whose CUDA libraries are not all installed here: the NCCL the calls reach
+/// is found, and everything that acts on it uses it with its condition said; `detect`
+/// still answers unknown. The torch wheel's dist-info pin, which agrees, is named.
+#[test]
+#[ignore = "needs the real torch 2.15 wheel of `source .ci/setup`: `cargo test --test cli_libtorch_add -- --include-ignored`"]
+fn a_torch_with_cuda_libraries_missing_here_plans_from_the_conditional_answer() {
+    // Five of the libraries libtorch_cuda.so needs before libnccl.so.2.
+    let missing = [
+        "libcudart.so.13",
+        "libcusparse.so.12",
+        "libcufft.so.12",
+        "libcufile.so.0",
+        "libcusparseLt.so.0",
+    ];
+    let site = tempfile::tempdir().unwrap();
+    let torch = pip_torch_215(site.path(), &missing);
+    let nccl = fdl::inspect::find_nccl_self_id(&site.path().join("nvidia/nccl/lib/libnccl.so.2"))
+        .unwrap()
+        .expect("the NCCL wheel's library has a self-id")
+        .nccl
+        .to_string();
+    let p = ProjectFixture::empty();
+    let out = fdl_in(p.root())
+        .env_remove("LD_LIBRARY_PATH")
+        .args(["libtorch", "add", "pip", "--json"])
+        .arg(&torch)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["arch"]["nccl"], nccl.as_str(), "{v}");
+    assert_eq!(v["arch"]["nccl_linkage"], "dynamic", "{v}");
+    assert_eq!(
+        v["arch"]["nccl_condition"],
+        format!("assuming none of the 5 libraries missing here defines nccl* (libcudart.so.13, libcufft.so.12, libcufile.so.0, libcusparse.so.12, …)"),
+        "{v}"
+    );
+    let pin = v["arch"]["nccl_pin"].as_str().unwrap_or_default();
+    assert!(
+        pin.contains(&format!("nvidia-nccl-cu13=={nccl}, the same release")),
+        "{v}"
+    );
+
+    // detect keeps answering unknown (exit 3), with the conditional answer.
+    let lib = p
+        .root()
+        .join("libtorch/precompiled/pip/lib/libtorch_cuda.so");
+    let out = fdl_in(p.root())
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("LD_PRELOAD")
+        .args(["nccl", "detect", "--json"])
+        .arg(&lib)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["answer"], "unknown");
+    assert_eq!(
+        d["conditional"]["detection"]["version"],
+        nccl.as_str(),
+        "{d}"
+    );
+    assert_eq!(d["conditional"]["only_missing"], true, "{d}");
+    assert_eq!(
+        d["conditional"]["missing"].as_array().unwrap().len(),
+        5,
+        "{d}"
+    );
+
+    // The build plans from it, and says so as a warning.
+    let out = fdl_in(p.root())
+        .env_remove("LD_LIBRARY_PATH")
+        .args(["nccl", "build", "--archs", "8.6", "--dry-run", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(b["plan"]["tag"], format!("v{nccl}-1"), "{b}");
+    let warnings = b["plan"]["warnings"].to_string();
+    assert!(
+        warnings.contains(&format!("NCCL {nccl} from "))
+            && warnings.contains("assuming none of the 5 libraries missing here defines nccl*")
+            && warnings.contains("the same release"),
+        "{warnings}"
+    );
+    assert!(
+        b["plan"]["tag_origin"]["linkage"]
+            .as_str()
+            .unwrap()
+            .contains("assuming none of the 5 libraries missing here"),
+        "{b}"
+    );
+}

@@ -32,7 +32,8 @@ pub struct BuildArgs {
     /// NCCL git tag, e.g. v2.27.5-1 (default: from the active libtorch's NCCL)
     #[arg(long)]
     pub tag: Option<String>,
-    /// GPU architectures, e.g. "6.1;12.0", "61,120", "sm_61" (default: the local GPUs)
+    /// GPU architectures, e.g. "6.1;12.0", "61,120", "sm_61"; "12.0+PTX" on the highest is
+    /// --ptx (default: the local GPUs)
     #[arg(long)]
     pub archs: Option<String>,
     /// CUDA version, e.g. 12.8 or 12.8.1 (default: the libtorch's NCCL's, else 12.8)

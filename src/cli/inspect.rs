@@ -155,6 +155,8 @@ pub(super) fn which_json(w: &Which) -> serde_json::Value {
         "caveats": w.link_map.caveats,
         "caveats_omitted": w.link_map.caveats_omitted,
         "pin": w.pin,
+        // With an unknown answer: what it is if what is unknown defines no nccl*.
+        "conditional": w.conditional,
         "warnings": w.warnings,
     })
 }
@@ -478,6 +480,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
             Entry::Build { name, manifest, .. } => {
                 let against = Against {
                     recorded: Some(&manifest.checked),
+                    files: manifest.files.as_deref(),
                     gpus: gpus.as_deref().map_or(LocalGpus::Unknown, LocalGpus::Known),
                     probe: Some(&probe),
                 };

@@ -62,7 +62,7 @@ pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> 
             *cuda,
         ),
         (None, None) => {
-            bail!("no worker's libtorch names its NCCL, so the cluster has no tag to build: pass --tag (e.g. --tag v2.27.5-1)")
+            bail!("no worker's libtorch names its NCCL, so the cluster has no tag to build: pass --tag with the NCCL tag the training runs (`fdl nccl detect` on a worker's libtorch says which)")
         }
     };
     if let Some((_, top, _)) = &highest {
@@ -146,6 +146,7 @@ mod tests {
             tag: None,
             archs: None,
             cuda: None,
+            ptx: false,
         }
     }
 

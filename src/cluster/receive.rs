@@ -340,6 +340,7 @@ pub fn install(
     let probe = |lib: &Path| verify::probe_in_child(&exe, lib);
     let against = Against {
         recorded: Some(&manifest.checked),
+        files: manifest.files.as_deref(),
         gpus: LocalGpus::NotChecked,
         probe: Some(&probe),
     };

@@ -125,8 +125,13 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
     // The same answer as `fdl nccl detect` without a preload: found, pinned by the wheel's
     // metadata, or none.
     let bundled = loader::bundled_nccl_in(lib, env)?;
+    // A conditional answer whose one doubt is libraries missing on this host is recorded
+    // as the version, with its condition beside it; any other is unknown.
     let nccl = match &bundled {
         Bundled::Nccl(d) => Some(d.clone()),
+        Bundled::Conditional { conditional, .. } if conditional.only_missing => {
+            Some(conditional.detection.clone())
+        }
         _ => None,
     };
     let torch = torch_version(source)?;
@@ -170,6 +175,12 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
             if let Linkage::Dynamic { .. } = n.linkage {
                 out.push(("nccl_library", n.file.display().to_string()));
             }
+            if let Bundled::Conditional { conditional, .. } = &bundled {
+                out.push(("nccl_condition", conditional.condition()));
+                if let Some(note) = conditional.pin_note() {
+                    out.push(("nccl_pin", note));
+                }
+            }
         }
         (None, Bundled::Pinned(p)) => {
             out.push(("nccl", p.version.to_string()));
@@ -178,7 +189,7 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
                 format!("pinned by {}, not installed", p.distribution),
             ));
         }
-        (None, Bundled::Unknown(why)) => {
+        (None, Bundled::Unknown(why) | Bundled::Conditional { reason: why, .. }) => {
             out.push(("nccl", "unknown".into()));
             out.push(("nccl_unknown", why.clone()));
         }

@@ -76,6 +76,94 @@ pub struct CallGroup {
     pub nccl: Option<SelfId>,
 }
 
+/// The answer the model gives if what it cannot see defines no `nccl*` function: kept
+/// with an [`Answer::Unknown`] whose doubts all lie before the one object every call
+/// reaches. The answer stays unknown; this says what it is under which condition, so a
+/// caller may act on it and say so.
+#[derive(Debug, Clone, Serialize)]
+pub struct Conditional {
+    /// The NCCL the calls reach under the condition.
+    pub detection: NcclDetection,
+    /// What is not known before that object, each as a sentence.
+    pub unknowns: Vec<String>,
+    /// The libraries among those that are not on this host at all (DT_NEEDED names).
+    pub missing: Vec<String>,
+    /// Whether the libraries missing here are all that is unknown: the one doubt a host
+    /// without some of a wheel's CUDA libraries (a login node, a controller) has.
+    pub only_missing: bool,
+    /// The NCCL the asked library's pip distribution pins, when it pins one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin: Option<Pin>,
+}
+
+impl Conditional {
+    /// `assuming none of the 5 libraries missing here defines nccl* (libcublas.so.13, …)`.
+    pub fn condition(&self) -> String {
+        if !self.only_missing {
+            return format!(
+                "assuming none of the {} things fdl cannot see defines nccl*",
+                self.unknowns.len()
+            );
+        }
+        let mut names: Vec<&str> = self.missing.iter().take(4).map(String::as_str).collect();
+        if self.missing.len() > 4 {
+            names.push("…");
+        }
+        match self.missing.len() {
+            1 => format!(
+                "assuming the library missing here ({}) does not define nccl*",
+                names.join(", ")
+            ),
+            n => format!(
+                "assuming none of the {n} libraries missing here defines nccl* ({})",
+                names.join(", ")
+            ),
+        }
+    }
+
+    /// Whether the pip pin names the same release as the library found; `None` without one.
+    pub fn pin_agrees(&self) -> Option<bool> {
+        let (a, b) = (&self.pin.as_ref()?.version, &self.detection.version);
+        Some((a.major, a.minor, a.patch) == (b.major, b.minor, b.patch))
+    }
+
+    /// The pin, said as corroboration or as disagreement; `None` without one.
+    pub fn pin_note(&self) -> Option<String> {
+        let p = self.pin.as_ref()?;
+        Some(match self.pin_agrees()? {
+            true => format!(
+                "{} pins {}=={}, the same release",
+                p.metadata.display(),
+                p.distribution,
+                p.version
+            ),
+            false => format!(
+                "but {} pins {}=={}, not the {} installed: the pip environment is inconsistent (pip install {}=={} to match)",
+                p.metadata.display(),
+                p.distribution,
+                p.version,
+                self.detection.version,
+                p.distribution,
+                p.version
+            ),
+        })
+    }
+
+    /// `NCCL 2.30.7 from /…/libnccl.so.2.30.7, assuming none of … defines nccl*; …`.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "NCCL {} from {}, {}",
+            self.detection.version,
+            self.detection.file.display(),
+            self.condition()
+        );
+        if let Some(note) = self.pin_note() {
+            s.push_str(&format!("; {note}"));
+        }
+        s
+    }
+}
+
 /// The whole answer, with the evidence it rests on.
 #[derive(Debug, Clone, Serialize)]
 pub struct Which {
@@ -88,6 +176,9 @@ pub struct Which {
     /// The NCCL a pip distribution pins when its `libnccl` is missing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pin: Option<Pin>,
+    /// With [`Answer::Unknown`] only: the answer if what is unknown defines no `nccl*`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conditional: Option<Conditional>,
     pub warnings: Vec<String>,
 }
 
@@ -199,6 +290,23 @@ pub fn which_nccl_knowing(
         .chain(blind.iter().cloned())
         .collect();
     hidden.sort_by_key(|(p, _)| *p);
+    // The doubts that are only "this library is not on this host", by their sentence.
+    let absent: BTreeMap<String, String> = map
+        .failures
+        .iter()
+        .filter(|f| f.is_absent())
+        .map(|f| {
+            (
+                format!(
+                    "{} (needed by {}) cannot be loaded: {}",
+                    f.needed,
+                    f.needed_by.display(),
+                    f.reason
+                ),
+                f.needed.clone(),
+            )
+        })
+        .collect();
 
     let has_symbols = |i: usize| facts[i].as_ref().is_some_and(|f| !f.symbols.is_empty());
     let imports = |i: usize| {
@@ -341,6 +449,34 @@ pub fn which_nccl_knowing(
         None
     };
 
+    // The answer under the condition that nothing unknown defines nccl*: one object every
+    // call reaches, with a self-id, and doubts only before it.
+    let mut conditional = None;
+    if !doubts.is_empty() && undefined.is_empty() {
+        let mut reached = provisional.clone();
+        reached.sort_unstable();
+        reached.dedup();
+        if let ([t], [only]) = (reached.as_slice(), targets.as_slice()) {
+            if t == only {
+                if let Ok(Some(id)) = id_of(*t) {
+                    let mut missing: Vec<String> = doubts
+                        .iter()
+                        .filter_map(|d| absent.get(d).cloned())
+                        .collect();
+                    missing.sort();
+                    missing.dedup();
+                    conditional = Some(Conditional {
+                        detection: detection_of(&map, &groups, *t, id),
+                        only_missing: doubts.iter().all(|d| absent.contains_key(d)),
+                        unknowns: doubts.clone(),
+                        missing,
+                        pin: asked.and_then(|a| pin::find(&map.objects[a].path)),
+                    });
+                }
+            }
+        }
+    }
+
     let answer = if !doubts.is_empty() {
         let shown_doubts: Vec<&str> = doubts.iter().take(3).map(String::as_str).collect();
         // Failures and caveats past the map's caps are counted there, not listed.
@@ -408,33 +544,9 @@ pub fn which_nccl_knowing(
         }
     } else if let Some(&t) = targets.first() {
         match id_of(t) {
-            Ok(Some(id)) => {
-                let caller = groups.iter().find(|g| g.1 == Some(t)).map(|g| g.0);
-                let linkage = match &map.objects[t].found_by {
-                    _ if caller == Some(t) => Linkage::Static,
-                    FoundBy::Preload { entry, .. } => Linkage::Preload {
-                        entry: entry.clone(),
-                    },
-                    FoundBy::Needed { name, rule, .. } => Linkage::Dynamic {
-                        needed: name.clone(),
-                        via: *rule,
-                    },
-                    FoundBy::Asked => Linkage::Dynamic {
-                        needed: map.objects[t].path.to_string_lossy().into_owned(),
-                        via: super::search::ResolveRule::Path,
-                    },
-                    FoundBy::Program | FoundBy::StandInProgram => Linkage::Static,
-                };
-                let path = &map.objects[t].path;
-                Answer::Nccl {
-                    detection: NcclDetection {
-                        version: id.nccl,
-                        cuda: id.cuda,
-                        file: path.canonicalize().unwrap_or_else(|_| path.clone()),
-                        linkage,
-                    },
-                }
-            }
+            Ok(Some(id)) => Answer::Nccl {
+                detection: detection_of(&map, &groups, t, id),
+            },
             Ok(None) => Answer::Unknown {
                 reason: format!(
                     "NCCL's functions bind to {}, which carries no NCCL self-id: it is not an NCCL build (a shim?), so its version is unknown",
@@ -486,8 +598,42 @@ pub fn which_nccl_knowing(
         calls,
         link_map: map,
         pin,
+        conditional,
         warnings,
     })
+}
+
+/// What the calls reaching object `t` (whose self-id is `id`) run: its NCCL, its file and
+/// how it came into the process.
+fn detection_of(
+    map: &LinkMap,
+    groups: &[(usize, Option<usize>, Vec<String>, String)],
+    t: usize,
+    id: SelfId,
+) -> NcclDetection {
+    let caller = groups.iter().find(|g| g.1 == Some(t)).map(|g| g.0);
+    let linkage = match &map.objects[t].found_by {
+        _ if caller == Some(t) => Linkage::Static,
+        FoundBy::Preload { entry, .. } => Linkage::Preload {
+            entry: entry.clone(),
+        },
+        FoundBy::Needed { name, rule, .. } => Linkage::Dynamic {
+            needed: name.clone(),
+            via: *rule,
+        },
+        FoundBy::Asked => Linkage::Dynamic {
+            needed: map.objects[t].path.to_string_lossy().into_owned(),
+            via: super::search::ResolveRule::Path,
+        },
+        FoundBy::Program | FoundBy::StandInProgram => Linkage::Static,
+    };
+    let path = &map.objects[t].path;
+    NcclDetection {
+        version: id.nccl,
+        cuda: id.cuda,
+        file: path.canonicalize().unwrap_or_else(|_| path.clone()),
+        linkage,
+    }
 }
 
 fn shown(map: &LinkMap, i: usize) -> PathBuf {

@@ -122,6 +122,18 @@ pub struct LoadFailure {
     pub position: usize,
 }
 
+/// Why a DT_NEEDED fails when no file of its name is anywhere the loader looks (glibc's
+/// own words): the one failure that says "not installed on this host", and nothing more.
+pub const NOT_FOUND: &str = "cannot open shared object file: No such file or directory";
+
+impl LoadFailure {
+    /// Whether the library is simply not on this host (not unreadable, not the wrong
+    /// class, not behind an unknown token).
+    pub fn is_absent(&self) -> bool {
+        self.reason == NOT_FOUND
+    }
+}
+
 /// Something the model does not decide (a loader rule it does not follow), placed in the
 /// order: it can change any answer that lies at or after `position`.
 #[derive(Debug, Clone, Serialize)]
@@ -553,7 +565,7 @@ impl LinkMap {
             return match search::probe(&full, host) {
                 Probe::Take { dev, ino } => Ok((path, ResolveRule::Path, (dev, ino))),
                 Probe::Absent => Err(Failed {
-                    reason: "cannot open shared object file: No such file or directory".into(),
+                    reason: NOT_FOUND.into(),
                     searched: vec![path],
                 }),
                 Probe::OtherKind(why) | Probe::Fatal(why) => Err(Failed {
@@ -688,7 +700,7 @@ impl LinkMap {
             });
         }
         hit.ok_or(Failed {
-            reason: "cannot open shared object file: No such file or directory".into(),
+            reason: NOT_FOUND.into(),
             searched,
         })
     }

@@ -18,7 +18,7 @@ pub mod pin;
 pub mod preload;
 pub mod search;
 
-pub use bind::{which_nccl, which_nccl_knowing, Answer, CallGroup, Which};
+pub use bind::{which_nccl, which_nccl_knowing, Answer, CallGroup, Conditional, Which};
 pub use map::{FoundBy, LinkMap, LoadFailure, Object, SkippedPreload};
 pub use search::LoaderEnv;
 
@@ -34,16 +34,28 @@ pub enum Bundled {
     Nccl(NcclDetection),
     /// `libnccl` is not installed, but the distribution's metadata pins this one.
     Pinned(pin::Pin),
+    /// Unknown, but the calls reach this NCCL if what is unknown defines no `nccl*`
+    /// ([`Conditional`]); `reason` is the unknown answer's. Usable as an answer only when
+    /// [`Conditional::only_missing`], and then always said with its condition.
+    Conditional {
+        conditional: Box<Conditional>,
+        reason: String,
+    },
     None(String),
     Unknown(String),
 }
 
 impl Bundled {
+    /// The version to act on: a conditional one only when its one doubt is libraries
+    /// missing on this host.
     pub fn version(&self) -> Option<&NcclVersion> {
         match self {
             Bundled::Nccl(d) => Some(&d.version),
             Bundled::Pinned(p) => Some(&p.version),
-            Bundled::None(_) | Bundled::Unknown(_) => None,
+            Bundled::Conditional { conditional, .. } if conditional.only_missing => {
+                Some(&conditional.detection.version)
+            }
+            Bundled::Conditional { .. } | Bundled::None(_) | Bundled::Unknown(_) => None,
         }
     }
 }
@@ -62,9 +74,13 @@ pub fn bundled_nccl_in(lib: &Path, env: &LoaderEnv) -> anyhow::Result<Bundled> {
     Ok(match w.answer {
         Answer::Nccl { detection } => Bundled::Nccl(detection),
         Answer::None { reason } => Bundled::None(reason),
-        Answer::Unknown { reason } | Answer::Split { reason } => match w.pin {
-            Some(p) => Bundled::Pinned(p),
-            None => Bundled::Unknown(reason),
+        Answer::Unknown { reason } | Answer::Split { reason } => match (w.conditional, w.pin) {
+            (Some(c), _) => Bundled::Conditional {
+                conditional: Box::new(c),
+                reason,
+            },
+            (None, Some(p)) => Bundled::Pinned(p),
+            (None, None) => Bundled::Unknown(reason),
         },
     })
 }

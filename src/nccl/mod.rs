@@ -3,6 +3,7 @@
 //! plan is [`crate::pipeline`], above this module.
 
 pub mod backend;
+pub mod files;
 pub mod name;
 pub mod only_funcs;
 pub mod plan;

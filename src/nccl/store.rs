@@ -12,6 +12,7 @@ pub use super::name::{
 };
 use super::name::{REMOVING_PREFIX, STAGING_PREFIX};
 use crate::lock::{self, BuildLock};
+use crate::nccl::files::{self, FileEntry};
 use crate::nccl::plan::BuildPlan;
 use crate::nccl::tree::{self, CheckedTree};
 use crate::nccl::verify::Check;
@@ -69,6 +70,11 @@ pub struct Manifest {
     /// What `fdl nccl verify` found on the staged build before it was installed.
     #[serde(default)]
     pub verification: Vec<Check>,
+    /// Every entry of the tree as sealed, each file with its BLAKE3 digest
+    /// ([`crate::nccl::files`]): what `fdl nccl verify` reads the build against. Absent
+    /// in manifests written before fdl recorded them, whose verify says "not recorded".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<Vec<FileEntry>>,
     /// The machine-wide store's key of this build, and whether it came from there.
     /// Absent in manifests of builds made without the store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -350,6 +356,8 @@ impl Staging {
             &self.path().join("lib/pkgconfig/nccl.pc"),
             self.txn.target(),
         )?;
+        // Recorded from the staged tree itself, as it will be installed: every byte read.
+        let files = files::record(self.path()).context("cannot record the build's files")?;
         let manifest = Manifest {
             schema: MANIFEST_SCHEMA,
             fdl_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -357,6 +365,7 @@ impl Staging {
             plan: plan.clone(),
             checked,
             verification,
+            files: Some(files),
             store,
         };
         let text = serde_json::to_string_pretty(&manifest)?;

@@ -12,20 +12,22 @@ pub struct Tag(String);
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TagError {
-    #[error("--tag is empty: give an NCCL tag such as v2.27.5-1, or leave --tag out to infer it from the active libtorch")]
+    #[error("--tag is empty: give an NCCL tag (v<major>.<minor>.<patch>-<revision>, as NCCL's git tags are named), or leave --tag out to infer it from the active libtorch")]
     Blank,
-    #[error("invalid tag '{0}': a tag may not start with '-' (it would be read as an option). Use an NCCL tag such as v2.27.5-1")]
+    #[error("invalid tag '{0}': a tag may not start with '-' (it would be read as an option). Use an NCCL tag: v<major>.<minor>.<patch>-<revision>")]
     LeadingDash(String),
-    #[error("invalid tag '{0}': a tag may not start with '.'. Use an NCCL tag such as v2.27.5-1")]
+    #[error("invalid tag '{0}': a tag may not start with '.'. Use an NCCL tag: v<major>.<minor>.<patch>-<revision>")]
     LeadingDot(String),
-    #[error("invalid tag '{0}': '..' is not allowed in a tag. Use an NCCL tag such as v2.27.5-1")]
+    #[error("invalid tag '{0}': '..' is not allowed in a tag. Use an NCCL tag: v<major>.<minor>.<patch>-<revision>")]
     DotDot(String),
-    #[error("invalid tag '{tag}': character {ch:?} is not allowed; a tag is an NCCL tag such as v2.27.5-1 or a git ref made of letters, digits, '.', '_' and '-'")]
+    #[error("invalid tag '{tag}': character {ch:?} is not allowed; a tag is an NCCL tag (v<major>.<minor>.<patch>-<revision>) or a git ref made of letters, digits, '.', '_' and '-'")]
     BadChar { tag: String, ch: char },
     #[error("invalid tag '{0}': longer than 64 characters")]
     TooLong(String),
     #[error("--tag {tag} is a version, not one of NCCL's git tags, which start with 'v' and end with a package revision: did you mean --tag {suggestion}?")]
     BareVersion { tag: String, suggestion: String },
+    #[error("--tag {tag} is no NCCL tag: NCCL's release tags end with a package revision (-1, -2, …), and {tag} would be built into the same directory as {suggestion}: did you mean {suggestion}?")]
+    NoRevision { tag: String, suggestion: String },
 }
 
 /// How much of a bad tag an error shows: enough to recognise it, not a 10,000-character
@@ -71,11 +73,22 @@ impl Tag {
     }
 
     /// A tag as the user typed it in `--tag`: besides [`Tag::parse`]'s rules, a bare
-    /// version (`2.27.5`, `2.27.5-1`) is refused with the tag it most likely means, since
-    /// it would be taken as a git ref NCCL does not have. (Manifests are read with
-    /// `parse` alone.)
+    /// version (`2.27.5`, `2.27.5-1`) and a release without its revision (`v2.27.5`,
+    /// `v2.27.5-`) are refused with the tag they most likely mean: NCCL has no such git
+    /// ref, and the second would share the build name of `v2.27.5-1`
+    /// ([`Tag::version_part`] drops `-1`). So every tag a flag lets through names its
+    /// own build directory. (Manifests are read with `parse` alone.)
     pub fn parse_flag(s: &str) -> Result<Tag, TagError> {
         let tag = Tag::parse(s)?;
+        if let Some(rest) = s.strip_prefix('v') {
+            let (version, revision) = rest.split_once('-').unwrap_or((rest, ""));
+            if version.parse::<NcclVersion>().is_ok() && revision.is_empty() {
+                return Err(TagError::NoRevision {
+                    tag: shown(s),
+                    suggestion: format!("v{version}-1"),
+                });
+            }
+        }
         let (version, revision) = s.split_once('-').unwrap_or((s, "1"));
         if version.parse::<NcclVersion>().is_ok() && !revision.is_empty() {
             return Err(TagError::BareVersion {
@@ -154,6 +167,57 @@ mod tests {
             Tag::for_release(&NcclVersion::new(2, 21, 5)).as_str(),
             "v2.21.5-1"
         );
+    }
+
+    /// `v2.27.5` would plan into `v2.27.5-1`'s directory, and NCCL has no such tag.
+    #[test]
+    fn a_release_without_its_revision_is_refused_with_the_tag_it_means() {
+        for (typed, meant) in [("v2.27.5", "v2.27.5-1"), ("v2.30.7-", "v2.30.7-1")] {
+            let e = Tag::parse_flag(typed).unwrap_err();
+            assert_eq!(
+                e,
+                TagError::NoRevision {
+                    tag: typed.into(),
+                    suggestion: meant.into()
+                }
+            );
+            assert!(
+                e.to_string().contains(&format!("did you mean {meant}?")),
+                "{e}"
+            );
+        }
+        // Every tag a flag accepts has a build name no other accepted tag has.
+        let accepted: Vec<Tag> = [
+            "v2.27.5-1",
+            "v2.27.5-2",
+            "v2.27.5-rc1",
+            "master",
+            "v2.27.5.x",
+        ]
+        .iter()
+        .filter_map(|t| Tag::parse_flag(t).ok())
+        .collect();
+        let mut parts: Vec<&str> = accepted.iter().map(|t| t.version_part()).collect();
+        parts.sort();
+        parts.dedup();
+        assert_eq!(parts.len(), accepted.len(), "{parts:?}");
+        // Manifests keep reading whatever tag they name.
+        assert!(Tag::parse("v2.27.5").is_ok());
+    }
+
+    /// The messages describe a tag's shape; none names a fixed release as an example.
+    #[test]
+    fn no_message_names_a_fixed_tag() {
+        for e in [
+            Tag::parse("").unwrap_err(),
+            Tag::parse("-x").unwrap_err(),
+            Tag::parse(".x").unwrap_err(),
+            Tag::parse("a..b").unwrap_err(),
+            Tag::parse("a b").unwrap_err(),
+        ] {
+            let text = e.to_string();
+            assert!(!text.contains("2.27"), "{text}");
+        }
     }
 
     #[test]

@@ -201,27 +201,38 @@ pub fn rewrite_pc_prefix(pc: &Path, prefix: &Path) -> Result<()> {
     if !is_regular(pc) {
         bail!("{} is not a regular file", pc.display());
     }
-    let text = crate::fsread::read_text(pc, 1 << 20)?;
+    let text = crate::fsread::read_text(pc, PC_MAX_BYTES)?;
+    let out = pc_with_prefix(&text, &prefix.display().to_string())
+        .ok_or_else(|| anyhow!("{} has no prefix= line", pc.display()))?;
+    crate::fswrite::replace_file(pc, out.as_bytes())
+}
+
+/// A pkg-config file is a few hundred bytes; more is not one.
+pub const PC_MAX_BYTES: u64 = 1 << 20;
+
+/// `nccl.pc`'s text with its prefix (the `prefix=` line, and variable lines that spell
+/// the old prefix out) set to `new`; `None` when it has no `prefix=` line. Rewriting
+/// twice is rewriting once with the last prefix, which is what lets a manifest record
+/// the file with a placeholder prefix ([`crate::nccl::files`]).
+pub fn pc_with_prefix(text: &str, new: &str) -> Option<String> {
     let old = text
         .lines()
         .find_map(|l| l.strip_prefix("prefix="))
-        .map(str::trim)
-        .ok_or_else(|| anyhow!("{} has no prefix= line", pc.display()))?
+        .map(str::trim)?
         .to_string();
-    let new = prefix.display().to_string();
     let mut out = String::with_capacity(text.len() + new.len());
     for line in text.lines() {
         if line.starts_with("prefix=") {
             out.push_str(&format!("prefix={new}"));
         } else if !old.is_empty() && line.contains('=') && !line.contains(':') {
             // Variable lines that spelled the old prefix out instead of ${prefix}.
-            out.push_str(&line.replace(&old, &new));
+            out.push_str(&line.replace(&old, new));
         } else {
             out.push_str(line);
         }
         out.push('\n');
     }
-    crate::fswrite::replace_file(pc, out.as_bytes())
+    Some(out)
 }
 
 #[cfg(test)]

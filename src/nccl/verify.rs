@@ -1,7 +1,10 @@
 //! `fdl nccl verify`: is an installed (or staged) NCCL build what its manifest says, and
 //! will it run here?
 //!
-//! Checks the layout and versions ([`tree::check_tree`]), that the library holds SASS for
+//! For an installed build, first reads every file again against the digests its manifest
+//! recorded at seal ([`files`]), naming each that changed; an older manifest without them
+//! gets "not recorded", never "ok". Then checks the layout and versions
+//! ([`tree::check_tree`]), that the library holds SASS for
 //! every arch of the plan and each local GPU (read from its fatbin headers), and that the
 //! library really loads and `ncclGetVersion` answers the expected number. Loading happens
 //! in a child process, so a library that crashes on load cannot take fdl down; no GPU is
@@ -10,6 +13,7 @@
 use crate::arch::Arch;
 use crate::gpu::Gpu;
 use crate::inspect::{self, Verdict};
+use crate::nccl::files::{self, FileEntry};
 use crate::nccl::plan::BuildPlan;
 use crate::nccl::tree::{self, CheckedTree};
 use crate::version::NcclVersion;
@@ -106,6 +110,9 @@ pub enum LocalGpus<'a> {
 pub struct Against<'a> {
     /// What the build's manifest recorded of its tree, when verifying an installed build.
     pub recorded: Option<&'a CheckedTree>,
+    /// The manifest's record of every file ([`files`]), read against the tree when
+    /// `recorded` is given; `None` there is an older manifest's "not recorded".
+    pub files: Option<&'a [FileEntry]>,
     pub gpus: LocalGpus<'a>,
     /// How to load the library; `None` reports the load check as skipped.
     pub probe: Option<Probe<'a>>,
@@ -125,6 +132,44 @@ pub fn verify(name: &str, dir: &Path, plan: &BuildPlan, against: &Against) -> Re
         Some(_) => tree::Stage::Installed,
         None => tree::Stage::Staged,
     };
+    // The bytes first: a file copied over another keeps the names and versions the
+    // layout check reads, and whatever else fails, the changed file is named.
+    if against.recorded.is_some() {
+        match against.files {
+            Some(recorded) => match files::compare(dir, recorded) {
+                Ok(c) if c.changes.is_empty() => r.push(
+                    "files",
+                    Status::Pass,
+                    format!(
+                        "every byte of the {} files ({:.1} MiB) is what the manifest recorded",
+                        c.files,
+                        c.bytes as f64 / (1024.0 * 1024.0)
+                    ),
+                ),
+                Ok(c) => {
+                    let shown: Vec<&str> = c.changes.iter().take(5).map(String::as_str).collect();
+                    let more = match c.changes.len().saturating_sub(5) {
+                        0 => String::new(),
+                        n => format!("; and {n} more"),
+                    };
+                    r.push(
+                        "files",
+                        Status::Fail,
+                        format!(
+                            "changed since the build was sealed: {}{more}. Rebuild it (`fdl nccl build --force` with the same flags; from the build store when it has it)",
+                            shown.join("; ")
+                        ),
+                    )
+                }
+                Err(e) => r.push("files", Status::Fail, format!("{e:#}")),
+            },
+            None => r.push(
+                "files",
+                Status::Skipped,
+                "not recorded: this build's manifest was written before fdl recorded each file's digest, so its bytes cannot be checked. Rebuild it (`fdl nccl build --force`) to record them",
+            ),
+        }
+    }
     let checked = match tree::check_tree(dir, plan, stage) {
         Ok(c) => {
             r.push(

@@ -204,6 +204,7 @@ pub fn execute(
         progress.phase(Phase::Verify);
         let against = verify::Against {
             recorded: None,
+            files: None,
             // The build may be meant for another host: only the planned archs must be there.
             gpus: verify::LocalGpus::NotChecked,
             probe: opts.probe,

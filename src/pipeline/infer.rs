@@ -33,15 +33,19 @@ pub struct CheckedFlags {
     pub tag: Option<Tag>,
     pub archs: Option<Vec<Arch>>,
     pub cuda: Option<CudaVersion>,
+    /// `--ptx`, or `+PTX` on the highest arch of `--archs` (the same request).
+    pub ptx: bool,
 }
 
 pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
     let tag = req.tag.as_deref().map(Tag::parse_flag).transpose()?;
-    let archs = req
-        .archs
-        .as_deref()
-        .map(arch::parse_arch_list)
-        .transpose()?;
+    let (archs, ptx_in_archs) = match req.archs.as_deref().map(arch::parse_build_archs) {
+        Some(parsed) => {
+            let (archs, ptx) = parsed?;
+            (Some(archs), ptx)
+        }
+        None => (None, false),
+    };
     let cuda = req
         .cuda
         .as_deref()
@@ -56,7 +60,12 @@ pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
     if let Some(j) = req.jobs.filter(|&j| j > MAX_JOBS) {
         bail!("--jobs {j} is more than any machine can run ({MAX_JOBS} at most); each nvcc job of NCCL takes up to ~2 GiB. Leave --jobs out to size it to this machine");
     }
-    Ok(CheckedFlags { tag, archs, cuda })
+    Ok(CheckedFlags {
+        tag,
+        archs,
+        cuda,
+        ptx: req.ptx || ptx_in_archs,
+    })
 }
 
 /// What the flags, the active libtorch and the GPUs say, before a backend is chosen
@@ -79,10 +88,16 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
         tag: tag_flag,
         archs: archs_flag,
         cuda: cuda_flag,
+        ptx: _,
     } = flags;
+    let mut warnings = Vec::new();
     let (tag, tag_origin, cuda_from_libtorch) = match tag_flag {
         Some(t) => (t, TagOrigin::Flag, None),
-        None => infer_tag(src.project)?,
+        None => {
+            let (tag, origin, cuda, said) = infer_tag(src.project)?;
+            warnings.extend(said);
+            (tag, origin, cuda)
+        }
     };
     let (archs, arch_origin) = match archs_flag {
         Some(a) => (a, ArchOrigin::Flag),
@@ -93,7 +108,7 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
             (gpu::distinct_archs(&gpus), ArchOrigin::Gpus { gpus })
         }
     };
-    let mut warnings = libtorch_gaps(src.project, &archs);
+    warnings.extend(libtorch_gaps(src.project, &archs));
     if arch_origin == ArchOrigin::Flag {
         // `--archs` is for other hosts too; this host's GPUs must still be named, or the
         // build (and `fdl nccl verify` here) will not cover them. No GPUs readable: no word.
@@ -191,8 +206,9 @@ pub fn plan(
     })
 }
 
-/// The tag and CUDA version from the active libtorch's NCCL self-id.
-fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>)> {
+/// The tag and CUDA version from the active libtorch's NCCL self-id, and what the plan
+/// must say about how it was found (a conditional answer, with its condition).
+fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>, Vec<String>)> {
     let lt = Libtorch::new(project.libtorch_dir());
     let variant = lt
         .active()
@@ -219,16 +235,39 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>)>
             lib.display()
         )
     })?;
+    let linkage_of = |found: &inspect::NcclDetection| match &found.linkage {
+        inspect::Linkage::Static => "static".to_string(),
+        inspect::Linkage::Dynamic { needed, via } => {
+            format!("dynamic: {needed} = {} via {via}", found.file.display())
+        }
+        inspect::Linkage::Preload { entry } => format!("preload: {entry}"),
+    };
+    let mut said = Vec::new();
     let (version, cuda, linkage) = match bundled {
         crate::loader::Bundled::Nccl(found) => {
-            let linkage = match &found.linkage {
-                inspect::Linkage::Static => "static".to_string(),
-                inspect::Linkage::Dynamic { needed, via } => {
-                    format!("dynamic: {needed} = {} via {via}", found.file.display())
-                }
-                inspect::Linkage::Preload { entry } => format!("preload: {entry}"),
-            };
+            let linkage = linkage_of(&found);
             (found.version, Some(found.cuda), linkage)
+        }
+        // A login or controller node without some of the wheel's CUDA libraries: the
+        // calls still reach one NCCL unless a missing library defines nccl* first. That
+        // is planned from, and said with its condition; anything else unknown is not.
+        crate::loader::Bundled::Conditional {
+            conditional: c,
+            reason,
+        } => {
+            if !c.only_missing {
+                bail!(
+                    "which NCCL {} runs is unknown: {reason}. If you know that none of it defines nccl*, pass --tag {} (the NCCL the calls reach then)",
+                    lib.display(),
+                    Tag::for_release(&c.detection.version)
+                );
+            }
+            said.push(format!(
+                "the tag is planned from a conditional answer: {}. `fdl nccl detect` says unknown here; on a host with every library installed it answers for certain",
+                c.summary()
+            ));
+            let linkage = format!("{}, {}", linkage_of(&c.detection), c.condition());
+            (c.detection.version, Some(c.detection.cuda), linkage)
         }
         crate::loader::Bundled::Pinned(p) => {
             let linkage = format!(
@@ -240,11 +279,11 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>)>
             (p.version, None, linkage)
         }
         crate::loader::Bundled::None(why) => bail!(
-            "no NCCL self-identification ('NCCL version X.Y.Z+cudaA.B') in a process that loads {}: {why}. It may be truncated or not carry NCCL. Pass --tag, e.g. --tag v2.27.5-1",
+            "no NCCL self-identification ('NCCL version X.Y.Z+cudaA.B') in a process that loads {}: {why}. It may be truncated or not carry NCCL. Pass --tag with the NCCL tag (vX.Y.Z-N) your training runs",
             lib.display()
         ),
         crate::loader::Bundled::Unknown(why) => bail!(
-            "which NCCL {} runs is unknown: {why}. Pass --tag to name the version yourself, e.g. --tag v2.27.5-1",
+            "which NCCL {} runs is unknown: {why}. Pass --tag with the NCCL tag (vX.Y.Z-N) your training runs",
             lib.display()
         ),
     };
@@ -256,6 +295,7 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>)>
             linkage,
         },
         cuda,
+        said,
     ))
 }
 

@@ -75,15 +75,14 @@ pub fn prepare(
     infer: &dyn Fn(CheckedFlags) -> Result<Inferred>,
 ) -> Result<Prepared> {
     let flags = check_flags(&req.build)?;
+    // `+PTX` in --archs is --ptx: the plan sees one request, whichever way it was said.
+    let build = BuildRequest {
+        ptx: flags.ptx,
+        ..req.build.clone()
+    };
     let inferred = infer(flags)?;
     let (inputs, reason, mut chosen) = choose::choose(&req.backend, &inferred.tag)?;
-    let mut plan = plan(
-        &req.build,
-        inferred,
-        project.nccl_builds_dir(),
-        inputs,
-        reason,
-    )?;
+    let mut plan = plan(&build, inferred, project.nccl_builds_dir(), inputs, reason)?;
     plan.warnings.extend(project.fallback_note());
     // The engine the build needs is asked for now, so that a dry run meets what a real
     // run would meet first. A plan is about its inputs, and is sound whichever host it

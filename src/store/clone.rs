@@ -1,7 +1,8 @@
-//! Copying a build tree cheaply: each file by reflink (the `FICLONE` ioctl: shared
-//! extents, copy-on-write), else by hard link, else by a byte copy. A reflink or a copy
-//! gives an independent file; a hard link shares the inode, which is why the store
-//! checks an entry's digest every time it installs from it.
+//! Copying a build tree into a new, independent one: each file by reflink (the
+//! `FICLONE` ioctl: shared extents, copy-on-write) where the filesystem has it, else by
+//! a byte copy. Never by hard link: a hard link shares the inode, so an edit of one
+//! project's library would be an edit of the store's entry and of every other project
+//! installed from it. Every file made here is a new inode, written only by fdl.
 //!
 //! Only directories, regular files and links are copied; a link is made again with the
 //! same target, never followed, and a file is opened without following links.
@@ -15,7 +16,6 @@ use std::path::Path;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Method {
     Reflink,
-    Hardlink,
     Copy,
 }
 
@@ -23,7 +23,6 @@ impl std::fmt::Display for Method {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Method::Reflink => "reflink",
-            Method::Hardlink => "hard link",
             Method::Copy => "copy",
         })
     }
@@ -36,7 +35,6 @@ const FICLONE: libc::c_ulong = 0x4004_9409;
 pub fn clone_tree(src: &Path, dst: &Path) -> Result<Method> {
     let mut state = State {
         reflink: true,
-        hardlink: true,
         used: Method::Reflink,
     };
     walk(src, dst, &mut state)?;
@@ -44,10 +42,9 @@ pub fn clone_tree(src: &Path, dst: &Path) -> Result<Method> {
 }
 
 struct State {
-    /// Whether the method is still worth trying: one refusal (another filesystem, no
+    /// Whether reflink is still worth trying: one refusal (another filesystem, no
     /// reflink support) holds for the whole tree.
     reflink: bool,
-    hardlink: bool,
     used: Method,
 }
 
@@ -104,23 +101,6 @@ fn file(from: &Path, to: &Path, state: &mut State) -> Result<Method> {
         drop(dst);
         std::fs::remove_file(to).with_context(|| format!("cannot remove {}", to.display()))?;
     }
-    if state.hardlink {
-        match std::fs::hard_link(from, to) {
-            Ok(()) => {
-                // The link must be the file that was checked: a swap of `from` between
-                // the check and the link would otherwise bring in anything.
-                let linked = std::fs::symlink_metadata(to)?;
-                let checked = src.metadata()?;
-                use std::os::unix::fs::MetadataExt;
-                if linked.ino() == checked.ino() && linked.dev() == checked.dev() {
-                    return Ok(Method::Hardlink);
-                }
-                std::fs::remove_file(to)?;
-                bail!("{} changed while it was linked", from.display());
-            }
-            Err(_) => state.hardlink = false,
-        }
-    }
     let mut dst = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -163,6 +143,34 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o755, "{method}");
+    }
+
+    /// A copy is never the same file: an edit of one side leaves the other as it was.
+    #[test]
+    fn every_file_is_a_new_inode() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        std::fs::create_dir_all(src.join("lib")).unwrap();
+        std::fs::write(src.join("lib/libnccl.so.2.30.7"), vec![1u8; 1 << 16]).unwrap();
+        let dst = t.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        clone_tree(&src, &dst).unwrap();
+        let (a, b) = (
+            std::fs::metadata(src.join("lib/libnccl.so.2.30.7")).unwrap(),
+            std::fs::metadata(dst.join("lib/libnccl.so.2.30.7")).unwrap(),
+        );
+        assert_ne!((a.dev(), a.ino()), (b.dev(), b.ino()));
+        assert_eq!(b.nlink(), 1);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(dst.join("lib/libnccl.so.2.30.7"))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"edited"))
+            .unwrap();
+        assert_eq!(
+            std::fs::read(src.join("lib/libnccl.so.2.30.7")).unwrap(),
+            vec![1u8; 1 << 16]
+        );
     }
 
     #[test]

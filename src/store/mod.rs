@@ -1,7 +1,8 @@
 //! The machine-wide build store: `<fdl cache>/store/<key>/`, one verified NCCL install
 //! tree per [`Key`], shared by every project of this user on this machine. A build whose
-//! key is there is installed from it (reflink, else hard link, else copy) instead of
-//! compiled; a build that is not is added once it passed verification.
+//! key is there is installed from it (reflink, else a byte copy; never a hard link, so
+//! no project shares a writable inode with the entry or with another project) instead
+//! of compiled; a build that is not is added once it passed verification.
 //!
 //! Not to be confused with `nccl::store`, a project's `libtorch/nccl/builds/`, which sits
 //! above this module and records the [`StoreRecord`] of the entry a build came from.

@@ -1,0 +1,289 @@
+//! The per-file record of a build: every directory, every link's target and every
+//! file's size and BLAKE3 digest, as the manifest records them when the build is sealed,
+//! and the comparison `fdl nccl verify` makes against the files as they are now.
+//!
+//! Why per file: a `cp` over an installed `libnccl.so.2.X.Y` keeps every name, link and
+//! version string the layout check looks at, so only the bytes tell; and a changed build
+//! is fixed by knowing which file changed. Every byte is read at each verify: no size,
+//! inode or timestamp stands in for reading.
+//!
+//! Left out: fdl's own manifest (it cannot record itself) and the build log (a record of
+//! how the build went, not part of what a launch loads). `lib/pkgconfig/nccl.pc` names
+//! the directory it is installed in, which `cluster ship` changes per host: it is
+//! recorded with its prefix set to a placeholder ([`tree::pc_with_prefix`]), so
+//! everything but that one value is checked.
+
+use crate::nccl::tree;
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// One entry of a build's tree, by its path relative to the build's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FileEntry {
+    Dir {
+        path: String,
+    },
+    Link {
+        path: String,
+        target: String,
+    },
+    File {
+        path: String,
+        size: u64,
+        blake3: String,
+    },
+}
+
+impl FileEntry {
+    pub fn path(&self) -> &str {
+        match self {
+            FileEntry::Dir { path }
+            | FileEntry::Link { path, .. }
+            | FileEntry::File { path, .. } => path,
+        }
+    }
+}
+
+/// More entries than this is no NCCL build (one has about 20): a tree that large is not
+/// walked to the end.
+const MAX_ENTRIES: usize = 100_000;
+/// What stands for the build's directory in the recorded `nccl.pc`.
+const PC_PLACEHOLDER: &str = "${fdl_build_dir}";
+
+/// The record of the build at `dir`, sorted by path.
+pub fn record(dir: &Path) -> Result<Vec<FileEntry>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; crate::digest::CHUNK];
+    walk(dir, "", &mut out, &mut buf)?;
+    Ok(out)
+}
+
+fn walk(root: &Path, rel: &str, out: &mut Vec<FileEntry>, buf: &mut [u8]) -> Result<()> {
+    let here = root.join(rel);
+    let mut entries: Vec<_> = std::fs::read_dir(&here)
+        .with_context(|| format!("cannot list {}", here.display()))?
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("cannot list {}", here.display()))?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        if out.len() >= MAX_ENTRIES {
+            bail!(
+                "{} holds more than {MAX_ENTRIES} entries: it is no NCCL build",
+                root.display()
+            );
+        }
+        let name = e.file_name().to_string_lossy().into_owned();
+        if rel.is_empty() && tree::RESERVED.contains(&name.as_str()) {
+            continue;
+        }
+        let path = if rel.is_empty() {
+            name
+        } else {
+            format!("{rel}/{name}")
+        };
+        // file_type() is the entry itself: a link is recorded, never followed.
+        let kind = e
+            .file_type()
+            .with_context(|| format!("cannot stat {}", e.path().display()))?;
+        if kind.is_symlink() {
+            let target = std::fs::read_link(e.path())
+                .with_context(|| format!("cannot read the link {}", e.path().display()))?;
+            out.push(FileEntry::Link {
+                path,
+                target: target.to_string_lossy().into_owned(),
+            });
+        } else if kind.is_dir() {
+            out.push(FileEntry::Dir { path: path.clone() });
+            walk(root, &path, out, buf)?;
+        } else if kind.is_file() {
+            let (size, blake3) = if path == crate::store::PKG_CONFIG {
+                let text = crate::fsread::read_text(&e.path(), tree::PC_MAX_BYTES)?;
+                let normal = tree::pc_with_prefix(&text, PC_PLACEHOLDER)
+                    .ok_or_else(|| anyhow!("{} has no prefix= line", e.path().display()))?;
+                (
+                    normal.len() as u64,
+                    blake3::hash(normal.as_bytes()).to_hex().to_string(),
+                )
+            } else {
+                crate::digest::blake3_file(&e.path(), buf)?
+            };
+            out.push(FileEntry::File { path, size, blake3 });
+        } else {
+            bail!(
+                "{} is {}: a build holds only files, directories and links",
+                e.path().display(),
+                crate::fsread::kind_of(&kind)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What a comparison found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Comparison {
+    /// One sentence per path that differs, naming it; empty when all agree.
+    pub changes: Vec<String>,
+    pub files: usize,
+    pub bytes: u64,
+}
+
+/// Reads every file of the build at `dir` again and compares it with `recorded`.
+pub fn compare(dir: &Path, recorded: &[FileEntry]) -> Result<Comparison> {
+    let now = record(dir)?;
+    let mut changes = Vec::new();
+    let find = |list: &[FileEntry], path: &str| {
+        list.binary_search_by(|e| e.path().cmp(path))
+            .ok()
+            .map(|i| list[i].clone())
+    };
+    let mut sorted = recorded.to_vec();
+    sorted.sort_by(|a, b| a.path().cmp(b.path()));
+    for was in &sorted {
+        let shown = crate::text::clean(was.path());
+        match (was, find(&now, was.path()).as_ref()) {
+            (_, None) => changes.push(format!("{shown} is gone")),
+            (a, Some(b)) if a == b => {}
+            (
+                FileEntry::File {
+                    size: s0,
+                    blake3: d0,
+                    ..
+                },
+                Some(FileEntry::File {
+                    size: s1,
+                    blake3: d1,
+                    ..
+                }),
+            ) => changes.push(if s0 != s1 {
+                format!("{shown} changed: {s1} bytes, the manifest recorded {s0}")
+            } else {
+                format!(
+                    "{shown} changed: same size ({s1} bytes), different bytes (BLAKE3 {}…, recorded {}…)",
+                    &d1[..d1.len().min(12)],
+                    &d0[..d0.len().min(12)]
+                )
+            }),
+            (FileEntry::Link { target: t0, .. }, Some(FileEntry::Link { target: t1, .. })) => {
+                changes.push(format!(
+                    "{shown} changed: a link to {}, the manifest recorded one to {}",
+                    crate::text::clean(t1),
+                    crate::text::clean(t0)
+                ))
+            }
+            (a, Some(b)) => changes.push(format!(
+                "{shown} changed: it is a {}, the manifest recorded a {}",
+                kind(b),
+                kind(a)
+            )),
+        }
+    }
+    for e in &now {
+        if find(&sorted, e.path()).is_none() {
+            changes.push(format!(
+                "{} was added ({}), the manifest records no such entry",
+                crate::text::clean(e.path()),
+                kind(e)
+            ));
+        }
+    }
+    let (files, bytes) = sorted.iter().fold((0, 0), |(n, b), e| match e {
+        FileEntry::File { size, .. } => (n + 1, b + size),
+        _ => (n, b),
+    });
+    Ok(Comparison {
+        changes,
+        files,
+        bytes,
+    })
+}
+
+fn kind(e: &FileEntry) -> &'static str {
+    match e {
+        FileEntry::Dir { .. } => "directory",
+        FileEntry::Link { .. } => "link",
+        FileEntry::File { .. } => "file",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(d: &Path) {
+        std::fs::create_dir_all(d.join("lib/pkgconfig")).unwrap();
+        std::fs::create_dir_all(d.join("include")).unwrap();
+        std::fs::write(d.join("lib/libnccl.so.2.30.7"), vec![7u8; 3 << 20]).unwrap();
+        std::os::unix::fs::symlink("libnccl.so.2.30.7", d.join("lib/libnccl.so.2")).unwrap();
+        std::fs::write(d.join("include/nccl.h"), "#define NCCL_MAJOR 2\n").unwrap();
+        std::fs::write(
+            d.join("lib/pkgconfig/nccl.pc"),
+            "prefix=/stage\nlibdir=/stage/lib\nName: nccl\n",
+        )
+        .unwrap();
+        std::fs::write(d.join(tree::MANIFEST), "{}").unwrap();
+        std::fs::write(d.join(tree::BUILD_LOG), "log").unwrap();
+    }
+
+    #[test]
+    fn every_change_is_named_and_the_prefix_alone_may_move() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        build(d);
+        let rec = record(d).unwrap();
+        assert!(rec.iter().all(|e| !tree::RESERVED.contains(&e.path())));
+        assert!(compare(d, &rec).unwrap().changes.is_empty());
+        // The manifest and the log are not part of the record; the prefix is not either.
+        std::fs::write(d.join(tree::BUILD_LOG), "another log").unwrap();
+        tree::rewrite_pc_prefix(&d.join("lib/pkgconfig/nccl.pc"), Path::new("/p/b")).unwrap();
+        let same = compare(d, &rec).unwrap();
+        assert!(same.changes.is_empty(), "{:?}", same.changes);
+        assert_eq!(same.files, 3);
+
+        // One byte, same size.
+        let mut bytes = vec![7u8; 3 << 20];
+        bytes[(2 << 20) + 5] = 8;
+        std::fs::write(d.join("lib/libnccl.so.2.30.7"), &bytes).unwrap();
+        let c = compare(d, &rec).unwrap().changes;
+        assert_eq!(c.len(), 1, "{c:?}");
+        assert!(
+            c[0].starts_with("lib/libnccl.so.2.30.7 changed: same size"),
+            "{c:?}"
+        );
+        // Another size, a retargeted link, an added file, a gone one, a pc line.
+        std::fs::write(d.join("lib/libnccl.so.2.30.7"), b"short").unwrap();
+        std::fs::remove_file(d.join("lib/libnccl.so.2")).unwrap();
+        std::os::unix::fs::symlink("elsewhere", d.join("lib/libnccl.so.2")).unwrap();
+        std::fs::write(d.join("lib/extra.so"), b"x").unwrap();
+        std::fs::remove_file(d.join("include/nccl.h")).unwrap();
+        let c = compare(d, &rec).unwrap().changes.join("\n");
+        for want in [
+            "lib/libnccl.so.2.30.7 changed: 5 bytes",
+            "lib/libnccl.so.2 changed: a link to elsewhere",
+            "lib/extra.so was added",
+            "include/nccl.h is gone",
+        ] {
+            assert!(c.contains(want), "{want}: {c}");
+        }
+        std::fs::write(
+            d.join("lib/pkgconfig/nccl.pc"),
+            "prefix=/p/b\nlibdir=/p/b/lib\nName: not nccl\n",
+        )
+        .unwrap();
+        let c = compare(d, &rec).unwrap().changes.join("\n");
+        assert!(c.contains("lib/pkgconfig/nccl.pc changed"), "{c}");
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let t = tempfile::tempdir().unwrap();
+        build(t.path());
+        let rec = record(t.path()).unwrap();
+        let text = serde_json::to_string(&rec).unwrap();
+        assert!(text.contains(r#""kind":"link""#), "{text}");
+        let back: Vec<FileEntry> = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, rec);
+    }
+}
