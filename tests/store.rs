@@ -758,3 +758,25 @@ fn an_old_manifest_says_not_recorded_not_ok() {
         "{check}"
     );
 }
+
+/// `fdl store gc` and `list` say whose store they act on; on an empty store gc says it
+/// is empty, not that "every store entry is used" (issue 29).
+#[test]
+fn gc_and_list_name_the_store_and_say_when_it_is_empty() {
+    let cache = tempfile::tempdir().unwrap();
+    let dir = cache.path().join("fdl/store");
+    for args in [&["store", "gc", "--yes"][..], &["store", "list"][..]] {
+        let out = common::fdl()
+            .env("XDG_CACHE_HOME", cache.path())
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {text}");
+        assert!(
+            text.contains(&dir.display().to_string()) && text.contains("is empty"),
+            "{args:?}: {text}"
+        );
+        assert!(!text.contains("Every"), "{args:?}: {text}");
+    }
+}

@@ -66,10 +66,13 @@ fn list(store: &Store, json_out: bool) -> Result<()> {
         return Ok(());
     }
     if entries.is_empty() {
-        outln!("The build store ({}) is empty.", store.dir.display());
+        outln!(
+            "The build store ({}) is empty.",
+            clean(&store.dir.display().to_string())
+        );
         return Ok(());
     }
-    outln!("Build store: {}", store.dir.display());
+    outln!("Build store: {}", clean(&store.dir.display().to_string()));
     for e in &entries {
         outln!();
         outln!("{}  {}", e.key, size(e.size_bytes));
@@ -109,13 +112,18 @@ fn size(bytes: u64) -> String {
 }
 
 fn gc(store: &Store, yes: bool) -> Result<()> {
-    let unused: Vec<Listed> = store
-        .list(true)?
-        .into_iter()
-        .filter(|e| e.users.is_empty())
-        .collect();
+    let entries = store.list(true)?;
+    // Whose store this is: a user with several caches (XDG_CACHE_HOME) knows which.
+    let dir = clean(&store.dir.display().to_string());
+    if entries.is_empty() {
+        outln!("The build store ({dir}) is empty: nothing to remove.");
+        return Ok(());
+    }
+    let unused: Vec<Listed> = entries.into_iter().filter(|e| e.users.is_empty()).collect();
     if unused.is_empty() {
-        outln!("Every store entry is used by a project build: nothing to remove.");
+        outln!(
+            "Every entry of the build store ({dir}) is used by a project build: nothing to remove."
+        );
         return Ok(());
     }
     let total: u64 = unused.iter().map(|e| e.size_bytes).sum();
@@ -150,7 +158,7 @@ fn gc(store: &Store, yes: bool) -> Result<()> {
         removed += 1;
     }
     outln!(
-        "Removed {removed} unused store entr{}.",
+        "Removed {removed} unused entr{} of the build store ({dir}).",
         if removed == 1 { "y" } else { "ies" }
     );
     if !busy.is_empty() {
