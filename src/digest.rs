@@ -83,12 +83,30 @@ pub struct Leave<'a> {
 /// The digest of the tree at `dir`, in `hash`, leaving out what `leave` names. `holds`
 /// names the tree in the refusal of a special file ("a build", "an NCCL source tree").
 pub fn tree(dir: &Path, hash: Hash, leave: Leave, holds: &str) -> Result<String> {
+    tree_knowing(dir, hash, leave, holds, &FileDigests::new())
+}
+
+/// Files' BLAKE3 digests (with their sizes) by relative path, taken as the bytes went by
+/// (a copy that hashed what it wrote): a walk given them reads none of those files again.
+pub type FileDigests = std::collections::BTreeMap<String, (u64, String)>;
+
+/// [`tree`] in BLAKE3, with the digests of the files `known` names taken from it rather
+/// than read again; every other file is read. Only for files fdl itself wrote in this
+/// run, hashing what it wrote.
+pub fn tree_knowing(
+    dir: &Path,
+    hash: Hash,
+    leave: Leave,
+    holds: &str,
+    known: &FileDigests,
+) -> Result<String> {
     let mut walk = Walk {
         hash,
         leave,
         holds,
         buf: vec![0u8; CHUNK],
         text: String::new(),
+        known,
     };
     walk.dir(dir, "")?;
     Ok(match hash {
@@ -103,6 +121,7 @@ struct Walk<'a> {
     holds: &'a str,
     buf: Vec<u8>,
     text: String,
+    known: &'a FileDigests,
 }
 
 impl Walk<'_> {
@@ -137,7 +156,10 @@ impl Walk<'_> {
                 if self.leave.files.contains(&path.as_str()) {
                     continue;
                 }
-                let digest = self.file(&e.path())?;
+                let digest = match (self.hash, self.known.get(&path)) {
+                    (Hash::Blake3, Some((_, known))) => known.clone(),
+                    _ => self.file(&e.path())?,
+                };
                 self.text.push_str(&format!("{path}\0file {digest}\n"));
             } else {
                 bail!(
@@ -169,7 +191,7 @@ impl Walk<'_> {
 
 /// Feeds `f` to `eat`, read to the size its descriptor had when this began: a file that
 /// grows or shrinks while it is read is an error, not an endless or a short read.
-fn read_sized(
+pub fn read_sized(
     f: &mut std::fs::File,
     path: &Path,
     buf: &mut [u8],

@@ -54,13 +54,25 @@ const PC_PLACEHOLDER: &str = "${fdl_build_dir}";
 
 /// The record of the build at `dir`, sorted by path.
 pub fn record(dir: &Path) -> Result<Vec<FileEntry>> {
+    record_knowing(dir, &crate::digest::FileDigests::new())
+}
+
+/// [`record`], with the digests of the files `known` names (hashed by fdl as it wrote
+/// them into this staging directory, in this run) taken from it instead of read again.
+pub fn record_knowing(dir: &Path, known: &crate::digest::FileDigests) -> Result<Vec<FileEntry>> {
     let mut out = Vec::new();
     let mut buf = vec![0u8; crate::digest::CHUNK];
-    walk(dir, "", &mut out, &mut buf)?;
+    walk(dir, "", &mut out, &mut buf, known)?;
     Ok(out)
 }
 
-fn walk(root: &Path, rel: &str, out: &mut Vec<FileEntry>, buf: &mut [u8]) -> Result<()> {
+fn walk(
+    root: &Path,
+    rel: &str,
+    out: &mut Vec<FileEntry>,
+    buf: &mut [u8],
+    known: &crate::digest::FileDigests,
+) -> Result<()> {
     let here = root.join(rel);
     let mut entries: Vec<_> = std::fs::read_dir(&here)
         .with_context(|| format!("cannot list {}", here.display()))?
@@ -96,7 +108,7 @@ fn walk(root: &Path, rel: &str, out: &mut Vec<FileEntry>, buf: &mut [u8]) -> Res
             });
         } else if kind.is_dir() {
             out.push(FileEntry::Dir { path: path.clone() });
-            walk(root, &path, out, buf)?;
+            walk(root, &path, out, buf, known)?;
         } else if kind.is_file() {
             let (size, blake3) = if path == crate::store::PKG_CONFIG {
                 let text = crate::fsread::read_text(&e.path(), tree::PC_MAX_BYTES)?;
@@ -106,6 +118,8 @@ fn walk(root: &Path, rel: &str, out: &mut Vec<FileEntry>, buf: &mut [u8]) -> Res
                     normal.len() as u64,
                     blake3::hash(normal.as_bytes()).to_hex().to_string(),
                 )
+            } else if let Some(digest) = known.get(&path) {
+                digest.clone()
             } else {
                 crate::digest::blake3_file(&e.path(), buf)?
             };

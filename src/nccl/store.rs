@@ -351,13 +351,16 @@ impl Staging {
         checked: CheckedTree,
         verification: Vec<Check>,
         store: Option<crate::store::StoreRecord>,
+        known: &crate::digest::FileDigests,
     ) -> Result<Manifest> {
         tree::rewrite_pc_prefix(
             &self.path().join("lib/pkgconfig/nccl.pc"),
             self.txn.target(),
         )?;
-        // Recorded from the staged tree itself, as it will be installed: every byte read.
-        let files = files::record(self.path()).context("cannot record the build's files")?;
+        // Recorded from the staged tree itself, as it will be installed: every byte read,
+        // once (`known`: what fdl hashed as it copied it into staging, in this run).
+        let files =
+            files::record_knowing(self.path(), known).context("cannot record the build's files")?;
         let manifest = Manifest {
             schema: MANIFEST_SCHEMA,
             fdl_version: env!("CARGO_PKG_VERSION").to_string(),

@@ -245,9 +245,12 @@ pub fn execute(
                 &progress,
             )
         };
-        let manifest = staging.seal(plan, checked, report.checks, record).context(
-            "the build passed verification but could not be sealed; nothing was installed",
-        )?;
+        let known = hit.as_ref().map(|h| h.digests.clone()).unwrap_or_default();
+        let manifest = staging
+            .seal(plan, checked, report.checks, record, &known)
+            .context(
+                "the build passed verification but could not be sealed; nothing was installed",
+            )?;
         // A Ctrl-C that lands after the last child exited still means "do not install".
         if process::interrupted() {
             return Err(process::Interrupted.into());

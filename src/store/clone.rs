@@ -7,6 +7,7 @@
 //! Only directories, regular files and links are copied; a link is made again with the
 //! same target, never followed, and a file is opened without following links.
 
+use crate::digest::FileDigests;
 use anyhow::{bail, Context, Result};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
@@ -33,12 +34,21 @@ const FICLONE: libc::c_ulong = 0x4004_9409;
 
 /// Copies the tree at `src` into the existing, empty directory `dst`.
 pub fn clone_tree(src: &Path, dst: &Path) -> Result<Method> {
+    Ok(clone_tree_hashed(src, dst)?.0)
+}
+
+/// [`clone_tree`], and the BLAKE3 digest and size of each file it copied byte by byte,
+/// hashed from the very bytes it wrote (a reflinked file shares extents and is not read,
+/// so it has none): whoever checks the copy need not read those files again.
+pub fn clone_tree_hashed(src: &Path, dst: &Path) -> Result<(Method, FileDigests)> {
     let mut state = State {
         reflink: true,
         used: Method::Reflink,
+        digests: FileDigests::new(),
+        buf: Vec::new(),
     };
-    walk(src, dst, &mut state)?;
-    Ok(state.used)
+    walk(src, dst, "", &mut state)?;
+    Ok((state.used, state.digests))
 }
 
 struct State {
@@ -46,9 +56,11 @@ struct State {
     /// reflink support) holds for the whole tree.
     reflink: bool,
     used: Method,
+    digests: FileDigests,
+    buf: Vec<u8>,
 }
 
-fn walk(src: &Path, dst: &Path, state: &mut State) -> Result<()> {
+fn walk(src: &Path, dst: &Path, rel: &str, state: &mut State) -> Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(src)
         .with_context(|| format!("cannot read {}", src.display()))?
         .collect::<std::io::Result<_>>()?;
@@ -56,6 +68,12 @@ fn walk(src: &Path, dst: &Path, state: &mut State) -> Result<()> {
     for e in entries {
         let from = e.path();
         let to = dst.join(e.file_name());
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = if rel.is_empty() {
+            name
+        } else {
+            format!("{rel}/{name}")
+        };
         let kind = e.file_type()?;
         if kind.is_symlink() {
             let target = std::fs::read_link(&from)?;
@@ -63,9 +81,9 @@ fn walk(src: &Path, dst: &Path, state: &mut State) -> Result<()> {
                 .with_context(|| format!("cannot create {}", to.display()))?;
         } else if kind.is_dir() {
             std::fs::create_dir(&to).with_context(|| format!("cannot create {}", to.display()))?;
-            walk(&from, &to, state)?;
+            walk(&from, &to, &path, state)?;
         } else if kind.is_file() {
-            let method = file(&from, &to, state)?;
+            let method = file(&from, &to, &path, state)?;
             state.used = state.used.max(method);
         } else {
             bail!(
@@ -78,7 +96,7 @@ fn walk(src: &Path, dst: &Path, state: &mut State) -> Result<()> {
     Ok(())
 }
 
-fn file(from: &Path, to: &Path, state: &mut State) -> Result<Method> {
+fn file(from: &Path, to: &Path, rel: &str, state: &mut State) -> Result<Method> {
     let src = crate::fsread::open_regular(from, true)?;
     let mode = src.metadata()?.permissions();
     if state.reflink {
@@ -107,9 +125,36 @@ fn file(from: &Path, to: &Path, state: &mut State) -> Result<Method> {
         .custom_flags(libc::O_CLOEXEC)
         .open(to)
         .with_context(|| format!("cannot create {}", to.display()))?;
-    std::io::copy(&mut &src, &mut dst)
-        .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+    // One read: what is written is hashed as it goes, so the copy's check reads nothing
+    // again. The size the source had when opened is all that is copied.
+    use std::io::Write;
+    if state.buf.is_empty() {
+        state.buf = vec![0u8; crate::digest::CHUNK];
+    }
+    let mut hasher = blake3::Hasher::new();
+    let mut size = 0u64;
+    let mut failed = None;
+    let mut src = src;
+    crate::digest::read_sized(&mut src, from, &mut state.buf, &mut |chunk| {
+        if failed.is_none() {
+            match dst.write_all(chunk) {
+                Ok(()) => {
+                    hasher.update(chunk);
+                    size += chunk.len() as u64;
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(e)
+            .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()));
+    }
     std::fs::set_permissions(to, mode)?;
+    state.digests.insert(
+        rel.to_string(),
+        (size, hasher.finalize().to_hex().to_string()),
+    );
     Ok(Method::Copy)
 }
 
@@ -185,5 +230,29 @@ mod tests {
         std::fs::create_dir(&dst).unwrap();
         let e = clone_tree(&src, &dst).unwrap_err().to_string();
         assert!(e.contains("a FIFO"), "{e}");
+    }
+
+    /// What a byte copy hashed as it wrote is the digest of the file it wrote: the check
+    /// of an install may take it instead of reading the copy again.
+    #[test]
+    fn a_copys_digests_are_those_of_the_files_it_wrote() {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        std::fs::create_dir_all(src.join("lib")).unwrap();
+        let big: Vec<u8> = (0..(3u32 << 20) + 17).map(|i| (i % 251) as u8).collect();
+        std::fs::write(src.join("lib/libx.so.1.2"), &big).unwrap();
+        std::fs::write(src.join("top"), b"x").unwrap();
+        let dst = t.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let (method, digests) = clone_tree_hashed(&src, &dst).unwrap();
+        let mut buf = vec![0u8; crate::digest::CHUNK];
+        for rel in ["lib/libx.so.1.2", "top"] {
+            let written = crate::digest::blake3_file(&dst.join(rel), &mut buf).unwrap();
+            match method {
+                // Shared extents: nothing was read, so nothing is claimed.
+                Method::Reflink => assert!(!digests.contains_key(rel)),
+                _ => assert_eq!(digests.get(rel), Some(&written), "{rel}"),
+            }
+        }
     }
 }

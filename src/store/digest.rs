@@ -21,6 +21,12 @@ pub fn tree_blake3(dir: &Path) -> Result<String> {
     digest::tree(dir, Hash::Blake3, Leave::default(), "a build")
 }
 
+/// [`tree_blake3`] of a copy fdl just made, taking the digests the copy hashed as it
+/// wrote ([`crate::store::clone::clone_tree_hashed`]) and reading only the other files.
+pub fn tree_blake3_knowing(dir: &Path, known: &digest::FileDigests) -> Result<String> {
+    digest::tree_knowing(dir, Hash::Blake3, Leave::default(), "a build", known)
+}
+
 /// A build's bytes, named by one digest: every file's content, every link's target, by
 /// relative path in order, but for [`PKG_CONFIG`].
 pub fn content_digest(dir: &Path) -> Result<String> {

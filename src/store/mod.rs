@@ -100,6 +100,9 @@ pub struct Damaged {
 pub struct Installed {
     pub method: Method,
     pub record: Record,
+    /// The installed files' digests as the copy hashed them (none for reflinked files):
+    /// the manifest's per-file record takes them instead of reading the files again.
+    pub digests: crate::digest::FileDigests,
 }
 
 /// One entry as `fdl store list` shows it.
@@ -256,12 +259,13 @@ impl Store {
             }
             .into());
         }
-        let method = clone_tree(&tree, dest)
+        let (method, copied) = clone::clone_tree_hashed(&tree, dest)
             .with_context(|| format!("cannot install the store entry {key}"))?;
         // What is checked is what will be installed: the copy, not the entry. Every byte
-        // is read and hashed; no timestamp stands in for that.
+        // is read and hashed, once: a byte copy hashed what it wrote; a reflinked file is
+        // read here. No timestamp stands in for that.
         if let Some(recorded) = &record.tree_blake3 {
-            let found = digest::tree_blake3(dest)?;
+            let found = digest::tree_blake3_knowing(dest, &copied)?;
             if &found != recorded {
                 return Err(Damaged {
                     key: key.clone(),
@@ -269,7 +273,11 @@ impl Store {
                 }
                 .into());
             }
-            return Ok(Installed { method, record });
+            return Ok(Installed {
+                method,
+                record,
+                digests: copied,
+            });
         }
         let (digest, pc) = digests(dest)?;
         if digest != record.digest || pc != record.pc_sha256 {
@@ -286,7 +294,11 @@ impl Store {
             }
             .into());
         }
-        Ok(Installed { method, record })
+        Ok(Installed {
+            method,
+            record,
+            digests: copied,
+        })
     }
 
     /// Adds the verified install tree at `tree` (a staged build, before fdl's manifest)
