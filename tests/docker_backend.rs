@@ -1248,7 +1248,7 @@ fn the_engine_guard_removes_what_a_test_made_and_keeps_cached_images() {
 /// socket (`DOCKER_HOST=unix://…`) that answers `_ping` and every call as an engine
 /// with no images would, except the one `case` names (`<call>-<hang|flood>`, the call
 /// being `version`, `info` or `inspect`): that one never answers, or answers with a
-/// 64 MiB value the client then prints. The client is the real one; only the engine
+/// 8 MiB value the client then prints (past fdl's 1 MiB cap, quick to make under load). The client is the real one; only the engine
 /// behind it is made to fail on cue, which a working engine cannot be.
 struct HostileEngine {
     dir: tempfile::TempDir,
@@ -1262,7 +1262,7 @@ impl HostileEngine {
         let script = r#"
 import http.server, json, os, socketserver, sys, time
 sock, case = sys.argv[1], sys.argv[2]
-BIG = "9" * (64 << 20)
+BIG = "9" * (8 << 20)
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *a): pass
