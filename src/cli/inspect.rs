@@ -58,7 +58,10 @@ pub(super) fn coverage_rows(code: &GpuCode, targets: &Targets) -> Vec<CoverageRo
 
 pub(super) fn verdict_text(v: &Verdict) -> String {
     match v {
-        Verdict::Native { sass } => paint(&format!("native SASS ({sass})"), Color::Green),
+        Verdict::Native { .. } => paint(
+            &format!("native SASS ({})", v.sass_text().unwrap_or_default()),
+            Color::Green,
+        ),
         Verdict::PtxJit { ptx } => paint(
             &format!(
                 "PTX JIT only ({}): runs, slow first start",
@@ -76,7 +79,7 @@ pub(super) fn coverage_json(rows: &[CoverageRow]) -> serde_json::Value {
     rows.iter()
         .map(|r| {
             let (verdict, code) = match r.verdict {
-                Verdict::Native { sass } => ("native", Some(sass.to_string())),
+                Verdict::Native { sass, .. } => ("native", Some(sass.to_string())),
                 Verdict::PtxJit { ptx } => ("ptx_jit", Some(ptx.ptx_name())),
                 Verdict::NotCovered => ("not_covered", None),
             };

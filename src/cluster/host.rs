@@ -296,7 +296,10 @@ fn coverage(gpus: &[Gpu], code: &inspect::GpuCode) -> Vec<GpuCoverage> {
         .map(|g| {
             let verdict = inspect::coverage(code, g.compute_cap);
             let (text, covered) = match verdict {
-                inspect::Verdict::Native { sass } => (format!("native {sass}"), true),
+                inspect::Verdict::Native { .. } => (
+                    format!("native {}", verdict.sass_text().unwrap_or_default()),
+                    true,
+                ),
                 inspect::Verdict::PtxJit { ptx } => (format!("ptx {ptx} (JIT)"), true),
                 inspect::Verdict::NotCovered => ("none".to_string(), false),
             };

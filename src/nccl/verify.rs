@@ -237,8 +237,15 @@ pub fn verify(name: &str, dir: &Path, plan: &BuildPlan, against: &Against) -> Re
 }
 
 fn sass_verdict(code: &inspect::GpuCode, arch: Arch, planned: bool) -> (Status, String) {
-    match inspect::coverage(code, arch) {
-        Verdict::Native { sass } => (Status::Pass, format!("native SASS ({sass}) for {arch}")),
+    let verdict = inspect::coverage(code, arch);
+    match verdict {
+        Verdict::Native { .. } => (
+            Status::Pass,
+            format!(
+                "native SASS ({}) for {arch}",
+                verdict.sass_text().unwrap_or_default()
+            ),
+        ),
         Verdict::PtxJit { ptx } if planned => (
             Status::Fail,
             format!("no SASS for {arch}, which the build was planned for; only PTX {ptx} (JIT)"),
