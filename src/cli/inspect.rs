@@ -464,6 +464,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
         );
     }
     let gpus = gpu::query().ok();
+    let driver = gpu::driver();
     let exe = std::env::current_exe()?;
     let probe = |lib: &Path| verify::probe_in_child(&exe, lib);
     let mut reports: Vec<Report> = Vec::new();
@@ -473,6 +474,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                 let against = Against {
                     recorded: Some(&manifest.checked),
                     gpus: gpus.as_deref().map_or(LocalGpus::Unknown, LocalGpus::Known),
+                    driver: Some(&driver),
                     probe: Some(&probe),
                 };
                 verify::verify(name, &store.path_of(name), &manifest.plan, &against)
@@ -528,9 +530,16 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                 line(c, "FAIL");
             }
             if !r.host_coverage.is_empty() {
-                outln!("  this host's GPUs (not part of the build's verdict):");
+                outln!("  this host's GPUs and driver (not part of the build's verdict):");
                 for c in &r.host_coverage {
-                    line(c, "NOT COVERED");
+                    line(
+                        c,
+                        if c.check == "driver" {
+                            "TOO OLD"
+                        } else {
+                            "NOT COVERED"
+                        },
+                    );
                 }
             }
         }

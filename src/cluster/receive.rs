@@ -280,6 +280,7 @@ pub fn install(
     let against = Against {
         recorded: Some(&manifest.checked),
         gpus: LocalGpus::NotChecked,
+        driver: None,
         probe: Some(&probe),
     };
     let report = verify::verify(name.as_str(), staging.path(), &manifest.plan, &against);

@@ -8,7 +8,6 @@
 use super::config::Worker;
 use super::host::{Facts, HostReport, REPORT_SCHEMA};
 use super::transport::{self, Transport};
-use crate::version::CudaVersion;
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -711,23 +710,8 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
     out
 }
 
-#[derive(Debug, PartialEq, Eq)]
-pub enum DriverFit {
-    Yes,
-    /// Same major, older minor: CUDA's minor-version compatibility runs it.
-    MinorCompat,
-    No,
-}
-
-pub fn driver_runs(driver: CudaVersion, built: CudaVersion) -> DriverFit {
-    if driver.major_minor() >= built.major_minor() {
-        DriverFit::Yes
-    } else if driver.major == built.major {
-        DriverFit::MinorCompat
-    } else {
-        DriverFit::No
-    }
-}
+// The one driver rule, shared with the build's plan, `nccl verify` and the default build.
+pub use crate::gpu::{driver_runs, DriverFit};
 
 /// A path a worker's report names, shown relative to its checkout when inside it.
 pub fn short(path: &Path, root: &str) -> String {
@@ -868,7 +852,7 @@ mod tests {
 
     #[test]
     fn a_driver_runs_its_cuda_or_an_older_minor_of_the_same_major() {
-        let v = |s: &str| s.parse::<CudaVersion>().unwrap();
+        let v = |s: &str| s.parse::<crate::version::CudaVersion>().unwrap();
         assert_eq!(driver_runs(v("12.8"), v("12.8")), DriverFit::Yes);
         assert_eq!(driver_runs(v("13.0"), v("12.8")), DriverFit::Yes);
         assert_eq!(driver_runs(v("12.2"), v("12.8")), DriverFit::MinorCompat);
