@@ -134,7 +134,11 @@ pub enum DriverCheck {
 
 impl DriverCheck {
     /// `what` names the code ("the plan", "build v2.28.9-sm120"), `built` its CUDA.
-    pub fn of(driver: &Result<Driver, GpuError>, built: CudaVersion, what: &str) -> DriverCheck {
+    pub fn of<E: std::fmt::Display>(
+        driver: &Result<Driver, E>,
+        built: CudaVersion,
+        what: &str,
+    ) -> DriverCheck {
         let d = match driver {
             Ok(d) => d,
             Err(e) => {

@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod only_funcs;
+pub mod pick;
 pub mod plan;
 pub mod preload;
 pub mod store;
