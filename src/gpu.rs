@@ -1,5 +1,7 @@
 //! The local GPU inventory, read from `nvidia-smi`'s CSV query interface — the one
-//! source that needs no CUDA toolkit and no running CUDA context.
+//! source that needs no CUDA toolkit and no running CUDA context — and the driver, from
+//! its banner, with the one rule for whether a driver runs code of a CUDA version
+//! ([`driver_runs`], [`DriverCheck`]), used wherever an NCCL is chosen.
 
 use crate::arch::Arch;
 use crate::version::CudaVersion;
