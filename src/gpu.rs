@@ -1,7 +1,10 @@
 //! The local GPU inventory, read from `nvidia-smi`'s CSV query interface — the one
-//! source that needs no CUDA toolkit and no running CUDA context.
+//! source that needs no CUDA toolkit and no running CUDA context — and the driver, from
+//! its banner, with the one rule for whether a driver runs code of a CUDA version
+//! ([`driver_runs`], [`DriverCheck`]), used wherever an NCCL is chosen.
 
 use crate::arch::Arch;
+use crate::version::CudaVersion;
 use serde::{Deserialize, Serialize};
 use std::process::Command;
 
@@ -82,7 +85,7 @@ pub fn query() -> Result<Vec<Gpu>, GpuError> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Driver {
     pub version: String,
-    pub cuda: Option<crate::version::CudaVersion>,
+    pub cuda: Option<CudaVersion>,
 }
 
 /// Runs plain `nvidia-smi` and reads its banner.
@@ -96,6 +99,90 @@ pub fn driver() -> Result<Driver, GpuError> {
             text.lines().next().unwrap_or("(no output)")
         ),
     })
+}
+
+/// Whether a driver that runs CUDA up to `driver` runs code built with CUDA `built`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverFit {
+    Yes,
+    /// Same major, older minor: CUDA's minor-version compatibility runs it.
+    MinorCompat,
+    No,
+}
+
+/// The one rule for "is this driver new enough", used wherever an NCCL is chosen
+/// (`cluster status`, a build's plan, `nccl verify`, the default build): the driver's
+/// own CUDA against the CUDA the code was built with, never a table of driver versions.
+pub fn driver_runs(driver: CudaVersion, built: CudaVersion) -> DriverFit {
+    if driver.major_minor() >= built.major_minor() {
+        DriverFit::Yes
+    } else if driver.major == built.major {
+        DriverFit::MinorCompat
+    } else {
+        DriverFit::No
+    }
+}
+
+/// [`driver_runs`] for this host's driver as `nvidia-smi` states it, in words. A host
+/// without a readable driver (a login node, CI) gets `Unknown`: the check could not be
+/// made, which is never a finding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriverCheck {
+    Runs(String),
+    MinorCompat(String),
+    TooOld(String),
+    Unknown(String),
+}
+
+impl DriverCheck {
+    /// `what` names the code ("the plan", "build v2.28.9-sm120"), `built` its CUDA.
+    pub fn of<E: std::fmt::Display>(
+        driver: &Result<Driver, E>,
+        built: CudaVersion,
+        what: &str,
+    ) -> DriverCheck {
+        let d = match driver {
+            Ok(d) => d,
+            Err(e) => {
+                return DriverCheck::Unknown(format!(
+                    "this host's driver could not be checked against the CUDA {built} {what} needs: {e}"
+                ))
+            }
+        };
+        let Some(runs) = d.cuda else {
+            return DriverCheck::Unknown(format!(
+                "nvidia-smi names no CUDA version for driver {}, so it could not be checked against the CUDA {built} {what} needs",
+                d.version
+            ));
+        };
+        match driver_runs(runs, built) {
+            DriverFit::Yes => DriverCheck::Runs(format!(
+                "driver {} (CUDA {runs}) runs the CUDA {built} {what} needs",
+                d.version
+            )),
+            DriverFit::MinorCompat => DriverCheck::MinorCompat(format!(
+                "driver {} (CUDA {runs}) runs the CUDA {built} {what} needs by minor-version compatibility",
+                d.version
+            )),
+            DriverFit::No => DriverCheck::TooOld(format!(
+                "this host's driver {} runs CUDA up to {runs}, but {what} needs CUDA {built}: update the driver",
+                d.version
+            )),
+        }
+    }
+
+    pub fn text(&self) -> &str {
+        match self {
+            DriverCheck::Runs(s)
+            | DriverCheck::MinorCompat(s)
+            | DriverCheck::TooOld(s)
+            | DriverCheck::Unknown(s) => s,
+        }
+    }
+
+    pub fn too_old(&self) -> bool {
+        matches!(self, DriverCheck::TooOld(_))
+    }
 }
 
 /// `| NVIDIA-SMI 570.133.07   Driver Version: 570.133.07   CUDA Version: 12.8 |`

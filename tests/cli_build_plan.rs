@@ -947,16 +947,104 @@ fn the_plan_warns_when_the_libtorch_itself_cannot_run_on_a_gpu() {
     let p = ProjectFixture::empty()
         .with_compiled_variant("precompiled/pip-cu132", &src)
         .activate("precompiled/pip-cu132\n");
+    // This host has no nvidia-smi: its driver could not be checked, which is said too.
+    let libtorch_warnings = |plan: &Value| -> Vec<String> {
+        plan["warnings"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|w| w.as_str().map(String::from))
+                    .collect::<Vec<String>>()
+            })
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|w: &String| !w.contains("driver could not be checked"))
+            .collect()
+    };
     let plan = json_plan(&["--archs", "6.1;12.0", "--backend", "docker"], p.root());
-    let warnings = plan["warnings"].as_array().unwrap();
+    let warnings = libtorch_warnings(&plan);
     assert_eq!(warnings.len(), 1, "{warnings:?}");
-    let w = warnings[0].as_str().unwrap();
+    let w = &warnings[0];
     assert!(
         w.contains("no GPU code for sm_61") && w.contains("TORCH_CUDA_ARCH_LIST"),
         "{w}"
     );
     let plan = json_plan(&["--archs", "12.0", "--backend", "docker"], p.root());
-    assert!(plan.get("warnings").is_none(), "{plan}");
+    assert!(libtorch_warnings(&plan).is_empty(), "{plan}");
+}
+
+/// The plan's CUDA is checked against this host's driver, as `nvidia-smi`'s banner states
+/// it (the rule `cluster status` uses): a CUDA 13.0 plan on a driver that runs CUDA up to
+/// 12.8 cannot run here, so the dry run exits non-zero and names the driver;
+/// `--allow-old-driver` makes it a warning. A host without nvidia-smi is no finding: the
+/// check says it could not be made.
+#[test]
+fn a_plan_needing_a_newer_driver_than_this_hosts_is_a_problem() {
+    let p = ProjectFixture::empty();
+    let smi = fake_nvidia_smi_driver(MIXED_SMI, 0, "570.133.07", "12.8");
+    let plan = |extra: &[&str], path: &str| {
+        let before = snapshot(p.root());
+        let out = fdl_in(p.root())
+            .env("PATH", path)
+            .args(["nccl", "build", "--tag", "v2.28.9-1", "--archs", "12.0"])
+            .args(["--cuda", "13.0", "--dry-run", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(before, snapshot(p.root()), "a dry run writes nothing");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+        });
+        (out.status.code(), v)
+    };
+    let texts = |v: &Value, key: &str| -> Vec<String> {
+        v["plan"][key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (code, v) = plan(&[], &path_with(smi.path()));
+    assert_eq!(code, Some(1), "{v}");
+    let problems = texts(&v, "problems");
+    assert!(
+        problems.iter().any(|p| p.contains(
+            "this host's driver 570.133.07 runs CUDA up to 12.8, but the plan needs CUDA 13.0: update the driver"
+        ) && p.contains("--allow-old-driver")),
+        "{problems:?}"
+    );
+    // Allowed: a warning, and the plan can run.
+    let (code, v) = plan(&["--allow-old-driver"], &path_with(smi.path()));
+    assert_eq!(code, Some(0), "{v}");
+    assert!(texts(&v, "problems").is_empty(), "{v}");
+    assert!(
+        texts(&v, "warnings")
+            .iter()
+            .any(|w| w.contains("driver 570.133.07") && w.contains("--allow-old-driver")),
+        "{v}"
+    );
+    // A driver that runs it: no word.
+    let new = fake_nvidia_smi_driver(MIXED_SMI, 0, "580.95.05", "13.0");
+    let (code, v) = plan(&[], &path_with(new.path()));
+    assert_eq!(code, Some(0), "{v}");
+    assert!(
+        !texts(&v, "warnings").iter().any(|w| w.contains("driver")),
+        "{v}"
+    );
+    // No nvidia-smi (a login node): the check could not be made, which is a warning.
+    let empty = tempfile::tempdir().unwrap();
+    let path = format!("{}:/usr/bin:/bin", empty.path().display());
+    let (code, v) = plan(&[], &path);
+    assert_eq!(code, Some(0), "{v}");
+    assert!(
+        texts(&v, "warnings")
+            .iter()
+            .any(|w| w.contains("could not be checked") && w.contains("nvidia-smi was not found")),
+        "{v}"
+    );
 }
 
 /// `--backend docker` asks the engine for its storage driver as `auto` does, so both

@@ -345,10 +345,12 @@ fn verify_passes_a_sound_build_and_judges_local_gpus() {
         .assert()
         .success()
         .stdout(
-            predicate::str::contains("this host's GPUs (not part of the build's verdict)")
-                .and(predicate::str::contains("NOT COVERED"))
-                .and(predicate::str::contains("no GPU code runs on sm_90"))
-                .and(predicate::str::contains("--archs naming it")),
+            predicate::str::contains(
+                "this host's GPUs and driver (not part of the build's verdict)",
+            )
+            .and(predicate::str::contains("NOT COVERED"))
+            .and(predicate::str::contains("no GPU code runs on sm_90"))
+            .and(predicate::str::contains("--archs naming it")),
         );
     let out = b
         .fdl()
@@ -372,6 +374,60 @@ fn verify_passes_a_sound_build_and_judges_local_gpus() {
     assert!(checks
         .iter()
         .any(|c| c["check"] == "local gpus" && c["status"] == "skipped"));
+    // Nor is the driver: it could not be checked, which is no finding.
+    assert!(
+        checks.iter().any(|c| c["check"] == "driver"
+            && c["status"] == "skipped"
+            && c["detail"]
+                .as_str()
+                .unwrap()
+                .contains("could not be checked")),
+        "{checks:?}"
+    );
+}
+
+/// The host section checks this host's driver against the CUDA the library was built
+/// with, by `nvidia-smi`'s banner (the rule `cluster status` uses): a driver of an older
+/// CUDA major cannot run it, which is named with the remedy; one that runs it is `ok`.
+#[test]
+fn verify_checks_this_hosts_driver_against_the_builds_cuda() {
+    let b = BuildsFixture::new(ProjectFixture::empty());
+    let tree = b.tree("t", (2, 27, 5), &[86]);
+    let name = b.install(&tree, "v2.27.5-1", "8.6").unwrap();
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(b.builds().join(&name).join("fdl-build.json")).unwrap(),
+    )
+    .unwrap();
+    let cuda = manifest["plan"]["cuda"].as_str().unwrap().to_string();
+    let driver_check = |driver: &str, runs: &str| {
+        let smi =
+            fake_nvidia_smi_driver("0, NVIDIA GeForce RTX 3090, 8.6, 24576\n", 0, driver, runs);
+        let out = b
+            .fdl()
+            .env("PATH", path_with(smi.path()))
+            .args(["nccl", "verify", &name, "--json"])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["reports"][0]["host_coverage"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "driver")
+            .cloned()
+            .unwrap_or_else(|| panic!("no driver check in {v}"))
+    };
+    let old = driver_check("470.256.02", "11.4");
+    assert_eq!(old["status"], "fail", "{old}");
+    let detail = old["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("driver 470.256.02 runs CUDA up to 11.4")
+            && detail.contains(&format!("needs CUDA {cuda}"))
+            && detail.contains("update the driver"),
+        "{detail}"
+    );
+    let new = driver_check("999.1", "99.0");
+    assert_eq!(new["status"], "pass", "{new}");
 }
 
 #[test]

@@ -397,3 +397,110 @@ fn no_builds_yet_is_said_plainly() {
                 .and(predicate::str::contains("none —").not()),
         );
 }
+
+/// Given no name, `nccl env` takes a build whose library has code for every GPU of this
+/// host and whose CUDA its driver runs, not merely the newest: on an sm_61 + sm_120 host
+/// with only `-sm120` and (newer) `-sm89` builds it refuses, naming the closest build,
+/// what it lacks and the build command that covers the host; once a build covers both
+/// GPUs it is taken and the reason is said on stderr and in JSON.
+#[test]
+fn env_takes_a_build_that_covers_this_hosts_gpus_or_says_why_not() {
+    let b = BuildsFixture::new(
+        ProjectFixture::empty()
+            .with_compiled_variant("precompiled/cu128", &nccl_like_source((2, 27, 5), "12.8"))
+            .activate("precompiled/cu128"),
+    );
+    let sm120 = b
+        .install(&b.tree("120", (2, 27, 5), &[120]), "v2.27.5-1", "12.0")
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let sm89 = b
+        .install(&b.tree("89", (2, 27, 5), &[89]), "v2.27.5-1", "8.9")
+        .unwrap();
+    let mixed =
+        "0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n1, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n";
+    let env = |smi: &tempfile::TempDir, extra: &[&str]| {
+        b.fdl()
+            .env("PATH", path_with(smi.path()))
+            .args(["nccl", "env"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let smi = fake_nvidia_smi(mixed, 0);
+    let out = env(&smi, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(out.stdout.is_empty(), "nothing to eval on a refusal");
+    assert!(
+        err.contains(&format!(
+            "no build matching precompiled/cu128's NCCL 2.27.5 runs on this host's GPUs: the closest, {sm120}, lacks code for this host's sm_61"
+        )) && err.contains("`fdl nccl build --archs \"6.1;12.0\"`"),
+        "{err}"
+    );
+    assert!(!err.contains(&sm89), "{err}");
+
+    // A GPU only the newest build covers: that one.
+    let ada = fake_nvidia_smi("0, NVIDIA GeForce RTX 4090, 8.9, 24564\n", 0);
+    let out = env(&ada, &["--format", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["build"], sm89.as_str(), "{v}");
+    // And only the older one for an sm_120: the newest is passed over.
+    let blackwell = fake_nvidia_smi("0, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n", 0);
+    let out = env(&blackwell, &["--format", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["build"], sm120.as_str(), "{v}");
+    assert_eq!(v["choice"]["by"], "default", "{v}");
+    assert!(
+        v["choice"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("with code for this host's GPUs (sm_120)"),
+        "{v}"
+    );
+
+    // A driver too old for every build: refused, with the --cuda that would run.
+    let old = fake_nvidia_smi_driver(
+        "0, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n",
+        0,
+        "470.256.02",
+        "11.4",
+    );
+    let out = env(&old, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("lacks a driver on this host that runs it") && err.contains("--cuda 11.4"),
+        "{err}"
+    );
+
+    let both = b
+        .install(
+            &b.tree("61-120", (2, 27, 5), &[61, 120]),
+            "v2.27.5-1",
+            "6.1;12.0",
+        )
+        .unwrap();
+    let out = env(&smi, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("builds/{both}/lib/libnccl.so.2")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("fdl: chose build {both}: newest build matching precompiled/cu128's NCCL 2.27.5, with code for this host's GPUs (sm_61 sm_120)")),
+        "{err}"
+    );
+    // No nvidia-smi: the coverage could not be checked, which is said, not refused.
+    let none = tempfile::tempdir().unwrap();
+    let out = b
+        .fdl()
+        .env("PATH", none.path())
+        .args(["nccl", "env"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("was not checked"), "{err}");
+}

@@ -759,3 +759,65 @@ fn a_worker_with_the_key_in_its_store_is_sent_no_library_bytes() {
         );
     }
 }
+
+/// A split libtorch (torch 1.x's layout) keeps its kernels in the `libtorch_cuda_cu.so`
+/// that `libtorch_cuda.so` loads: a worker's report judges that file's code, so a GPU it
+/// covers is covered (no false red on a healthy rig) and one it lacks is not; a split
+/// build in which no file holds GPU code is unknown, never "no code".
+#[test]
+fn a_split_libtorch_is_judged_on_the_code_it_loads() {
+    let p = ProjectFixture::empty().activate("precompiled/cu116\n");
+    let lib = p.variant_lib("precompiled/cu116");
+    let dir = lib.parent().unwrap().to_path_buf();
+    std::fs::create_dir_all(&dir).unwrap();
+    let split = |archs: &[u32]| {
+        let cu = dir.join("libtorch_cuda_cu.so");
+        compile_shared(
+            &format!(
+                "int fdl_test_cu(void) {{ return 1; }}\n{}",
+                fatbin_c_source(archs, "fdl_test_cu_fatbin")
+            ),
+            &cu,
+            &["-Wl,-soname,libtorch_cuda_cu.so"],
+        );
+        let dir_s = dir.display().to_string();
+        compile_shared(
+            "int fdl_test_cu(void);\nint fdl_test_torch(void) { return fdl_test_cu(); }\n",
+            &lib,
+            &["-L", &dir_s, "-ltorch_cuda_cu", "-Wl,-rpath,$ORIGIN"],
+        );
+    };
+    let torch_coverage = |gpu: &str| {
+        let smi = fake_nvidia_smi(gpu, 0);
+        let out = fdl_in(p.root())
+            .args(["cluster", "self", "--json"])
+            .env("PATH", path_with(smi.path()))
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)));
+        v["torch_coverage"].clone()
+    };
+    split(&[61, 86]);
+    let t = torch_coverage("0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n");
+    assert_eq!(t["known"]["gpus"][0]["covered"], true, "{t}");
+    let files = t["known"]["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1, "only the file with code is judged: {t}");
+    assert!(
+        files[0]["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("/lib/libtorch_cuda_cu.so"),
+        "{t}"
+    );
+    let t = torch_coverage("0, NVIDIA GeForce RTX 2080, 7.5, 8192\n");
+    assert_eq!(t["known"]["gpus"][0]["covered"], false, "{t}");
+    // No file holds GPU code: what runs is not known.
+    split(&[]);
+    let t = torch_coverage("0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n");
+    let why = t["unknown"].as_str().unwrap_or_else(|| panic!("{t}"));
+    assert!(
+        why.contains("nor the torch libraries it loads hold GPU code"),
+        "{why}"
+    );
+}

@@ -76,7 +76,8 @@ fn libtorch_cuda(dir: &Path, version: (u32, u32, u32), archs: &[u32]) -> std::pa
 }
 
 /// A cluster with the project on every node (node3's libtorch bundles NCCL 2.27.3, the
-/// others 2.27.5; none has code for sm_120) and, on the controller, the project with a
+/// others 2.27.5; only node3's, on the sm_120 GPU, has sm_120 kernels, which its
+/// libtorch needs as much as its NCCL does) and, on the controller, the project with a
 /// build for sm_61, sm_86 and sm_120 installed through the real pipeline.
 struct Rig {
     cluster: Cluster,
@@ -98,7 +99,7 @@ impl Rig {
         let cluster = Cluster::start(shared);
         let work = tempfile::tempdir().unwrap();
         let lt_a = libtorch_cuda(work.path(), (2, 27, 5), &[61, 86]);
-        let lt_b = libtorch_cuda(work.path(), (2, 27, 3), &[61, 86]);
+        let lt_b = libtorch_cuda(work.path(), (2, 27, 3), &[61, 86, 120]);
         for (host, gpu, cc, mem) in GPUS {
             cluster.plant_gpus(
                 host,
@@ -178,7 +179,7 @@ fn builds_listing(node: &Node) -> String {
 }
 
 /// The whole journey of the issue, in one allocation of three nodes: `--slurm` outside
-/// it fails fast; status lists the nodes and is red on the skew and on sm_120; plan takes
+/// it fails fast; status lists the nodes and is red on the skew; plan takes
 /// the union of the archs; ship puts byte-identical builds on every node and is a no-op
 /// the second time; env prints the line, and status is green with it pasted.
 #[test]
@@ -231,15 +232,10 @@ fn status_plan_ship_env_on_the_allocations_nodes() {
         skew["detail"].as_str().unwrap().contains("node3 2.27.3"),
         "{skew}"
     );
+    // node3's libtorch, NCCL compiled in, has code for its sm_120 (tests/cluster_status.rs
+    // covers an uncovered GPU over ssh, torch's and NCCL's).
     let coverage = verdict(&v, "coverage");
-    assert_eq!(coverage["state"], "red", "{v}");
-    assert!(
-        coverage["detail"]
-            .as_str()
-            .unwrap()
-            .contains("node3 GPU 0 (sm_120)"),
-        "{coverage}"
-    );
+    assert_eq!(coverage["state"], "ok", "{v}");
     // Every node ran the controller's fdl, sent by sbcast to its own cache.
     for node in &rig.cluster.nodes {
         let cached = node.exec("ls /root/.cache/fdl/bin/");

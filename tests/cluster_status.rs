@@ -125,6 +125,17 @@ impl Rig {
         write_cluster_file(self.project.root(), &self.keys, &hosts, env);
     }
 
+    /// Gives blackwell a libtorch with sm_120 kernels (its NCCL, compiled in, still
+    /// 2.27.5), as the coverage verdict asks.
+    fn torch_for_blackwell(&self) {
+        let lt = libtorch_cuda(self.work.path(), (2, 27, 5), &[61, 86, 120]);
+        let (blackwell, path) = &self.hosts[1];
+        blackwell.put(
+            &lt,
+            &format!("{path}/libtorch/precompiled/cu128/lib/libtorch_cuda.so"),
+        );
+    }
+
     fn fdl(&self, args: &[&str]) -> Output {
         let mut cmd = fdl_in(self.project.root());
         cmd.env("XDG_CACHE_HOME", self.cache.path());
@@ -226,9 +237,11 @@ fn status_reports_the_patch_level_skew_and_the_uncovered_gpu() {
     );
     let coverage = verdict(&v, "coverage");
     assert_eq!(coverage["ok"], false);
-    assert_eq!(
-        coverage["detail"],
-        "the effective NCCL has no code for blackwell GPU 0 (sm_120)"
+    let detail = coverage["detail"].as_str().unwrap();
+    // Its NCCL is compiled into its libtorch: neither has sm_120 code, and both are named.
+    assert!(
+        detail.starts_with("the effective NCCL has no code for blackwell GPU 0 (sm_120); blackwell GPU 0 (sm_120) has no kernels in its libtorch precompiled/cu128"),
+        "{detail}"
     );
     assert_eq!(verdict(&v, "driver")["ok"], true);
 
@@ -294,6 +307,7 @@ fn a_host_that_is_down_or_changed_its_key_is_named_and_the_others_still_answer()
 fn env_blocks_use_each_workers_own_path_and_status_then_loads_that_library() {
     let _hosts = HOSTS.lock().unwrap_or_else(|e| e.into_inner());
     let rig = Rig::new();
+    rig.torch_for_blackwell();
     // A build of this project, installed through the real pipeline.
     let tree = rig.work.path().join("nccl-tree");
     write_nccl_tree(&tree, (2, 27, 5), &[61, 86, 120]);
@@ -315,7 +329,7 @@ fn env_blocks_use_each_workers_own_path_and_status_then_loads_that_library() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v = json_of(&out);
-    assert_keys(&v, &["schema", "build", "why", "workers"]);
+    assert_keys(&v, &["schema", "build", "why", "choice", "workers"]);
     let preload = |i: usize| {
         v["workers"][i]["env"]["LD_PRELOAD"]
             .as_str()
@@ -415,6 +429,8 @@ fn plan_build_ship_then_status_is_green() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // As the coverage verdict says, no NCCL makes blackwell's libtorch run on its sm_120.
+    rig.torch_for_blackwell();
 
     let mut args = vec!["cluster", "plan", "--json"];
     args.extend(backend);
@@ -784,7 +800,9 @@ fn ship_skips_what_is_there_and_refuses_a_different_build_without_force() {
     assert!(ok, "{v}");
     assert_keys(
         &v,
-        &["schema", "build", "digest", "dry_run", "workers", "ok"],
+        &[
+            "schema", "build", "choice", "digest", "dry_run", "workers", "ok",
+        ],
     );
     assert_eq!(result_of(&v, "shared")["result"], "already_there", "{v}");
     assert_eq!(result_of(&v, "other")["result"], "would_copy", "{v}");
@@ -932,4 +950,93 @@ fn a_planted_fdl_in_a_workers_cache_never_runs() {
         "the genuine one runs: {v}"
     );
     assert_eq!(workers[1]["shipped_fdl"], true, "{v}");
+}
+
+/// Coverage judges the libtorch a rank runs, not only its NCCL: a worker with the real
+/// PyPI torch 2.8.0 `libtorch_cuda.so` (no sm_61 kernels) and its real NCCL 2.27.5 (which
+/// has sm_61 code) is red on a GTX 1060, naming the libtorch and what would cover it; the
+/// same worker on an RTX 3090 (sm_86, which torch covers) is green.
+#[test]
+#[ignore = "drives the real Docker engine and OpenSSH, and needs the real torch 2.8 and NCCL of `source .ci/setup`: `cargo test -- --include-ignored`"]
+fn coverage_judges_the_libtorch_the_worker_loads() {
+    let torch = oracle_input("FDL_TEST_TORCH_LIB");
+    let nccl = oracle_input("FDL_TEST_NCCL_LIB");
+    let _hosts = HOSTS.lock().unwrap_or_else(|e| e.into_inner());
+    let keys = Keys::new();
+    let host = Host::start("torch28", &keys);
+    let path = "/opt/flodl";
+    // torch's DT_RPATH finds its NCCL at $ORIGIN/../../nvidia/nccl/lib, as pip lays it out,
+    // and its other libraries beside it (empty stand-ins of their sonames).
+    let lib_dir = format!("{path}/libtorch/precompiled/cu128/lib");
+    host.put(&torch, &format!("{lib_dir}/libtorch_cuda.so"));
+    host.put(
+        &nccl,
+        &format!("{path}/libtorch/precompiled/nvidia/nccl/lib/libnccl.so.2"),
+    );
+    let stubs = stubs_for_missing(&torch);
+    for entry in std::fs::read_dir(stubs.path()).unwrap() {
+        let entry = entry.unwrap();
+        host.put(
+            &entry.path(),
+            &format!("{lib_dir}/{}", entry.file_name().to_string_lossy()),
+        );
+    }
+    let project = ProjectFixture::empty();
+    write_cluster_file(project.root(), &keys, &[(&host, path)], &[]);
+    let cache = tempfile::tempdir().unwrap();
+    let status = || {
+        let out = fdl_in(project.root())
+            .env("XDG_CACHE_HOME", cache.path())
+            .args(["cluster", "status", "--json"])
+            .output()
+            .unwrap();
+        (out.status.code(), json_of(&out))
+    };
+
+    host.fake_nvidia_smi(
+        &[("NVIDIA GeForce GTX 1060 6GB", "6.1", 6144)],
+        "570.133.07",
+        "12.8",
+    );
+    let (code, v) = status();
+    let report = &v["workers"][0]["report"];
+    assert_eq!(report["effective"]["known"]["version"], "2.27.5", "{v}");
+    assert_eq!(
+        report["coverage"][0]["covered"], true,
+        "the NCCL has sm_61: {v}"
+    );
+    assert_eq!(
+        report["torch_coverage"]["known"]["gpus"][0]["covered"], false,
+        "{v}"
+    );
+    let coverage = verdict(&v, "coverage");
+    assert_eq!(coverage["state"], "red", "{v}");
+    let detail = coverage["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("torch28 GPU 0 (sm_61) has no kernels in its libtorch precompiled/cu128")
+            && detail.contains(
+                "/opt/flodl/libtorch/precompiled/cu128/lib/libtorch_cuda.so holds SASS sm_70 "
+            )
+            && detail.contains("TORCH_CUDA_ARCH_LIST including 6.1"),
+        "{detail}"
+    );
+    assert!(!detail.contains("effective NCCL"), "{detail}");
+    assert_eq!(code, Some(1), "red exits 1: {v}");
+
+    host.fake_nvidia_smi(
+        &[("NVIDIA GeForce RTX 3090", "8.6", 24576)],
+        "570.133.07",
+        "12.8",
+    );
+    let (_, v) = status();
+    let coverage = verdict(&v, "coverage");
+    assert_eq!(coverage["state"], "ok", "{v}");
+    assert_eq!(
+        coverage["detail"],
+        "every GPU has code in its host's NCCL and libtorch"
+    );
+    assert_eq!(
+        v["workers"][0]["report"]["torch_coverage"]["known"]["gpus"][0]["verdict"],
+        "native sm_86"
+    );
 }

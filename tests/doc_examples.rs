@@ -230,7 +230,8 @@ fn matches(want: &[String], got: &[String]) -> bool {
 ///   as this one;
 /// * `~/src/nccl-2.30.7-1` and `~/src/nccl-2.27.5-1`: stand-in NCCL trees
 ///   (tests/native_fixture) that build in a second where NVIDIA's take tens of minutes;
-/// * on PATH first: a stand-in `nvidia-smi` reporting [`GPUS`], and the built `fdl`.
+/// * on PATH first: a stand-in `nvidia-smi` reporting [`GPUS`] (its banner: driver
+///   580.95.05, CUDA 13.0), and the built `fdl`.
 struct Fixture {
     base: tempfile::TempDir,
     oracle_cache: PathBuf,

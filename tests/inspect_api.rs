@@ -107,6 +107,14 @@ fn file_api_and_find_self_id() {
     assert_eq!(ins.nccl.unwrap().version, NcclVersion::new(2, 21, 5));
 }
 
+/// The best fitting cubin's target of a native verdict.
+fn native_sass(v: Verdict) -> Option<GpuTarget> {
+    match v {
+        Verdict::Native { sass, .. } => Some(sass),
+        _ => None,
+    }
+}
+
 #[test]
 fn coverage_verdicts() {
     let spec = sample_spec(false);
@@ -114,33 +122,13 @@ fn coverage_verdicts() {
         .unwrap()
         .gpu_code;
     let v = |major, minor| coverage(&code, Arch::new(major, minor));
-    assert_eq!(
-        v(6, 1),
-        Verdict::Native {
-            sass: t(61, Variant::Generic)
-        }
-    );
+    assert_eq!(native_sass(v(6, 1)), Some(t(61, Variant::Generic)));
     // sm_86 cubin runs on 8.9; sm_90a runs on 9.0 only and beats nothing else there.
-    assert_eq!(
-        v(8, 9),
-        Verdict::Native {
-            sass: t(86, Variant::Generic)
-        }
-    );
-    assert_eq!(
-        v(9, 0),
-        Verdict::Native {
-            sass: t(90, Variant::Specific)
-        }
-    );
+    assert_eq!(native_sass(v(8, 9)), Some(t(86, Variant::Generic)));
+    assert_eq!(native_sass(v(9, 0)), Some(t(90, Variant::Specific)));
     // 10.0: no cubin; sm_90a PTX is bound to 9.0, so no PTX either.
     assert_eq!(v(10, 0), Verdict::NotCovered);
-    assert_eq!(
-        v(12, 1),
-        Verdict::Native {
-            sass: t(120, Variant::Generic)
-        }
-    );
+    assert_eq!(native_sass(v(12, 1)), Some(t(120, Variant::Generic)));
     assert_eq!(v(7, 0), Verdict::NotCovered);
     let ptx_only = inspect::GpuCode {
         ptx: vec![inspect::CodeEntry {
@@ -156,6 +144,45 @@ fn coverage_verdicts() {
         }
     );
     assert_eq!(coverage(&ptx_only, Arch::new(7, 5)), Verdict::NotCovered);
+}
+
+/// A GPU that runs one arch-specific cubin natively but most kernels from another
+/// arch's cubins: the verdict says both, with the counts the inspection made.
+#[test]
+fn coverage_names_what_most_kernels_run() {
+    let entry = |n, variant, count| inspect::CodeEntry {
+        target: t(n, variant),
+        count,
+    };
+    let code = inspect::GpuCode {
+        sass: vec![
+            entry(120, Variant::Generic, 476),
+            entry(121, Variant::Specific, 1),
+        ],
+        ..Default::default()
+    };
+    let v = coverage(&code, Arch::new(12, 1));
+    assert_eq!(native_sass(v), Some(t(121, Variant::Specific)));
+    assert_eq!(
+        v.sass_text().as_deref(),
+        Some("sm_121a ×1 natively, sm_120 ×476")
+    );
+    // On sm_120 only one target fits: it is named alone.
+    let v = coverage(&code, Arch::new(12, 0));
+    assert_eq!(v.sass_text().as_deref(), Some("sm_120"));
+    // The best target holding the most cubins is named alone (libtorch 2.8 on sm_90:
+    // 393 sm_90, 4 sm_90a).
+    let code = inspect::GpuCode {
+        sass: vec![
+            entry(90, Variant::Generic, 393),
+            entry(90, Variant::Specific, 4),
+        ],
+        ..Default::default()
+    };
+    assert_eq!(
+        coverage(&code, Arch::new(9, 0)).sass_text().as_deref(),
+        Some("sm_90")
+    );
 }
 
 /// Every prefix of a valid library: never a panic, and never a count from cut entries.

@@ -68,6 +68,10 @@ pub struct BuildArgs {
     /// Native: build even if the toolkit's CUDA differs from --cuda / the libtorch's
     #[arg(long)]
     pub allow_cuda_mismatch: bool,
+    /// Build although this host's driver is too old for the plan's CUDA (the build is
+    /// for other hosts, or the driver is being updated)
+    #[arg(long)]
+    pub allow_old_driver: bool,
     /// Also embed PTX for the highest arch, so newer GPUs still run (by JIT)
     #[arg(long)]
     pub ptx: bool,
@@ -123,6 +127,7 @@ impl BuildArgs {
             no_wait: self.no_wait,
             dry_run: self.dry_run,
             no_store: self.no_store,
+            allow_old_driver: self.allow_old_driver,
             verbosity: if self.quiet || self.json {
                 Verbosity::Quiet
             } else if self.verbose {
@@ -146,6 +151,7 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
                 }
                 Ok(gpus)
             },
+            driver: &gpu::driver,
         };
         pipeline::infer(flags, &sources)
     };

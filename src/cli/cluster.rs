@@ -577,6 +577,29 @@ fn render_status(workers: &[WorkerStatus]) -> String {
                 .join(", ");
             s.push_str(&format!("  {:<9} {cells}\n", "coverage"));
         }
+        // The libtorch's own kernels per GPU: a rank needs them as much as the NCCL's.
+        match &r.torch_coverage {
+            Facts::Known(t) if !t.gpus.is_empty() => {
+                let cells = t
+                    .gpus
+                    .iter()
+                    .map(|c| {
+                        if c.covered {
+                            clean(&format!("GPU {}: {}", c.index, c.verdict))
+                        } else {
+                            paint(
+                                &clean(&format!("GPU {}: NO KERNELS for {}", c.index, c.arch)),
+                                Color::Red,
+                            )
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                s.push_str(&format!("  {:<9} {cells}\n", "torch"));
+            }
+            Facts::Known(_) => {}
+            Facts::Unknown(why) => row(&mut s, "torch", format!("kernels unknown: {why}")),
+        }
         if w.shipped_fdl {
             row(&mut s, "fdl", "shipped from the controller".into());
         }
@@ -596,7 +619,10 @@ fn env_cmd(
         make: "fdl cluster build",
         this: "fdl cluster env",
     };
-    let (name, _, why) = super::manage::pick_build(project, &store, build, &wiring)?;
+    let hosts = || status::pick_hosts(&reports(&reach, common, matches!(format, EnvFormat::Json)));
+    let choice = super::manage::pick_build(project, &store, build, &wiring, &hosts)?;
+    super::manage::announce(&choice);
+    let (name, why) = (choice.build.clone(), choice.reason.clone());
     if reach.slurm {
         return slurm_env(&reach, common, &name, &why, format);
     }
@@ -640,6 +666,7 @@ fn env_cmd(
         EnvFormat::Json => print_json(&json!({
             "build": name,
             "why": why,
+            "choice": choice,
             "workers": entries.iter().map(|(w, p)| json!({
                 "host": w.host,
                 "env": { "LD_PRELOAD": p },
@@ -757,7 +784,10 @@ fn ship_cmd(
         make: "fdl cluster build",
         this: "fdl cluster ship",
     };
-    let (name, _, _) = super::manage::pick_build(project, &store, build, &wiring)?;
+    let hosts = || status::pick_hosts(&reports(&reach, common, json));
+    let choice = super::manage::pick_build(project, &store, build, &wiring, &hosts)?;
+    super::manage::announce(&choice);
+    let name = choice.build.clone();
     let dir = store.path_of(&name);
     let req = ShipRequest::new(
         &name,
@@ -786,6 +816,7 @@ fn ship_cmd(
     if json {
         print_json(&json!({
             "build": name,
+            "choice": choice,
             "digest": req.digest,
             "dry_run": dry_run,
             "workers": results,

@@ -58,7 +58,10 @@ pub(super) fn coverage_rows(code: &GpuCode, targets: &Targets) -> Vec<CoverageRo
 
 pub(super) fn verdict_text(v: &Verdict) -> String {
     match v {
-        Verdict::Native { sass } => paint(&format!("native SASS ({sass})"), Color::Green),
+        Verdict::Native { .. } => paint(
+            &format!("native SASS ({})", v.sass_text().unwrap_or_default()),
+            Color::Green,
+        ),
         Verdict::PtxJit { ptx } => paint(
             &format!(
                 "PTX JIT only ({}): runs, slow first start",
@@ -76,7 +79,7 @@ pub(super) fn coverage_json(rows: &[CoverageRow]) -> serde_json::Value {
     rows.iter()
         .map(|r| {
             let (verdict, code) = match r.verdict {
-                Verdict::Native { sass } => ("native", Some(sass.to_string())),
+                Verdict::Native { sass, .. } => ("native", Some(sass.to_string())),
                 Verdict::PtxJit { ptx } => ("ptx_jit", Some(ptx.ptx_name())),
                 Verdict::NotCovered => ("not_covered", None),
             };
@@ -472,6 +475,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
         );
     }
     let gpus = gpu::query().ok();
+    let driver = gpu::driver();
     let exe = std::env::current_exe()?;
     let probe = |lib: &Path| verify::probe_in_child(&exe, lib);
     let mut reports: Vec<Report> = Vec::new();
@@ -482,6 +486,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                     recorded: Some(&manifest.checked),
                     files: manifest.files.as_deref(),
                     gpus: gpus.as_deref().map_or(LocalGpus::Unknown, LocalGpus::Known),
+                    driver: Some(&driver),
                     probe: Some(&probe),
                 };
                 verify::verify(name, &store.path_of(name), &manifest.plan, &against)
@@ -537,9 +542,16 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                 line(c, "FAIL");
             }
             if !r.host_coverage.is_empty() {
-                outln!("  this host's GPUs (not part of the build's verdict):");
+                outln!("  this host's GPUs and driver (not part of the build's verdict):");
                 for c in &r.host_coverage {
-                    line(c, "NOT COVERED");
+                    line(
+                        c,
+                        if c.check == "driver" {
+                            "TOO OLD"
+                        } else {
+                            "NOT COVERED"
+                        },
+                    );
                 }
             }
         }

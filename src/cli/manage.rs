@@ -1,9 +1,9 @@
 //! `fdl nccl list|remove|env`: seeing, deleting and wiring builds.
 
 use super::common::print_json;
-use crate::libtorch::Libtorch;
 use crate::lock::Wait;
-use crate::nccl::store::{BuildName, BuildStore, Entry, Existing, Manifest};
+use crate::nccl::pick::Choice;
+use crate::nccl::store::{BuildName, BuildStore, Entry, Existing};
 use crate::project::Project;
 use crate::text::{clean, paint, Color};
 use anyhow::{bail, Result};
@@ -204,11 +204,13 @@ pub enum EnvFormat {
 
 pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> Result<()> {
     let store = BuildStore::new(project.nccl_builds_dir());
-    let (name, manifest, why) = pick_build(project, &store, build, &Wiring::NCCL_ENV)?;
-    let lib: PathBuf = store.path_of(&name).join("lib").join("libnccl.so.2");
+    let choice = pick_build(project, &store, build, &Wiring::NCCL_ENV, &this_host)?;
+    announce(&choice);
+    let (name, manifest, why) = (&choice.build, &choice.manifest, &choice.reason);
+    let lib: PathBuf = store.path_of(name).join("lib").join("libnccl.so.2");
     // A path the loader reads as one LD_PRELOAD element: the build's own, or a link in
     // the per-user cache when the project's path holds a space or a colon.
-    let preload = crate::nccl::preload::preload_path(&lib, &name)?;
+    let preload = crate::nccl::preload::preload_path(&lib, name)?;
     // This output is `eval`ed or pasted: the path is quoted for its format too.
     let path = preload.to_str().expect("preload_path returns UTF-8 paths");
     let comment = comment_text(&format!(
@@ -232,53 +234,50 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
             "nccl_version": manifest.checked.header_version,
             "ld_preload": preload,
             "why": why,
+            "choice": choice,
         })),
     }
     Ok(())
 }
 
-/// Which command asks for a build, so that its hints name the commands that fix things
-/// in its own world: `fdl nccl build` for one host, `fdl cluster build` for a cluster.
-pub(super) struct Wiring {
-    /// Makes a build: `fdl nccl build`.
-    pub make: &'static str,
-    /// This command, to be given a build's name: `fdl nccl env`.
-    pub this: &'static str,
+pub(super) use crate::nccl::pick::Wiring;
+
+/// This host's GPUs and driver, for the default build's choice.
+pub(super) fn this_host() -> Vec<crate::nccl::pick::Host> {
+    vec![crate::nccl::pick::Host {
+        name: "this host".into(),
+        gpus: crate::gpu::query()
+            .map(|g| crate::gpu::distinct_archs(&g))
+            .map_err(|e| e.to_string()),
+        driver: crate::gpu::driver().map_err(|e| e.to_string()),
+    }]
 }
 
-impl Wiring {
-    pub const NCCL_ENV: Wiring = Wiring {
-        make: "fdl nccl build",
-        this: "fdl nccl env",
-    };
-}
-
-/// The build a wiring command is about: the one named, else the default (newest
-/// matching the active libtorch), with why it was picked.
+/// The build a wiring command is about ([`crate::nccl::pick::pick`]).
 pub(super) fn pick_build(
     project: &Project,
     store: &BuildStore,
     build: Option<&str>,
     wiring: &Wiring,
-) -> Result<(String, Manifest, String)> {
-    Ok(match build {
-        Some(name) => {
-            BuildName::parse(name)?;
-            match store.existing(name)? {
-                Some(Existing::Build(m)) => (name.to_string(), *m, "named".to_string()),
-                Some(Existing::Unreadable(why)) => bail!(
-                    "the manifest of build '{name}' cannot be read ({why}); rebuild it with `{} --force`",
-                    wiring.make
-                ),
-                Some(Existing::NotABuild(why)) => bail!(
-                    "{} is not an fdl build ({why})",
-                    store.path_of(name).display()
-                ),
-                None => bail!("no build named '{name}'. {}", builds_hint(store, wiring)?),
-            }
-        }
-        None => default_build(project, store, wiring)?,
-    })
+    hosts: &dyn Fn() -> Vec<crate::nccl::pick::Host>,
+) -> Result<Choice> {
+    crate::nccl::pick::pick(project, store, build, wiring, hosts)
+}
+
+/// A default choice and its reason on stderr (stdout is `eval`ed or pasted), with any
+/// check that could not be made.
+pub(super) fn announce(choice: &Choice) {
+    if choice.by == "named" {
+        return;
+    }
+    crate::eprintln_safe!(
+        "fdl: chose build {}: {}",
+        clean(&choice.build),
+        clean(&choice.reason)
+    );
+    for w in &choice.warnings {
+        crate::eprintln_safe!("warning: {}", clean(w));
+    }
 }
 
 /// A YAML double-quoted scalar. YAML's double-quoted escapes are a superset of JSON's, so
@@ -291,106 +290,4 @@ pub(super) fn yaml_quote(s: &str) -> String {
 /// make the rest a command) become spaces.
 pub(super) fn comment_text(s: &str) -> String {
     crate::paste::comment(s)
-}
-
-/// The builds there are, as `name (NCCL x.y.z)`.
-fn candidates(store: &BuildStore) -> Result<Vec<String>> {
-    Ok(store
-        .list()?
-        .into_iter()
-        .filter_map(|e| match e {
-            Entry::Build { name, manifest, .. } => {
-                Some(format!("{name} (NCCL {})", manifest.checked.header_version))
-            }
-            _ => None,
-        })
-        .collect())
-}
-
-/// What to say about the builds there are: their names, or that there are none yet.
-fn builds_hint(store: &BuildStore, wiring: &Wiring) -> Result<String> {
-    let names = candidates(store)?;
-    Ok(if names.is_empty() {
-        format!("There are no builds yet: make one with `{}`", wiring.make)
-    } else {
-        format!("Builds: {}", names.join(", "))
-    })
-}
-
-/// The newest full build whose NCCL version is the active libtorch's.
-fn default_build(
-    project: &Project,
-    store: &BuildStore,
-    wiring: &Wiring,
-) -> Result<(String, Manifest, String)> {
-    let builds: Vec<(String, Manifest)> = store
-        .list()?
-        .into_iter()
-        .filter_map(|e| match e {
-            Entry::Build { name, manifest, .. } if manifest.plan.only_funcs.is_none() => {
-                Some((name, *manifest))
-            }
-            _ => None,
-        })
-        .collect();
-    let lt = Libtorch::new(project.libtorch_dir());
-    let active = lt.active();
-    let wanted = active.as_ref().ok().cloned().and_then(|v| {
-        let lib = v.libtorch_cuda();
-        // The NCCL it brings (static, pip-style, or pinned): the same answer as `fdl nccl
-        // detect` without a preload.
-        crate::loader::bundled_nccl(&lib)
-            .ok()
-            .and_then(|b| b.version().cloned())
-            .map(|version| (v.name, version))
-    });
-    let Some((variant, version)) = wanted else {
-        return match builds.as_slice() {
-            [(name, m)] => Ok((name.clone(), m.clone(), "the only build".into())),
-            _ => {
-                let why = match &active {
-                    // No libtorch to match: say that, not that its NCCL is unknown.
-                    Err(e) => format!("there is no active libtorch to match ({e:#})"),
-                    Ok(v) => format!(
-                        "the NCCL version of the active libtorch {} is unknown (`fdl nccl detect` says why)",
-                        v.name
-                    ),
-                };
-                let name_one = if builds.is_empty() {
-                    String::new()
-                } else {
-                    format!(". Name one: `{} BUILD`", wiring.this)
-                };
-                bail!(
-                    "cannot choose a build: {why}. {}{name_one}",
-                    builds_hint(store, wiring)?
-                )
-            }
-        };
-    };
-    let same = |m: &Manifest| {
-        let h = &m.checked.header_version;
-        (h.major, h.minor, h.patch) == (version.major, version.minor, version.patch)
-    };
-    let newest = builds
-        .iter()
-        .filter(|(_, m)| same(m))
-        .max_by(|(_, a), (_, b)| a.built_at.cmp(&b.built_at));
-    match newest {
-        Some((name, m)) => Ok((
-            name.clone(),
-            m.clone(),
-            format!("newest build matching {variant}'s NCCL {version}"),
-        )),
-        None if builds.is_empty() => bail!(
-            "no build matches the active libtorch {variant} (NCCL {version}): there are no builds yet. Make one with `{}`",
-            wiring.make
-        ),
-        None => bail!(
-            "no build matches the active libtorch {variant} (NCCL {version}): make one with `{}`, or name one (`{} BUILD`). {}",
-            wiring.make,
-            wiring.this,
-            builds_hint(store, wiring)?
-        ),
-    }
 }

@@ -1,7 +1,8 @@
 //! What one host says about itself, for the cluster: its GPUs and driver, its libtorch
 //! variant and the NCCL that variant bundles, the NCCL its ranks will really load (the
-//! worker's `LD_PRELOAD`, else the bundled one), whether that NCCL has code for each
-//! GPU, and whether a preload can take effect at all. `fdl cluster self` prints it as
+//! worker's `LD_PRELOAD`, else the bundled one), whether that NCCL and the libtorch
+//! itself have code for each GPU (a rank needs both), and whether a preload can take
+//! effect at all. `fdl cluster self` prints it as
 //! JSON on each worker; the controller only compares reports. Every part that cannot be
 //! read carries the reason instead of failing the whole report.
 
@@ -31,6 +32,10 @@ pub struct HostReport {
     /// Per GPU: how the effective NCCL runs on it.
     #[serde(default)]
     pub coverage: Vec<GpuCoverage>,
+    /// Per GPU: how the libtorch's own kernels run on it. A report without it (an older
+    /// fdl) leaves the verdict unknown, never green.
+    #[serde(default = "torch_not_reported")]
+    pub torch_coverage: Facts<TorchCoverage>,
     /// `nccl*` functions the libtorch imports that the effective NCCL does not export.
     #[serde(default)]
     pub missing_symbols: Vec<String>,
@@ -96,6 +101,30 @@ pub struct NcclFacts {
     pub gpu_code: crate::inspect::GpuCode,
 }
 
+/// The GPU code of the libtorch a rank loads, and what it runs on each GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TorchCoverage {
+    /// The files whose code was judged: `libtorch_cuda.so`, and the split libraries it
+    /// loads (`libtorch_cuda_cu.so`, `libtorch_cuda_cpp.so`: torch 1.x's layout) that
+    /// hold GPU code.
+    pub files: Vec<TorchFile>,
+    pub gpus: Vec<GpuCoverage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TorchFile {
+    pub file: PathBuf,
+    /// SASS and PTX targets, as `fdl inspect` names them.
+    pub sass: Vec<String>,
+    pub ptx: Vec<String>,
+}
+
+fn torch_not_reported() -> Facts<TorchCoverage> {
+    Facts::Unknown(
+        "its fdl does not report the libtorch's GPU code (an older fdl): update fdl there".into(),
+    )
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuCoverage {
     pub index: u32,
@@ -129,6 +158,13 @@ pub fn report(q: &SelfQuery) -> HostReport {
         (Facts::Known(gpus), Facts::Known(nccl)) => coverage(gpus, &nccl.gpu_code),
         _ => Vec::new(),
     };
+    let torch_coverage = match (&gpus, &libtorch) {
+        (Facts::Known(gpus), Facts::Known(lt)) => {
+            Facts::from(torch_coverage(gpus, &lt.libtorch_cuda))
+        }
+        (Facts::Unknown(why), _) => Facts::Unknown(format!("the GPUs are unknown: {why}")),
+        (_, Facts::Unknown(why)) => Facts::Unknown(format!("the libtorch is unknown: {why}")),
+    };
     let missing_symbols = match (&libtorch, &effective) {
         (Facts::Known(lt), Facts::Known(nccl)) => missing_symbols(lt, nccl),
         _ => Vec::new(),
@@ -143,6 +179,7 @@ pub fn report(q: &SelfQuery) -> HostReport {
         libtorch,
         effective,
         coverage,
+        torch_coverage,
         missing_symbols,
     }
 }
@@ -292,22 +329,97 @@ fn effective_nccl(q: &SelfQuery, libtorch: Option<&LibtorchFacts>) -> anyhow::Re
 }
 
 fn coverage(gpus: &[Gpu], code: &inspect::GpuCode) -> Vec<GpuCoverage> {
-    gpus.iter()
+    gpus.iter().map(|g| gpu_coverage(g, code)).collect()
+}
+
+fn gpu_coverage(g: &Gpu, code: &inspect::GpuCode) -> GpuCoverage {
+    let verdict = inspect::coverage(code, g.compute_cap);
+    let (text, covered) = match verdict {
+        inspect::Verdict::Native { .. } => (
+            format!("native {}", verdict.sass_text().unwrap_or_default()),
+            true,
+        ),
+        inspect::Verdict::PtxJit { ptx } => (format!("ptx {ptx} (JIT)"), true),
+        inspect::Verdict::NotCovered => ("none".to_string(), false),
+    };
+    GpuCoverage {
+        index: g.index,
+        arch: g.compute_cap.to_string(),
+        verdict: text,
+        covered,
+    }
+}
+
+/// What the libtorch's own kernels run on each GPU. Its code lives in `libtorch_cuda.so`
+/// or, in a split build (torch 1.x), in the `libtorch_cuda*` libraries it needs beside
+/// it; each file that holds GPU code has its own kernels, so a GPU is covered only when
+/// every one of them runs there. A libtorch in which no file holds code fdl can read is
+/// an error (the verdict is then unknown), never "no code": a false red on a healthy rig
+/// is as wrong as a green on a broken one.
+fn torch_coverage(gpus: &[Gpu], lib: &Path) -> anyhow::Result<TorchCoverage> {
+    let ins = inspect::inspect(lib)?;
+    let mut judged = vec![(lib.to_path_buf(), ins.gpu_code.clone())];
+    let dir = lib.parent().unwrap_or(Path::new("."));
+    let mut unread = Vec::new();
+    for needed in ins.needed.iter().filter(|n| n.starts_with("libtorch_cuda")) {
+        // A name with a slash is not a sibling; the loader's search is not modelled here.
+        if needed.contains('/') {
+            continue;
+        }
+        let path = dir.join(needed);
+        match inspect::inspect(&path) {
+            Ok(i) => judged.push((path, i.gpu_code)),
+            Err(e) => unread.push(format!("{needed}: {e:#}")),
+        }
+    }
+    let has_code = |c: &inspect::GpuCode| !c.sass.is_empty() || !c.ptx.is_empty();
+    judged.retain(|(_, code)| has_code(code));
+    if judged.is_empty() {
+        anyhow::bail!(
+            "neither {} nor the torch libraries it loads hold GPU code fdl can read{}, so what runs on each GPU is not known",
+            lib.display(),
+            if unread.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", unread.join("; "))
+            }
+        );
+    }
+    let files = judged
+        .iter()
+        .map(|(file, code)| TorchFile {
+            file: file.clone(),
+            sass: code.sass.iter().map(|e| e.target.to_string()).collect(),
+            ptx: code.ptx.iter().map(|e| e.target.ptx_name()).collect(),
+        })
+        .collect();
+    let gpus = gpus
+        .iter()
         .map(|g| {
-            let verdict = inspect::coverage(code, g.compute_cap);
-            let (text, covered) = match verdict {
-                inspect::Verdict::Native { sass } => (format!("native {sass}"), true),
-                inspect::Verdict::PtxJit { ptx } => (format!("ptx {ptx} (JIT)"), true),
-                inspect::Verdict::NotCovered => ("none".to_string(), false),
-            };
+            let per_file: Vec<GpuCoverage> = judged
+                .iter()
+                .map(|(file, code)| {
+                    let mut c = gpu_coverage(g, code);
+                    if judged.len() > 1 {
+                        let name = file.file_name().unwrap_or_default().to_string_lossy();
+                        c.verdict = format!("{name}: {}", c.verdict);
+                    }
+                    c
+                })
+                .collect();
             GpuCoverage {
                 index: g.index,
                 arch: g.compute_cap.to_string(),
-                verdict: text,
-                covered,
+                covered: per_file.iter().all(|c| c.covered),
+                verdict: per_file
+                    .iter()
+                    .map(|c| c.verdict.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             }
         })
-        .collect()
+        .collect();
+    Ok(TorchCoverage { files, gpus })
 }
 
 /// The libtorch's imports the effective NCCL lacks. A static libtorch imports none.

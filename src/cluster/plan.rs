@@ -133,6 +133,7 @@ pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> 
         archs,
         arch_origin,
         warnings,
+        host_driver: None,
     })
 }
 

@@ -342,6 +342,7 @@ pub fn install(
         recorded: Some(&manifest.checked),
         files: manifest.files.as_deref(),
         gpus: LocalGpus::NotChecked,
+        driver: None,
         probe: Some(&probe),
     };
     let report = verify::verify(name.as_str(), staging.path(), &manifest.plan, &against);

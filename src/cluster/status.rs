@@ -2,13 +2,12 @@
 //! workers at once: in parallel over SSH, one step through srun), then
 //! the verdicts that decide whether a multi-host run can start: one NCCL version
 //! everywhere (NCCL refuses to form a communicator otherwise, patch included), code for
-//! every GPU, drivers new enough for that NCCL's CUDA, every symbol each libtorch needs,
+//! every GPU in both the effective NCCL and the libtorch a rank loads, drivers new enough for that NCCL's CUDA, every symbol each libtorch needs,
 //! and a preload that takes effect where one is set.
 
 use super::config::Worker;
 use super::host::{Facts, HostReport, REPORT_SCHEMA};
 use super::transport::{self, Transport};
-use crate::version::CudaVersion;
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -636,8 +635,9 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
         },
     ));
 
-    // coverage: every GPU on every host, judged on the NCCL it really loads.
-    let red: Vec<String> = reports
+    // coverage: every GPU on every host, judged on the NCCL it really loads and on the
+    // libtorch's own kernels: a rank runs both, and either lacking code fails it.
+    let nccl_red: Vec<String> = reports
         .iter()
         .flat_map(|(host, r)| {
             r.coverage
@@ -646,6 +646,7 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
                 .map(move |c| format!("{host} GPU {} ({})", c.index, c.arch))
         })
         .collect();
+    let mut torch_red: Vec<String> = Vec::new();
     let mut unknown = missing_hosts.clone();
     for (h, r) in &reports {
         if let Facts::Unknown(why) = &r.gpus {
@@ -656,15 +657,36 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
                 "{h}: its effective NCCL is unknown, so is its code"
             ));
         }
+        match &r.torch_coverage {
+            Facts::Known(t) => torch_red.extend(
+                t.gpus
+                    .iter()
+                    .filter(|c| !c.covered)
+                    .map(|c| torch_gap(h, r, t, c)),
+            ),
+            // Without GPUs the line above already says why.
+            Facts::Unknown(_) if r.gpus.known().is_none() => {}
+            Facts::Unknown(why) => {
+                unknown.push(format!("{h}: the libtorch's GPU code is unknown: {why}"))
+            }
+        }
     }
+    let mut red = Vec::new();
+    if !nccl_red.is_empty() {
+        red.push(format!(
+            "the effective NCCL has no code for {}",
+            nccl_red.join(", ")
+        ));
+    }
+    red.extend(torch_red);
     let state = judge(&red, &unknown);
     out.push(Verdict::new(
         "coverage",
         state,
         match state {
-            State::Red => format!("the effective NCCL has no code for {}", red.join(", ")),
+            State::Red => red.join("; "),
             State::Unknown => unknown.join("; "),
-            State::Ok => "every GPU has code in its host's NCCL".into(),
+            State::Ok => "every GPU has code in its host's NCCL and libtorch".into(),
         },
     ));
 
@@ -789,22 +811,86 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
     out
 }
 
-#[derive(Debug, PartialEq, Eq)]
-pub enum DriverFit {
-    Yes,
-    /// Same major, older minor: CUDA's minor-version compatibility runs it.
-    MinorCompat,
-    No,
+// The one driver rule, shared with the build's plan, `nccl verify` and the default build.
+pub use crate::gpu::{driver_runs, DriverFit};
+
+/// Every worker as the default build's choice sees it ([`crate::nccl::pick`]): its GPUs'
+/// archs and driver from its report, or why they are not known.
+pub fn pick_hosts(workers: &[WorkerStatus]) -> Vec<crate::nccl::pick::Host> {
+    workers
+        .iter()
+        .map(|w| {
+            let missing = || {
+                w.error
+                    .clone()
+                    .unwrap_or_else(|| "it did not answer".into())
+            };
+            let (gpus, driver) = match &w.report {
+                Some(r) => (
+                    match &r.gpus {
+                        Facts::Known(g) => Ok(crate::gpu::distinct_archs(g)),
+                        Facts::Unknown(why) => Err(why.clone()),
+                    },
+                    match &r.driver {
+                        Facts::Known(d) => Ok(d.clone()),
+                        Facts::Unknown(why) => Err(why.clone()),
+                    },
+                ),
+                None => (Err(missing()), Err(missing())),
+            };
+            crate::nccl::pick::Host {
+                name: w.host.clone(),
+                gpus,
+                driver,
+            }
+        })
+        .collect()
 }
 
-pub fn driver_runs(driver: CudaVersion, built: CudaVersion) -> DriverFit {
-    if driver.major_minor() >= built.major_minor() {
-        DriverFit::Yes
-    } else if driver.major == built.major {
-        DriverFit::MinorCompat
-    } else {
-        DriverFit::No
-    }
+/// A GPU the libtorch has no kernels for, in words: which libtorch, what its files hold,
+/// and what would cover the GPU (a libtorch with SASS for its arch, or PTX as old).
+fn torch_gap(
+    host: &str,
+    r: &HostReport,
+    t: &super::host::TorchCoverage,
+    c: &super::host::GpuCoverage,
+) -> String {
+    let variant = r
+        .libtorch
+        .known()
+        .map_or_else(|| "?".to_string(), |lt| lt.variant.clone());
+    let files = t
+        .files
+        .iter()
+        .map(|f| {
+            let list = |v: &[String]| {
+                if v.is_empty() {
+                    "none".to_string()
+                } else {
+                    v.join(" ")
+                }
+            };
+            format!(
+                "{} holds SASS {}, PTX {}",
+                f.file.display(),
+                list(&f.sass),
+                list(&f.ptx)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let cover = match crate::arch::parse_arch_token(&c.arch) {
+        Ok(a) => format!(
+            "a libtorch built for {a} covers it (from source with TORCH_CUDA_ARCH_LIST including {}, registered with `fdl libtorch add`), as does one with PTX for {} or older",
+            a.capability(),
+            crate::arch::GpuTarget::generic(a).ptx_name()
+        ),
+        Err(_) => format!("a libtorch built for {} covers it", c.arch),
+    };
+    format!(
+        "{host} GPU {} ({}) has no kernels in its libtorch {variant} ({files}): {cover}",
+        c.index, c.arch
+    )
 }
 
 /// A path a worker's report names, shown relative to its checkout when inside it.
@@ -870,6 +956,10 @@ pub(crate) fn test_worker(
             }),
             effective: Facts::Known(facts),
             coverage: vec![],
+            torch_coverage: Facts::Known(super::host::TorchCoverage {
+                files: vec![],
+                gpus: vec![],
+            }),
             missing_symbols: vec![],
         }),
     }
@@ -1040,9 +1130,57 @@ mod tests {
         assert_eq!(bridge.state, State::Ok, "{bridge:?}");
     }
 
+    /// The libtorch's own kernels are judged beside the NCCL's: a GPU the libtorch has no
+    /// code for is red, naming the libtorch and what would cover it; a libtorch whose
+    /// code could not be read is unknown, never red and never ok.
+    #[test]
+    fn coverage_judges_the_libtorch_too() {
+        use super::super::host::{GpuCoverage, TorchCoverage, TorchFile};
+        let with_torch = |covered: bool| {
+            let mut w = test_worker("pascal", "2.27.5", &[(6, 1)], "12.8");
+            let r = w.report.as_mut().unwrap();
+            r.torch_coverage = Facts::Known(TorchCoverage {
+                files: vec![TorchFile {
+                    file: "/p/lib/libtorch_cuda.so".into(),
+                    sass: vec!["sm_70".into(), "sm_120".into()],
+                    ptx: vec![],
+                }],
+                gpus: vec![GpuCoverage {
+                    index: 0,
+                    arch: "sm_61".into(),
+                    verdict: if covered { "native sm_61" } else { "none" }.into(),
+                    covered,
+                }],
+            });
+            w
+        };
+        let coverage = |w: WorkerStatus| {
+            verdicts(&[w])
+                .into_iter()
+                .find(|v| v.name == "coverage")
+                .unwrap()
+        };
+        let v = coverage(with_torch(false));
+        assert_eq!(v.state, State::Red, "{v:?}");
+        assert!(
+            v.detail.contains("pascal GPU 0 (sm_61) has no kernels in its libtorch precompiled/cu128 (/p/lib/libtorch_cuda.so holds SASS sm_70 sm_120, PTX none)")
+                && v.detail.contains("TORCH_CUDA_ARCH_LIST including 6.1")
+                && v.detail.contains("PTX for compute_61 or older"),
+            "{v:?}"
+        );
+        assert_eq!(coverage(with_torch(true)).state, State::Ok);
+        let mut w = with_torch(true);
+        w.report.as_mut().unwrap().torch_coverage = Facts::Unknown("split build".into());
+        let v = coverage(w);
+        assert_eq!(v.state, State::Unknown, "{v:?}");
+        assert!(v
+            .detail
+            .contains("the libtorch's GPU code is unknown: split build"));
+    }
+
     #[test]
     fn a_driver_runs_its_cuda_or_an_older_minor_of_the_same_major() {
-        let v = |s: &str| s.parse::<CudaVersion>().unwrap();
+        let v = |s: &str| s.parse::<crate::version::CudaVersion>().unwrap();
         assert_eq!(driver_runs(v("12.8"), v("12.8")), DriverFit::Yes);
         assert_eq!(driver_runs(v("13.0"), v("12.8")), DriverFit::Yes);
         assert_eq!(driver_runs(v("12.2"), v("12.8")), DriverFit::MinorCompat);

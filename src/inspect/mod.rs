@@ -470,15 +470,39 @@ fn find_nccl_self_id_in(src: &Source<'_>, path: &Path) -> Result<Option<SelfId>>
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
 pub enum Verdict {
-    /// A cubin runs as is.
+    /// A cubin runs as is: `sass` is the best fitting target, with `count` cubins. When
+    /// another fitting target holds more cubins (a GPU that runs one `sm_121a` cubin
+    /// natively but 476 `sm_120` ones for everything else), `mostly` names it: most
+    /// kernels run that code, and a verdict naming only `sass` would misdescribe them.
     Native {
         sass: GpuTarget,
+        count: usize,
+        mostly: Option<(GpuTarget, usize)>,
     },
     /// No cubin fits, but this PTX JIT-compiles for the GPU (slow first start).
     PtxJit {
         ptx: GpuTarget,
     },
     NotCovered,
+}
+
+impl Verdict {
+    /// What runs natively, in words: `sm_80`, or both targets when most kernels come
+    /// from another one than the best: `sm_121a ×1 natively, sm_120 ×476`. Counts are
+    /// cubins per target, as the inspection counted them.
+    pub fn sass_text(&self) -> Option<String> {
+        match self {
+            Verdict::Native {
+                sass, mostly: None, ..
+            } => Some(sass.to_string()),
+            Verdict::Native {
+                sass,
+                count,
+                mostly: Some((most, n)),
+            } => Some(format!("{sass} ×{count} natively, {most} ×{n}")),
+            _ => None,
+        }
+    }
 }
 
 /// The verdict for `gpu` by CUDA's rules (see [`GpuTarget::sass_runs_on`] and
@@ -495,14 +519,22 @@ pub fn coverage(code: &GpuCode, gpu: Arch) -> Verdict {
         };
         (t.arch, v)
     };
-    if let Some(best) = code
+    let fitting: Vec<&CodeEntry> = code
         .sass
         .iter()
-        .map(|e| e.target)
-        .filter(|t| t.sass_runs_on(gpu))
-        .max_by_key(rank)
-    {
-        return Verdict::Native { sass: best };
+        .filter(|e| e.target.sass_runs_on(gpu))
+        .collect();
+    if let Some(best) = fitting.iter().max_by_key(|e| rank(&e.target)) {
+        // The fitting target most cubins come from; ties go to the best one.
+        let most = fitting
+            .iter()
+            .max_by_key(|e| (e.count, e.target == best.target))
+            .filter(|m| m.target != best.target && m.count > best.count);
+        return Verdict::Native {
+            sass: best.target,
+            count: best.count,
+            mostly: most.map(|m| (m.target, m.count)),
+        };
     }
     if let Some(best) = code
         .ptx

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod files;
 pub mod name;
 pub mod only_funcs;
+pub mod pick;
 pub mod plan;
 pub mod preload;
 pub mod store;

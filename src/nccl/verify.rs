@@ -11,7 +11,7 @@
 //! needed for it.
 
 use crate::arch::Arch;
-use crate::gpu::Gpu;
+use crate::gpu::{Driver, DriverCheck, Gpu, GpuError};
 use crate::inspect::{self, Verdict};
 use crate::nccl::files::{self, FileEntry};
 use crate::nccl::plan::BuildPlan;
@@ -114,6 +114,9 @@ pub struct Against<'a> {
     /// `recorded` is given; `None` there is an older manifest's "not recorded".
     pub files: Option<&'a [FileEntry]>,
     pub gpus: LocalGpus<'a>,
+    /// This host's driver as `nvidia-smi` reads it, checked in the host section against
+    /// the CUDA the library was built with; `None` when this host is not the question.
+    pub driver: Option<&'a std::result::Result<Driver, GpuError>>,
     /// How to load the library; `None` reports the load check as skipped.
     pub probe: Option<Probe<'a>>,
 }
@@ -241,6 +244,9 @@ pub fn verify(name: &str, dir: &Path, plan: &BuildPlan, against: &Against) -> Re
                 }),
                 LocalGpus::NotChecked => {}
             }
+            if let Some(driver) = against.driver {
+                r.host_coverage.push(driver_verdict(driver, &ins, plan));
+            }
         }
         Err(e) => r.push(
             "gpu code",
@@ -281,9 +287,39 @@ pub fn verify(name: &str, dir: &Path, plan: &BuildPlan, against: &Against) -> Re
     r
 }
 
+/// This host's driver against the CUDA the library names in its self-id (the plan's
+/// when it names none), by the rule every NCCL choice uses ([`DriverCheck`]). A driver
+/// that cannot be read is `skipped`: the check was not made, which is no finding.
+fn driver_verdict(
+    driver: &std::result::Result<Driver, GpuError>,
+    ins: &inspect::Inspection,
+    plan: &BuildPlan,
+) -> Check {
+    let cuda = ins.nccl.as_ref().map_or(plan.cuda, |n| n.cuda);
+    let check = DriverCheck::of(driver, cuda, "the build");
+    let status = match &check {
+        DriverCheck::Runs(_) => Status::Pass,
+        DriverCheck::MinorCompat(_) => Status::Warn,
+        DriverCheck::TooOld(_) => Status::Fail,
+        DriverCheck::Unknown(_) => Status::Skipped,
+    };
+    Check {
+        check: "driver".into(),
+        status,
+        detail: check.text().to_string(),
+    }
+}
+
 fn sass_verdict(code: &inspect::GpuCode, arch: Arch, planned: bool) -> (Status, String) {
-    match inspect::coverage(code, arch) {
-        Verdict::Native { sass } => (Status::Pass, format!("native SASS ({sass}) for {arch}")),
+    let verdict = inspect::coverage(code, arch);
+    match verdict {
+        Verdict::Native { .. } => (
+            Status::Pass,
+            format!(
+                "native SASS ({}) for {arch}",
+                verdict.sass_text().unwrap_or_default()
+            ),
+        ),
         Verdict::PtxJit { ptx } if planned => (
             Status::Fail,
             format!("no SASS for {arch}, which the build was planned for; only PTX {ptx} (JIT)"),

@@ -207,6 +207,7 @@ pub fn execute(
             files: None,
             // The build may be meant for another host: only the planned archs must be there.
             gpus: verify::LocalGpus::NotChecked,
+            driver: None,
             probe: opts.probe,
         };
         let report = verify::verify(&plan.name, staging.path(), plan, &against);

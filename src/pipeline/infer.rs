@@ -26,6 +26,8 @@ pub struct BuildRequest {
 pub struct Sources<'a> {
     pub project: &'a Project,
     pub gpus: &'a dyn Fn() -> Result<Vec<Gpu>, GpuError>,
+    /// This host's driver, which a build for this host must be able to run.
+    pub driver: &'a dyn Fn() -> Result<gpu::Driver, GpuError>,
 }
 
 /// The flags checked before anything slow runs, so a typo fails fast.
@@ -79,6 +81,10 @@ pub struct Inferred {
     pub archs: Vec<Arch>,
     pub arch_origin: ArchOrigin,
     pub warnings: Vec<String>,
+    /// The driver of the host the build is for, when that is this host: the plan's CUDA
+    /// is checked against it. `None` for a cluster's build, whose workers' drivers
+    /// `cluster status` and `cluster plan` judge.
+    pub host_driver: Option<Result<gpu::Driver, GpuError>>,
 }
 
 /// Infers what the flags leave open: the tag (and CUDA) from the active libtorch, the
@@ -124,6 +130,7 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
         archs,
         arch_origin,
         warnings,
+        host_driver: Some((src.driver)()),
     })
 }
 

@@ -49,6 +49,9 @@ pub struct Request {
     pub dry_run: bool,
     /// Neither install from the machine-wide store nor add to it.
     pub no_store: bool,
+    /// Build for this host although its driver cannot run the plan's CUDA (for a driver
+    /// update under way, or a build that only ships): a warning instead of a problem.
+    pub allow_old_driver: bool,
     pub verbosity: Verbosity,
 }
 
@@ -80,10 +83,14 @@ pub fn prepare(
         ptx: flags.ptx,
         ..req.build.clone()
     };
-    let inferred = infer(flags)?;
+    let mut inferred = infer(flags)?;
+    let host_driver = inferred.host_driver.take();
     let (inputs, reason, mut chosen) = choose::choose(&req.backend, &inferred.tag)?;
     let mut plan = plan(&build, inferred, project.nccl_builds_dir(), inputs, reason)?;
     plan.warnings.extend(project.fallback_note());
+    if let Some(driver) = &host_driver {
+        driver_check(&mut plan, driver, req.allow_old_driver);
+    }
     // The engine the build needs is asked for now, so that a dry run meets what a real
     // run would meet first. A plan is about its inputs, and is sound whichever host it
     // is made on (a dry run on a laptop before the build host, say): a dry run names this
@@ -158,6 +165,30 @@ pub fn prepare(
         request: req.clone(),
         builds_dir: project.nccl_builds_dir(),
     })
+}
+
+/// The plan's CUDA against this host's driver, by the one rule `cluster status` uses
+/// ([`crate::gpu::DriverCheck`]): a driver too old is a problem (the library would not
+/// load its kernels: `cudaErrorInsufficientDriver`) unless `allow` says otherwise; a
+/// driver that cannot be read (no `nvidia-smi`: a login node, CI) is a warning, since
+/// the check could not be made.
+fn driver_check(
+    plan: &mut BuildPlan,
+    driver: &std::result::Result<crate::gpu::Driver, crate::gpu::GpuError>,
+    allow: bool,
+) {
+    use crate::gpu::DriverCheck;
+    let check = DriverCheck::of(driver, plan.cuda, "the plan");
+    match check {
+        DriverCheck::Runs(_) => {}
+        DriverCheck::MinorCompat(why) | DriverCheck::Unknown(why) => plan.warnings.push(why),
+        DriverCheck::TooOld(why) if allow => plan
+            .warnings
+            .push(format!("{why} (--allow-old-driver: built anyway)")),
+        DriverCheck::TooOld(why) => plan.problems.push(format!(
+            "{why}, or build for an older CUDA (--cuda), or pass --allow-old-driver to build it for another host"
+        )),
+    }
 }
 
 /// What a build did, and how to wire it.

@@ -221,12 +221,26 @@ fn fnv(bytes: &[u8]) -> u64 {
 }
 
 /// A directory holding a stand-in `nvidia-smi` that prints `stdout` and exits `code`,
-/// meant to be put first on PATH.
+/// meant to be put first on PATH. Plain `nvidia-smi` prints the banner of driver
+/// 580.95.05 (CUDA 13.0), which runs any CUDA up to 13.0.
 pub fn fake_nvidia_smi(stdout: &str, code: i32) -> tempfile::TempDir {
+    fake_nvidia_smi_driver(stdout, code, "580.95.05", "13.0")
+}
+
+/// [`fake_nvidia_smi`] whose banner names `driver` and the newest CUDA it runs, in the
+/// format of the real banner's version line (what `fdl::gpu::parse_banner` reads).
+pub fn fake_nvidia_smi_driver(
+    stdout: &str,
+    code: i32,
+    driver: &str,
+    cuda: &str,
+) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("nvidia-smi");
+    let versions =
+        format!("| NVIDIA-SMI {driver:<22} Driver Version: {driver:<14} CUDA Version: {cuda:<9}|");
     let body = format!(
-        "#!/bin/sh\n# Answers only the query fdl makes, like the real tool.\ncase \"$*\" in\n  *--query-gpu=index,name,compute_cap,memory.total*--format=csv,noheader,nounits*) ;;\n  *) echo \"unexpected arguments: $*\" >&2; exit 2 ;;\nesac\ncat <<'FDL_EOF'\n{stdout}FDL_EOF\nexit {code}\n"
+        "#!/bin/sh\n# Answers only the queries fdl makes, like the real tool.\nif [ $# -eq 0 ]; then\n  date '+%a %b %e %H:%M:%S %Y'\n  cat <<'FDL_EOF'\n+-----------------------------------------------------------------------------------------+\n{versions}\n|-----------------------------------------+------------------------+----------------------+\nFDL_EOF\n  exit 0\nfi\ncase \"$*\" in\n  *--query-gpu=index,name,compute_cap,memory.total*--format=csv,noheader,nounits*) ;;\n  *) echo \"unexpected arguments: $*\" >&2; exit 2 ;;\nesac\ncat <<'FDL_EOF'\n{stdout}FDL_EOF\nexit {code}\n"
     );
     std::fs::write(&script, body).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
