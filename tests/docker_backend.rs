@@ -1143,6 +1143,9 @@ fn planted_links_in_the_installed_tree_write_nothing_outside() {
     let project = ProjectFixture::empty();
     let builds = project.root().join("libtorch/nccl/builds");
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
+    // One user's cache for every attempt: the toolchain volumes the first makes are
+    // fdl's by the token kept there, and the next attempts use them.
+    let cache = tempfile::tempdir().unwrap();
     for (plant, victim_name) in [
         ("lib/pkgconfig/nccl.pc", "victim.pc"),
         ("build.log", "victim.log"),
@@ -1164,7 +1167,6 @@ fn planted_links_in_the_installed_tree_write_nothing_outside() {
                 )
             },
         );
-        let cache = tempfile::tempdir().unwrap();
         let out = build_cmd(
             project.root(),
             cache.path(),
