@@ -21,16 +21,7 @@ use std::path::{Path, PathBuf};
 /// Blocks showing `$ fdl` lines that this test does not run, each with why. Marked
 /// `<!-- transcript: NAME -->`; any other unmarked block fails
 /// [`every_block_with_an_fdl_command_is_an_example`].
-const TRANSCRIPTS: &[(&str, &str)] = &[
-    (
-        "cluster-session",
-        "needs three Debian containers with sshd (tests/cluster_status.rs makes them and runs this session)",
-    ),
-    (
-        "air-gapped-docker",
-        "needs the fdl-test-cuda:13.5.37 image that tests/docker_offline.rs makes with debootstrap",
-    ),
-];
+const TRANSCRIPTS: &[(&str, &str)] = &[];
 
 /// The GPUs the stand-in `nvidia-smi` reports, in its CSV format.
 const GPUS: &str =
