@@ -560,41 +560,13 @@ fn render_status(workers: &[WorkerStatus]) -> String {
             },
         );
         if !r.coverage.is_empty() {
-            let cells = r
-                .coverage
-                .iter()
-                .map(|c| {
-                    if c.covered {
-                        clean(&format!("GPU {}: {}", c.index, c.verdict))
-                    } else {
-                        paint(
-                            &clean(&format!("GPU {}: NO CODE for {}", c.index, c.arch)),
-                            Color::Red,
-                        )
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
+            let cells = coverage_cells(&r.coverage, "NO CODE");
             s.push_str(&format!("  {:<9} {cells}\n", "coverage"));
         }
         // The libtorch's own kernels per GPU: a rank needs them as much as the NCCL's.
         match &r.torch_coverage {
             Facts::Known(t) if !t.gpus.is_empty() => {
-                let cells = t
-                    .gpus
-                    .iter()
-                    .map(|c| {
-                        if c.covered {
-                            clean(&format!("GPU {}: {}", c.index, c.verdict))
-                        } else {
-                            paint(
-                                &clean(&format!("GPU {}: NO KERNELS for {}", c.index, c.arch)),
-                                Color::Red,
-                            )
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let cells = coverage_cells(&t.gpus, "NO KERNELS");
                 s.push_str(&format!("  {:<9} {cells}\n", "torch"));
             }
             Facts::Known(_) => {}
@@ -921,4 +893,21 @@ fn describe(o: &Outcome) -> String {
         Outcome::Refused { why } => format!("refused: {}", clean(why)),
         Outcome::Failed { why } => format!("FAILED: {}", clean(why)),
     }
+}
+
+/// One cell per GPU: its verdict, or `<missing> for <arch>` in red.
+fn coverage_cells(gpus: &[crate::cluster::host::GpuCoverage], missing: &str) -> String {
+    gpus.iter()
+        .map(|c| {
+            if c.covered {
+                clean(&format!("GPU {}: {}", c.index, c.verdict))
+            } else {
+                paint(
+                    &clean(&format!("GPU {}: {missing} for {}", c.index, c.arch)),
+                    Color::Red,
+                )
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
