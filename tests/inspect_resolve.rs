@@ -246,10 +246,16 @@ fn cache_and_unresolved() {
         a.parent().unwrap(),
         &[],
     );
-    // No cache and no system directory holds it: the process cannot start, and which
-    // NCCL it would run is unknown, naming the library that is missing.
+    // No cache entry and no system directory holds it: the process cannot start, and
+    // which NCCL it would run is unknown, naming the library that is missing. (The
+    // stand-in program's libc.so.6 comes from the machine's cache.)
+    let libc = LoaderEnv::bundled()
+        .cache_lookup("libc.so.6")
+        .expect("this machine's ld.so.cache lists libc.so.6")
+        .to_path_buf();
     let mut env = LoaderEnv {
         default_dirs: vec![a.parent().unwrap().join("none")],
+        cache: vec![("libc.so.6".into(), libc.clone())],
         ..LoaderEnv::bare()
     };
     let w = which_nccl(&lib, &env).unwrap();
@@ -260,7 +266,10 @@ fn cache_and_unresolved() {
     );
     assert_eq!(w.link_map.failures[0].needed, "libnccl.so.2");
 
-    env.cache = vec![("libnccl.so.2".into(), a.clone())];
+    env.cache = vec![
+        ("libnccl.so.2".into(), a.clone()),
+        ("libc.so.6".into(), libc),
+    ];
     let det = nccl_of(&lib, &env);
     assert!(matches!(
         det.linkage,

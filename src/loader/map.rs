@@ -17,7 +17,7 @@
 //! makes the answer unknown and the earliest are the ones an answer names.
 
 use super::preload::{self, Element, PreloadSource};
-use super::search::{self, expand_origin, Host, LoaderEnv, Probe, ResolveRule};
+use super::search::{self, Host, LoaderEnv, Probe, ResolveRule};
 use crate::inspect::{elf, Source};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -247,11 +247,14 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
         ));
     } else {
         let path = absolute(env, target);
+        // What a real program linking the library needs: the library, then libc.
+        let mut needed = vec![path.to_string_lossy().into_owned()];
+        needed.extend(env.program_needs.iter().cloned());
         map.objects.push(Object {
             path: PathBuf::new(),
             soname: None,
             found_by: FoundBy::StandInProgram,
-            needed: vec![path.to_string_lossy().into_owned()],
+            needed,
             rpath: Vec::new(),
             runpath: Vec::new(),
             nodeflib: false,
@@ -283,7 +286,24 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
                 );
                 break 'closure;
             }
-            match map.map_object(next, &name, env, None) {
+            // `_dl_map_object_deps` replaces the tokens of a DT_NEEDED name first
+            // (`expand_dst`), against the object that needs it.
+            let expanded = if search::has_token(&name) {
+                search::expand(&name, map.objects[next].origin.as_deref())
+                    .map(|p| p.to_string_lossy().into_owned())
+            } else {
+                Ok(name.clone())
+            };
+            let mapped = match expanded {
+                Ok(expanded) => map.map_object(next, &expanded, env, None),
+                Err(token) => Err(Failed {
+                    reason: format!(
+                        "it uses the dynamic string token {token}, whose value fdl does not know"
+                    ),
+                    searched: Vec::new(),
+                }),
+            };
+            match mapped {
                 Ok(_) => {}
                 Err(mut f) => {
                     if map.failures.len() < MAX_FAILURES {
@@ -470,26 +490,25 @@ impl LinkMap {
         let mut dirs = Vec::new();
         let position = self.objects.len();
         let mut unknown = Vec::new();
-        let mut push = |entries: &[String],
-                        origin: Option<&Path>,
-                        rule: ResolveRule,
-                        whose: &Path| {
-            for e in entries {
-                let expanded = match origin {
-                    Some(o) => expand_origin(e, o),
-                    None if e.contains('$') => None,
-                    None => Some(PathBuf::from(e)),
-                };
-                match expanded {
-                    Some(d) if d.as_os_str().is_empty() => dirs.push((PathBuf::from("."), rule)),
-                    Some(d) => dirs.push((d, rule)),
-                    None => unknown.push(format!(
-                        "{rule} entry '{e}' of {} uses a token whose value fdl does not know",
-                        whose.display()
-                    )),
+        let mut push =
+            |entries: &[String], origin: Option<&Path>, rule: ResolveRule, whose: &Path| {
+                for e in entries {
+                    // An empty entry is the working directory (glibc's `fillin_rpath`); one
+                    // whose tokens expand to nothing is dropped.
+                    if e.is_empty() {
+                        dirs.push((PathBuf::from("."), rule));
+                        continue;
+                    }
+                    match search::expand(e, origin) {
+                        Ok(d) if d.as_os_str().is_empty() => {}
+                        Ok(d) => dirs.push((d, rule)),
+                        Err(token) => unknown.push(format!(
+                            "{rule} entry '{e}' of {} uses {token}, whose value fdl does not know",
+                            whose.display()
+                        )),
+                    }
                 }
-            }
-        };
+            };
         let l = &self.objects[loader];
         if l.runpath.is_empty() {
             let mut did_main = false;
@@ -512,13 +531,36 @@ impl LinkMap {
                 );
             }
         }
-        // $ORIGIN in LD_LIBRARY_PATH is the program's directory.
+        // $ORIGIN in LD_LIBRARY_PATH is the program's directory. glibc replaces the
+        // tokens of the whole variable first, then splits it and replaces each
+        // element's again (`_dl_init_paths`, `fillin_rpath`).
         let main_origin = self.objects[0].origin.clone();
-        let llp: Vec<String> = env
+        let mut llp_unknown = None;
+        let joined = env
             .ld_library_path
             .iter()
             .map(|p| p.to_string_lossy().into_owned())
-            .collect();
+            .collect::<Vec<_>>()
+            .join(":");
+        let llp: Vec<String> = if search::has_token(&joined) {
+            match search::expand(&joined, main_origin.as_deref()) {
+                Ok(whole) => search::split_path_list(&whole.to_string_lossy())
+                    .into_iter()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .collect(),
+                Err(token) => {
+                    llp_unknown = Some(format!(
+                        "LD_LIBRARY_PATH uses {token}, whose value fdl does not know"
+                    ));
+                    Vec::new()
+                }
+            }
+        } else {
+            env.ld_library_path
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect()
+        };
         push(
             &llp,
             main_origin.as_deref(),
@@ -532,6 +574,7 @@ impl LinkMap {
             ResolveRule::Runpath,
             &l.path,
         );
+        unknown.extend(llp_unknown);
         for what in unknown {
             self.caveat(what, position);
         }
@@ -549,16 +592,16 @@ impl LinkMap {
         let host = self.host;
         let mut searched = Vec::new();
         if name.contains('/') {
-            let path = match self.objects[loader].origin.as_deref() {
-                Some(o) => expand_origin(name, o),
-                None if name.contains('$') => None,
-                None => Some(PathBuf::from(name)),
-            };
-            let Some(path) = path else {
-                return Err(Failed {
-                    reason: "it uses a dynamic string token whose value fdl does not know".into(),
+            // `_dl_map_object` replaces the tokens of a path (again, for a DT_NEEDED
+            // entry) against the object that asks for it.
+            let path = match search::expand(name, self.objects[loader].origin.as_deref()) {
+                Ok(p) => p,
+                Err(token) => return Err(Failed {
+                    reason: format!(
+                        "it uses the dynamic string token {token}, whose value fdl does not know"
+                    ),
                     searched,
-                });
+                }),
             };
             let full = absolute(env, &path);
             self.probes += 1;

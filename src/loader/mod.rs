@@ -87,8 +87,8 @@ pub fn bundled_nccl_in(lib: &Path, env: &LoaderEnv) -> anyhow::Result<Bundled> {
 
 /// [`which_nccl`] for a process linking the first of `files`, written into `dir` under
 /// their names, in a closed environment: `LD_LIBRARY_PATH` is `dir` and nothing else is
-/// searched (no preloads, no `ld.so.cache`, no system directories, no hwcaps). The
-/// loader model's entry for bytes from anywhere: the `loader_map` fuzz target and the
+/// searched (no preloads, no `ld.so.cache`, no system directories, no hwcaps, and the
+/// stand-in program needs nothing besides the library, not even libc). The loader model's entry for bytes from anywhere: the `loader_map` fuzz target and the
 /// replay of its seeds feed it arbitrary files. Names must be plain file names.
 #[doc(hidden)]
 pub fn which_nccl_in_dir(dir: &Path, files: &[(&str, &[u8])]) -> anyhow::Result<Which> {

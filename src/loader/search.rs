@@ -39,6 +39,10 @@ pub struct LoaderEnv {
     pub cwd: PathBuf,
     /// Where `default_dirs` and the hwcaps lists came from, for reports.
     pub system_dirs_from: String,
+    /// What fdl's stand-in program needs after the library it is asked about, in order:
+    /// a real `cc prog.c lib.so` program NEEDs the library, then `libc.so.6`
+    /// ([`LoaderEnv::bare`] and those built on it). Empty in a closed environment.
+    pub program_needs: Vec<String>,
 }
 
 /// The system directories used when the loader cannot be asked: the common ones of
@@ -213,6 +217,7 @@ impl LoaderEnv {
     pub fn bare() -> Self {
         let mut env = LoaderEnv {
             cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+            program_needs: vec!["libc.so.6".to_string()],
             ..LoaderEnv::default()
         };
         match system_search() {
@@ -281,12 +286,144 @@ pub fn split_path_list(s: &str) -> Vec<PathBuf> {
 
 pub use crate::inspect::ResolveRule;
 
-/// Expands `$ORIGIN` / `${ORIGIN}` against `origin`. `None` when the entry holds another
-/// dynamic string token (`$LIB`, `$PLATFORM`), whose value is the loader's own.
-pub fn expand_origin(entry: &str, origin: &Path) -> Option<PathBuf> {
-    let o = origin.to_string_lossy();
-    let out = entry.replace("${ORIGIN}", &o).replace("$ORIGIN", &o);
-    (!out.contains('$')).then(|| PathBuf::from(out))
+/// The values of the dynamic string tokens `$LIB` and `$PLATFORM`: the loader's own
+/// (`$LIB` is fixed when glibc is built, `$PLATFORM` is the kernel's `AT_PLATFORM`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenValues {
+    pub lib: String,
+    pub platform: String,
+}
+
+/// The length of the token `name` at the start of `input` (just after a `$`), braces
+/// included, or 0: glibc's `is_dst`. Plain, the name must not run on into more
+/// `[A-Za-z0-9_]`; in braces, the closing brace must follow it.
+fn dst_len(input: &[u8], name: &[u8]) -> usize {
+    let curly = input.first() == Some(&b'{');
+    let body = if curly { &input[1..] } else { input };
+    if !body.starts_with(name) {
+        return 0;
+    }
+    let next = body.get(name.len()).copied();
+    if curly && next != Some(b'}') {
+        return 0;
+    }
+    if next.is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_') {
+        return 0;
+    }
+    name.len() + if curly { 2 } else { 0 }
+}
+
+/// `input` with its dynamic string tokens replaced, as glibc's `_dl_dst_substitute`
+/// replaces them (outside secure mode): only `$ORIGIN`, `$LIB` and `$PLATFORM`, plain
+/// or in braces, are tokens; any other `$` is a literal character. `value` gives a
+/// token's value (`"ORIGIN"`, `"LIB"`, `"PLATFORM"`); `Err(token)` when it has none
+/// that fdl knows, and then the loader's result is not known either.
+pub fn substitute(
+    input: &str,
+    value: &mut dyn FnMut(&str) -> Option<String>,
+) -> Result<String, String> {
+    let bytes = input.as_bytes();
+    let mut out: Vec<u8> = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'$' {
+            out.push(bytes[i]);
+            i += 1;
+            continue;
+        }
+        let rest = &bytes[i + 1..];
+        let found = ["ORIGIN", "PLATFORM", "LIB"]
+            .into_iter()
+            .find_map(|t| Some((t, dst_len(rest, t.as_bytes()))).filter(|(_, n)| *n > 0));
+        match found {
+            Some((token, len)) => {
+                let v = value(token).ok_or_else(|| format!("${token}"))?;
+                out.extend_from_slice(v.as_bytes());
+                i += 1 + len;
+            }
+            None => {
+                out.push(b'$');
+                i += 1;
+            }
+        }
+    }
+    // Only whole UTF-8 sequences were copied or inserted.
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Whether `input` holds a dynamic string token (glibc's `_dl_dst_count` > 0).
+pub fn has_token(input: &str) -> bool {
+    substitute(input, &mut |_| None).is_err()
+}
+
+/// `entry` with its tokens replaced: `$ORIGIN` by `origin` (`None`: not known to fdl),
+/// `$LIB` and `$PLATFORM` by this machine's loader's values ([`loader_tokens`], asked
+/// only when the entry holds one). `Err` names the token whose value is not known.
+pub fn expand(entry: &str, origin: Option<&Path>) -> Result<PathBuf, String> {
+    substitute(entry, &mut |token| match token {
+        "ORIGIN" => origin.map(|o| o.to_string_lossy().into_owned()),
+        "LIB" => loader_tokens().as_ref().ok().map(|t| t.lib.clone()),
+        "PLATFORM" => loader_tokens().as_ref().ok().map(|t| t.platform.clone()),
+        _ => None,
+    })
+    .map(PathBuf::from)
+}
+
+/// `$LIB` and `$PLATFORM` as this machine's loader expands them: it is asked once, with
+/// a search path made of the two tokens between markers, and its `LD_DEBUG=libs` report
+/// of that search path says what it made of them.
+pub fn loader_tokens() -> &'static Result<TokenValues, String> {
+    static TOKENS: OnceLock<Result<TokenValues, String>> = OnceLock::new();
+    TOKENS.get_or_init(|| {
+        let interp = own_interpreter().ok_or("fdl's own program names no ELF interpreter")?;
+        let exe = std::env::current_exe().map_err(|e| format!("fdl's own program: {e}"))?;
+        let mut child = std::process::Command::new(&interp)
+            .arg("--list")
+            .arg(&exe)
+            .env_clear()
+            .env("LD_LIBRARY_PATH", TOKEN_PROBE)
+            .env("LD_DEBUG", "libs")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("{} --list: {e}", interp.display()))?;
+        let mut out = Vec::new();
+        let read = child
+            .stderr
+            .take()
+            .map(|o| o.take(1 << 20).read_to_end(&mut out));
+        let _ = child.kill();
+        let _ = child.wait();
+        if let Some(Err(e)) = read {
+            return Err(format!("{} --list: {e}", interp.display()));
+        }
+        parse_token_probe(&String::from_utf8_lossy(&out)).ok_or_else(|| {
+            format!(
+                "{} did not report the search path made of $LIB and $PLATFORM",
+                interp.display()
+            )
+        })
+    })
+}
+
+/// The search path [`loader_tokens`] gives the loader.
+const TOKEN_PROBE: &str = "/fdl-token-probe@lib=$LIB@platform=$PLATFORM@end";
+
+/// The values between the markers of [`TOKEN_PROBE`] in a `search path=` line.
+fn parse_token_probe(text: &str) -> Option<TokenValues> {
+    text.lines()
+        .filter_map(|l| l.split_once("search path=").map(|(_, r)| r))
+        .flat_map(|r| r.split(':'))
+        .find_map(|dir| {
+            let rest = dir.trim().strip_prefix("/fdl-token-probe@lib=")?;
+            let (lib, rest) = rest.split_once("@platform=")?;
+            let (platform, _) = rest.split_once("@end")?;
+            (!lib.is_empty() && !platform.is_empty()).then(|| TokenValues {
+                lib: lib.to_string(),
+                platform: platform.to_string(),
+            })
+        })
 }
 
 /// The host the objects are loaded into: the class and machine every object must have.
@@ -353,31 +490,71 @@ pub fn probe(p: &Path, host: Host) -> Probe {
     if got < host_header {
         return Probe::Fatal("file too short".into());
     }
-    if !head.starts_with(b"\x7fELF") {
-        return Probe::Fatal("invalid ELF header (not an ELF file)".into());
+    match check_header(&head, host) {
+        Ok(()) => {}
+        Err(HeaderError::OtherKind(why)) => return Probe::OtherKind(why),
+        Err(HeaderError::Fatal(why)) => return Probe::Fatal(why.into()),
     }
-    let class64 = match head[4] {
-        1 => false,
-        2 => true,
-        c => return Probe::Fatal(format!("invalid ELF class {c}")),
-    };
-    if class64 != host.is_64 {
-        return Probe::OtherKind(format!(
-            "wrong ELF class: ELFCLASS{}",
-            if class64 { 64 } else { 32 }
-        ));
+    Probe::Take {
+        dev: meta.dev(),
+        ino: meta.ino(),
     }
-    let little = match head[5] {
-        1 => true,
-        2 => false,
-        _ => return Probe::Fatal("invalid ELF data encoding".into()),
-    };
-    if little != cfg!(target_endian = "little") {
-        return Probe::Fatal("ELF file data encoding is not the host's".into());
+}
+
+/// Why `open_verify` refuses a header: passed over, or fatal (glibc's words).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HeaderError {
+    OtherKind(String),
+    Fatal(&'static str),
+}
+
+/// glibc's `open_verify` on the first 64 bytes of a file at least as long as the host's
+/// ELF header, test for test in its order. The identification must be the host's
+/// (magic, class, byte order, `EV_CURRENT`, OS ABI SYSV or GNU, ABI version, zero
+/// padding); where it is not, the first difference decides, and only another class is
+/// passed over. Then `e_version`, the machine (another one is passed over), `e_type`
+/// and `e_phentsize`. The ABI version is 0, or under glibc's `LIBC_ABI_MAX` for the GNU
+/// OS ABI: 4 since glibc 2.28 (`UNIQUE`, `IFUNC`, `ABSOLUTE`), observed with 2.36.
+fn check_header(head: &[u8; 64], host: Host) -> Result<(), HeaderError> {
+    const LIBC_ABI_MAX: u8 = 4;
+    let (osabi_sysv, osabi_gnu) = (0u8, 3u8);
+    let class = if host.is_64 { 2 } else { 1 };
+    let order = if cfg!(target_endian = "little") { 1 } else { 2 };
+    let osabi = head[7];
+    let abi_version_ok = head[8] == 0 || (osabi == osabi_gnu && head[8] < LIBC_ABI_MAX);
+    let ident_ok = head.starts_with(b"\x7fELF")
+        && head[4] == class
+        && head[5] == order
+        && head[6] == 1
+        && (osabi == osabi_sysv || osabi == osabi_gnu)
+        && abi_version_ok
+        && head[9..16].iter().all(|&b| b == 0);
+    if !ident_ok {
+        return Err(if !head.starts_with(b"\x7fELF") {
+            HeaderError::Fatal("invalid ELF header")
+        } else if head[4] != class {
+            // glibc names the class that is not the host's, whatever the byte says.
+            HeaderError::OtherKind(format!(
+                "wrong ELF class: ELFCLASS{}",
+                if host.is_64 { 32 } else { 64 }
+            ))
+        } else if head[5] != order {
+            HeaderError::Fatal(if order == 1 {
+                "ELF file data encoding not little-endian"
+            } else {
+                "ELF file data encoding not big-endian"
+            })
+        } else if head[6] != 1 {
+            HeaderError::Fatal("ELF file version ident does not match current one")
+        } else if osabi != osabi_sysv && osabi != osabi_gnu {
+            HeaderError::Fatal("ELF file OS ABI invalid")
+        } else if !abi_version_ok {
+            HeaderError::Fatal("ELF file ABI version invalid")
+        } else {
+            HeaderError::Fatal("nonzero padding in e_ident")
+        });
     }
-    if head[6] != 1 {
-        return Probe::Fatal("ELF file version ident does not match the current one".into());
-    }
+    let little = order == 1;
     let u16_at = |at: usize| {
         let b = [head[at], head[at + 1]];
         if little {
@@ -386,21 +563,41 @@ pub fn probe(p: &Path, host: Host) -> Probe {
             u16::from_be_bytes(b)
         }
     };
-    let e_type = u16_at(16);
-    let machine = u16_at(18);
-    if machine != host.machine {
-        return Probe::OtherKind(format!(
-            "ELF machine {machine}, not this host's {}",
-            host.machine
+    let e_version = {
+        let b = [head[20], head[21], head[22], head[23]];
+        if little {
+            u32::from_le_bytes(b)
+        } else {
+            u32::from_be_bytes(b)
+        }
+    };
+    if e_version != 1 {
+        return Err(HeaderError::Fatal(
+            "ELF file version does not match current one",
         ));
     }
+    let machine = u16_at(18);
+    if machine != host.machine {
+        return Err(HeaderError::OtherKind(format!(
+            "ELF machine {machine}, not this host's {}",
+            host.machine
+        )));
+    }
+    let e_type = u16_at(16);
     if e_type != object::elf::ET_DYN && e_type != object::elf::ET_EXEC {
-        return Probe::Fatal("only ET_DYN and ET_EXEC can be loaded".into());
+        return Err(HeaderError::Fatal("only ET_DYN and ET_EXEC can be loaded"));
     }
-    Probe::Take {
-        dev: meta.dev(),
-        ino: meta.ino(),
+    let (phentsize, want) = if host.is_64 {
+        (u16_at(54), 56)
+    } else {
+        (u16_at(42), 32)
+    };
+    if phentsize != want {
+        return Err(HeaderError::Fatal(
+            "ELF file's phentsize not the expected size",
+        ));
     }
+    Ok(())
 }
 
 use std::os::unix::fs::OpenOptionsExt;
@@ -490,14 +687,171 @@ mod tests {
     fn origin_forms_expand() {
         let o = Path::new("/x/torch/lib");
         assert_eq!(
-            expand_origin("$ORIGIN/../../nvidia/nccl/lib", o),
-            Some(PathBuf::from("/x/torch/lib/../../nvidia/nccl/lib"))
+            expand("$ORIGIN/../../nvidia/nccl/lib", Some(o)),
+            Ok(PathBuf::from("/x/torch/lib/../../nvidia/nccl/lib"))
         );
         assert_eq!(
-            expand_origin("${ORIGIN}", o),
-            Some(PathBuf::from("/x/torch/lib"))
+            expand("${ORIGIN}", Some(o)),
+            Ok(PathBuf::from("/x/torch/lib"))
         );
-        assert_eq!(expand_origin("$LIB/a", o), None);
+        assert_eq!(
+            expand("${ORIGIN}x", Some(o)),
+            Ok(PathBuf::from("/x/torch/libx"))
+        );
+        assert_eq!(expand("$ORIGIN/a", None), Err("$ORIGIN".to_string()));
+    }
+
+    /// glibc's `is_dst`: only the three names are tokens, plain only when no identifier
+    /// character follows, in braces only when closed; every other `$` is a character.
+    #[test]
+    fn only_glibc_tokens_are_tokens() {
+        let mut none = |_: &str| -> Option<String> { None };
+        for literal in [
+            "/p/$(x)/lib",
+            "/p/$ORIGIN_old/lib",
+            "$ORIGINX",
+            "$ORIGIN1",
+            "${ORIGIN",
+            "${ORIGINX}",
+            "$x",
+            "/a$",
+            "$$",
+            "${}",
+            "$LIBRARY",
+            "$PLATFORMS",
+            "${lib}",
+            "$origin",
+        ] {
+            assert_eq!(substitute(literal, &mut none), Ok(literal.to_string()));
+            assert!(!has_token(literal), "{literal}");
+        }
+        let mut v = |t: &str| Some(format!("<{t}>"));
+        for (input, want) in [
+            ("$ORIGIN", "<ORIGIN>"),
+            ("$ORIGIN/x", "<ORIGIN>/x"),
+            ("${ORIGIN}_old", "<ORIGIN>_old"),
+            ("$ORIGIN-x", "<ORIGIN>-x"),
+            ("a$LIB.b", "a<LIB>.b"),
+            ("${PLATFORM}", "<PLATFORM>"),
+            ("$$ORIGIN", "$<ORIGIN>"),
+            (
+                "/p/$(x)/$ORIGIN_old/$ORIGIN",
+                "/p/$(x)/$ORIGIN_old/<ORIGIN>",
+            ),
+        ] {
+            assert_eq!(substitute(input, &mut v), Ok(want.to_string()), "{input}");
+            assert!(has_token(input), "{input}");
+        }
+        // The origin's own `$` is copied as it is, never read as a token.
+        assert_eq!(
+            expand("$ORIGIN/../lib", Some(Path::new("/p/$ORIGIN_old/$(x)"))),
+            Ok(PathBuf::from("/p/$ORIGIN_old/$(x)/../lib"))
+        );
+    }
+
+    #[test]
+    fn the_loader_says_what_lib_and_platform_are() {
+        let text = "  1:\t search path=/fdl-token-probe@lib=lib/x86_64-linux-gnu@platform=x86_64@end/glibc-hwcaps/x86-64-v3:/fdl-token-probe@lib=lib/x86_64-linux-gnu@platform=x86_64@end\t\t(LD_LIBRARY_PATH)\n";
+        assert_eq!(
+            parse_token_probe(text),
+            Some(TokenValues {
+                lib: "lib/x86_64-linux-gnu".into(),
+                platform: "x86_64".into()
+            })
+        );
+        assert_eq!(parse_token_probe("search path=/lib:/usr/lib\n"), None);
+        // This machine's loader answers, and its $LIB is a relative path.
+        let t = loader_tokens()
+            .as_ref()
+            .expect("the loader reports $LIB and $PLATFORM");
+        assert!(!t.lib.starts_with('/') && !t.lib.is_empty(), "{t:?}");
+        assert!(!t.platform.is_empty(), "{t:?}");
+    }
+
+    /// Each of `open_verify`'s header tests on a patched header, in glibc's words, and
+    /// which of them only pass the file over.
+    #[test]
+    fn header_checks_are_glibcs() {
+        let host = Host {
+            is_64: true,
+            machine: object::elf::EM_X86_64,
+        };
+        let mut good = [0u8; 64];
+        good[..8].copy_from_slice(b"\x7fELF\x02\x01\x01\x00");
+        good[16] = 3; // ET_DYN
+        good[18] = 62; // EM_X86_64
+        good[20] = 1; // e_version
+        good[54] = 56; // e_phentsize
+        assert_eq!(check_header(&good, host), Ok(()));
+        let patched = |at: usize, b: u8| {
+            let mut h = good;
+            h[at] = b;
+            check_header(&h, host)
+        };
+        let fatal = |s| Err(HeaderError::Fatal(s));
+        assert_eq!(patched(7, 3), Ok(()), "ELFOSABI_GNU");
+        assert_eq!(patched(7, 1), fatal("ELF file OS ABI invalid"));
+        assert_eq!(patched(7, 97), fatal("ELF file OS ABI invalid"));
+        assert_eq!(patched(8, 1), fatal("ELF file ABI version invalid"));
+        let mut gnu = good;
+        gnu[7] = 3;
+        for (v, ok) in [(1, true), (3, true), (4, false), (255, false)] {
+            let mut h = gnu;
+            h[8] = v;
+            assert_eq!(check_header(&h, host).is_ok(), ok, "GNU ABI version {v}");
+        }
+        for at in 9..16 {
+            assert_eq!(patched(at, 1), fatal("nonzero padding in e_ident"), "{at}");
+        }
+        assert_eq!(
+            patched(20, 2),
+            fatal("ELF file version does not match current one")
+        );
+        assert_eq!(
+            patched(54, 57),
+            fatal("ELF file's phentsize not the expected size")
+        );
+        assert_eq!(
+            patched(16, 1),
+            fatal("only ET_DYN and ET_EXEC can be loaded")
+        );
+        assert_eq!(
+            patched(5, 2),
+            fatal("ELF file data encoding not little-endian")
+        );
+        assert_eq!(
+            patched(6, 0),
+            fatal("ELF file version ident does not match current one")
+        );
+        assert_eq!(patched(0, 0), fatal("invalid ELF header"));
+        for class in [0, 1, 3] {
+            assert_eq!(
+                patched(4, class),
+                Err(HeaderError::OtherKind("wrong ELF class: ELFCLASS32".into()))
+            );
+        }
+        // The class decides before the OS ABI; the OS ABI before the machine.
+        let mut h = good;
+        h[4] = 1;
+        h[7] = 9;
+        assert!(matches!(
+            check_header(&h, host),
+            Err(HeaderError::OtherKind(_))
+        ));
+        let mut h = good;
+        h[18] = 183;
+        assert!(matches!(
+            check_header(&h, host),
+            Err(HeaderError::OtherKind(_))
+        ));
+        h[7] = 9;
+        assert_eq!(check_header(&h, host), fatal("ELF file OS ABI invalid"));
+        h[7] = 0;
+        h[20] = 0;
+        assert_eq!(
+            check_header(&h, host),
+            fatal("ELF file version does not match current one")
+        );
     }
 
     #[test]
