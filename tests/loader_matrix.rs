@@ -871,6 +871,180 @@ fn cases() -> Vec<Case> {
             .preload(pre.to_str().unwrap().to_string())
         },
     ));
+
+    // issue 26: loader rules
+    {
+        // Dynamic string tokens: only $ORIGIN, $LIB, $PLATFORM (plain or braced) are
+        // tokens, the plain form only when no [A-Za-z0-9_] follows; any other `$` is a
+        // character. Each case has a decoy where a wrong reading would look.
+        c.push(case(
+            "token_origin_old_is_a_literal_directory",
+            "RUNPATH '$ORIGIN_old/lib' is no token: the relative directory named '$ORIGIN_old/lib' (from the working directory) answers, not <libtorch's dir>_old/lib",
+            |lab| {
+                lab.nccl("$ORIGIN_old/lib/libnccl.so.2", V1);
+                lab.nccl("lib_old/lib/libnccl.so.2", V2);
+                let torch = lab.torch("lib/libtorch_cuda.so", &["libnccl.so.2"], &[lab.runpath(&["$ORIGIN_old/lib"])]);
+                Setup::library(lab, torch, binds(lab, V1, How::Runtime))
+            },
+        ));
+        c.push(case(
+            "token_braced_origin",
+            "RPATH '${ORIGIN}/lib' is $ORIGIN in braces: libtorch's directory's lib answers, not a directory literally named '${ORIGIN}'",
+            |lab| {
+                lab.nccl("t/lib/libnccl.so.2", V1);
+                lab.nccl("${ORIGIN}/lib/libnccl.so.2", V2);
+                let torch = lab.torch("t/libtorch_cuda.so", &["libnccl.so.2"], &[lab.rpath(&["${ORIGIN}/lib"])]);
+                Setup::library(lab, torch, binds(lab, V1, How::Runtime))
+            },
+        ));
+        c.push(case(
+            "token_dollar_x_directory_in_rpath",
+            "RPATH naming a directory literally called '$x' (an absolute path): it is searched like any other",
+            |lab| {
+                lab.nccl("$x/libnccl.so.2", V1);
+                let torch = lab.torch("lib/libtorch_cuda.so", &["libnccl.so.2"], &[lab.rpath(&[&lab.s("$x")])]);
+                Setup::library(lab, torch, binds(lab, V1, How::Runtime))
+            },
+        ));
+        c.push(case(
+            "token_originx_is_not_origin",
+            "RUNPATH '$ORIGINX' is no token (an identifier character follows): the relative directory '$ORIGINX' answers, not <libtorch's dir>X",
+            |lab| {
+                lab.nccl("$ORIGINX/libnccl.so.2", V1);
+                lab.nccl("libX/libnccl.so.2", V2);
+                let torch = lab.torch("lib/libtorch_cuda.so", &["libnccl.so.2"], &[lab.runpath(&["$ORIGINX"])]);
+                Setup::library(lab, torch, binds(lab, V1, How::Runtime))
+            },
+        ));
+        c.push(case(
+            "token_origin_value_holding_dollars",
+            "the pip layout under 'p$(x)/$ORIGIN_old/': $ORIGIN's value holds '$', which is copied, never read as a token",
+            |lab| {
+                lab.nccl("p$(x)/$ORIGIN_old/site/nvidia/nccl/lib/libnccl.so.2", V1);
+                let torch = lab.torch(
+                    "p$(x)/$ORIGIN_old/site/torch/lib/libtorch_cuda.so",
+                    &["libnccl.so.2"],
+                    &[lab.runpath(&["$ORIGIN/../../nvidia/nccl/lib"])],
+                );
+                Setup::library(lab, torch, binds(lab, V1, How::Runtime))
+            },
+        ));
+        c.push(case(
+            "token_dollar_directory_in_library_path",
+            "LD_LIBRARY_PATH naming a directory literally called '$(x)' (library mode): searched like any other",
+            |lab| {
+                lab.nccl("$(x)/libnccl.so.2", V1);
+                let torch = lab.torch("lib/libtorch_cuda.so", &["libnccl.so.2"], &[]);
+                Setup::library(lab, torch, binds(lab, V1, How::Runtime)).library_path(lab.s("$(x)"))
+            },
+        ));
+
+        // open_verify's header check: a libnccl.so.2 with one patched header byte lies
+        // first on libtorch's RUNPATH, a good one after it.
+        fn patch(path: &Path, at: usize, byte: u8) {
+            let mut b = std::fs::read(path).unwrap();
+            b[at] = byte;
+            std::fs::write(path, b).unwrap();
+        }
+        let headers: [(&str, usize, u8, Option<&str>); 7] = [
+            ("osabi_invalid", 7, 1, Some("ELF file OS ABI invalid")),
+            (
+                "abi_version_invalid",
+                8,
+                1,
+                Some("ELF file ABI version invalid"),
+            ),
+            ("nonzero_padding", 12, 1, Some("nonzero padding in e_ident")),
+            (
+                "e_version",
+                20,
+                2,
+                Some("ELF file version does not match current one"),
+            ),
+            (
+                "phentsize",
+                54,
+                57,
+                Some("ELF file's phentsize not the expected size"),
+            ),
+            ("osabi_gnu_taken", 7, 3, None),
+            ("class_byte_3_passed_over", 4, 3, None),
+        ];
+        for (name, at, byte, error) in headers {
+            c.push(case(
+                format!("header_{name}"),
+                format!(
+                    "the first libnccl.so.2 on RUNPATH has byte {at} patched to {byte}: {}",
+                    match error {
+                        Some(e) => format!("the loader stops with '{e}'"),
+                        None if at == 7 =>
+                            "the loader takes it (ELFOSABI_GNU is valid)".to_string(),
+                        None => "the loader passes it over (another class) and takes the next"
+                            .to_string(),
+                    }
+                ),
+                move |lab| {
+                    let bad = lab.nccl("bad/libnccl.so.2", V3);
+                    patch(&bad, at, byte);
+                    lab.nccl("good/libnccl.so.2", V1);
+                    let torch = lab.torch(
+                        "lib/libtorch_cuda.so",
+                        &["libnccl.so.2"],
+                        &[lab.runpath(&["bad", "good"])],
+                    );
+                    let expect = match error {
+                        Some(e) => fails(e),
+                        None if at == 7 => binds(lab, V3, How::Runtime),
+                        None => binds(lab, V1, How::Runtime),
+                    };
+                    Setup::library(lab, torch, expect)
+                },
+            ));
+        }
+        c.push(case(
+            "header_abi_version_under_gnu_osabi_taken",
+            "a libnccl.so.2 with ELFOSABI_GNU and ABI version 3 (under LIBC_ABI_MAX): the loader takes it",
+            |lab| {
+                let p = lab.nccl("bad/libnccl.so.2", V3);
+                patch(&p, 7, 3);
+                patch(&p, 8, 3);
+                lab.nccl("good/libnccl.so.2", V1);
+                let torch = lab.torch("lib/libtorch_cuda.so", &["libnccl.so.2"], &[lab.runpath(&["bad", "good"])]);
+                Setup::library(lab, torch, binds(lab, V3, How::Runtime))
+            },
+        ));
+        c.push(case(
+            "header_bad_preload_ignored",
+            "a preloaded libnccl.so.2 with an invalid OS ABI: ignored with the loader's error, the bundled NCCL runs",
+            |lab| {
+                let torch = bundled(lab, V1);
+                let pre = lab.nccl("pre/libnccl.so.2", V3);
+                patch(&pre, 7, 1);
+                Setup::library(lab, torch, binds(lab, V1, How::Runtime))
+                    .preload(lab.s("pre/libnccl.so.2"))
+                    .ignored(&[lab.s("pre/libnccl.so.2")])
+            },
+        ));
+
+        // Library mode: the stand-in program needs the library, then libc.so.6, as a
+        // real `cc prog.c lib.so` program does.
+        c.push(case(
+            "nodeflib_library_needing_libc_first",
+            "libtorch linked -z nodefaultlib NEEDs libc.so.6 (first) and libnccl.so.2 (RUNPATH): the program already loaded libc, so the process starts",
+            |lab| {
+                lab.nccl("site/nvidia/nccl/lib/libnccl.so.2", V1);
+                let torch = lab.torch(
+                    "site/torch/lib/libtorch_cuda.so",
+                    &["libc.so.6", "libnccl.so.2"],
+                    &[lab.runpath(&["$ORIGIN/../../nvidia/nccl/lib"]), "-Wl,-z,nodefaultlib".into()],
+                );
+                let d = loader_fixture::readelf_d(&torch);
+                let needed: Vec<&str> = d.lines().filter(|l| l.contains("(NEEDED)")).collect();
+                assert!(needed.len() == 2 && needed[0].contains("[libc.so.6]") && d.contains("NODEFLIB"), "fixture: {d}");
+                Setup::library(lab, torch, binds(lab, V1, How::Runtime))
+            },
+        ));
+    }
     c
 }
 
