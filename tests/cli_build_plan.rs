@@ -1085,3 +1085,42 @@ fn backend_docker_asks_the_engine_for_its_storage_driver_as_auto_does() {
         "{docker}"
     );
 }
+
+/// A project whose path holds `$(x)` and `$ORIGIN_old`, neither of them a dynamic string
+/// token: its libtorch finds its NCCL through DT_RUNPATH `$ORIGIN/../nccl`, where
+/// `$ORIGIN`'s value holds those `$` as characters (glibc copies it as it is), and the
+/// tag is inferred from that NCCL.
+#[test]
+fn a_project_path_holding_dollars_still_infers_its_tag() {
+    let dir = tempfile::Builder::new()
+        .prefix("fdl-p$(x)-$ORIGIN_old-")
+        .tempdir()
+        .unwrap();
+    let p = ProjectFixture { dir }.activate("precompiled/cu129\n");
+    let lib = p.variant_lib("precompiled/cu129");
+    let nccl_dir = lib.parent().unwrap().parent().unwrap().join("nccl");
+    std::fs::create_dir_all(&nccl_dir).unwrap();
+    compile_shared(
+        &nccl_like_source((2, 27, 5), "12.9"),
+        &nccl_dir.join("libnccl.so.2"),
+        &["-Wl,-soname,libnccl.so.2"],
+    );
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    let caller = format!(
+        "{}int ncclGetVersion(int *v);\nint torch_nccl(void) {{ int v = 0; ncclGetVersion(&v); return v; }}\n",
+        floors()
+    );
+    compile_shared(
+        &caller,
+        &lib,
+        &[
+            &format!("-L{}", nccl_dir.display()),
+            "-l:libnccl.so.2",
+            "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../nccl",
+        ],
+    );
+    let plan = json_plan(&["--archs", "8.6"], p.root());
+    assert_eq!(plan["tag"], "v2.27.5-1", "{plan}");
+    assert_eq!(plan["tag_origin"]["from"], "libtorch", "{plan}");
+    assert_eq!(plan["cuda"], "12.9", "{plan}");
+}
