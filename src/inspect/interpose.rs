@@ -11,6 +11,8 @@
 use super::elf::{self as fdl_elf, ElfInfo};
 use super::selfid;
 use super::source::Source;
+use super::symver;
+pub use super::symver::Version;
 use anyhow::{anyhow, bail, Context, Result};
 use object::elf;
 use object::read::elf::{Dyn as _, FileHeader, SectionHeader, SectionTable, Sym as _};
@@ -200,30 +202,62 @@ fn dynamic_nccl_in(src: &Source<'_>) -> Result<Option<DynamicNccl>> {
 /// global or weak, default or protected visibility. Found through the object's symbol
 /// hash table (DT_GNU_HASH, else DT_HASH) as the loader finds them — a few probes per name
 /// instead of reading a `.dynsym` of 100,000 entries — and by a scan only when there is
-/// no hash table.
+/// no hash table. The references are unversioned: [`exported_among_versioned`].
 pub fn exported_among(path: &Path, names: &[&str]) -> Result<BTreeSet<String>> {
-    Source::with_file(path, |src| exported_among_source(src, names))
+    let wanted: Vec<(&str, Option<&Version>)> = names.iter().map(|n| (*n, None)).collect();
+    exported_among_versioned(path, &wanted)
+}
+
+/// [`exported_among`] for references that may name a symbol version: each name is
+/// looked up as glibc's `do_lookup_x` looks it up for a reference of that version
+/// ([`symver::VersionTables::matches`]): the first definition of the chain that matches
+/// decides, and for an unversioned reference a later version is taken only when it is
+/// the object's only one. The definition taken must then bind globally (not local, not
+/// hidden), or the object is passed over.
+pub fn exported_among_versioned(
+    path: &Path,
+    wanted: &[(&str, Option<&Version>)],
+) -> Result<BTreeSet<String>> {
+    Source::with_file(path, |src| exported_among_source(src, wanted))
 }
 
 /// [`exported_among`] on bytes in memory (fuzzing, robustness tests).
 #[doc(hidden)]
 pub fn exported_among_bytes(data: &[u8], names: &[&str]) -> Result<BTreeSet<String>> {
-    exported_among_source(&Source::from_bytes(data), names)
+    let wanted: Vec<(&str, Option<&Version>)> = names.iter().map(|n| (*n, None)).collect();
+    exported_among_source(&Source::from_bytes(data), &wanted)
 }
 
-fn exported_among_source(src: &Source<'_>, names: &[&str]) -> Result<BTreeSet<String>> {
+fn exported_among_source(
+    src: &Source<'_>,
+    wanted: &[(&str, Option<&Version>)],
+) -> Result<BTreeSet<String>> {
     let Some(t) = tables_if_dynamic(src)? else {
         return Ok(BTreeSet::new());
     };
     let e = t.endian;
-    let exported = |s: &Sym| {
+    let versions = symver::read(src, &t.info)
+        .with_context(|| format!("{}: its symbol version tables", src.name().display()))?;
+    // `check_match`'s first tests: a definition with a value, of a code or data type.
+    let defines = |s: &Sym| {
         s.st_shndx(e) != elf::SHN_UNDEF
+            && !(s.st_value(e) == 0 && s.st_shndx(e) != elf::SHN_ABS && s.st_type() != elf::STT_TLS)
             && matches!(
-                s.st_bind(),
-                elf::STB_GLOBAL | elf::STB_WEAK | elf::STB_GNU_UNIQUE
+                s.st_type(),
+                elf::STT_NOTYPE
+                    | elf::STT_OBJECT
+                    | elf::STT_FUNC
+                    | elf::STT_COMMON
+                    | elf::STT_TLS
+                    | elf::STT_GNU_IFUNC
             )
-            && matches!(s.st_visibility(), elf::STV_DEFAULT | elf::STV_PROTECTED)
-            && !matches!(s.st_type(), elf::STT_SECTION | elf::STT_FILE)
+    };
+    // Then `do_lookup_x`: hidden and local definitions are passed over with their object.
+    let binds_globally = |s: &Sym| {
+        matches!(
+            s.st_bind(),
+            elf::STB_GLOBAL | elf::STB_WEAK | elf::STB_GNU_UNIQUE
+        ) && matches!(s.st_visibility(), elf::STV_DEFAULT | elf::STV_PROTECTED)
     };
     let name_is = |s: &Sym, want: &[u8]| {
         usize::try_from(s.st_name(e))
@@ -232,25 +266,89 @@ fn exported_among_source(src: &Source<'_>, names: &[&str]) -> Result<BTreeSet<St
             .is_some_and(|rest| rest.starts_with(want) && rest.get(want.len()) == Some(&0))
     };
     let mut out = BTreeSet::new();
-    for name in names {
+    for (name, version) in wanted {
         let want = name.as_bytes();
-        let found = match t.hash_lookup(want)? {
-            Some(candidates) => candidates
-                .into_iter()
-                .filter_map(|i| t.dynsym.get(i))
-                .any(|s| name_is(s, want) && exported(s)),
-            None => t
-                .dynsym
-                .iter()
-                .skip(1)
-                .any(|s| name_is(s, want) && exported(s)),
+        let chain: Box<dyn Iterator<Item = usize>> = match t.hash_lookup(want)? {
+            Some(candidates) => Box::new(candidates.into_iter()),
+            None => Box::new(1..t.dynsym.len()),
         };
-        if found {
+        let mut taken = None;
+        let mut alone = None;
+        let mut versioned = 0usize;
+        for i in chain {
+            let Some(s) = t.dynsym.get(i) else { continue };
+            if !name_is(s, want) || !defines(s) {
+                continue;
+            }
+            match versions.matches(versions.versym(src, i)?, *version)? {
+                symver::Match::Yes => {
+                    taken = Some(s);
+                    break;
+                }
+                symver::Match::No => {}
+                symver::Match::OnlyIfAlone => {
+                    versioned += 1;
+                    if versioned == 1 {
+                        alone = Some(s);
+                    }
+                }
+            }
+        }
+        let taken = taken.or(if versioned == 1 { alone } else { None });
+        if taken.is_some_and(binds_globally) {
             out.insert(name.to_string());
         }
     }
     src.check_len()?;
     Ok(out)
+}
+
+/// The version each of `names` is referenced with by the object at `path`: its first
+/// `.dynsym` entry of that name, through `DT_VERSYM` to the version it requires; `None`
+/// for an unversioned reference (or a name the object does not have).
+pub fn reference_versions(
+    path: &Path,
+    names: &[&str],
+) -> Result<BTreeMap<String, Option<Version>>> {
+    Source::with_file(path, |src| {
+        let mut out: BTreeMap<String, Option<Version>> =
+            names.iter().map(|n| (n.to_string(), None)).collect();
+        let Some(t) = tables_if_dynamic(src)? else {
+            return Ok(out);
+        };
+        let versions = symver::read(src, &t.info)
+            .with_context(|| format!("{}: its symbol version tables", src.name().display()))?;
+        if !versions.has_versym() {
+            return Ok(out);
+        }
+        let e = t.endian;
+        let mut left: BTreeSet<&str> = names.iter().copied().collect();
+        for (i, s) in t.dynsym.iter().enumerate().skip(1) {
+            if left.is_empty() {
+                break;
+            }
+            let Some(n) = usize::try_from(s.st_name(e))
+                .ok()
+                .and_then(|o| t.dynstr.get(o..))
+                .and_then(|rest| {
+                    let rest = &rest[..rest.len().min(MAX_NAME + 1)];
+                    std::str::from_utf8(&rest[..memchr::memchr(0, rest)?]).ok()
+                })
+            else {
+                continue;
+            };
+            if !left.remove(n) {
+                continue;
+            }
+            if let Some(raw) = versions.versym(src, i)? {
+                // A version whose hash is 0 is looked up unversioned (`RESOLVE_MAP`).
+                let v = versions.version_of(raw)?.filter(|v| v.hash != 0).cloned();
+                out.insert(n.to_string(), v);
+            }
+        }
+        src.check_len()?;
+        Ok(out)
+    })
 }
 
 /// Whether the object at `path` imports the function `name` (an undefined `.dynsym`

@@ -12,6 +12,7 @@ pub mod fatbin;
 pub mod interpose;
 pub mod selfid;
 pub mod source;
+pub mod symver;
 #[doc(hidden)]
 pub(crate) mod zstd_head;
 

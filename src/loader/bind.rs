@@ -226,11 +226,29 @@ pub fn which_nccl_knowing(
         // by lookup are looked up in the objects before their first definer, through
         // each object's hash table, as the loader looks them up.
         Some((a, f)) => {
-            let mut wanted: Vec<&str> = f
+            let names: Vec<&str> = f
                 .symbols
                 .iter()
                 .filter(|s| matches!(s.binding, Binding::Imported | Binding::Interposable))
                 .map(|s| s.name.as_str())
+                .collect();
+            // The version each is referenced with: a definition of another is passed over.
+            let refs = match interpose::reference_versions(&map.objects[a].path, &names) {
+                Ok(r) => r,
+                Err(e) => {
+                    blind.push((
+                        a,
+                        format!(
+                            "the symbol versions of {} cannot be read: {e:#}",
+                            map.objects[a].path.display()
+                        ),
+                    ));
+                    BTreeMap::new()
+                }
+            };
+            let mut wanted: Vec<(&str, Option<&interpose::Version>)> = names
+                .iter()
+                .map(|n| (*n, refs.get(*n).and_then(Option::as_ref)))
                 .collect();
             for (i, slot) in exports.iter_mut().enumerate() {
                 if wanted.is_empty() {
@@ -241,7 +259,7 @@ pub fn which_nccl_knowing(
                 } else if map.objects[i].is_stand_in() {
                     BTreeSet::new()
                 } else {
-                    match interpose::exported_among(&map.objects[i].path, &wanted) {
+                    match interpose::exported_among_versioned(&map.objects[i].path, &wanted) {
                         Ok(found) => found,
                         Err(e) => {
                             blind.push((
@@ -255,7 +273,7 @@ pub fn which_nccl_knowing(
                         }
                     }
                 };
-                wanted.retain(|n| !found.contains(*n));
+                wanted.retain(|(n, _)| !found.contains(*n));
                 *slot = Some(found);
             }
             facts[a] = Some(f);

@@ -18,7 +18,7 @@
 
 use super::preload::{self, Element, PreloadSource};
 use super::search::{self, Host, LoaderEnv, Probe, ResolveRule};
-use crate::inspect::{elf, Source};
+use crate::inspect::{elf, symver, Source};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -92,6 +92,9 @@ pub struct Object {
     names: Vec<String>,
     #[serde(skip)]
     id: Option<(u64, u64)>,
+    /// Its symbol version tables: what it requires of which file, what it defines.
+    #[serde(skip)]
+    versions: symver::VersionTables,
 }
 
 impl Object {
@@ -194,14 +197,16 @@ struct Failed {
 /// Lays out the link map of a process whose program is `target` (an executable), or of
 /// a program that links `target` (a shared library), in `env`.
 pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
-    let info = Source::with_file(target, |src| {
+    let (info, program_versions) = Source::with_file(target, |src| {
         if src.is_empty() || !elf::is_elf(src.bytes_clipped(0, 16)) {
             bail!(
                 "{} is not an ELF file: pass a shared library such as libtorch_cuda.so, or a program",
                 target.display()
             );
         }
-        elf::parse(src)
+        let info = elf::parse(src)?;
+        let versions = symver::read(src, &info);
+        Ok((info, versions))
     })?;
     let host = Host {
         is_64: info.is_64,
@@ -236,7 +241,7 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
         let real = target
             .canonicalize()
             .unwrap_or_else(|_| absolute(env, target));
-        map.objects.push(new_object(
+        let mut program = new_object(
             PathBuf::from(target),
             FoundBy::Program,
             &info.dynamic,
@@ -244,7 +249,9 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
             None,
             Vec::new(),
             None,
-        ));
+        );
+        program.versions = map.versions_or_caveat(program_versions, target);
+        map.objects.push(program);
     } else {
         let path = absolute(env, target);
         // What a real program linking the library needs: the library, then libc.
@@ -262,6 +269,7 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
             loader: None,
             names: Vec::new(),
             id: None,
+            versions: symver::VersionTables::default(),
         });
     }
     map.preload(env, preload::split_ld_preload(&env.preload));
@@ -323,6 +331,7 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
         }
         next += 1;
     }
+    map.check_versions();
     Ok(map)
 }
 
@@ -363,6 +372,7 @@ fn new_object(
         loader,
         names,
         id,
+        versions: symver::VersionTables::default(),
     }
 }
 
@@ -445,17 +455,24 @@ impl LinkMap {
             self.objects[i].names.push(name.to_string());
             return Ok(i);
         }
-        let info = Source::with_file(&path, elf::parse)
-            .with_context(|| format!("{} cannot be read", path.display()));
-        let dynamic = match info {
-            Ok(i) => {
+        let info = Source::with_file(&path, |src| {
+            let info = elf::parse(src)?;
+            let versions = symver::read(src, &info);
+            Ok((info, versions))
+        })
+        .with_context(|| format!("{} cannot be read", path.display()));
+        let (dynamic, versions) = match info {
+            Ok((i, v)) => {
                 self.incomplete(&i.dynamic, &path);
-                i.dynamic
+                (i.dynamic, self.versions_or_caveat(v, &path))
             }
             Err(e) => {
                 // The loader would read it; fdl cannot, so what it needs is unknown.
                 self.caveat(format!("{e:#}"), self.objects.len());
-                elf::DynamicInfo::default()
+                (
+                    elf::DynamicInfo::default(),
+                    symver::VersionTables::default(),
+                )
             }
         };
         let found_by = match preload {
@@ -473,7 +490,7 @@ impl LinkMap {
                 .map(Path::to_path_buf)
                 .unwrap_or_else(|| PathBuf::from("/")),
         );
-        self.objects.push(new_object(
+        let mut object = new_object(
             path,
             found_by,
             &dynamic,
@@ -481,8 +498,113 @@ impl LinkMap {
             Some(loader),
             vec![name.to_string()],
             Some(id),
-        ));
+        );
+        object.versions = versions;
+        self.objects.push(object);
         Ok(self.objects.len() - 1)
+    }
+
+    /// The version tables read for the object about to be placed at the end of the
+    /// order; when they cannot be read, empty ones and a caveat for that object.
+    fn versions_or_caveat(
+        &mut self,
+        read: Result<symver::VersionTables>,
+        path: &Path,
+    ) -> symver::VersionTables {
+        read.unwrap_or_else(|e| {
+            self.caveat(
+                format!(
+                    "the symbol version tables of {} cannot be read: {e:#}",
+                    path.display()
+                ),
+                self.objects.len(),
+            );
+            symver::VersionTables::default()
+        })
+    }
+
+    /// Keeps a failure, up to [`MAX_FAILURES`] of them.
+    fn fail(&mut self, f: LoadFailure) {
+        if self.failures.len() < MAX_FAILURES {
+            self.failures.push(f);
+        } else {
+            self.failures_omitted += 1;
+        }
+    }
+
+    /// glibc's `_dl_check_map_versions` over the whole map, once everything is loaded,
+    /// object by object in the order: every version an object requires (DT_VERNEED) of a
+    /// file must be defined (DT_VERDEF) by the object loaded under that name, or the
+    /// process does not start ("version `X' not found (required by Y)"), a failure placed
+    /// at the object that lacks it. A weak requirement only warns. A file with no version
+    /// definitions at all passes the check, but glibc's lookup of a versioned symbol that
+    /// reaches it aborts the process: a caveat there.
+    fn check_versions(&mut self) {
+        for i in 0..self.objects.len() {
+            if self.objects[i].is_stand_in() {
+                continue;
+            }
+            let requirer = self.display_path(i);
+            if let Some(why) = self.objects[i].versions.needs_error.clone() {
+                self.fail(LoadFailure {
+                    needed: requirer.to_string_lossy().into_owned(),
+                    needed_by: requirer.clone(),
+                    reason: why,
+                    searched: Vec::new(),
+                    position: i,
+                });
+                continue;
+            }
+            let needs = self.objects[i].versions.needs.clone();
+            for need in needs {
+                let Some(j) = self.objects.iter().position(|o| {
+                    o.names.iter().any(|n| *n == need.file)
+                        || o.soname.as_deref() == Some(need.file.as_str())
+                }) else {
+                    // Not loaded: its load failure already says the process does not start.
+                    continue;
+                };
+                let provider = &self.objects[j].versions;
+                let Some(defines) = provider.defines.clone() else {
+                    let names: Vec<&str> = need
+                        .versions
+                        .iter()
+                        .map(|r| r.version.name.as_str())
+                        .collect();
+                    let what = format!(
+                        "{} has no symbol version definitions, but {} requires versions of it ({}): glibc aborts the process when it looks up a symbol of such a version there",
+                        self.objects[j].path.display(),
+                        requirer.display(),
+                        names.join(", ")
+                    );
+                    self.caveat(what, j);
+                    continue;
+                };
+                let defines_error = provider.defines_error.clone();
+                for r in &need.versions {
+                    let defined = defines
+                        .iter()
+                        .any(|d| d.hash == r.version.hash && d.name == r.version.name);
+                    let reason = match &defines_error {
+                        Some(why) => why.clone(),
+                        None if defined || r.weak => continue,
+                        None => format!(
+                            "version `{}' not found (required by {}): the process does not start",
+                            r.version.name,
+                            requirer.display()
+                        ),
+                    };
+                    self.fail(LoadFailure {
+                        needed: need.file.clone(),
+                        needed_by: requirer.clone(),
+                        reason,
+                        searched: Vec::new(),
+                        position: j,
+                    });
+                }
+            }
+        }
+        self.failures.sort_by_key(|f| f.position);
     }
 
     /// The directories `loader`'s search for a bare name goes through, before the cache.
@@ -596,12 +718,14 @@ impl LinkMap {
             // entry) against the object that asks for it.
             let path = match search::expand(name, self.objects[loader].origin.as_deref()) {
                 Ok(p) => p,
-                Err(token) => return Err(Failed {
-                    reason: format!(
+                Err(token) => {
+                    return Err(Failed {
+                        reason: format!(
                         "it uses the dynamic string token {token}, whose value fdl does not know"
                     ),
-                    searched,
-                }),
+                        searched,
+                    })
+                }
             };
             let full = absolute(env, &path);
             self.probes += 1;
