@@ -61,9 +61,10 @@ enum Expect {
         get_version: PathBuf,
         comm_init: PathBuf,
     },
-    /// Exits 127 without printing a version: the loader could not start it (or could
-    /// not resolve a call); its error contains `stderr`.
-    Fails { stderr: String },
+    /// Exits `code` (127; 1 for a missing symbol version) without printing a version:
+    /// the loader could not start it (or could not resolve a call); its error contains
+    /// `stderr`.
+    Fails { stderr: String, code: i32 },
     /// Runs and prints `version`, which it found with dlopen at run time in `file`.
     Dlopen { version: Ver, file: PathBuf },
 }
@@ -164,8 +165,13 @@ fn binds(lab: &Lab, v: Ver, how: How) -> Expect {
 }
 
 fn fails(stderr: &str) -> Expect {
+    fails_with(127, stderr)
+}
+
+fn fails_with(code: i32, stderr: &str) -> Expect {
     Expect::Fails {
         stderr: stderr.to_string(),
+        code,
     }
 }
 
@@ -1044,6 +1050,166 @@ fn cases() -> Vec<Case> {
                 Setup::library(lab, torch, binds(lab, V1, How::Runtime))
             },
         ));
+
+        // Symbol versions. `versioned` builds an NCCL stand-in whose functions carry the
+        // versions a version script gives them; `torch_against` links libtorch against a
+        // given libnccl.so.2, so that its references carry that library's versions.
+        fn versioned(
+            lab: &Lab,
+            rel: &str,
+            v: Ver,
+            soname: &str,
+            script: &str,
+            source: Option<String>,
+        ) -> PathBuf {
+            let map = lab.path(&format!("{rel}.map"));
+            std::fs::create_dir_all(map.parent().unwrap()).unwrap();
+            std::fs::write(&map, script).unwrap();
+            let source = source.unwrap_or_else(|| loader_fixture::nccl_source(v, Funcs::Both, ""));
+            lab.lib(
+                rel,
+                Some(soname),
+                &source,
+                &[],
+                &[format!("-Wl,--version-script,{}", map.display())],
+            )
+        }
+        fn torch_against(lab: &Lab, nccl: &Path, flags: &[String]) -> PathBuf {
+            let mut f = vec![
+                "-O1".to_string(),
+                format!("-L{}", nccl.parent().unwrap().display()),
+                format!("-l:{}", nccl.file_name().unwrap().to_str().unwrap()),
+            ];
+            f.extend(flags.iter().cloned());
+            let source = format!(
+                "int ncclGetVersion(int *v);\nint ncclCommInitRank(void **c, int n, int id, int r);\n{}",
+                loader_fixture::CALLER
+            );
+            lab.lib(
+                "site/torch/lib/libtorch_cuda.so",
+                Some("libtorch_cuda.so"),
+                &source,
+                &[],
+                &f,
+            )
+        }
+        fn at(file: PathBuf, v: Ver) -> Expect {
+            Expect::Binds {
+                version: v,
+                file,
+                how: How::Runtime,
+            }
+        }
+        const NCCL_1: &str = "NCCL_1 { global: ncclGetVersion; ncclCommInitRank; local: *; };\n";
+        const NCCL_2: &str = "NCCL_2 { global: ncclGetVersion; ncclCommInitRank; local: *; };\n";
+        let runpath = |lab: &Lab| lab.runpath(&["$ORIGIN/../../nvidia/nccl/lib"]);
+        c.push(case(
+            "version_preload_of_another_version_passed_over",
+            "libtorch needs ncclGetVersion@NCCL_1 of libnccl.so.2; a preload (libnccl-pre.so) exporting ncclGetVersion@@NCCL_2 is passed over: the bundled NCCL answers",
+            move |lab| {
+                let nccl = versioned(lab, "site/nvidia/nccl/lib/libnccl.so.2", V1, "libnccl.so.2", NCCL_1, None);
+                let torch = torch_against(lab, &nccl, &[runpath(lab)]);
+                let pre = versioned(lab, "pre/libnccl-pre.so", V3, "libnccl-pre.so", NCCL_2, None);
+                Setup::library(lab, torch, at(nccl, V1)).preload(pre.to_str().unwrap().to_string())
+            },
+        ));
+        c.push(case(
+            "version_required_missing_fails_to_start",
+            "libtorch was linked against a libnccl.so.2 defining NCCL_1; the one it finds defines only NCCL_2: the process does not start (exit 1)",
+            move |lab| {
+                let link = versioned(lab, ".link/v/libnccl.so.2", V2, "libnccl.so.2", NCCL_1, Some("int ncclGetVersion(int *v) { return 0; }\nint ncclCommInitRank(void **c, int n, int id, int r) { return 0; }\n".into()));
+                let torch = torch_against(lab, &link, &[runpath(lab)]);
+                versioned(lab, "site/nvidia/nccl/lib/libnccl.so.2", V1, "libnccl.so.2", NCCL_2, None);
+                Setup::library(lab, torch, fails_with(1, "version `NCCL_1' not found"))
+            },
+        ));
+        c.push(case(
+            "version_required_of_a_library_without_definitions_runs",
+            "libtorch requires NCCL_1 of libnccl.so.2; the one it finds defines no versions but has a DT_VERSYM (its libc references): a warning only, its unversioned definitions answer",
+            move |lab| {
+                let link = versioned(lab, ".link/v/libnccl.so.2", V2, "libnccl.so.2", NCCL_1, Some("int ncclGetVersion(int *v) { return 0; }\nint ncclCommInitRank(void **c, int n, int id, int r) { return 0; }\n".into()));
+                let torch = torch_against(lab, &link, &[runpath(lab)]);
+                let nccl = lab.nccl("site/nvidia/nccl/lib/libnccl.so.2", V1);
+                let d = loader_fixture::readelf_d(&nccl);
+                assert!(d.contains("(VERSYM)") && !d.contains("(VERDEF)"), "fixture: {d}");
+                Setup::library(lab, torch, binds(lab, V1, How::Runtime))
+            },
+        ));
+        c.push(case(
+            "version_required_of_a_library_without_versym_aborts",
+            "libtorch requires NCCL_1 of libnccl.so.2; the one it finds has no version tables at all (-nostdlib): glibc's lookup fails its assertion and the process dies",
+            move |lab| {
+                let link = versioned(lab, ".link/v/libnccl.so.2", V2, "libnccl.so.2", NCCL_1, Some("int ncclGetVersion(int *v) { return 0; }\nint ncclCommInitRank(void **c, int n, int id, int r) { return 0; }\n".into()));
+                let torch = torch_against(lab, &link, &[runpath(lab)]);
+                let nccl = lab.lib("site/nvidia/nccl/lib/libnccl.so.2", Some("libnccl.so.2"), &loader_fixture::nccl_source(V1, Funcs::Both, ""), &[], &["-nostdlib".into()]);
+                let d = loader_fixture::readelf_d(&nccl);
+                assert!(!d.contains("(VERSYM)"), "fixture: {d}");
+                Setup::library(lab, torch, fails("Inconsistency detected by ld.so"))
+            },
+        ));
+        c.push(case(
+            "version_ref_unversioned_preload_taken",
+            "libtorch needs ncclGetVersion@NCCL_1; a preload without any version tables defines it: taken (check_match accepts an object without DT_VERSYM)",
+            move |lab| {
+                let nccl = versioned(lab, "site/nvidia/nccl/lib/libnccl.so.2", V1, "libnccl.so.2", NCCL_1, None);
+                let torch = torch_against(lab, &nccl, &[runpath(lab)]);
+                let pre = lab.nccl_as("pre/libnccl-pre.so", V3, "libnccl-pre.so", Funcs::Both, &[]);
+                Setup::library(lab, torch, at(pre.clone(), V3)).preload(pre.to_str().unwrap().to_string())
+            },
+        ));
+        // An unversioned reference (libtorch linked against the plain stub) against a
+        // preload whose definitions are versioned.
+        let symver_source = |v: Ver, node: &str| {
+            format!(
+                "__attribute__((used)) static const char fdl_nccl_self_id[] = \"NCCL version {}+cuda12.{}\";\n\
+                 int gv(int *v) {{ *v = {}; return 0; }}\n\
+                 int ci(void **c, int n, int id, int r) {{ *c = 0; return n - 1 + id + r; }}\n\
+                 __asm__(\".symver gv,ncclGetVersion@{node}\");\n__asm__(\".symver ci,ncclCommInitRank@{node}\");\n",
+                v.dotted(),
+                v.2 % 10,
+                v.code()
+            )
+        };
+        for (name, node, script, preload_wins) in [
+            (
+                "version_unversioned_ref_default_later_version_taken",
+                "",
+                "NCCL_A { global: fdl_pre_a; local: *; };\nNCCL_B { global: ncclGetVersion; ncclCommInitRank; };\n",
+                true,
+            ),
+            (
+                "version_unversioned_ref_hidden_later_version_passed_over",
+                "NCCL_B",
+                "NCCL_A { global: fdl_pre_a; local: *; };\nNCCL_B { global: fdl_pre_b; ncclGetVersion; ncclCommInitRank; };\n",
+                false,
+            ),
+            (
+                "version_unversioned_ref_hidden_oldest_version_taken",
+                "NCCL_A",
+                "NCCL_A { global: fdl_pre_a; ncclGetVersion; ncclCommInitRank; local: *; };\nNCCL_B { global: fdl_pre_b; };\n",
+                true,
+            ),
+        ] {
+            c.push(case(
+                name,
+                format!("libtorch's references are unversioned; the preload defines nccl* only as {}: {}", if node.is_empty() { "the default version NCCL_B (index 3, its only one)".to_string() } else { format!("the non-default version {node}") }, if preload_wins { "the preload answers" } else { "passed over, the bundled NCCL answers" }),
+                move |lab| {
+                    let torch = bundled(lab, V1);
+                    let source = if node.is_empty() {
+                        format!("int fdl_pre_a;\n{}", loader_fixture::nccl_source(V3, Funcs::Both, ""))
+                    } else {
+                        format!("int fdl_pre_a;\nint fdl_pre_b;\n{}", symver_source(V3, node))
+                    };
+                    let pre = versioned(lab, "pre/libnccl-pre.so", V3, "libnccl-pre.so", script, Some(source));
+                    let syms = Command::new("readelf").arg("--dyn-syms").arg("-W").arg(&pre).output().unwrap();
+                    let syms = String::from_utf8_lossy(&syms.stdout);
+                    let want = if node.is_empty() { "ncclGetVersion@@NCCL_B".to_string() } else { format!("ncclGetVersion@{node}") };
+                    assert!(syms.lines().any(|l| l.contains(" FUNC ") && l.trim_end().ends_with(&want)), "fixture: no {want} in {syms}");
+                    let expect = if preload_wins { at(pre.clone(), V3) } else { binds(lab, V1, How::Runtime) };
+                    Setup::library(lab, torch, expect).preload(pre.to_str().unwrap().to_string())
+                },
+            ));
+        }
     }
     c
 }
@@ -1313,10 +1479,10 @@ fn check_oracle(lab: &Lab, s: &Setup, o: &Observed) -> Result<Option<Truth>, Vec
                 ));
             }
         }
-        Expect::Fails { stderr } => {
-            if o.code != Some(127) || o.version.is_some() || !o.stderr.contains(stderr.as_str()) {
+        Expect::Fails { stderr, code } => {
+            if o.code != Some(*code) || o.version.is_some() || !o.stderr.contains(stderr.as_str()) {
                 errs.push(format!(
-                    "the process should fail to start (exit 127) with {stderr:?}; it exited {:?}, printed {:?}",
+                    "the process should fail to start (exit {code}) with {stderr:?}; it exited {:?}, printed {:?}",
                     o.code, o.version
                 ));
                 if let Some(sys) = system_libnccl() {

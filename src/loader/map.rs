@@ -536,9 +536,9 @@ impl LinkMap {
     /// object by object in the order: every version an object requires (DT_VERNEED) of a
     /// file must be defined (DT_VERDEF) by the object loaded under that name, or the
     /// process does not start ("version `X' not found (required by Y)"), a failure placed
-    /// at the object that lacks it. A weak requirement only warns. A file with no version
-    /// definitions at all passes the check, but glibc's lookup of a versioned symbol that
-    /// reaches it aborts the process: a caveat there.
+    /// at the object that lacks it. A weak requirement only warns, and so does a file
+    /// with no version definitions at all; but a file without even a DT_VERSYM makes
+    /// glibc's lookup of a versioned symbol there fail an assertion: a caveat there.
     fn check_versions(&mut self) {
         for i in 0..self.objects.len() {
             if self.objects[i].is_stand_in() {
@@ -565,19 +565,24 @@ impl LinkMap {
                     continue;
                 };
                 let provider = &self.objects[j].versions;
-                let Some(defines) = provider.defines.clone() else {
+                if !provider.has_versym() {
                     let names: Vec<&str> = need
                         .versions
                         .iter()
                         .map(|r| r.version.name.as_str())
                         .collect();
                     let what = format!(
-                        "{} has no symbol version definitions, but {} requires versions of it ({}): glibc aborts the process when it looks up a symbol of such a version there",
+                        "{} has no symbol version table (DT_VERSYM), but {} requires versions of it ({}): glibc's lookup of such a symbol there fails its assertion and the process dies",
                         self.objects[j].path.display(),
                         requirer.display(),
                         names.join(", ")
                     );
                     self.caveat(what, j);
+                    continue;
+                }
+                // No definitions at all: glibc only says "no version information
+                // available", and its unversioned symbols answer.
+                let Some(defines) = provider.defines.clone() else {
                     continue;
                 };
                 let defines_error = provider.defines_error.clone();
