@@ -420,6 +420,75 @@ mod tests {
         assert!(t.version_of(0x7fff).is_err());
     }
 
+    /// A cc-built library with a version script, then its tables corrupted one way at
+    /// a time: each is an error or a bounded answer, never a panic or an endless walk.
+    #[test]
+    fn corrupt_tables_are_errors_not_panics() {
+        use object::{Object as _, ObjectSection as _};
+        let dir = tempfile::tempdir().unwrap();
+        let (c, map, lib) = (
+            dir.path().join("l.c"),
+            dir.path().join("l.map"),
+            dir.path().join("libv.so"),
+        );
+        std::fs::write(
+            &c,
+            "#include <stdio.h>\nint f(void) { return puts(\"x\"); }\n",
+        )
+        .unwrap();
+        std::fs::write(&map, "V_1 { global: f; local: *; };\n").unwrap();
+        let ok = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&lib)
+            .arg(&c)
+            .arg(format!("-Wl,--version-script,{}", map.display()))
+            .status()
+            .expect("cc")
+            .success();
+        assert!(ok);
+        let good = std::fs::read(&lib).unwrap();
+        let read_bytes = |b: &[u8]| {
+            let src = Source::from_bytes(b);
+            let info = super::super::elf::parse(&src).unwrap();
+            read(&src, &info)
+        };
+        let t = read_bytes(&good).unwrap();
+        let defs = t.defines.as_ref().unwrap();
+        assert!(defs
+            .iter()
+            .any(|d| d.name == "V_1" && d.hash == elf_hash(b"V_1")));
+        assert!(t.needs.iter().any(|n| n.file == "libc.so.6"), "{t:?}");
+        let file = object::File::parse(&*good).unwrap();
+        let offset =
+            |name: &str| file.section_by_name(name).unwrap().file_range().unwrap().0 as usize;
+        let (vd, vn) = (offset(".gnu.version_d"), offset(".gnu.version_r"));
+        let patched = |at: usize, bytes: &[u8]| {
+            let mut b = good.clone();
+            b[at..at + bytes.len()].copy_from_slice(bytes);
+            b
+        };
+        let aux = vn + u32::from_le_bytes(good[vn + 8..vn + 12].try_into().unwrap()) as usize;
+        let mut spin = good.clone();
+        // A vna_next that leaves the file.
+        spin[aux + 12..aux + 16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(read_bytes(&spin).is_err());
+        // A name past the string table, an unsupported record version.
+        let bad_name = patched(aux + 8, &u32::MAX.to_le_bytes());
+        assert!(read_bytes(&bad_name).is_err());
+        let t = read_bytes(&patched(vd, &2u16.to_le_bytes())).unwrap();
+        assert_eq!(
+            t.defines_error.as_deref(),
+            Some("unsupported version 2 of Verdef record")
+        );
+        let t = read_bytes(&patched(vn, &7u16.to_le_bytes())).unwrap();
+        assert_eq!(
+            t.needs_error.as_deref(),
+            Some("unsupported version 7 of Verneed record")
+        );
+        // A Verdaux offset far outside.
+        assert!(read_bytes(&patched(vd + 12, &0x7fff_0000u32.to_le_bytes())).is_err());
+    }
+
     #[test]
     fn elf_hash_is_the_sysv_one() {
         assert_eq!(elf_hash(b"GLIBC_2.2.5"), 0x09691a75);
