@@ -558,8 +558,7 @@ impl LinkMap {
             let needs = self.objects[i].versions.needs.clone();
             for need in needs {
                 let Some(j) = self.objects.iter().position(|o| {
-                    o.names.contains(&need.file)
-                        || o.soname.as_deref() == Some(need.file.as_str())
+                    o.names.contains(&need.file) || o.soname.as_deref() == Some(need.file.as_str())
                 }) else {
                     // Not loaded: its load failure already says the process does not start.
                     continue;
