@@ -280,6 +280,17 @@ fn exported_among_source(
             if !name_is(s, want) || !defines(s) {
                 continue;
             }
+            // A versioned reference reaching a definition in the very file it requires
+            // the version of, when that file has no DT_VERSYM: glibc's `check_match`
+            // asserts, and the process dies.
+            if let Some(v) = version.filter(|v| !versions.has_versym() && v.file.is_some()) {
+                if v.file == t.info.dynamic.soname {
+                    bail!(
+                        "a lookup of {name}@{} reaches its definition here, in the file it requires that version of, which has no symbol version table (DT_VERSYM): glibc's check_match fails its assertion and the process dies",
+                        v.name
+                    );
+                }
+            }
             match versions.matches(versions.versym(src, i)?, *version)? {
                 symver::Match::Yes => {
                     taken = Some(s);

@@ -41,6 +41,8 @@ pub struct Version {
     /// For a required version, `vna_other`'s hidden bit: then only that very version
     /// matches, never a default one.
     pub hidden: bool,
+    /// For a required version, the file it is required of (`vn_file`).
+    pub file: Option<String>,
 }
 
 /// One version an object requires of a file (a `Vernaux`).
@@ -295,6 +297,7 @@ pub fn read(src: &Source<'_>, info: &ElfInfo) -> Result<VersionTables> {
                         name: name_at(u32_at(&a[8..12]), "a Vernaux record")?,
                         hash: u32_at(&a[..4]),
                         hidden: u16_at(&a[6..8]) & 0x8000 != 0,
+                        file: Some(needs.file.clone()),
                     };
                     set_index(&mut by_index, u16_at(&a[6..8]), version.clone());
                     needs.versions.push(Required {
@@ -340,6 +343,7 @@ pub fn read(src: &Source<'_>, info: &ElfInfo) -> Result<VersionTables> {
                 name: name_at(u32_at(&a[..4]), "a Verdaux record")?,
                 hash: u32_at(&e[8..12]),
                 hidden: false,
+                file: None,
             };
             // The base version (the file's own name) is no symbol's version.
             if u16_at(&e[2..4]) & VER_FLG_BASE == 0 {
@@ -386,6 +390,7 @@ mod tests {
             name: name.into(),
             hash: elf_hash(name.as_bytes()),
             hidden: false,
+            file: None,
         }
     }
 

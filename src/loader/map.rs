@@ -537,8 +537,9 @@ impl LinkMap {
     /// file must be defined (DT_VERDEF) by the object loaded under that name, or the
     /// process does not start ("version `X' not found (required by Y)"), a failure placed
     /// at the object that lacks it. A weak requirement only warns, and so does a file
-    /// with no version definitions at all; but a file without even a DT_VERSYM makes
-    /// glibc's lookup of a versioned symbol there fail an assertion: a caveat there.
+    /// with no version definitions at all (a versioned lookup that reaches a definition
+    /// in such a file without a DT_VERSYM fails glibc's assertion: the lookup says so,
+    /// `interpose::exported_among_versioned`).
     fn check_versions(&mut self) {
         for i in 0..self.objects.len() {
             if self.objects[i].is_stand_in() {
@@ -564,21 +565,6 @@ impl LinkMap {
                     continue;
                 };
                 let provider = &self.objects[j].versions;
-                if !provider.has_versym() {
-                    let names: Vec<&str> = need
-                        .versions
-                        .iter()
-                        .map(|r| r.version.name.as_str())
-                        .collect();
-                    let what = format!(
-                        "{} has no symbol version table (DT_VERSYM), but {} requires versions of it ({}): glibc's lookup of such a symbol there fails its assertion and the process dies",
-                        self.objects[j].path.display(),
-                        requirer.display(),
-                        names.join(", ")
-                    );
-                    self.caveat(what, j);
-                    continue;
-                }
                 // No definitions at all: glibc only says "no version information
                 // available", and its unversioned symbols answer.
                 let Some(defines) = provider.defines.clone() else {
