@@ -230,7 +230,10 @@ fn exported_but_never_called_is_no_call() {
         let mut extra = vec!["-O0"];
         extra.extend_from_slice(link);
         compile_shared(&source, &lib, &extra);
-        assert!(!readelf(&["-r", "-W"], &lib).contains("ncclCommFinalize"), "fixture");
+        assert!(
+            !readelf(&["-r", "-W"], &lib).contains("ncclCommFinalize"),
+            "fixture"
+        );
         let got = analyze(&lib).unwrap();
         let finalize = got.symbols.iter().find(|s| s.name == "ncclCommFinalize");
         assert_eq!(

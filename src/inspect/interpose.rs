@@ -290,12 +290,29 @@ pub fn imported_nccl(path: &Path) -> Result<BTreeSet<String>> {
         let Some(t) = tables_if_dynamic(src)? else {
             return Ok(BTreeSet::new());
         };
-        let out = t
-            .dynamic_candidates()?
-            .into_iter()
-            .filter(|(_, c)| !c.defined)
-            .map(|(_, c)| c.name)
-            .collect();
+        // Undefined first: most symbols of a large library are definitions, and the name
+        // is looked at only for the rest.
+        let e = t.endian;
+        let mut out = BTreeSet::new();
+        for s in t.dynsym.iter().skip(1) {
+            if s.st_shndx(e) != elf::SHN_UNDEF
+                || !matches!(
+                    s.st_type(),
+                    elf::STT_FUNC | elf::STT_NOTYPE | elf::STT_GNU_IFUNC
+                )
+            {
+                continue;
+            }
+            if let Some(name) = nccl_name(t.dynstr, s.st_name(e)) {
+                if out.len() >= MAX_NAMES && !out.contains(name) {
+                    bail!(
+                        "{}: more than {MAX_NAMES} nccl* functions in .dynsym; the file is corrupt",
+                        t.name()
+                    );
+                }
+                out.insert(name.to_string());
+            }
+        }
         src.check_len()?;
         Ok(out)
     })
@@ -536,6 +553,10 @@ fn verdict_for(symbols: &[SymbolBinding]) -> Verdict {
 /// `pnccl*`, NCCL's profiling aliases). Looks at most [`MAX_NAME`] bytes.
 fn nccl_name(strtab: &[u8], offset: u32) -> Option<&str> {
     let rest = strtab.get(usize::try_from(offset).ok()?..)?;
+    // The prefix first: most names are not NCCL's, and then no terminator is looked for.
+    if !(rest.starts_with(b"nccl") || rest.starts_with(b"pnccl")) {
+        return None;
+    }
     let rest = &rest[..rest.len().min(MAX_NAME + 1)];
     let name = &rest[..memchr::memchr(0, rest)?];
     if !(name.starts_with(b"nccl") || name.starts_with(b"pnccl")) {
@@ -1167,9 +1188,23 @@ impl<'a> Tables<'a> {
         };
         self.dynsym.iter().for_each(&mut add);
         if let Some(sections) = &self.sections {
-            for sh in sections.iter().filter(|s| s.sh_type(e) == elf::SHT_SYMTAB) {
+            // In file order, each byte once (hostile headers may name one table many
+            // times), and no further than the cap.
+            let mut tables: Vec<_> = sections
+                .iter()
+                .filter(|s| s.sh_type(e) == elf::SHT_SYMTAB)
+                .collect();
+            tables.sort_by_key(|s| s.sh_offset(e));
+            let mut read_up_to = 0u64;
+            for sh in tables {
+                if sh.sh_offset(e) < read_up_to {
+                    continue;
+                }
                 if let Ok(syms) = sh.data_as_array::<Sym, _>(e, self.data) {
-                    syms.iter().for_each(&mut add);
+                    read_up_to = sh.sh_offset(e).saturating_add(sh.sh_size(e));
+                    for s in syms.iter().take(MAX_FUNCTIONS) {
+                        add(s);
+                    }
                 }
             }
         }

@@ -1,14 +1,18 @@
 //! Following a process's `nccl*` calls to the object that answers them.
 //!
-//! The calls that matter are the consumer's: the library asked about (or the program)
-//! when it names `nccl*` functions; else every object of the closure that imports them;
-//! else every object that defines and calls its own; else, for NCCL compiled in hidden and
-//! stripped, the objects whose read-only data carry a self-id. An imported (or
-//! interposable) call binds to the first object of the global scope that exports the name
-//! (`_dl_lookup_symbol_x`); a call bound locally stays in its object. The NCCL that runs is
-//! the self-id of the object the calls reach. When a load failure or an unmodelled rule
-//! lies at or before that object in the order, something there could define the name
-//! first: the answer is then unknown, with the reason.
+//! The calls that matter are the consumer's: the nccl* functions the library asked about
+//! (or the program) calls — a function it defines but nothing calls is no call
+//! ([`Binding::NeverCalled`]) — or, when it names none but carries NCCL compiled in with
+//! hidden symbols, its own calls; and, whatever it does, every other object's imports.
+//! Only when there are none: every object that defines and calls its own; else, for a
+//! process that can `dlopen`, nothing definite (what it opens later decides); else the
+//! objects whose read-only data carry a self-id. An imported (or interposable) call binds
+//! to the first object of the global scope that exports the name (`_dl_lookup_symbol_x`);
+//! a call bound locally stays in its object; a call that may exist but is unconfirmed
+//! ([`Binding::Uncertain`]) leaves the answer unknown where it would add a target. The
+//! NCCL that runs is the self-id of the object the calls reach. When a load failure or an
+//! unmodelled rule lies at or before that object in the order, something there could
+//! define the name first: the answer is then unknown, with the reason.
 
 use super::map::{self, FoundBy, LinkMap};
 use super::pin::{self, Pin};
@@ -297,9 +301,9 @@ pub fn which_nccl_knowing(
             )),
         }
     }
-    // Set when nothing loaded at start calls NCCL and the process can dlopen: the object
-    // that calls dlopen.
-    let mut opens_later: Option<PathBuf> = None;
+    // Set when nothing loaded at start calls NCCL, an NCCL is there, and the process can
+    // dlopen: the object that calls dlopen, and the first object exporting nccl*.
+    let mut opens_later: Option<(PathBuf, Option<usize>)> = None;
     if callers.is_empty() && carriers.is_empty() {
         for (i, slot) in facts.iter_mut().enumerate() {
             if Some(i) != asked {
@@ -321,8 +325,12 @@ pub fn which_nccl_knowing(
             }
         }
         if callers.is_empty() {
-            opens_later = dlopen_caller(&map);
-            if opens_later.is_none() {
+            let opener = dlopen_caller(&map);
+            let exporter =
+                (0..n).find(|&i| facts[i].as_ref().is_some_and(|f| !f.exported.is_empty()));
+            if let (Some(o), Some(_)) = (&opener, exporter) {
+                opens_later = Some((o.clone(), exporter));
+            } else {
                 carriers = (0..n)
                     .filter(|&i| !map.objects[i].is_stand_in() && !preloaded(i))
                     .filter(|&i| matches!(id_of(i), Ok(Some(_))))
@@ -338,6 +346,10 @@ pub fn which_nccl_knowing(
                         )
                     })
                     .collect();
+                if let Some(o) = opener.filter(|_| !carriers.is_empty()) {
+                    opens_later = Some((o, None));
+                    carriers.clear();
+                }
             }
         }
     }
@@ -639,20 +651,23 @@ pub fn which_nccl_knowing(
             );
         }
         Answer::Unknown { reason }
-    } else if let Some(o) = &opens_later {
+    } else if let Some((o, first)) = &opens_later {
         let mut reason = format!(
-            "nothing loaded at start calls NCCL, but {} calls dlopen: what it opens later is in no file fdl reads, and that decides which NCCL runs",
+            "NCCL is loaded at start but nothing there calls it, and {} calls dlopen: what it opens later is in no file fdl reads, and that decides which NCCL runs",
             o.display()
         );
         // A library opened later looks up the global scope first: the program, the
         // preloads, the start-up closure.
-        let first = (0..n).find(|&i| facts[i].as_ref().is_some_and(|f| !f.exported.is_empty()));
-        if let Some(t) = first {
+        if let Some(t) = *first {
             reason.push_str(&format!(
                 ". A library opened later that imports nccl* functions binds them to the first definition in the global scope, {} ({})",
                 shown(&map, t).display(),
                 nccl_of(&mut id_of, t)
             ));
+        } else {
+            reason.push_str(
+                ". The NCCL loaded at start is compiled in with hidden symbols: a library opened later that imports nccl* functions finds no definition there",
+            );
         }
         Answer::Unknown { reason }
     } else if let Some(o) = dlopen_caller(&map) {
