@@ -334,7 +334,7 @@ fn scan_aarch64(base: u64, bytes: &[u8], targets: &[u64], f: &Functions, s: &mut
         // Fixed-width: the instruction is the word; what needs confirming is that a
         // function holds it, aligned from that function's start (not data in the code).
         match f.holding(pc) {
-            Some((start, _)) if (pc - start) % 4 == 0 => s.found.push((t, pc)),
+            Some((start, _)) if (pc - start).is_multiple_of(4) => s.found.push((t, pc)),
             Some((start, _)) => s.unconfirmed(
                 t,
                 format!("code at {pc:#x} may refer to it, but it is not aligned from its function's start ({start:#x})"),
