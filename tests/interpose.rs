@@ -209,9 +209,46 @@ fn bsymbolic_functions_keeps_nccl_calls_inside() {
     let got = analyze(&lib).unwrap();
     assert!(!got.symbolic);
     assert!(got.symbolic_functions_hint);
-    let why = "calls are bound at link time (-Bsymbolic-functions or direct calls); no relocation names it";
+    // No relocation names them, but the code calls both entries directly.
+    let why = "called directly: no relocation names it, and the library's code refers to its entry (a call bound at link time: -Bsymbolic-functions, --dynamic-list or -fno-semantic-interposition)";
     assert_eq!(got.symbols, all(&BOTH, bound_locally(why)));
     assert_ineffective(&got, &BOTH, why);
+}
+
+/// (e') Defined and exported, but called by nothing in the library: no relocation, no
+/// reference in the code, no address in data. Not a call: a preload has nothing to
+/// replace, and no "bound at link time" is claimed.
+#[test]
+fn exported_but_never_called_is_no_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libtorch_cuda.so");
+    let source = format!(
+        "{}int ncclCommFinalize(void *c) {{ return c != 0; }}\n{CALLER}",
+        nccl_defs("")
+    );
+    for link in [&[][..], &["-Wl,-Bsymbolic-functions"][..]] {
+        let mut extra = vec!["-O0"];
+        extra.extend_from_slice(link);
+        compile_shared(&source, &lib, &extra);
+        assert!(
+            !readelf(&["-r", "-W"], &lib).contains("ncclCommFinalize"),
+            "fixture"
+        );
+        let got = analyze(&lib).unwrap();
+        let finalize = got.symbols.iter().find(|s| s.name == "ncclCommFinalize");
+        assert_eq!(
+            finalize.map(|s| &s.binding),
+            Some(&Binding::NeverCalled),
+            "{link:?}: {got:#?}"
+        );
+        if link.is_empty() {
+            // The two it calls go through the PLT: a preload replaces every call made.
+            assert_eq!(got.verdict, Verdict::PreloadTakesEffect, "{got:#?}");
+        } else {
+            assert_ineffective(&got, &BOTH, "called directly");
+            assert!(got.symbolic_functions_hint);
+        }
+    }
 }
 
 /// (f) Protected visibility: exported, but the library's own calls bind locally.
@@ -328,8 +365,11 @@ fn aarch64_relocations_are_read_by_their_own_numbers() {
     }
     assert!(renumbered > 0);
     assert_eq!(analyze_bytes(&arm).unwrap(), x86);
-    let why = "calls are bound at link time (-Bsymbolic-functions or direct calls); no relocation names it";
-    assert_ineffective(&analyze_bytes(&relabelled).unwrap(), &BOTH, why);
+    // Relabelled only, no relocation names the functions on aarch64, and the x86-64
+    // code read as aarch64 words refers to neither entry: nothing calls them.
+    let got = analyze_bytes(&relabelled).unwrap();
+    assert_eq!(got.symbols, all(&BOTH, Binding::NeverCalled), "{got:#?}");
+    assert_eq!(got.verdict, Verdict::PreloadTakesEffect);
 }
 
 /// (i) Empty, garbage, 32-bit, truncated and corrupted files: a clear error or an

@@ -24,7 +24,7 @@ mod common;
 mod loader_fixture;
 
 use common::{fdl_in, oracle_input};
-use loader_fixture::{compile, Funcs, Lab, Ver};
+use loader_fixture::{compile, dlopen_main, relocated_names, Funcs, Lab, Ver};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -67,6 +67,17 @@ enum Expect {
     Fails { stderr: String, code: i32 },
     /// Runs and prints `version`, which it found with dlopen at run time in `file`.
     Dlopen { version: Ver, file: PathBuf },
+    /// Runs and prints `version` from `local`, whose `ncclGetVersion` is bound at link time
+    /// (no LD_DEBUG line), while `ncclCommInitRank`, called by name, binds to `comm_init`:
+    /// two NCCLs in one process.
+    SplitLocal {
+        version: Ver,
+        local: PathBuf,
+        comm_init: PathBuf,
+    },
+    /// Runs and prints `version`: a library it `dlopen`s at run time (in no file's
+    /// DT_NEEDED) calls `ncclGetVersion`, which binds to `file`, loaded at start.
+    Later { version: Ver, file: PathBuf },
 }
 
 /// One case, built: what to run, how, and what must happen.
@@ -83,6 +94,8 @@ struct Setup {
     silently_dropped: Vec<String>,
     /// What fdl's `reason` must contain (for unknown answers).
     reason: Vec<&'static str>,
+    /// nccl* functions defined but never called: not even `LD_BIND_NOW=1` binds them.
+    never_called: Vec<&'static str>,
     expect: Expect,
 }
 
@@ -108,6 +121,7 @@ impl Setup {
             ignored: Vec::new(),
             silently_dropped: Vec::new(),
             reason: Vec::new(),
+            never_called: Vec::new(),
             expect,
         }
     }
@@ -129,6 +143,16 @@ impl Setup {
 
     fn ignored(mut self, entries: &[String]) -> Self {
         self.ignored = entries.to_vec();
+        self
+    }
+
+    fn never_called(mut self, names: &[&'static str]) -> Self {
+        self.never_called = names.to_vec();
+        self
+    }
+
+    fn reason(mut self, parts: &[&'static str]) -> Self {
+        self.reason = parts.to_vec();
         self
     }
 }
@@ -1211,7 +1235,190 @@ fn cases() -> Vec<Case> {
             ));
         }
     }
+
+    // issue 26: calls
+    // A function that no relocation names is a call only where the library's own code or
+    // data refers to its entry; otherwise nothing calls it, and it decides nothing.
+    for preload in [false, true] {
+        let (name, v) = if preload {
+            ("uncalled_exports_with_a_preload", V3)
+        } else {
+            ("uncalled_exports_without_a_preload", V1)
+        };
+        c.push(case(
+            name,
+            format!("the torch-1.13 shape: NCCL compiled into libtorch, exported; ncclGetVersion and ncclCommInitRank called through the PLT, ncclCommFinalize and ncclCommCuDevice called by nothing{}", if preload { "; a preloaded libnccl.so.2 answers every call made" } else { "" }),
+            move |lab| {
+                let torch = uncalled_exports(lab, "", &[]);
+                lab.nccl("pre/libnccl.so.2", V3);
+                let s = Setup::library(lab, torch, binds(lab, v, How::Runtime))
+                    .never_called(&["ncclCommFinalize", "ncclCommCuDevice"]);
+                if preload { s.preload(lab.s("pre/libnccl.so.2")) } else { s }
+            },
+        ));
+    }
+    c.push(case(
+        "uncalled_protected_export_with_a_preload",
+        "as above, the never-called ncclCommFinalize with protected visibility: still no call, the preload answers",
+        |lab| {
+            let torch = uncalled_exports(lab, r#"__attribute__((visibility("protected")))"#, &[]);
+            lab.nccl("pre/libnccl.so.2", V3);
+            Setup::library(lab, torch, binds(lab, V3, How::Runtime))
+                .never_called(&["ncclCommFinalize", "ncclCommCuDevice"])
+                .preload(lab.s("pre/libnccl.so.2"))
+        },
+    ));
+    for preload in [false, true] {
+        c.push(case(
+            format!("bsymbolic_functions_direct_and_uncalled{}", if preload { "_with_a_preload" } else { "" }),
+            format!("libtorch (-Bsymbolic-functions, NCCL compiled in) calls ncclGetVersion directly and never calls ncclCommFinalize; its libmid.so calls ncclCommInitRank by name{}", if preload { ": the preload answers libmid's call, libtorch's own stays inside — two NCCLs" } else { ", which binds to libtorch's: one NCCL" }),
+            move |lab| {
+                let torch = symbolic_with_mid(lab, SourceRef::Direct);
+                let pre = lab.nccl("pre/libnccl.so.2", V3);
+                if preload {
+                    let expect = Expect::SplitLocal { version: V1, local: torch.clone(), comm_init: pre.clone() };
+                    Setup::library(lab, torch, expect)
+                        .never_called(&["ncclCommFinalize"])
+                        .preload(pre.to_str().unwrap().to_string())
+                } else {
+                    Setup::library(lab, torch, binds(lab, V1, How::LinkTime)).never_called(&["ncclCommFinalize"])
+                }
+            },
+        ));
+    }
+    c.push(case(
+        "bsymbolic_functions_address_in_data_with_a_preload",
+        "libtorch (-Bsymbolic-functions) calls ncclGetVersion only through a pointer in its data (a RELATIVE relocation); libmid.so calls ncclCommInitRank by name, which the preload answers: two NCCLs",
+        |lab| {
+            let torch = symbolic_with_mid(lab, SourceRef::Pointer);
+            let pre = lab.nccl("pre/libnccl.so.2", V3);
+            let expect = Expect::SplitLocal { version: V1, local: torch.clone(), comm_init: pre.clone() };
+            Setup::library(lab, torch, expect).preload(pre.to_str().unwrap().to_string())
+        },
+    ));
+    c.push(case(
+        "hidden_nccl_in_the_library_and_another_nccl_imported",
+        "libtorch has NCCL compiled in with hidden symbols; its libmid.so imports ncclCommInitRank from libnccl.so.2 (another NCCL): two NCCLs",
+        |lab| {
+            let hidden = r#"__attribute__((visibility("hidden")))"#;
+            let source = format!("{}{MID_CALLER}", loader_fixture::nccl_source(V1, Funcs::Both, hidden));
+            let nccl = lab.nccl("lib/nccl/libnccl.so.2", V2);
+            lab.lib("lib/libmid.so", Some("libmid.so"), MID, &["libnccl.so.2"], &[lab.runpath(&["$ORIGIN/nccl"])]);
+            let torch = lab.torch_from("lib/libtorch_cuda.so", Some(V1), &source, &["libmid.so"], &["-O1".into(), lab.runpath(&["$ORIGIN"])]);
+            let expect = Expect::SplitLocal { version: V1, local: torch.clone(), comm_init: nccl };
+            Setup::library(lab, torch, expect)
+        },
+    ));
+    c.push(case(
+        "dlopen_capable_program_with_an_uncalled_nccl",
+        "a program that links libnccl.so.2 but calls none of it, and dlopens a library calling nccl* by name: which NCCL runs is decided by what it opens, which no file names",
+        |lab| {
+            let nccl = lab.nccl("nccl/libnccl.so.2", V1);
+            let plugin = lab.torch("plugin/libplugin.so", &[], &[]);
+            let prog = lab.path("bin/prog");
+            std::fs::create_dir_all(prog.parent().unwrap()).unwrap();
+            let link = [
+                format!("-L{}", lab.s("nccl")),
+                "-Wl,--no-as-needed".to_string(),
+                "-l:libnccl.so.2".to_string(),
+                lab.runpath(&["nccl"]),
+                "-ldl".to_string(),
+            ];
+            let refs: Vec<&str> = link.iter().map(String::as_str).collect();
+            compile(&dlopen_main(&plugin), &prog, &refs);
+            Setup::executable(prog, Expect::Later { version: V1, file: nccl })
+                .reason(&["dlopen", "2.27.5"])
+        },
+    ));
     c
+}
+
+/// libmid.so's side: calls ncclCommInitRank by name (it defines none).
+const MID: &str = "int ncclCommInitRank(void **c, int n, int id, int r);\nint mid_init(void) { void *c = 0; return ncclCommInitRank(&c, 1, 0, 0); }\n";
+/// libtorch's side when libmid.so makes the ncclCommInitRank call.
+const MID_CALLER: &str = "int mid_init(void);\nint torch_nccl_version(void) { int v = 0; ncclGetVersion(&v); mid_init(); return v; }\n";
+
+/// A libtorch_cuda.so with NCCL V1 compiled in and exported, built `-O0` (its own calls
+/// go through the PLT), defining ncclCommFinalize (preceded by `attr`) and
+/// ncclCommCuDevice, which nothing calls — as torch 1.13.1's libtorch_cuda_cpp.so defines
+/// 3 of its 26 exported nccl* functions. Checked: no relocation names those two.
+fn uncalled_exports(lab: &Lab, attr: &str, link: &[String]) -> PathBuf {
+    let source = format!(
+        "{}{attr} int ncclCommFinalize(void *c) {{ return c != 0; }}\nint ncclCommCuDevice(void *c, int *d) {{ *d = 0; return c != 0; }}\n{}",
+        loader_fixture::nccl_source(V1, Funcs::Both, ""),
+        loader_fixture::CALLER
+    );
+    let mut flags = vec!["-O0".to_string()];
+    flags.extend(link.iter().cloned());
+    let torch = lab.torch_from("lib/libtorch_cuda.so", Some(V1), &source, &[], &flags);
+    let named = relocated_names(&torch);
+    for f in ["ncclGetVersion", "ncclCommInitRank"] {
+        assert!(
+            named.iter().any(|n| n == f),
+            "fixture: no relocation names {f}: {named:?}"
+        );
+    }
+    for f in ["ncclCommFinalize", "ncclCommCuDevice"] {
+        assert!(
+            !named.iter().any(|n| n == f),
+            "fixture: a relocation names {f}: {named:?}"
+        );
+    }
+    torch
+}
+
+/// How libtorch reaches its own ncclGetVersion in [`symbolic_with_mid`].
+#[derive(Clone, Copy)]
+enum SourceRef {
+    /// A direct call.
+    Direct,
+    /// Through a function pointer initialised in its data.
+    Pointer,
+}
+
+/// `lib/libtorch_cuda.so` with NCCL V1 compiled in, linked `-Bsymbolic-functions`, needing
+/// `lib/libmid.so` (which calls ncclCommInitRank by name); ncclCommFinalize is defined and
+/// called by nothing. Checked: no relocation of libtorch names an nccl* function, and
+/// with a pointer, a RELATIVE relocation stores ncclGetVersion's address.
+fn symbolic_with_mid(lab: &Lab, how: SourceRef) -> PathBuf {
+    let caller = match how {
+        SourceRef::Direct => MID_CALLER.to_string(),
+        SourceRef::Pointer => "int mid_init(void);\n__attribute__((used)) static int (*fdl_get_version)(int *) = ncclGetVersion;\nint torch_nccl_version(void) { int v = 0; fdl_get_version(&v); mid_init(); return v; }\n".to_string(),
+    };
+    let source = format!(
+        "{}int ncclCommFinalize(void *c) {{ return c != 0; }}\n{caller}",
+        loader_fixture::nccl_source(V1, Funcs::Both, "")
+    );
+    lab.lib("lib/libmid.so", Some("libmid.so"), MID, &[], &[]);
+    let flags = [
+        "-O0".to_string(),
+        "-Wl,-Bsymbolic-functions".to_string(),
+        lab.runpath(&["$ORIGIN"]),
+    ];
+    let torch = lab.torch_from(
+        "lib/libtorch_cuda.so",
+        Some(V1),
+        &source,
+        &["libmid.so"],
+        &flags,
+    );
+    let named = relocated_names(&torch);
+    assert!(
+        !named.iter().any(|n| n.starts_with("nccl")),
+        "fixture: a relocation names nccl*: {named:?}"
+    );
+    if let SourceRef::Pointer = how {
+        let out = Command::new("readelf")
+            .args(["-r", "-W"])
+            .arg(&torch)
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("R_X86_64_RELATIVE"),
+            "fixture: no RELATIVE relocation"
+        );
+    }
+    torch
 }
 
 /// One `binding file FROM [n] to TO [n]: normal symbol `NAME'` line of LD_DEBUG.
@@ -1281,6 +1488,9 @@ struct Observed {
     ignored: Vec<String>,
     trace: Vec<PathBuf>,
     trace_text: String,
+    /// The bindings of a run with `LD_BIND_NOW=1` (every relocation bound at start); only
+    /// for cases that name functions never called.
+    bind_now: Vec<Binding>,
 }
 
 impl Observed {
@@ -1347,7 +1557,21 @@ fn observe(lab: &Lab, s: &Setup) -> Observed {
     cmd.env("LD_TRACE_LOADED_OBJECTS", "1");
     let traced = cmd.output().expect("trace the case's program");
     let trace_text = String::from_utf8_lossy(&traced.stdout).into_owned();
+    let mut bind_now = Vec::new();
+    if !s.never_called.is_empty() {
+        let mut cmd = Command::new(&s.program);
+        loader_env(&mut cmd, s, &cwd);
+        cmd.env("LD_DEBUG", "bindings").env("LD_BIND_NOW", "1");
+        let out = cmd
+            .output()
+            .expect("run the case's program with LD_BIND_NOW=1");
+        bind_now = String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter_map(parse_binding)
+            .collect();
+    }
     Observed {
+        bind_now,
         trace: parse_trace(&trace_text, &cwd),
         cwd,
         code: out.status.code(),
@@ -1412,6 +1636,17 @@ fn check_oracle(lab: &Lab, s: &Setup, o: &Observed) -> Result<Option<Truth>, Vec
     }
     let gv = o.targets("ncclGetVersion");
     let mut truth = None;
+    for name in &s.never_called {
+        let bound: Vec<&Binding> = o.bind_now.iter().filter(|b| b.symbol == *name).collect();
+        if !bound.is_empty() {
+            errs.push(format!(
+                "{name} should be called by nothing, but LD_BIND_NOW=1 binds it: {bound:?}"
+            ));
+        }
+    }
+    if !s.never_called.is_empty() && o.bind_now.is_empty() {
+        errs.push("the LD_BIND_NOW=1 run printed no binding at all".into());
+    }
     match &s.expect {
         Expect::Binds { version, file, how } => {
             if o.code != Some(0) || o.version != Some(version.code()) {
@@ -1490,6 +1725,55 @@ fn check_oracle(lab: &Lab, s: &Setup, o: &Observed) -> Result<Option<Truth>, Vec
                         "note: this machine's default library path holds {sys}, which the real loader falls back to"
                     ));
                 }
+            }
+        }
+        Expect::SplitLocal {
+            version,
+            local,
+            comm_init,
+        } => {
+            if o.code != Some(0) || o.version != Some(version.code()) {
+                errs.push(format!(
+                    "the process should print version={} (from {}), it printed {:?} (exit {:?})",
+                    version.code(),
+                    local.display(),
+                    o.version,
+                    o.code
+                ));
+            }
+            if !gv.is_empty() {
+                errs.push(format!(
+                    "ncclGetVersion should be bound at link time (no LD_DEBUG line), LD_DEBUG shows {gv:?}"
+                ));
+            }
+            let ci = o.targets("ncclCommInitRank");
+            if ci != [canon(comm_init)] {
+                errs.push(format!(
+                    "ncclCommInitRank should bind to {}, LD_DEBUG shows {ci:?}",
+                    comm_init.display()
+                ));
+            }
+            if canon(local) == canon(comm_init) {
+                errs.push("fixture: the two sides of the split are one file".into());
+            }
+        }
+        Expect::Later { version, file } => {
+            if o.code != Some(0) || o.version != Some(version.code()) {
+                errs.push(format!(
+                    "the process should print version={} (from a library it dlopens), it printed {:?} (exit {:?})",
+                    version.code(),
+                    o.version,
+                    o.code
+                ));
+            }
+            if gv != [canon(file)] {
+                errs.push(format!(
+                    "the dlopened library's ncclGetVersion should bind to {}, LD_DEBUG shows {gv:?}",
+                    file.display()
+                ));
+            }
+            if !o.trace.contains(&canon(file)) {
+                errs.push(format!("{} is not loaded at start", file.display()));
             }
         }
         Expect::Dlopen { version, file } => {
@@ -1626,14 +1910,14 @@ fn check_fdl(lab: &Lab, s: &Setup, o: &Observed, truth: Option<&Truth>, f: &FdlR
             }
             check_link_map(lab, s, o, &v, &mut errs);
         }
-        Expect::Split { .. } => {
+        Expect::Split { .. } | Expect::SplitLocal { .. } => {
             want_exit(&mut errs, 3);
             if answer != "split" {
                 errs.push(format!("answer {answer:?}, the calls bind to two objects"));
             }
             check_link_map(lab, s, o, &v, &mut errs);
         }
-        Expect::Fails { .. } | Expect::Dlopen { .. } => {
+        Expect::Fails { .. } | Expect::Dlopen { .. } | Expect::Later { .. } => {
             want_exit(&mut errs, 3);
             if answer != "unknown" {
                 errs.push(format!("answer {answer:?}, should be \"unknown\""));
@@ -1755,8 +2039,8 @@ fn run_matrix(with_fdl: bool) {
 fn ideal_answer(s: &Setup, o: &Observed, truth: Option<&Truth>) -> Value {
     let answer = match s.expect {
         Expect::Binds { .. } => "nccl",
-        Expect::Split { .. } => "split",
-        Expect::Fails { .. } | Expect::Dlopen { .. } => "unknown",
+        Expect::Split { .. } | Expect::SplitLocal { .. } => "split",
+        Expect::Fails { .. } | Expect::Dlopen { .. } | Expect::Later { .. } => "unknown",
     };
     let nccl = match truth {
         Some(t) => json!({"found": true, "detection": {

@@ -5,9 +5,14 @@
 //! functions the library imports, or defines with default visibility, exports and reaches
 //! through a relocation naming them. Hidden, local and protected definitions, and calls
 //! bound at link time (`-Bsymbolic`, `-Bsymbolic-functions`, direct calls), stay inside the
-//! library. The answer comes from the dynamic table, `.dynsym` and the dynamic relocation
-//! tables — plus `.symtab` and `.rodata` when nothing is exported — never the whole file.
+//! library. A definition no relocation names is a call only where the library's code or
+//! data refers to its entry ([`super::code_refs`]): otherwise nothing in the library calls
+//! it ([`Binding::NeverCalled`]), which is no call at all. The answer comes from the
+//! dynamic table, `.dynsym` and the dynamic relocation tables — plus `.symtab` and
+//! `.rodata` when nothing is exported, and the code only for definitions no relocation
+//! names — never the whole file.
 
+use super::code_refs::{self, Reached};
 use super::elf::{self as fdl_elf, ElfInfo};
 use super::selfid;
 use super::source::Source;
@@ -28,6 +33,13 @@ type Dyn = elf::Dyn64<Endianness>;
 type Header = elf::FileHeader64<Endianness>;
 
 const SYM_SIZE: u64 = std::mem::size_of::<Sym>() as u64;
+/// Packed relative relocations (glibc 2.36, `-z pack-relative-relocs`); not in `object`.
+const DT_RELRSZ: u32 = 35;
+const DT_RELR: u32 = 36;
+/// The most function symbols read to find the function holding a candidate reference.
+const MAX_FUNCTIONS: usize = 1 << 24;
+/// The most addresses a DT_RELR table may relocate before fdl stops reading it.
+const MAX_RELR: u64 = 1 << 26;
 /// Names longer than this are not NCCL's (its longest API name is under 40 bytes); the
 /// bound also keeps an unterminated hostile string table from being scanned per symbol.
 const MAX_NAME: usize = 256;
@@ -51,6 +63,21 @@ pub enum Binding {
     Interposable,
     /// The library's references reach its own definition whatever is preloaded.
     BoundLocally { why: String },
+    /// Defined and exported, but nothing in the library calls it: no relocation names it,
+    /// no instruction refers to its entry, no data holds its address. Not a call (other
+    /// objects' imports of the name still bind by scope).
+    NeverCalled,
+    /// No relocation names it, and something in the code may refer to its entry, but fdl
+    /// could not confirm it (`why`): perhaps a call bound at link time, perhaps none.
+    Uncertain { why: String },
+}
+
+impl Binding {
+    /// Whether the library calls the function at all (or may): every binding but
+    /// [`Binding::NeverCalled`].
+    pub fn is_call(&self) -> bool {
+        !matches!(self, Binding::NeverCalled)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -93,8 +120,10 @@ const WHY_PROTECTED: &str =
     "protected visibility (STV_PROTECTED): the library's own references bind to its own definition";
 const WHY_SYMBOLIC: &str =
     "linked with -Bsymbolic (DF_SYMBOLIC/DT_SYMBOLIC): the library's references bind to its own definitions";
-const WHY_NO_RELOC: &str =
-    "calls are bound at link time (-Bsymbolic-functions or direct calls); no relocation names it";
+const WHY_DIRECT: &str =
+    "called directly: no relocation names it, and the library's code refers to its entry (a call bound at link time: -Bsymbolic-functions, --dynamic-list or -fno-semantic-interposition)";
+const WHY_IN_DATA: &str =
+    "its address is stored by a RELATIVE relocation (bound at link time, e.g. -Bsymbolic-functions): calls through it reach the library's own definition";
 const WHY_NOT_EXPORTED: &str =
     "not exported (only in .symtab: hidden visibility, static, or local by a version script); calls bind inside the library";
 
@@ -172,24 +201,19 @@ fn dynamic_nccl_in(src: &Source<'_>) -> Result<Option<DynamicNccl>> {
     if candidates.is_empty() {
         return Ok(None);
     }
-    let relocated = t.relocated(&candidates)?;
+    let bound = bind_candidates(&t, &candidates)?;
     let mut out = DynamicNccl {
         symbolic: t.symbolic,
         ..DynamicNccl::default()
     };
-    let mut by_name: BTreeMap<String, Binding> = BTreeMap::new();
-    for (index, c) in &candidates {
+    for (_, c) in &candidates {
         let exported = matches!(c.bind, elf::STB_GLOBAL | elf::STB_WEAK)
             && matches!(c.vis, elf::STV_DEFAULT | elf::STV_PROTECTED);
         if c.defined && exported {
             out.exported.insert(c.name.clone());
         }
-        merge(
-            &mut by_name,
-            c.name.clone(),
-            dynsym_binding(c, t.symbolic, relocated.contains(index)),
-        );
     }
+    let by_name = bound.by_name;
     out.symbols = by_name
         .into_iter()
         .map(|(name, binding)| SymbolBinding { name, binding })
@@ -368,6 +392,41 @@ pub fn imports(path: &Path, name: &str) -> Result<bool> {
     Source::with_file(path, |src| imports_in(src, name))
 }
 
+/// The `nccl*` functions the object at `path` imports (undefined `.dynsym` functions):
+/// the calls it makes that bind by scope. Reads `.dynsym` alone.
+pub fn imported_nccl(path: &Path) -> Result<BTreeSet<String>> {
+    Source::with_file(path, |src| {
+        let Some(t) = tables_if_dynamic(src)? else {
+            return Ok(BTreeSet::new());
+        };
+        // Undefined first: most symbols of a large library are definitions, and the name
+        // is looked at only for the rest.
+        let e = t.endian;
+        let mut out = BTreeSet::new();
+        for s in t.dynsym.iter().skip(1) {
+            if s.st_shndx(e) != elf::SHN_UNDEF
+                || !matches!(
+                    s.st_type(),
+                    elf::STT_FUNC | elf::STT_NOTYPE | elf::STT_GNU_IFUNC
+                )
+            {
+                continue;
+            }
+            if let Some(name) = nccl_name(t.dynstr, s.st_name(e)) {
+                if out.len() >= MAX_NAMES && !out.contains(name) {
+                    bail!(
+                        "{}: more than {MAX_NAMES} nccl* functions in .dynsym; the file is corrupt",
+                        t.name()
+                    );
+                }
+                out.insert(name.to_string());
+            }
+        }
+        src.check_len()?;
+        Ok(out)
+    })
+}
+
 fn imports_in(src: &Source<'_>, name: &str) -> Result<bool> {
     let Some(t) = tables_if_dynamic(src)? else {
         return Ok(false);
@@ -386,23 +445,12 @@ fn imports_in(src: &Source<'_>, name: &str) -> Result<bool> {
 fn analyze_source(src: &Source<'_>) -> Result<Interposition> {
     let t = Tables::read(src)?;
     let candidates = t.dynamic_candidates()?;
-    let relocated = t.relocated(&candidates)?;
-
-    let mut by_name: BTreeMap<String, Binding> = BTreeMap::new();
-    let mut exported_default = 0usize;
-    let mut exported_default_relocated = 0usize;
-    for (index, c) in &candidates {
-        let has_reloc = relocated.contains(index);
-        if c.defined && c.bind != elf::STB_LOCAL && c.vis == elf::STV_DEFAULT {
-            exported_default += 1;
-            exported_default_relocated += usize::from(has_reloc);
-        }
-        merge(
-            &mut by_name,
-            c.name.clone(),
-            dynsym_binding(c, t.symbolic, has_reloc),
-        );
-    }
+    let Bound {
+        mut by_name,
+        exported_default,
+        exported_default_relocated,
+        linked_directly,
+    } = bind_candidates(&t, &candidates)?;
     let imported: Vec<String> = candidates
         .iter()
         .filter(|(_, c)| !c.defined)
@@ -449,7 +497,8 @@ fn analyze_source(src: &Source<'_>) -> Result<Interposition> {
         symbolic: t.symbolic,
         symbolic_functions_hint: !t.symbolic
             && exported_default > 0
-            && exported_default_relocated == 0,
+            && exported_default_relocated == 0
+            && linked_directly > 0,
         symbols,
         verdict,
         imported,
@@ -460,9 +509,11 @@ fn analyze_source(src: &Source<'_>) -> Result<Interposition> {
 /// symbols (versions), the strongest is reported.
 fn rank(b: &Binding) -> u8 {
     match b {
-        Binding::Imported => 0,
-        Binding::Interposable => 1,
-        Binding::BoundLocally { .. } => 2,
+        Binding::NeverCalled => 0,
+        Binding::Imported => 1,
+        Binding::Interposable => 2,
+        Binding::Uncertain { .. } => 3,
+        Binding::BoundLocally { .. } => 4,
     }
 }
 
@@ -476,21 +527,101 @@ fn merge(map: &mut BTreeMap<String, Binding>, name: String, b: Binding) {
     }
 }
 
+/// The `.dynsym` candidates' bindings by name, with the counts behind
+/// [`Interposition::symbolic_functions_hint`].
+struct Bound {
+    by_name: BTreeMap<String, Binding>,
+    /// Defined, exported, default visibility.
+    exported_default: usize,
+    /// Of those, the ones a relocation names.
+    exported_default_relocated: usize,
+    /// Of those, the ones reached only by code or data bound at link time.
+    linked_directly: usize,
+}
+
+/// Whether a definition's calls can be bound at link time, so that where no relocation
+/// names it only its code and data can tell whether it is called.
+fn exported_definition(c: &Candidate) -> bool {
+    c.defined && c.bind != elf::STB_LOCAL && matches!(c.vis, elf::STV_DEFAULT | elf::STV_PROTECTED)
+}
+
+fn bind_candidates(t: &Tables<'_>, candidates: &[(u32, Candidate)]) -> Result<Bound> {
+    let relocated = t.relocated(candidates)?;
+    // The code is read only for definitions no relocation names, and only for them.
+    let unnamed: Vec<u64> = candidates
+        .iter()
+        .filter(|(i, c)| exported_definition(c) && !relocated.contains(i))
+        .map(|(_, c)| c.value)
+        .collect();
+    let reached = if unnamed.is_empty() {
+        BTreeMap::new()
+    } else {
+        t.references(&unnamed)?
+    };
+    let mut out = Bound {
+        by_name: BTreeMap::new(),
+        exported_default: 0,
+        exported_default_relocated: 0,
+        linked_directly: 0,
+    };
+    for (index, c) in candidates {
+        let has_reloc = relocated.contains(index);
+        let r = reached
+            .get(&c.value)
+            .filter(|_| !has_reloc && exported_definition(c));
+        if c.defined && c.bind != elf::STB_LOCAL && c.vis == elf::STV_DEFAULT {
+            out.exported_default += 1;
+            out.exported_default_relocated += usize::from(has_reloc);
+            out.linked_directly +=
+                usize::from(matches!(r, Some(Reached::Code { .. } | Reached::Data)));
+        }
+        merge(
+            &mut out.by_name,
+            c.name.clone(),
+            dynsym_binding(c, t.symbolic, has_reloc, r),
+        );
+    }
+    Ok(out)
+}
+
 /// The binding of a `.dynsym` function: `st_bind`/`st_other` of the symbol, whether the
-/// library is `-Bsymbolic`, and whether a dynamic relocation names it.
-fn dynsym_binding(c: &Candidate, symbolic: bool, relocated: bool) -> Binding {
+/// library is `-Bsymbolic`, whether a dynamic relocation names it, and, where none does,
+/// what in the library refers to its entry (`None`: not looked for).
+fn dynsym_binding(
+    c: &Candidate,
+    symbolic: bool,
+    relocated: bool,
+    reached: Option<&Reached>,
+) -> Binding {
     let why = if !c.defined {
         return Binding::Imported;
     } else if c.bind == elf::STB_LOCAL {
         WHY_LOCAL
     } else if matches!(c.vis, elf::STV_HIDDEN | elf::STV_INTERNAL) {
         WHY_HIDDEN
+    } else if !relocated {
+        // What the relocations cannot show, the code and data do.
+        let direct = match reached {
+            Some(Reached::Code { .. }) => WHY_DIRECT,
+            Some(Reached::Data) => WHY_IN_DATA,
+            Some(Reached::Unconfirmed(why)) => {
+                return Binding::Uncertain {
+                    why: format!("no relocation names it, and it may be called directly: {why}"),
+                }
+            }
+            Some(Reached::Nothing) | None => return Binding::NeverCalled,
+        };
+        if c.vis == elf::STV_PROTECTED {
+            WHY_PROTECTED
+        } else if symbolic {
+            WHY_SYMBOLIC
+        } else {
+            direct
+        }
     } else if c.vis == elf::STV_PROTECTED {
         WHY_PROTECTED
     } else if symbolic {
         WHY_SYMBOLIC
-    } else if !relocated {
-        WHY_NO_RELOC
     } else {
         return Binding::Interposable;
     };
@@ -502,8 +633,11 @@ fn dynsym_binding(c: &Candidate, symbolic: bool, relocated: bool) -> Binding {
 fn verdict_for(symbols: &[SymbolBinding]) -> Verdict {
     let mut bound = Vec::new();
     let mut reasons: Vec<&str> = Vec::new();
+    // A function the library never calls is no call a preload must replace; one it may
+    // call directly (unconfirmed) is counted as bound, with the doubt as its reason.
+    let calls = symbols.iter().filter(|s| s.binding.is_call()).count();
     for s in symbols {
-        if let Binding::BoundLocally { why } = &s.binding {
+        if let Binding::BoundLocally { why } | Binding::Uncertain { why } = &s.binding {
             bound.push(s.name.clone());
             if !reasons.contains(&why.as_str()) {
                 reasons.push(why);
@@ -517,7 +651,7 @@ fn verdict_for(symbols: &[SymbolBinding]) -> Verdict {
         why: format!(
             "{} of {} nccl* functions bind inside the library, so a preloaded libnccl.so.2 does not replace them: {}",
             bound.len(),
-            symbols.len(),
+            calls,
             reasons.join("; ")
         ),
         bound,
@@ -528,6 +662,10 @@ fn verdict_for(symbols: &[SymbolBinding]) -> Verdict {
 /// `pnccl*`, NCCL's profiling aliases). Looks at most [`MAX_NAME`] bytes.
 fn nccl_name(strtab: &[u8], offset: u32) -> Option<&str> {
     let rest = strtab.get(usize::try_from(offset).ok()?..)?;
+    // The prefix first: most names are not NCCL's, and then no terminator is looked for.
+    if !(rest.starts_with(b"nccl") || rest.starts_with(b"pnccl")) {
+        return None;
+    }
     let rest = &rest[..rest.len().min(MAX_NAME + 1)];
     let name = &rest[..memchr::memchr(0, rest)?];
     if !(name.starts_with(b"nccl") || name.starts_with(b"pnccl")) {
@@ -616,6 +754,8 @@ struct Candidate {
     defined: bool,
     bind: u8,
     vis: u8,
+    /// `st_value`: the entry (for an IFUNC, its resolver).
+    value: u64,
 }
 
 /// The dynamic-table entries the analysis needs.
@@ -634,6 +774,8 @@ struct DynTags {
     relasz: Option<u64>,
     rel: Option<u64>,
     relsz: Option<u64>,
+    relr: Option<u64>,
+    relrsz: Option<u64>,
 }
 
 /// The tables of one 64-bit ELF library, found as the loader finds them: through the
@@ -775,6 +917,8 @@ impl<'a> Tables<'a> {
                 elf::DT_RELASZ => t.relasz = Some(val),
                 elf::DT_REL => t.rel = Some(val),
                 elf::DT_RELSZ => t.relsz = Some(val),
+                DT_RELRSZ => t.relrsz = Some(val),
+                DT_RELR => t.relr = Some(val),
                 _ => {}
             }
         }
@@ -1009,6 +1153,7 @@ impl<'a> Tables<'a> {
                     defined,
                     bind: s.st_bind(),
                     vis: s.st_visibility(),
+                    value: s.st_value(e),
                 },
             ));
         }
@@ -1111,6 +1256,176 @@ impl<'a> Tables<'a> {
             }
         }
         Ok(found)
+    }
+
+    /// What in the library refers to each of `targets` (entries of definitions no
+    /// relocation names): its code, a RELATIVE relocation, or nothing.
+    fn references(&self, targets: &[u64]) -> Result<BTreeMap<u64, Reached>> {
+        let e = self.endian;
+        // Executable sections, else executable load segments.
+        let mut code: Vec<(u64, &[u8])> = Vec::new();
+        let exec_sections: Vec<_> = self
+            .info
+            .sections
+            .iter()
+            .filter(|s| s.flags & u64::from(elf::SHF_EXECINSTR) != 0 && s.has_file_bytes())
+            .map(|s| (s.addr, s.offset, s.size))
+            .collect();
+        let regions: Vec<(u64, u64, u64)> = if exec_sections.is_empty() {
+            self.info
+                .segments
+                .iter()
+                .filter(|s| s.p_type == elf::PT_LOAD && s.flags & elf::PF_X != 0)
+                .map(|s| (s.vaddr, s.offset, s.filesz))
+                .collect()
+        } else {
+            exec_sections
+        };
+        for (addr, off, len) in regions {
+            // What lies past the end of the file is not code fdl can read.
+            code.push((addr, self.src.bytes_clipped(off, len)));
+        }
+        // Function ranges: .dynsym's, then .symtab's when there is one.
+        let mut functions: Vec<(u64, u64)> = Vec::new();
+        let mut add = |s: &Sym| {
+            if s.st_shndx(e) != elf::SHN_UNDEF
+                && matches!(s.st_type(), elf::STT_FUNC | elf::STT_GNU_IFUNC)
+                && functions.len() < MAX_FUNCTIONS
+            {
+                functions.push((s.st_value(e), s.st_size(e)));
+            }
+        };
+        self.dynsym.iter().for_each(&mut add);
+        if let Some(sections) = &self.sections {
+            // In file order, each byte once (hostile headers may name one table many
+            // times), and no further than the cap.
+            let mut tables: Vec<_> = sections
+                .iter()
+                .filter(|s| s.sh_type(e) == elf::SHT_SYMTAB)
+                .collect();
+            tables.sort_by_key(|s| s.sh_offset(e));
+            let mut read_up_to = 0u64;
+            for sh in tables {
+                if sh.sh_offset(e) < read_up_to {
+                    continue;
+                }
+                if let Ok(syms) = sh.data_as_array::<Sym, _>(e, self.data) {
+                    read_up_to = sh.sh_offset(e).saturating_add(sh.sh_size(e));
+                    for s in syms.iter().take(MAX_FUNCTIONS) {
+                        add(s);
+                    }
+                }
+            }
+        }
+        let wanted: BTreeSet<u64> = targets.iter().copied().collect();
+        let (data_refs, data_unknown) = self.relative_addends(&wanted)?;
+        let image = code_refs::Image {
+            machine: self.machine,
+            code,
+            functions,
+            data_refs,
+            data_unknown,
+        };
+        let found = code_refs::references(&image, targets, code_refs::Limits::default());
+        Ok(targets.iter().copied().zip(found).collect())
+    }
+
+    /// The RELATIVE and IRELATIVE relocations' addends that are among `wanted`, and why
+    /// some could not be read, if so.
+    fn relative_addends(&self, wanted: &BTreeSet<u64>) -> Result<(BTreeSet<u64>, Option<String>)> {
+        let e = self.endian;
+        let (relative, irelative) = match self.machine {
+            elf::EM_AARCH64 => (elf::R_AARCH64_RELATIVE, elf::R_AARCH64_IRELATIVE),
+            _ => (elf::R_X86_64_RELATIVE, elf::R_X86_64_IRELATIVE),
+        };
+        let mut found = BTreeSet::new();
+        let mut unknown = None;
+        // The 8-byte word at a virtual address: the addend a REL or RELR entry keeps there.
+        let word_at = |addr: u64| -> Option<u64> {
+            let off = self.info.vaddr_to_offset(addr, 8)?;
+            let b = self.src.bytes(off, 8).ok()?;
+            Some(e.read_u64_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+        };
+        for (off, len, rela) in self.relocation_tables()? {
+            let Ok(bytes) = self.src.bytes(off, len) else {
+                continue;
+            };
+            if rela {
+                let n = bytes.len() / std::mem::size_of::<Rela>();
+                let Ok((relocs, _)) = object::pod::slice_from_bytes::<Rela>(bytes, n) else {
+                    continue;
+                };
+                for r in relocs {
+                    let ty = r.r_type(e, false);
+                    let addend = r.r_addend.get(e) as u64;
+                    if (ty == relative || ty == irelative) && wanted.contains(&addend) {
+                        found.insert(addend);
+                    }
+                }
+            } else {
+                let n = bytes.len() / std::mem::size_of::<Rel>();
+                let Ok((relocs, _)) = object::pod::slice_from_bytes::<Rel>(bytes, n) else {
+                    continue;
+                };
+                for r in relocs {
+                    let ty = r.r_type(e);
+                    if ty == relative || ty == irelative {
+                        if let Some(v) = word_at(r.r_offset.get(e)).filter(|v| wanted.contains(v)) {
+                            found.insert(v);
+                        }
+                    }
+                }
+            }
+        }
+        if let (Some(addr), Some(size)) = (self.tags.relr, self.tags.relrsz) {
+            let table = self
+                .info
+                .vaddr_to_offset(addr, size)
+                .and_then(|off| self.src.bytes(off, size).ok());
+            match table {
+                None => {
+                    unknown = Some(format!(
+                        "its packed relative relocations (DT_RELR, {size} bytes at {addr:#x}) lie outside the file, so whether data holds its address is not known"
+                    ))
+                }
+                Some(table) => {
+                    // Even entries are addresses, odd ones bitmaps of the 63 words after.
+                    let mut next = 0u64;
+                    let mut visited = 0u64;
+                    for w in table.chunks_exact(8) {
+                        let entry = e.read_u64_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+                        let mut check = |a: u64| {
+                            visited += 1;
+                            if let Some(v) = word_at(a).filter(|v| wanted.contains(v)) {
+                                found.insert(v);
+                            }
+                        };
+                        if entry & 1 == 0 {
+                            check(entry);
+                            next = entry.wrapping_add(8);
+                        } else {
+                            let mut bits = entry >> 1;
+                            let mut a = next;
+                            while bits != 0 {
+                                if bits & 1 != 0 {
+                                    check(a);
+                                }
+                                bits >>= 1;
+                                a = a.wrapping_add(8);
+                            }
+                            next = next.wrapping_add(63 * 8);
+                        }
+                        if visited > MAX_RELR {
+                            unknown = Some(format!(
+                                "its packed relative relocations (DT_RELR) relocate more than {MAX_RELR} places, more than fdl reads"
+                            ));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Ok((found, unknown))
     }
 
     /// The `nccl*` functions `.symtab` defines. Consulted only when `.dynsym` has none,
@@ -1255,6 +1570,7 @@ mod tests {
             defined,
             bind,
             vis,
+            value: 0x1000,
         }
     }
 
@@ -1262,23 +1578,70 @@ mod tests {
     fn bindings_follow_the_linker_rules() {
         use elf::{STB_GLOBAL, STB_LOCAL, STB_WEAK, STV_DEFAULT, STV_HIDDEN, STV_PROTECTED};
         let bound = |why: &str| Binding::BoundLocally { why: why.into() };
+        let code = Reached::Code { at: 0x2000 };
+        let nothing = Reached::Nothing;
+        let unsure = Reached::Unconfirmed("x".into());
         let undef = candidate(false, STB_GLOBAL, STV_DEFAULT);
-        assert_eq!(dynsym_binding(&undef, true, false), Binding::Imported);
+        assert_eq!(dynsym_binding(&undef, true, false, None), Binding::Imported);
         let global = candidate(true, STB_GLOBAL, STV_DEFAULT);
-        assert_eq!(dynsym_binding(&global, false, true), Binding::Interposable);
-        assert_eq!(dynsym_binding(&global, false, false), bound(WHY_NO_RELOC));
-        assert_eq!(dynsym_binding(&global, true, true), bound(WHY_SYMBOLIC));
+        assert_eq!(
+            dynsym_binding(&global, false, true, None),
+            Binding::Interposable
+        );
+        // No relocation: what the code and data say.
+        assert_eq!(
+            dynsym_binding(&global, false, false, Some(&code)),
+            bound(WHY_DIRECT)
+        );
+        assert_eq!(
+            dynsym_binding(&global, false, false, Some(&Reached::Data)),
+            bound(WHY_IN_DATA)
+        );
+        assert_eq!(
+            dynsym_binding(&global, false, false, Some(&nothing)),
+            Binding::NeverCalled
+        );
+        assert!(matches!(
+            dynsym_binding(&global, false, false, Some(&unsure)),
+            Binding::Uncertain { why } if why.ends_with(": x")
+        ));
+        assert_eq!(
+            dynsym_binding(&global, true, true, None),
+            bound(WHY_SYMBOLIC)
+        );
+        assert_eq!(
+            dynsym_binding(&global, true, false, Some(&code)),
+            bound(WHY_SYMBOLIC)
+        );
+        assert_eq!(
+            dynsym_binding(&global, true, false, Some(&nothing)),
+            Binding::NeverCalled
+        );
         let weak = candidate(true, STB_WEAK, STV_DEFAULT);
-        assert_eq!(dynsym_binding(&weak, false, true), Binding::Interposable);
+        assert_eq!(
+            dynsym_binding(&weak, false, true, None),
+            Binding::Interposable
+        );
         let protected = candidate(true, STB_GLOBAL, STV_PROTECTED);
         assert_eq!(
-            dynsym_binding(&protected, false, true),
+            dynsym_binding(&protected, false, true, None),
             bound(WHY_PROTECTED)
         );
+        assert_eq!(
+            dynsym_binding(&protected, false, false, Some(&code)),
+            bound(WHY_PROTECTED)
+        );
+        assert_eq!(
+            dynsym_binding(&protected, false, false, Some(&nothing)),
+            Binding::NeverCalled
+        );
         let hidden = candidate(true, STB_GLOBAL, STV_HIDDEN);
-        assert_eq!(dynsym_binding(&hidden, false, true), bound(WHY_HIDDEN));
+        assert_eq!(
+            dynsym_binding(&hidden, false, true, None),
+            bound(WHY_HIDDEN)
+        );
         let local = candidate(true, STB_LOCAL, STV_DEFAULT);
-        assert_eq!(dynsym_binding(&local, false, true), bound(WHY_LOCAL));
+        assert_eq!(dynsym_binding(&local, false, true, None), bound(WHY_LOCAL));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! loader would bind. All reads go through [`source::Source`], which keeps memory bounded
 //! (windowed scans, released pages) whatever the file size.
 
+pub mod code_refs;
 pub mod elf;
 pub mod fatbin;
 pub mod interpose;

@@ -1,14 +1,18 @@
 //! Following a process's `nccl*` calls to the object that answers them.
 //!
-//! The calls that matter are the consumer's: the library asked about (or the program)
-//! when it names `nccl*` functions; else every object of the closure that imports them;
-//! else every object that defines and calls its own; else, for NCCL compiled in hidden and
-//! stripped, the objects whose read-only data carry a self-id. An imported (or
-//! interposable) call binds to the first object of the global scope that exports the name
-//! (`_dl_lookup_symbol_x`); a call bound locally stays in its object. The NCCL that runs is
-//! the self-id of the object the calls reach. When a load failure or an unmodelled rule
-//! lies at or before that object in the order, something there could define the name
-//! first: the answer is then unknown, with the reason.
+//! The calls that matter are the consumer's: the nccl* functions the library asked about
+//! (or the program) calls — a function it defines but nothing calls is no call
+//! ([`Binding::NeverCalled`]) — or, when it names none but carries NCCL compiled in with
+//! hidden symbols, its own calls; and, whatever it does, every other object's imports.
+//! Only when there are none: every object that defines and calls its own; else, for a
+//! process that can `dlopen`, nothing definite (what it opens later decides); else the
+//! objects whose read-only data carry a self-id. An imported (or interposable) call binds
+//! to the first object of the global scope that exports the name (`_dl_lookup_symbol_x`);
+//! a call bound locally stays in its object; a call that may exist but is unconfirmed
+//! ([`Binding::Uncertain`]) leaves the answer unknown where it would add a target. The
+//! NCCL that runs is the self-id of the object the calls reach. When a load failure or an
+//! unmodelled rule lies at or before that object in the order, something there could
+//! define the name first: the answer is then unknown, with the reason.
 
 use super::map::{self, FoundBy, LinkMap};
 use super::pin::{self, Pin};
@@ -215,79 +219,203 @@ pub fn which_nccl_knowing(
             None
         })
     };
-    let mut facts: Vec<Option<DynamicNccl>> = vec![None; map.objects.len()];
-    // What each object exports of the names looked up; `None` where not looked at.
-    let mut exports: Vec<Option<BTreeSet<String>>> = vec![None; map.objects.len()];
-    let asked_calls = asked
-        .and_then(|a| read_facts(a, &mut blind).map(|f| (a, f)))
-        .filter(|(_, f)| !f.symbols.is_empty());
-    match asked_calls {
-        // The common case, a libtorch naming its nccl* functions: only the names it binds
-        // by lookup are looked up in the objects before their first definer, through
-        // each object's hash table, as the loader looks them up.
-        Some((a, f)) => {
-            let names: Vec<&str> = f
+    let n = map.objects.len();
+    let preloaded = |i: usize| matches!(map.objects[i].found_by, FoundBy::Preload { .. });
+    let mut facts: Vec<Option<DynamicNccl>> = vec![None; n];
+    if let Some(a) = asked {
+        facts[a] = read_facts(a, &mut blind);
+    }
+    let mut self_ids: BTreeMap<usize, Result<Option<SelfId>, String>> = BTreeMap::new();
+    if let (Some(a), Some(ids)) = (asked, target_self_ids) {
+        self_ids.insert(
+            a,
+            match ids {
+                [] => Ok(None),
+                [one] => Ok(Some(one.clone())),
+                many => Err(format!(
+                    "{} carries {} different NCCL self-ids ({}); cannot tell which one is linked",
+                    target.display(),
+                    many.len(),
+                    many.iter()
+                        .map(|i| format!("{}+cuda{}", i.nccl, i.cuda))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+            },
+        );
+    }
+    let mut id_of = |i: usize| -> Result<Option<SelfId>, String> {
+        self_ids
+            .entry(i)
+            .or_insert_with(|| {
+                inspect::find_nccl_self_id(&map.objects[i].path).map_err(|e| format!("{e:#}"))
+            })
+            .clone()
+    };
+
+    // Whose calls are the process's, and what each calls (name, binding):
+    // - the object asked about, for the nccl* functions it calls (a function it defines
+    //   but never calls is no call); or, when it names none but carries NCCL compiled in
+    //   with hidden symbols, its own calls, which stay inside it;
+    // - and whatever the asked object does, every other object that imports nccl*
+    //   functions: those bind by scope (a preload is a provider: its own calls are not
+    //   the process's);
+    // - only when neither exists: the objects that define and call their own; else, for
+    //   a process that can dlopen, nothing known (what it opens later is in no file);
+    //   else the objects whose read-only data carry a self-id.
+    let mut callers: Vec<(usize, Vec<(String, Binding)>)> = Vec::new();
+    let mut carriers: Vec<(usize, &'static str)> = Vec::new();
+    if let Some((a, f)) = asked.and_then(|a| facts[a].as_ref().map(|f| (a, f))) {
+        let called: Vec<(String, Binding)> = f
+            .symbols
+            .iter()
+            .filter(|s| s.binding.is_call())
+            .map(|s| (s.name.clone(), s.binding.clone()))
+            .collect();
+        if !called.is_empty() {
+            callers.push((a, called));
+        }
+    }
+    if let Some(a) = asked {
+        let names_none = facts[a].as_ref().is_none_or(|f| f.symbols.is_empty());
+        if names_none && matches!(id_of(a), Ok(Some(_))) {
+            carriers.push((a, HIDDEN_CARRIER));
+        }
+    }
+    for i in 0..n {
+        if Some(i) == asked || map.objects[i].is_stand_in() || preloaded(i) {
+            continue;
+        }
+        match interpose::imported_nccl(&map.objects[i].path) {
+            Ok(names) if !names.is_empty() => callers.push((
+                i,
+                names.into_iter().map(|n| (n, Binding::Imported)).collect(),
+            )),
+            Ok(_) => {}
+            Err(e) => blind.push((
+                i,
+                format!(
+                    "the symbols of {} cannot be read: {e:#}",
+                    map.objects[i].path.display()
+                ),
+            )),
+        }
+    }
+    // Set when nothing loaded at start calls NCCL, an NCCL is there, and the process can
+    // dlopen: the object that calls dlopen, and the first object exporting nccl*.
+    let mut opens_later: Option<(PathBuf, Option<usize>)> = None;
+    if callers.is_empty() && carriers.is_empty() {
+        for (i, slot) in facts.iter_mut().enumerate() {
+            if Some(i) != asked {
+                *slot = read_facts(i, &mut blind);
+            }
+        }
+        for (i, f) in facts.iter().enumerate() {
+            let Some(f) = f.as_ref().filter(|_| !preloaded(i)) else {
+                continue;
+            };
+            let called: Vec<(String, Binding)> = f
                 .symbols
                 .iter()
-                .filter(|s| matches!(s.binding, Binding::Imported | Binding::Interposable))
-                .map(|s| s.name.as_str())
+                .filter(|s| s.binding.is_call())
+                .map(|s| (s.name.clone(), s.binding.clone()))
                 .collect();
-            // The version each is referenced with: a definition of another is passed over.
-            let refs = match interpose::reference_versions(&map.objects[a].path, &names) {
-                Ok(r) => r,
+            if !called.is_empty() {
+                callers.push((i, called));
+            }
+        }
+        if callers.is_empty() {
+            let opener = dlopen_caller(&map);
+            let exporter =
+                (0..n).find(|&i| facts[i].as_ref().is_some_and(|f| !f.exported.is_empty()));
+            if let (Some(o), Some(_)) = (&opener, exporter) {
+                opens_later = Some((o.clone(), exporter));
+            } else {
+                carriers = (0..n)
+                    .filter(|&i| !map.objects[i].is_stand_in() && !preloaded(i))
+                    .filter(|&i| matches!(id_of(i), Ok(Some(_))))
+                    .map(|i| {
+                        let names_none = facts[i].as_ref().is_none_or(|f| f.symbols.is_empty());
+                        (
+                            i,
+                            if names_none {
+                                HIDDEN_CARRIER
+                            } else {
+                                UNCALLED_CARRIER
+                            },
+                        )
+                    })
+                    .collect();
+                if let Some(o) = opener.filter(|_| !carriers.is_empty()) {
+                    opens_later = Some((o, None));
+                    carriers.clear();
+                }
+            }
+        }
+    }
+
+    // What each object exports of the names looked up, in the order of the global scope,
+    // up to the first definer of each: through each object's hash table, as the loader
+    // looks them up; `None` where not looked at.
+    let mut exports: Vec<Option<BTreeSet<String>>> = vec![None; n];
+    let mut wanted: Vec<&str> = Vec::new();
+    for (_, called) in &callers {
+        for (name, b) in called {
+            if matches!(b, Binding::Imported | Binding::Interposable)
+                && !wanted.contains(&name.as_str())
+            {
+                wanted.push(name);
+            }
+        }
+    }
+    // The version the asked object references each name with: a definition of another
+    // version is passed over (glibc's `check_match`). Other callers import by name only
+    // here, so their lookups are unversioned.
+    let refs = match asked.filter(|a| callers.iter().any(|(c, _)| c == a)) {
+        Some(a) => match interpose::reference_versions(&map.objects[a].path, &wanted) {
+            Ok(r) => r,
+            Err(e) => {
+                blind.push((
+                    a,
+                    format!(
+                        "the symbol versions of {} cannot be read: {e:#}",
+                        map.objects[a].path.display()
+                    ),
+                ));
+                BTreeMap::new()
+            }
+        },
+        None => BTreeMap::new(),
+    };
+    let mut wanted: Vec<(&str, Option<&interpose::Version>)> = wanted
+        .iter()
+        .map(|n| (*n, refs.get(*n).and_then(Option::as_ref)))
+        .collect();
+    for (i, slot) in exports.iter_mut().enumerate() {
+        if wanted.is_empty() {
+            break;
+        }
+        let found = if let Some(f) = &facts[i] {
+            f.exported.clone()
+        } else if map.objects[i].is_stand_in() {
+            BTreeSet::new()
+        } else {
+            match interpose::exported_among_versioned(&map.objects[i].path, &wanted) {
+                Ok(found) => found,
                 Err(e) => {
                     blind.push((
-                        a,
+                        i,
                         format!(
-                            "the symbol versions of {} cannot be read: {e:#}",
-                            map.objects[a].path.display()
+                            "the symbols of {} cannot be read: {e:#}",
+                            map.objects[i].path.display()
                         ),
                     ));
-                    BTreeMap::new()
-                }
-            };
-            let mut wanted: Vec<(&str, Option<&interpose::Version>)> = names
-                .iter()
-                .map(|n| (*n, refs.get(*n).and_then(Option::as_ref)))
-                .collect();
-            for (i, slot) in exports.iter_mut().enumerate() {
-                if wanted.is_empty() {
-                    break;
-                }
-                let found = if i == a {
-                    f.exported.clone()
-                } else if map.objects[i].is_stand_in() {
                     BTreeSet::new()
-                } else {
-                    match interpose::exported_among_versioned(&map.objects[i].path, &wanted) {
-                        Ok(found) => found,
-                        Err(e) => {
-                            blind.push((
-                                i,
-                                format!(
-                                    "the symbols of {} cannot be read: {e:#}",
-                                    map.objects[i].path.display()
-                                ),
-                            ));
-                            BTreeSet::new()
-                        }
-                    }
-                };
-                wanted.retain(|(n, _)| !found.contains(*n));
-                *slot = Some(found);
-            }
-            facts[a] = Some(f);
-        }
-        None => {
-            for (i, slot) in facts.iter_mut().enumerate() {
-                if Some(i) != asked {
-                    *slot = read_facts(i, &mut blind);
                 }
             }
-            for (i, f) in facts.iter().enumerate() {
-                exports[i] = f.as_ref().map(|f| f.exported.clone());
-            }
-        }
+        };
+        wanted.retain(|(n, _)| !found.contains(*n));
+        *slot = Some(found);
     }
     // Everything that hides what lies at or after a place in the order.
     let mut hidden: Vec<(usize, String)> = map
@@ -326,86 +454,22 @@ pub fn which_nccl_knowing(
         })
         .collect();
 
-    let has_symbols = |i: usize| facts[i].as_ref().is_some_and(|f| !f.symbols.is_empty());
-    let imports = |i: usize| {
-        facts[i]
-            .as_ref()
-            .is_some_and(|f| f.symbols.iter().any(|s| s.binding == Binding::Imported))
-    };
-    let mut self_ids: BTreeMap<usize, Result<Option<SelfId>, String>> = BTreeMap::new();
-    if let (Some(a), Some(ids)) = (asked, target_self_ids) {
-        self_ids.insert(
-            a,
-            match ids {
-                [] => Ok(None),
-                [one] => Ok(Some(one.clone())),
-                many => Err(format!(
-                    "{} carries {} different NCCL self-ids ({}); cannot tell which one is linked",
-                    target.display(),
-                    many.len(),
-                    many.iter()
-                        .map(|i| format!("{}+cuda{}", i.nccl, i.cuda))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
-            },
-        );
-    }
-    let mut id_of = |i: usize| -> Result<Option<SelfId>, String> {
-        self_ids
-            .entry(i)
-            .or_insert_with(|| {
-                inspect::find_nccl_self_id(&map.objects[i].path).map_err(|e| format!("{e:#}"))
-            })
-            .clone()
-    };
-
-    // The consumer's calls: the object asked about when it names nccl* functions or
-    // carries NCCL compiled in with hidden symbols; else the objects that import them;
-    // else the objects that define and call their own; else those whose read-only data
-    // carry a self-id. A preload is a provider: its own calls are not the process's.
-    let preloaded = |i: usize| matches!(map.objects[i].found_by, FoundBy::Preload { .. });
-    let mut carriers: Vec<usize> = Vec::new();
-    let callers: Vec<usize> = match asked {
-        Some(a) if has_symbols(a) => vec![a],
-        Some(a) if matches!(id_of(a), Ok(Some(_))) => {
-            carriers.push(a);
-            Vec::new()
-        }
-        _ => {
-            let importers: Vec<usize> = (0..facts.len())
-                .filter(|&i| imports(i) && !preloaded(i))
-                .collect();
-            let definers: Vec<usize> = (0..facts.len())
-                .filter(|&i| has_symbols(i) && !preloaded(i))
-                .collect();
-            if !importers.is_empty() {
-                importers
-            } else if !definers.is_empty() {
-                definers
-            } else {
-                carriers = (0..map.objects.len())
-                    .filter(|&i| !map.objects[i].is_stand_in() && !preloaded(i))
-                    .filter(|&i| matches!(id_of(i), Ok(Some(_))))
-                    .collect();
-                Vec::new()
-            }
-        }
-    };
-
-    let mut groups: Vec<(usize, Option<usize>, Vec<String>, String)> = Vec::new();
+    // (caller, target, names, how, whether the calls are only perhaps calls)
+    let mut groups: Vec<Group> = Vec::new();
     let mut doubts: Vec<String> = Vec::new();
     // Targets that something unknown lies before: the answer if that defines nothing.
     let mut provisional: Vec<usize> = Vec::new();
     let global = "the first definition in the global scope".to_string();
-    for &c in &callers {
-        let f = facts[c].as_ref().expect("callers have symbols");
-        for s in &f.symbols {
-            let (target, how) = match &s.binding {
-                Binding::BoundLocally { why } => (Some(c), why.clone()),
+    for (c, called) in &callers {
+        let c = *c;
+        for (name, binding) in called {
+            let (target, how, perhaps) = match binding {
+                Binding::BoundLocally { why } => (Some(c), why.clone(), false),
+                Binding::Uncertain { why } => (Some(c), why.clone(), true),
+                Binding::NeverCalled => continue,
                 Binding::Imported | Binding::Interposable => {
                     let t = (0..exports.len())
-                        .find(|&i| exports[i].as_ref().is_some_and(|d| d.contains(&s.name)));
+                        .find(|&i| exports[i].as_ref().is_some_and(|d| d.contains(name)));
                     let limit = t.unwrap_or(usize::MAX);
                     for (_, why) in hidden.iter().filter(|(p, _)| *p <= limit) {
                         if !doubts.contains(why) {
@@ -415,33 +479,28 @@ pub fn which_nccl_knowing(
                     if let Some(t) = t.filter(|&t| hidden.iter().any(|(p, _)| *p <= t)) {
                         provisional.push(t);
                     }
-                    (t, global.clone())
+                    (t, global.clone(), false)
                 }
             };
             match groups
                 .iter_mut()
-                .find(|(gc, gt, _, gh)| *gc == c && *gt == target && *gh == how)
+                .find(|g| g.0 == c && g.1 == target && g.3 == how && g.4 == perhaps)
             {
-                Some(g) => g.2.push(s.name.clone()),
-                None => groups.push((c, target, vec![s.name.clone()], how)),
+                Some(g) => g.2.push(name.clone()),
+                None => groups.push((c, target, vec![name.clone()], how, perhaps)),
             }
         }
     }
 
     // NCCL compiled in with hidden symbols names no function a lookup could reach: its
     // self-id is the trace, and its calls can only stay in its object.
-    for &i in &carriers {
-        groups.push((
-            i,
-            Some(i),
-            Vec::new(),
-            "NCCL is compiled in with hidden symbols: its calls stay in the object".into(),
-        ));
+    for &(i, how) in &carriers {
+        groups.push((i, Some(i), Vec::new(), how.into(), false));
     }
 
     let calls: Vec<CallGroup> = groups
         .iter()
-        .map(|(c, t, syms, how)| CallGroup {
+        .map(|(c, t, syms, how, _)| CallGroup {
             caller: shown(&map, *c),
             object: t.map(|t| shown(&map, t)),
             symbols: syms.clone(),
@@ -454,6 +513,17 @@ pub fn which_nccl_knowing(
     let mut targets: Vec<usize> = groups.iter().filter_map(|g| g.1).collect();
     targets.sort_unstable();
     targets.dedup();
+    // The targets of calls that are certain; a call fdl could not confirm that reaches
+    // another object leaves the answer open.
+    let certain: Vec<usize> = targets
+        .iter()
+        .copied()
+        .filter(|&t| groups.iter().any(|g| g.1 == Some(t) && !g.4))
+        .collect();
+    let perhaps: Vec<&Group> = groups
+        .iter()
+        .filter(|g| g.4 && g.1.is_some_and(|t| !certain.contains(&t)))
+        .collect();
     let undefined: Vec<&String> = groups
         .iter()
         .filter(|g| g.1.is_none())
@@ -532,10 +602,32 @@ pub fn which_nccl_knowing(
                 undefined.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
             ),
         }
+    } else if let Some((c, _, syms, why, _)) = perhaps.first() {
+        let elsewhere: Vec<String> = certain
+            .iter()
+            .map(|&t| format!("{} ({})", shown(&map, t).display(), nccl_of(&mut id_of, t)))
+            .collect();
+        Answer::Unknown {
+            reason: format!(
+                "{} may call {} itself, which fdl cannot confirm ({why}). If it does, those calls stay in {} ({}){}",
+                shown(&map, *c).display(),
+                syms.join(", "),
+                shown(&map, *c).display(),
+                nccl_of(&mut id_of, *c),
+                if elsewhere.is_empty() {
+                    ", and nothing else calls NCCL; if not, nothing loaded at start calls it".to_string()
+                } else {
+                    format!(
+                        ", while the other calls reach {}: two NCCLs in one process; if not, only the latter",
+                        elsewhere.join(", ")
+                    )
+                }
+            ),
+        }
     } else if targets.len() > 1 {
         let parts: Vec<String> = groups
             .iter()
-            .filter_map(|(c, t, syms, _)| {
+            .filter_map(|(c, t, syms, _, _)| {
                 let t = (*t)?;
                 Some(format!(
                     "{} of {} → {} ({})",
@@ -582,6 +674,25 @@ pub fn which_nccl_knowing(
             );
         }
         Answer::Unknown { reason }
+    } else if let Some((o, first)) = &opens_later {
+        let mut reason = format!(
+            "NCCL is loaded at start but nothing there calls it, and {} calls dlopen: what it opens later is in no file fdl reads, and that decides which NCCL runs",
+            o.display()
+        );
+        // A library opened later looks up the global scope first: the program, the
+        // preloads, the start-up closure.
+        if let Some(t) = *first {
+            reason.push_str(&format!(
+                ". A library opened later that imports nccl* functions binds them to the first definition in the global scope, {} ({})",
+                shown(&map, t).display(),
+                nccl_of(&mut id_of, t)
+            ));
+        } else {
+            reason.push_str(
+                ". The NCCL loaded at start is compiled in with hidden symbols: a library opened later that imports nccl* functions finds no definition there",
+            );
+        }
+        Answer::Unknown { reason }
     } else if let Some(o) = dlopen_caller(&map) {
         Answer::Unknown {
             reason: format!(
@@ -623,12 +734,7 @@ pub fn which_nccl_knowing(
 
 /// What the calls reaching object `t` (whose self-id is `id`) run: its NCCL, its file and
 /// how it came into the process.
-fn detection_of(
-    map: &LinkMap,
-    groups: &[(usize, Option<usize>, Vec<String>, String)],
-    t: usize,
-    id: SelfId,
-) -> NcclDetection {
+fn detection_of(map: &LinkMap, groups: &[Group], t: usize, id: SelfId) -> NcclDetection {
     let caller = groups.iter().find(|g| g.1 == Some(t)).map(|g| g.0);
     let linkage = match &map.objects[t].found_by {
         _ if caller == Some(t) => Linkage::Static,
@@ -651,6 +757,23 @@ fn detection_of(
         cuda: id.cuda,
         file: path.canonicalize().unwrap_or_else(|_| path.clone()),
         linkage,
+    }
+}
+
+/// Calls of one object that reach one place: (caller, target, names, how, whether only
+/// perhaps calls — [`Binding::Uncertain`]).
+type Group = (usize, Option<usize>, Vec<String>, String, bool);
+
+const HIDDEN_CARRIER: &str =
+    "NCCL is compiled in with hidden symbols: its calls stay in the object";
+const UNCALLED_CARRIER: &str =
+    "nothing loaded at start calls NCCL's functions, and nothing can dlopen: the NCCL this object carries is the one in the process";
+
+/// `NCCL 2.27.5`, or why not.
+fn nccl_of(id_of: &mut impl FnMut(usize) -> Result<Option<SelfId>, String>, t: usize) -> String {
+    match id_of(t) {
+        Ok(Some(id)) => format!("NCCL {}", id.nccl),
+        _ => "no NCCL self-id".into(),
     }
 }
 

@@ -300,6 +300,24 @@ impl Lab {
         p
     }
 
+    /// A libtorch_cuda.so (soname `libtorch_cuda.so`) built from `source` as it is, with
+    /// `needed` and `flags`; `carries` is the version of the NCCL stand-in compiled into
+    /// it (see [`nccl_source`]), if any, so that [`Lab::file_of`] finds it.
+    pub fn torch_from(
+        &self,
+        rel: &str,
+        carries: Option<Ver>,
+        source: &str,
+        needed: &[&str],
+        flags: &[String],
+    ) -> PathBuf {
+        let p = self.lib(rel, Some("libtorch_cuda.so"), source, needed, flags);
+        if let Some(v) = carries {
+            self.record(v, &p);
+        }
+        p
+    }
+
     /// A libtorch_cuda.so that `dlopen`s libnccl.so.2, with search `flags`.
     pub fn torch_dlopen(&self, rel: &str, flags: &[String]) -> PathBuf {
         let mut f = vec!["-O1".to_string()];
@@ -365,6 +383,41 @@ impl Lab {
         std::fs::write(&p, elf32_header()).unwrap();
         p
     }
+}
+
+/// A program whose `main` `dlopen`s the library at `plugin` (an absolute path) and prints
+/// `version=<code>` from its `torch_nccl_version()`: a process that can load code no file
+/// names, as Python does.
+pub fn dlopen_main(plugin: &Path) -> String {
+    format!(
+        r#"#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {{
+  void *h = dlopen("{}", RTLD_NOW);
+  if (!h) {{ fprintf(stderr, "dlopen: %s\n", dlerror()); return 1; }}
+  int (*f)(void) = (int (*)(void))dlsym(h, "torch_nccl_version");
+  if (!f) return 2;
+  printf("version=%d\n", f());
+  return 0;
+}}
+"#,
+        plugin.display()
+    )
+}
+
+/// The symbol names `readelf -r -W` shows on the relocation lines of `path`.
+pub fn relocated_names(path: &Path) -> Vec<String> {
+    let out = Command::new("readelf")
+        .args(["-r", "-W"])
+        .arg(path)
+        .output()
+        .expect("readelf (binutils) is needed for these tests");
+    assert!(out.status.success(), "readelf -r {}", path.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .map(|n| n.split('@').next().unwrap_or(n).to_string())
+        .collect()
 }
 
 /// `cc` on `source` into `out` with `args`; panics with cc's output on failure.
