@@ -25,6 +25,15 @@ pub const EXIT_UNKNOWN: u8 = 3;
 #[error("{0}")]
 pub struct Undecided(pub String);
 
+/// The exit status of `detect --witness` when this host's loader binds otherwise than
+/// fdl's model says: the loader's answer stands, and the model has a bug.
+pub const EXIT_MODEL_WRONG: u8 = 4;
+
+/// The loader disagreed with the model (both printed already): exit [`EXIT_MODEL_WRONG`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ModelWrong(pub String);
+
 /// An error whose command already printed its JSON answer (a verify report, an
 /// unresolved detection): no second object is printed for it.
 #[derive(Debug, thiserror::Error)]
