@@ -127,6 +127,9 @@ pub struct Witness {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nccl: Option<SelfId>,
     pub warnings: Vec<String>,
+    /// The working directory the paths of the model and the trace are relative to.
+    #[serde(skip)]
+    pub cwd: PathBuf,
 }
 
 /// The loader's answer, in the model's words.
@@ -161,9 +164,9 @@ impl Witness {
         }
     }
 
-    /// Whether the loader could start the process.
+    /// Whether the process would start and its nccl* calls would all resolve.
     pub fn starts(&self) -> bool {
-        self.failures.is_empty()
+        self.failures.is_empty() && self.undefined.is_empty()
     }
 
     /// One sentence: what the loader binds.
@@ -196,10 +199,15 @@ impl Witness {
             ),
             Kind::Local => "the loader binds no nccl* reference (any NCCL is bound inside its object at link time)".to_string(),
         };
-        if !self.starts() {
+        if !self.failures.is_empty() {
             s.push_str(&format!(
                 "; the process would not start: {}",
                 list_some(&self.failures, 2)
+            ));
+        } else if !self.undefined.is_empty() && self.kind() != Kind::Unbound {
+            s.push_str(&format!(
+                "; nothing defines {}, so the process fails at that call",
+                list_some(&self.undefined, 2)
             ));
         }
         s
@@ -250,6 +258,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 /// Sets the model's answer `which` against the loader's `w`.
 pub fn compare(which: &Which, w: &Witness) -> Verdict {
+    let same_file = |a: &Path, b: &Path| same_file(&w.cwd.join(a), &w.cwd.join(b));
     let loader = w.summary();
     if w.kind() == Kind::Cut {
         return Verdict::Inconclusive { why: loader };
@@ -259,6 +268,7 @@ pub fn compare(which: &Which, w: &Witness) -> Verdict {
         loader: loader.clone(),
     };
     let model_fails = !which.link_map.failures.is_empty() || which.link_map.failures_omitted > 0;
+    let loader_fails = !w.failures.is_empty();
     // The model's objects that the calls reach through the loader (not inside their own
     // object).
     let through_loader: Vec<&Path> = which
@@ -291,8 +301,11 @@ pub fn compare(which: &Which, w: &Witness) -> Verdict {
                 detection.version,
                 detection.file.display()
             );
-            if model_fails != !w.starts() {
+            if model_fails != loader_fails {
                 return disagree(failure_words(which, model));
+            }
+            if !w.undefined.is_empty() {
+                return disagree(model);
             }
             match w.kind() {
                 Kind::Nccl if same_file(&w.reached[0].object, &detection.file) => Verdict::Agree {
@@ -312,7 +325,7 @@ pub fn compare(which: &Which, w: &Witness) -> Verdict {
         }
         Answer::None { reason } => {
             let model = format!("no NCCL ({reason})");
-            if model_fails != !w.starts() {
+            if model_fails != loader_fails {
                 return disagree(failure_words(which, model));
             }
             match w.kind() {
@@ -551,6 +564,7 @@ pub fn ask_within(which: &Which, env: &LoaderEnv, limits: &Limits) -> Result<Wit
         cut: None,
         nccl: None,
         warnings: Vec::new(),
+        cwd: env.cwd.clone(),
     };
     let out = match crate::process::output_within_cap(&mut cmd, limits.time, limits.output_bytes) {
         Ok(Some(o)) => o,
@@ -589,7 +603,8 @@ pub fn ask_within(which: &Which, env: &LoaderEnv, limits: &Limits) -> Result<Wit
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    read_list(&stdout, &mut w);
+    let cwd = env.cwd.clone();
+    read_list(&stdout, &cwd, &mut w);
     let consumer = traced.clone();
     read_stderr(&stderr, &consumer, &mut w);
     if !out.status.success() && w.failures.is_empty() {
@@ -603,7 +618,7 @@ pub fn ask_within(which: &Which, env: &LoaderEnv, limits: &Limits) -> Result<Wit
                 .unwrap_or_default()
         ));
     }
-    read_debug(dir.path(), &consumer, limits, &mut w);
+    read_debug(dir.path(), &consumer, &cwd, limits, &mut w);
     if w.kind() == Kind::Nccl {
         // The model's reading of the same file, when it names it: no second scan.
         let known = which
@@ -613,7 +628,7 @@ pub fn ask_within(which: &Which, env: &LoaderEnv, limits: &Limits) -> Result<Wit
             .filter(|d| same_file(&d.file, &w.reached[0].object))
             .map(|d| SelfId {
                 nccl: d.version.clone(),
-                cuda: d.cuda.clone(),
+                cuda: d.cuda,
             });
         w.nccl = match known {
             Some(id) => Some(id),
@@ -632,7 +647,7 @@ pub fn ask_within(which: &Which, env: &LoaderEnv, limits: &Limits) -> Result<Wit
 }
 
 /// The trace's link map: `\tname => path (0x…)`, `\tpath (0x…)`, `\tname => not found`.
-fn read_list(stdout: &str, w: &mut Witness) {
+fn read_list(stdout: &str, cwd: &Path, w: &mut Witness) {
     for line in stdout.lines() {
         let Some(line) = line.strip_prefix('\t') else {
             continue;
@@ -650,8 +665,10 @@ fn read_list(stdout: &str, w: &mut Witness) {
             Some((_, p)) => p,
             None => entry,
         };
-        if path.starts_with('/') && w.link_map.len() < 8192 {
-            w.link_map.push(PathBuf::from(path));
+        // The vDSO has no file; a library found through a relative directory is named
+        // relative to the working directory.
+        if path.contains('/') && w.link_map.len() < 8192 {
+            w.link_map.push(cwd.join(path));
         }
     }
 }
@@ -695,7 +712,7 @@ fn parse_binding(line: &str) -> Option<(&str, &str, &str)> {
 
 /// Reads the debug file glibc wrote (`trace.PID`), streaming, at most
 /// [`Limits::debug_bytes`] of it, never through a link.
-fn read_debug(dir: &Path, consumer: &Path, limits: &Limits, w: &mut Witness) {
+fn read_debug(dir: &Path, consumer: &Path, cwd: &Path, limits: &Limits, w: &mut Witness) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -734,7 +751,7 @@ fn read_debug(dir: &Path, consumer: &Path, limits: &Limits, w: &mut Witness) {
     w.bindings_omitted = total.saturating_sub(all.len());
     let own: Vec<&(String, String, String)> = all
         .iter()
-        .filter(|(from, _, _)| same_file(Path::new(from), consumer))
+        .filter(|(from, _, _)| same_file(&cwd.join(from), consumer))
         .collect();
     let chosen: Vec<&(String, String, String)> = if own.is_empty() {
         all.iter().collect()
@@ -742,7 +759,7 @@ fn read_debug(dir: &Path, consumer: &Path, limits: &Limits, w: &mut Witness) {
         own
     };
     for (from, to, sym) in chosen {
-        let to_p = PathBuf::from(to);
+        let to_p = cwd.join(to);
         let i = match w.reached.iter().position(|r| same_file(&r.object, &to_p)) {
             Some(i) => i,
             None => {
@@ -755,7 +772,7 @@ fn read_debug(dir: &Path, consumer: &Path, limits: &Limits, w: &mut Witness) {
             }
         };
         let r = &mut w.reached[i];
-        let from_p = PathBuf::from(from);
+        let from_p = cwd.join(from);
         if !r.callers.contains(&from_p) && r.callers.len() < 64 {
             r.callers.push(from_p);
         }
