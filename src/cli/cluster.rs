@@ -306,7 +306,8 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
                 ld_preload,
                 witness: !no_witness,
             });
-            print_json(&serde_json::to_value(&report)?);
+            // The report's own schema, which the controller checks.
+            super::common::print_json_as_is(&serde_json::to_value(&report)?);
             Ok(())
         }
         ClusterCommand::Link { build, json } => {

@@ -66,6 +66,12 @@ pub(crate) fn print_json(value: &serde_json::Value) {
     if let Some(obj) = value.as_object_mut() {
         obj.insert("schema".into(), JSON_SCHEMA.into());
     }
+    print_json_as_is(&value)
+}
+
+/// Prints one JSON object with the `schema` it carries: a worker's report, whose schema
+/// is the report's own (`cluster::host::REPORT_SCHEMA`), not [`JSON_SCHEMA`].
+pub(crate) fn print_json_as_is(value: &serde_json::Value) {
     let text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
     // serde_json leaves C1 controls and bidi overrides raw inside strings: write them as
     // JSON escapes, so the output is terminal-safe as it is (see terminal_safe).
