@@ -15,6 +15,11 @@
 //! then 15 timed runs; the median wall time is reported, and fdl's peak RSS is the
 //! largest `ru_maxrss` that `wait4` returned for its runs. The exit status is non-zero
 //! only when the layout cannot be built or fdl names another libnccl.so.2 than `ldd`.
+//!
+//! Then the witness: `fdl nccl detect LIB --witness --json` (the model and this host's
+//! loader's trace) against the loader's own trace of the same layout, `LD_DEBUG=bindings
+//! ldd -r LIB` into a debug file, timed the same way; non-zero when the witness does not
+//! confirm the model's libnccl.so.2.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -109,6 +114,50 @@ fn run(real_torch: &Path) -> Res<()> {
         detect_ms / ldd_ms
     );
     println!("fdl peak RSS: {:.1} MiB", rss_kib as f64 / 1024.0);
+
+    // The witness: `detect --witness` (the model, then this host's loader traced with
+    // the nccl* bindings) against the loader's own trace of the same layout, as a user
+    // would type it: `LD_DEBUG=bindings ldd -r LIB` into a debug file.
+    let witness = || {
+        let mut c = detect();
+        c.arg("--witness");
+        c
+    };
+    let json = output(&mut witness())?;
+    let v: serde_json::Value = serde_json::from_str(&json)
+        .map_err(|e| format!("fdl's output is not JSON ({e}): {json}"))?;
+    let w = &v["witness"];
+    let reached = w["reached"][0]["object"].as_str().unwrap_or("");
+    if w["verdict"]["verdict"] != "agree" || canon(Path::new(reached)) != a {
+        return Err(format!("the witness does not confirm {}: {w}", a.display()));
+    }
+    println!(
+        "witness: {} binds libtorch's nccl* references to {}: it agrees with the model",
+        w["interpreter"].as_str().unwrap_or("?"),
+        a.display()
+    );
+    let traces = dir.path().join("ldd-r");
+    std::fs::create_dir_all(&traces).map_err(|e| e.to_string())?;
+    let ldd_r = || {
+        let mut c = Command::new("ldd");
+        c.arg("-r")
+            .arg(&torch)
+            .env_remove("LD_PRELOAD")
+            .env_remove("LD_LIBRARY_PATH")
+            .env("LD_DEBUG", "bindings")
+            .env("LD_DEBUG_OUTPUT", traces.join("trace"));
+        c
+    };
+    let (witness_ms, rss_kib) = time(witness)?;
+    let (trace_ms, _) = time(ldd_r)?;
+    println!(
+        "detect --witness: {witness_ms:.2} ms, LD_DEBUG=bindings ldd -r: {trace_ms:.2} ms, ratio {:.2} (median of {RUNS}, after {WARM} warm-up runs)",
+        witness_ms / trace_ms
+    );
+    println!(
+        "fdl --witness peak RSS: {:.1} MiB (the loader's own is its child's)",
+        rss_kib as f64 / 1024.0
+    );
     Ok(())
 }
 

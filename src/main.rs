@@ -31,6 +31,10 @@ fn main() -> ExitCode {
                 fdl::eprintln_safe!("{} {interrupted}", paint_err("error:", Color::Red));
                 ExitCode::from(130)
             }
+            None if e.downcast_ref::<fdl::cli::ModelWrong>().is_some() => {
+                fdl::eprintln_safe!("{} {e:#}", paint_err("fdl bug:", Color::Red));
+                ExitCode::from(fdl::cli::EXIT_MODEL_WRONG)
+            }
             None if e.downcast_ref::<fdl::cli::Undecided>().is_some() => {
                 // Errors quote files and workers: eprintln_safe escapes their controls.
                 fdl::eprintln_safe!("{} {e:#}", paint_err("unknown:", Color::Yellow));

@@ -223,8 +223,23 @@ fn status_plan_ship_env_on_the_allocations_nodes() {
             "{shown}"
         );
     }
+    assert!(shown.contains("witness   its loader agrees"), "{shown}");
     let v = json_of(&rig.fdl("", "cluster status --slurm --json"));
     assert_eq!(v["files"], serde_json::json!([]), "{v}");
+    // Each node's own loader was asked about its own libtorch, by default, and agrees;
+    // --no-witness asks none, and the verdicts stay the same.
+    for (host, ..) in GPUS {
+        let wit = &worker(&v, host)["report"]["witness"];
+        assert_eq!(wit["verdict"], "agree", "{host}: {v}");
+    }
+    let quick = json_of(&rig.fdl("", "cluster status --slurm --json --no-witness"));
+    for (host, ..) in GPUS {
+        assert!(
+            worker(&quick, host)["report"]["witness"].is_null(),
+            "{quick}"
+        );
+    }
+    assert_eq!(quick["verdicts"], v["verdicts"]);
     assert_eq!(verdict(&v, "reach")["state"], "ok", "{v}");
     let skew = verdict(&v, "skew");
     assert_eq!(skew["state"], "red", "{v}");

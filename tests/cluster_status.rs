@@ -244,6 +244,22 @@ fn status_reports_the_patch_level_skew_and_the_uncovered_gpu() {
         "{detail}"
     );
     assert_eq!(verdict(&v, "driver")["ok"], true);
+    // Each worker's own loader was asked, by default, about its own libtorch, and agrees
+    // with the model there: the calls, through the PLT, bind to the libtorch itself.
+    for w in workers {
+        let wit = &w["report"]["witness"];
+        assert_eq!(wit["verdict"], "agree", "{w}");
+        assert!(
+            wit["loader"].as_str().unwrap().contains("libtorch_cuda.so"),
+            "{wit}"
+        );
+    }
+    // --no-witness: not asked, and the verdicts are the same.
+    let quick = json_of(&rig.fdl(&["cluster", "status", "--json", "--no-witness"]));
+    for w in quick["workers"].as_array().unwrap() {
+        assert!(w["report"]["witness"].is_null(), "{w}");
+    }
+    assert_eq!(quick["verdicts"], v["verdicts"]);
 
     // The text form says the same, and a second run reuses the shipped fdl.
     let out = rig.fdl(&["cluster", "status"]);
@@ -251,6 +267,7 @@ fn status_reports_the_patch_level_skew_and_the_uncovered_gpu() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("RED") && text.contains("skew"), "{text}");
     assert!(text.contains("GPU 0: NO CODE for sm_120"), "{text}");
+    assert!(text.contains("witness   its loader agrees"), "{text}");
     assert!(!text.contains("shipped from the controller"), "{text}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -95,6 +95,10 @@ fn every_json_output_matches_its_documented_schema() {
         ("fdl inspect --json", vec!["inspect", lib, "--json"]),
         ("fdl nccl detect --json", vec!["nccl", "detect", "--json"]),
         (
+            "fdl nccl detect --witness --json",
+            vec!["nccl", "detect", "--witness", "--json"],
+        ),
+        (
             "fdl nccl verify --json",
             vec!["nccl", "verify", &build, "--json"],
         ),

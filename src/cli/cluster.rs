@@ -31,6 +31,10 @@ pub enum ClusterCommand {
         /// Print one JSON object (the exit status still says whether it is ready)
         #[arg(long)]
         json: bool,
+        /// Do not ask each worker's own loader what it binds (faster; the model alone
+        /// answers there)
+        #[arg(long)]
+        no_witness: bool,
     },
     /// The one NCCL build for the whole cluster (the tag of the highest libtorch NCCL, the
     /// union of every worker's GPUs, a CUDA every driver runs), printed as `nccl build
@@ -150,6 +154,9 @@ pub enum ClusterCommand {
         /// The worker's LD_PRELOAD, as its env: block writes it
         #[arg(long)]
         ld_preload: Option<String>,
+        /// Do not ask this host's own loader
+        #[arg(long)]
+        no_witness: bool,
         /// Print one JSON object (the only form the controller reads)
         #[arg(long)]
         json: bool,
@@ -290,14 +297,17 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
         ClusterCommand::SelfReport {
             arch,
             ld_preload,
+            no_witness,
             json: _,
         } => {
             let report = host::report(&SelfQuery {
                 root: project.root.clone(),
                 arch,
                 ld_preload,
+                witness: !no_witness,
             });
-            print_json(&serde_json::to_value(&report)?);
+            // The report's own schema, which the controller checks.
+            super::common::print_json_as_is(&serde_json::to_value(&report)?);
             Ok(())
         }
         ClusterCommand::Link { build, json } => {
@@ -315,7 +325,11 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             }
             Ok(())
         }
-        ClusterCommand::Status { common, json } => status_cmd(project, &common, json),
+        ClusterCommand::Status {
+            common,
+            json,
+            no_witness,
+        } => status_cmd(project, &common, json, !no_witness),
         ClusterCommand::Ship {
             build,
             workers,
@@ -382,7 +396,8 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
 }
 
 /// Every worker's report, one progress line per host as each answers (on a terminal).
-fn reports(reach: &Reach, common: &Common, quiet: bool) -> Vec<WorkerStatus> {
+/// Every worker's report; `witness`: each asks its own loader too (status's default).
+fn reports(reach: &Reach, common: &Common, quiet: bool, witness: bool) -> Vec<WorkerStatus> {
     let live = !quiet && std::io::stderr().is_terminal();
     let done = |w: &WorkerStatus| {
         if live {
@@ -400,20 +415,21 @@ fn reports(reach: &Reach, common: &Common, quiet: bool) -> Vec<WorkerStatus> {
         reach.transport.as_ref(),
         &reach.own,
         Duration::from_secs(common.timeout.max(1)),
+        witness,
         &done,
     )
 }
 
 fn build_cmd(project: &Project, common: &Common, build: super::build::BuildArgs) -> Result<()> {
     let reach = common.reach(project)?;
-    let workers = reports(&reach, common, build.json || build.quiet);
+    let workers = reports(&reach, common, build.json || build.quiet, false);
     let infer = |flags| crate::cluster::plan::infer(&workers, flags);
     super::build::run_inferred(project, build, &infer)
 }
 
-fn status_cmd(project: &Project, common: &Common, json: bool) -> Result<()> {
+fn status_cmd(project: &Project, common: &Common, json: bool, witness: bool) -> Result<()> {
     let reach = common.reach(project)?;
-    let workers = reports(&reach, common, json);
+    let workers = reports(&reach, common, json, witness);
     let verdicts = status::verdicts(&workers);
     let red: Vec<&str> = verdicts
         .iter()
@@ -559,6 +575,31 @@ fn render_status(workers: &[WorkerStatus]) -> String {
                 Facts::Unknown(why) => why.clone(),
             },
         );
+        if let Some(wr) = &r.witness {
+            let text = match wr.verdict.as_str() {
+                "agree" => format!("its loader agrees: {}", wr.loader),
+                "disagree" => format!(
+                    "FDL'S MODEL IS WRONG HERE: it says {}; the loader says {} (the loader's answer is used)",
+                    wr.model.as_deref().unwrap_or("?"),
+                    wr.loader
+                ),
+                "model_unknown" => format!("the model cannot say; its loader: {}", wr.loader),
+                "inconclusive" => format!("no answer: {}", wr.loader),
+                "none" => format!("none on this host: {}", wr.loader),
+                "refused" => format!("refused: {}", wr.loader),
+                other => format!("{other}: {}", wr.loader),
+            };
+            let text = clean(&text);
+            if wr.disagrees() {
+                s.push_str(&format!(
+                    "  {:<9} {}\n",
+                    "witness",
+                    paint(&text, Color::Red)
+                ));
+            } else {
+                s.push_str(&format!("  {:<9} {text}\n", "witness"));
+            }
+        }
         if !r.coverage.is_empty() {
             let cells = coverage_cells(&r.coverage, "NO CODE");
             s.push_str(&format!("  {:<9} {cells}\n", "coverage"));
@@ -591,7 +632,14 @@ fn env_cmd(
         make: "fdl cluster build",
         this: "fdl cluster env",
     };
-    let hosts = || status::pick_hosts(&reports(&reach, common, matches!(format, EnvFormat::Json)));
+    let hosts = || {
+        status::pick_hosts(&reports(
+            &reach,
+            common,
+            matches!(format, EnvFormat::Json),
+            false,
+        ))
+    };
     let choice = super::manage::pick_build(project, &store, build, &wiring, &hosts)?;
     super::manage::announce(&choice);
     let (name, why) = (choice.build.clone(), choice.reason.clone());
@@ -756,7 +804,7 @@ fn ship_cmd(
         make: "fdl cluster build",
         this: "fdl cluster ship",
     };
-    let hosts = || status::pick_hosts(&reports(&reach, common, json));
+    let hosts = || status::pick_hosts(&reports(&reach, common, json, false));
     let choice = super::manage::pick_build(project, &store, build, &wiring, &hosts)?;
     super::manage::announce(&choice);
     let name = choice.build.clone();

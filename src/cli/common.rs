@@ -25,6 +25,15 @@ pub const EXIT_UNKNOWN: u8 = 3;
 #[error("{0}")]
 pub struct Undecided(pub String);
 
+/// The exit status of `detect --witness` when this host's loader binds otherwise than
+/// fdl's model says: the loader's answer stands, and the model has a bug.
+pub const EXIT_MODEL_WRONG: u8 = 4;
+
+/// The loader disagreed with the model (both printed already): exit [`EXIT_MODEL_WRONG`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ModelWrong(pub String);
+
 /// An error whose command already printed its JSON answer (a verify report, an
 /// unresolved detection): no second object is printed for it.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +66,12 @@ pub(crate) fn print_json(value: &serde_json::Value) {
     if let Some(obj) = value.as_object_mut() {
         obj.insert("schema".into(), JSON_SCHEMA.into());
     }
+    print_json_as_is(&value)
+}
+
+/// Prints one JSON object with the `schema` it carries: a worker's report, whose schema
+/// is the report's own (`cluster::host::REPORT_SCHEMA`), not [`JSON_SCHEMA`].
+pub(crate) fn print_json_as_is(value: &serde_json::Value) {
     let text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
     // serde_json leaves C1 controls and bidi overrides raw inside strings: write them as
     // JSON escapes, so the output is terminal-safe as it is (see terminal_safe).

@@ -298,6 +298,7 @@ pub(super) fn detect_cmd(
     preload: Option<&str>,
     library_path: Option<&str>,
     json_out: bool,
+    witness: bool,
 ) -> Result<()> {
     let lib = detect_target(project, path)?;
     let mut env = LoaderEnv::from_process();
@@ -308,6 +309,11 @@ pub(super) fn detect_cmd(
         env.ld_library_path = loader::search::split_path_list(l);
     }
     let w = loader::which_nccl(&lib, &env)?;
+    let asked = witness.then(|| {
+        let a = loader::witness::ask(&w, &env);
+        let v = a.as_ref().ok().map(|x| loader::witness::compare(&w, x));
+        (a, v)
+    });
     if json_out {
         let mut v = which_json(&w);
         v["library"] = json!(lib);
@@ -320,15 +326,140 @@ pub(super) fn detect_cmd(
             "system_dirs": env.default_dirs,
             "system_dirs_from": env.system_dirs_from,
         });
+        if let Some((a, verdict)) = &asked {
+            v["witness"] = witness_json(a, verdict.as_ref());
+        }
         print_json(&v);
     } else {
         print_which(&lib, &w);
+        if let Some((a, verdict)) = &asked {
+            print_witness(a, verdict.as_ref());
+        }
+    }
+    if let Some((Ok(x), Some(verdict))) = &asked {
+        match verdict {
+            loader::witness::Verdict::Disagree { model, loader } => {
+                return Err(super::common::ModelWrong(format!(
+                    "fdl's model of the loader is wrong here: it says {model}, but this host's loader says {loader}. The loader's answer stands; please report this"
+                ))
+                .into());
+            }
+            loader::witness::Verdict::ModelUnknown { .. } => {
+                return match x.kind() {
+                    loader::witness::Kind::Nccl | loader::witness::Kind::Local if x.starts() => {
+                        Ok(())
+                    }
+                    _ => Err(super::common::Undecided(x.summary()).into()),
+                };
+            }
+            _ => {}
+        }
     }
     match &w.answer {
         Answer::Nccl { .. } | Answer::None { .. } => Ok(()),
         Answer::Unknown { reason } | Answer::Split { reason } => {
             Err(super::common::Undecided(reason.clone()).into())
         }
+    }
+}
+
+/// The loader's side of `detect --witness`, as JSON: `asked`, then either `none` (why
+/// no loader was asked) or the trace and the verdict.
+pub(super) fn witness_json(
+    a: &Result<loader::witness::Witness, loader::witness::NoWitness>,
+    verdict: Option<&loader::witness::Verdict>,
+) -> serde_json::Value {
+    match a {
+        Err(n) => json!({
+            "asked": false,
+            "refused": n.refused,
+            "none": n.reason,
+        }),
+        Ok(x) => {
+            let mut v = serde_json::to_value(x).unwrap_or_default();
+            v["asked"] = json!(true);
+            v["answer"] = json!(x.kind());
+            v["starts"] = json!(x.starts());
+            v["summary"] = json!(x.summary());
+            v["verdict"] = serde_json::to_value(verdict).unwrap_or_default();
+            v
+        }
+    }
+}
+
+/// The loader's side of `detect --witness`, as text.
+fn print_witness(
+    a: &Result<loader::witness::Witness, loader::witness::NoWitness>,
+    verdict: Option<&loader::witness::Verdict>,
+) {
+    let clean = crate::text::clean;
+    let x = match a {
+        Err(n) if n.refused => {
+            outln!(
+                "Witness: {} {}",
+                paint("refused:", Color::Yellow),
+                clean(&n.reason)
+            );
+            return;
+        }
+        Err(n) => {
+            outln!("Witness: none on this host: {}", clean(&n.reason));
+            return;
+        }
+        Ok(x) => x,
+    };
+    outln!(
+        "Witness: {} traced {} (nothing run)",
+        clean(&x.interpreter.display().to_string()),
+        clean(&x.traced.display().to_string())
+    );
+    for r in &x.reached {
+        let what = if r.symbols.len() <= 3 {
+            r.symbols.join(", ")
+        } else {
+            format!(
+                "{} and {} more nccl* functions",
+                r.symbols[..2].join(", "),
+                r.symbols.len() - 2
+            )
+        };
+        let callers: Vec<String> = r.callers.iter().map(|c| c.display().to_string()).collect();
+        outln!(
+            "  {} of {} → {}",
+            clean(&what),
+            clean(&callers.join(", ")),
+            clean(&r.object.display().to_string())
+        );
+    }
+    outln!("  loader    {}", clean(&x.summary()));
+    match verdict {
+        Some(loader::witness::Verdict::Agree { why }) => {
+            outln!(
+                "  verdict   {}: {}",
+                paint("agrees", Color::Green),
+                clean(why)
+            )
+        }
+        Some(loader::witness::Verdict::Disagree { model, loader }) => outln!(
+            "  verdict   {}: fdl's model says {}; the loader says {}. The loader's answer stands.",
+            paint("fdl's model is wrong here", Color::Red),
+            clean(model),
+            clean(loader)
+        ),
+        Some(loader::witness::Verdict::ModelUnknown { loader }) => outln!(
+            "  verdict   the model could not say; the loader's answer stands: {}",
+            clean(loader)
+        ),
+        Some(loader::witness::Verdict::Inconclusive { why }) => {
+            outln!(
+                "  verdict   no witness: {}; the model answers alone",
+                clean(why)
+            )
+        }
+        None => {}
+    }
+    for warn in &x.warnings {
+        outln!("  note      {}", clean(warn));
     }
 }
 

@@ -38,7 +38,9 @@ use std::path::PathBuf;
 
 pub use build::BuildArgs;
 use common::{build_name_arg, print_json};
-pub use common::{finish_stdout, JsonReported, Undecided, EXIT_UNKNOWN, JSON_SCHEMA};
+pub use common::{
+    finish_stdout, JsonReported, ModelWrong, Undecided, EXIT_MODEL_WRONG, EXIT_UNKNOWN, JSON_SCHEMA,
+};
 pub use libtorch::LibtorchCommand;
 
 #[derive(Debug, Parser)]
@@ -138,7 +140,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
     /// Which NCCL a process runs, as glibc's loader decides: preloads, the DT_NEEDED
     /// closure, symbol binding
     #[command(
-        after_help = "Answers for a process started with your environment (LD_PRELOAD, LD_LIBRARY_PATH), so\n`eval \"$(fdl nccl env)\"; fdl nccl detect` shows whether the preload takes.\nExit status: 0 when it answers (an NCCL, or none), 3 when it cannot say or the\nprocess would run two NCCLs, 1 on an error.\n\nExamples:\n  fdl nccl detect              # the active libtorch's libtorch_cuda.so\n  fdl nccl detect site-packages/torch/lib/libtorch_cuda.so --json\n  fdl nccl detect ./train --preload /path/libnccl.so.2   # a program, another preload"
+        after_help = "Answers for a process started with your environment (LD_PRELOAD, LD_LIBRARY_PATH), so\n`eval \"$(fdl nccl env)\"; fdl nccl detect` shows whether the preload takes.\nExit status: 0 when it answers (an NCCL, or none), 3 when it cannot say or the\nprocess would run two NCCLs, 4 when --witness finds the loader disagreeing with\nfdl's model (the loader's answer stands), 1 on an error.\n\nExamples:\n  fdl nccl detect              # the active libtorch's libtorch_cuda.so\n  fdl nccl detect --witness    # and what this host's own loader binds\n  fdl nccl detect site-packages/torch/lib/libtorch_cuda.so --json\n  fdl nccl detect ./train --preload /path/libnccl.so.2   # a program, another preload"
     )]
     Detect {
         /// A shared library (answered for a program that links it) or a program.
@@ -153,6 +155,10 @@ Without --tag the version is read from the active libtorch; without --archs the 
         /// Print one JSON object: the answer, the calls, the link map
         #[arg(long)]
         json: bool,
+        /// Also ask this host's own loader (traced, nothing run) and print both answers;
+        /// exit 4 when they differ
+        #[arg(long)]
+        witness: bool,
     },
     /// Check builds: layout, versions, manifest, SASS per arch and GPU, and that it loads
     #[command(
@@ -255,6 +261,7 @@ pub fn run(cli: Cli) -> Result<()> {
         if e.downcast_ref::<crate::process::Interrupted>().is_none()
             && e.downcast_ref::<JsonReported>().is_none()
             && e.downcast_ref::<Undecided>().is_none()
+            && e.downcast_ref::<ModelWrong>().is_none()
         {
             print_json(&serde_json::json!({ "error": format!("{e:#}") }));
         }
@@ -265,7 +272,8 @@ pub fn run(cli: Cli) -> Result<()> {
                 && cause
                     .downcast_ref::<crate::process::Interrupted>()
                     .is_none()
-                && cause.downcast_ref::<Undecided>().is_none() =>
+                && cause.downcast_ref::<Undecided>().is_none()
+                && cause.downcast_ref::<ModelWrong>().is_none() =>
         {
             Err(InProject {
                 cause,
@@ -290,12 +298,14 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             preload,
             library_path,
             json,
+            witness,
         }) => inspect::detect_cmd(
             project,
             path.as_deref(),
             preload.as_deref(),
             library_path.as_deref(),
             json,
+            witness,
         ),
         Command::Nccl(NcclCommand::Verify { build, json }) => {
             inspect::verify_cmd(project, build.as_deref(), json)

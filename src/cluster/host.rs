@@ -14,8 +14,9 @@ use crate::version::CudaVersion;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// The report's shape; a controller refuses any other (and ships its own fdl).
-pub const REPORT_SCHEMA: u32 = 1;
+/// The report's shape; a controller refuses any other (and ships its own fdl). 2: the
+/// worker's own loader's answer (`witness`).
+pub const REPORT_SCHEMA: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostReport {
@@ -39,6 +40,30 @@ pub struct HostReport {
     /// `nccl*` functions the libtorch imports that the effective NCCL does not export.
     #[serde(default)]
     pub missing_symbols: Vec<String>,
+    /// What the worker's own loader binds for its libtorch in its effective environment
+    /// (`None`: not asked, `--no-witness`).
+    #[serde(default)]
+    pub witness: Option<WitnessReport>,
+}
+
+/// The worker's loader set against fdl's model there (`loader::witness`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WitnessReport {
+    /// `agree`, `disagree` (the model is wrong there: `effective` is the loader's answer),
+    /// `model_unknown` (the loader's answer stands), `inconclusive` (the trace was cut),
+    /// `none` (no loader to ask), `refused` (a file came from a peer).
+    pub verdict: String,
+    /// The loader's answer in words, or why it was not asked.
+    pub loader: String,
+    /// With `disagree`: what the model said.
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+impl WitnessReport {
+    pub fn disagrees(&self) -> bool {
+        self.verdict == "disagree"
+    }
 }
 
 /// A fact, or why it could not be had.
@@ -141,6 +166,8 @@ pub struct SelfQuery {
     pub arch: Option<String>,
     /// The worker's `LD_PRELOAD`, as its env: block writes it (split as glibc splits it).
     pub ld_preload: Option<String>,
+    /// Ask this host's own loader too (`loader::witness`).
+    pub witness: bool,
 }
 
 pub fn report(q: &SelfQuery) -> HostReport {
@@ -153,7 +180,8 @@ pub fn report(q: &SelfQuery) -> HostReport {
         let libtorch = Facts::from(libtorch_facts(q));
         (joined(gpus), joined(driver), libtorch)
     });
-    let effective = Facts::from(effective_nccl(q, libtorch.known()));
+    let (effective, witness) = effective_nccl(q, libtorch.known());
+    let effective = Facts::from(effective);
     let coverage = match (&gpus, &effective) {
         (Facts::Known(gpus), Facts::Known(nccl)) => coverage(gpus, &nccl.gpu_code),
         _ => Vec::new(),
@@ -181,6 +209,7 @@ pub fn report(q: &SelfQuery) -> HostReport {
         coverage,
         torch_coverage,
         missing_symbols,
+        witness,
     }
 }
 
@@ -298,15 +327,28 @@ fn bridge(lib: &Path) -> anyhow::Result<Bridge> {
 }
 
 /// What a rank really runs: the loader model's answer for the libtorch with the worker's
-/// `LD_PRELOAD` (relative paths from its checkout, where its ranks start).
-fn effective_nccl(q: &SelfQuery, libtorch: Option<&LibtorchFacts>) -> anyhow::Result<NcclFacts> {
+/// `LD_PRELOAD` (relative paths from its checkout, where its ranks start), and, when
+/// asked, the host's own loader's: where the two differ, or the model cannot say and the
+/// loader can, the loader's answer is the effective NCCL.
+fn effective_nccl(
+    q: &SelfQuery,
+    libtorch: Option<&LibtorchFacts>,
+) -> (anyhow::Result<NcclFacts>, Option<WitnessReport>) {
     let Some(lt) = libtorch else {
-        anyhow::bail!("no libtorch, so nothing says which NCCL a rank loads");
+        return (
+            Err(anyhow::anyhow!(
+                "no libtorch, so nothing says which NCCL a rank loads"
+            )),
+            None,
+        );
     };
     let mut env = LoaderEnv::from_process();
     env.preload = q.ld_preload.clone().unwrap_or_default();
     env.cwd = q.root.clone();
-    let w = loader::which_nccl(&lt.libtorch_cuda, &env)?;
+    let w = match loader::which_nccl(&lt.libtorch_cuda, &env) {
+        Ok(w) => w,
+        Err(e) => return (Err(e), None),
+    };
     let skipped: Vec<String> = w
         .link_map
         .skipped_preloads
@@ -318,14 +360,107 @@ fn effective_nccl(q: &SelfQuery, libtorch: Option<&LibtorchFacts>) -> anyhow::Re
         .objects
         .iter()
         .any(|o| matches!(o.found_by, loader::FoundBy::Preload { .. }));
+    let witness = q.witness.then(|| witnessed(&w, &env));
     if q.ld_preload.is_some() && !preloaded {
         // Not one element loads: the ranks run the bundled NCCL, and the env is wrong.
-        anyhow::bail!(
-            "LD_PRELOAD loads nothing on this host: the loader ignores {}. Ship the build there (`fdl cluster ship`) and paste `fdl cluster env`'s line",
-            skipped.join(", ")
+        return (
+            Err(anyhow::anyhow!(
+                "LD_PRELOAD loads nothing on this host: the loader ignores {}. Ship the build there (`fdl cluster ship`) and paste `fdl cluster env`'s line",
+                skipped.join(", ")
+            )),
+            witness.map(|(r, _)| r),
         );
     }
-    answer_facts(w)
+    match witness {
+        Some((report, Some(object))) => {
+            let same = |o: &Path| {
+                use std::os::unix::fs::MetadataExt;
+                let id = |p: &Path| {
+                    std::fs::metadata(env.cwd.join(p))
+                        .ok()
+                        .map(|m| (m.dev(), m.ino()))
+                };
+                id(o).is_some() && id(o) == id(&object)
+            };
+            let linkage = if same(&lt.libtorch_cuda) {
+                "static"
+            } else if w
+                .link_map
+                .objects
+                .iter()
+                .any(|o| matches!(o.found_by, loader::FoundBy::Preload { .. }) && same(&o.path))
+            {
+                "preload"
+            } else {
+                "dynamic"
+            };
+            (facts_of(&object, linkage), Some(report))
+        }
+        Some((report, None)) if report.disagrees() => (
+            Err(anyhow::anyhow!(
+                "fdl's model is wrong on this host: it says {}, but the loader says {}",
+                report.model.as_deref().unwrap_or("?"),
+                report.loader
+            )),
+            Some(report),
+        ),
+        other => (answer_facts(w), other.map(|(r, _)| r)),
+    }
+}
+
+/// The host's loader on `w`, and the object its answer names when that answer replaces
+/// the model's (a disagreement, or a model that cannot say).
+fn witnessed(w: &loader::Which, env: &LoaderEnv) -> (WitnessReport, Option<PathBuf>) {
+    use loader::witness::{self, Kind, Verdict};
+    let x = match witness::ask(w, env) {
+        Ok(x) => x,
+        Err(n) => {
+            return (
+                WitnessReport {
+                    verdict: if n.refused { "refused" } else { "none" }.into(),
+                    loader: n.reason,
+                    model: None,
+                },
+                None,
+            )
+        }
+    };
+    let stands = x.kind() == Kind::Nccl && x.starts();
+    let object = stands.then(|| x.reached[0].object.clone());
+    match witness::compare(w, &x) {
+        Verdict::Agree { why } => (
+            WitnessReport {
+                verdict: "agree".into(),
+                loader: why,
+                model: None,
+            },
+            None,
+        ),
+        Verdict::Disagree { model, loader } => (
+            WitnessReport {
+                verdict: "disagree".into(),
+                loader,
+                model: Some(model),
+            },
+            object,
+        ),
+        Verdict::ModelUnknown { loader } => (
+            WitnessReport {
+                verdict: "model_unknown".into(),
+                loader,
+                model: None,
+            },
+            object,
+        ),
+        Verdict::Inconclusive { why } => (
+            WitnessReport {
+                verdict: "inconclusive".into(),
+                loader: why,
+                model: None,
+            },
+            None,
+        ),
+    }
 }
 
 fn coverage(gpus: &[Gpu], code: &inspect::GpuCode) -> Vec<GpuCoverage> {

@@ -304,8 +304,11 @@ fn blank_status(w: &Worker) -> WorkerStatus {
     }
 }
 
-fn self_script_args(w: &Worker) -> Vec<String> {
+fn self_script_args(w: &Worker, witness: bool) -> Vec<String> {
     let mut args: Vec<String> = vec!["cluster".into(), "self".into(), "--json".into()];
+    if !witness {
+        args.push("--no-witness".into());
+    }
     if let Some(arch) = &w.arch {
         args.extend(["--arch".into(), arch.clone()]);
     }
@@ -532,6 +535,7 @@ pub fn query_all(
     t: &dyn Transport,
     own: &OwnBinary,
     timeout: Duration,
+    witness: bool,
     on_done: &(dyn Fn(&WorkerStatus) + Sync),
 ) -> Vec<WorkerStatus> {
     let parse = |out: &std::process::Output| {
@@ -542,7 +546,8 @@ pub fn query_all(
             Err(_) => Err(format!("its fdl gave no report ({})", last_error(out))),
         }
     };
-    run_fdl_all(t, workers, own, &self_script_args, timeout, &parse)
+    let args = |w: &Worker| self_script_args(w, witness);
+    run_fdl_all(t, workers, own, &args, timeout, &parse)
         .into_iter()
         .zip(workers)
         .map(|(r, w)| {
@@ -624,16 +629,29 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
                 .join(", ")
         ));
     }
+    // Where a worker's own loader disagreed with fdl's model, its effective NCCL is the
+    // loader's answer: said with the verdict, as fdl's own bug.
+    let model_wrong: Vec<String> = reports
+        .iter()
+        .filter_map(|(host, r)| {
+            let w = r.witness.as_ref().filter(|w| w.disagrees())?;
+            Some(format!(
+                "fdl's model is wrong on {host} (it says {}; the loader says {}), so its loader's answer is used",
+                w.model.as_deref().unwrap_or("?"),
+                w.loader
+            ))
+        })
+        .collect();
     let state = judge(&red, &unknown);
-    out.push(Verdict::new(
-        "skew",
-        state,
-        match state {
-            State::Red => red.join("; "),
-            State::Unknown => unknown.join("; "),
-            State::Ok => format!("every worker loads NCCL {}", distinct[0]),
-        },
-    ));
+    let mut detail = match state {
+        State::Red => red.join("; "),
+        State::Unknown => unknown.join("; "),
+        State::Ok => format!("every worker loads NCCL {}", distinct[0]),
+    };
+    if !model_wrong.is_empty() {
+        detail.push_str(&format!("; {}", model_wrong.join("; ")));
+    }
+    out.push(Verdict::new("skew", state, detail));
 
     // coverage: every GPU on every host, judged on the NCCL it really loads and on the
     // libtorch's own kernels: a rank runs both, and either lacking code fails it.
@@ -961,6 +979,7 @@ pub(crate) fn test_worker(
                 gpus: vec![],
             }),
             missing_symbols: vec![],
+            witness: None,
         }),
     }
 }

@@ -17,6 +17,7 @@ pub mod map;
 pub mod pin;
 pub mod preload;
 pub mod search;
+pub mod witness;
 
 pub use bind::{which_nccl, which_nccl_knowing, Answer, CallGroup, Conditional, Which};
 pub use map::{FoundBy, LinkMap, LoadFailure, Object, SkippedPreload};

@@ -1,0 +1,628 @@
+//! The witness (`loader::witness`, `fdl nccl detect --witness`) against the real process:
+//! a set of wirings compiled with `cc` ([`loader_fixture`]), each run for real with
+//! `LD_DEBUG=bindings` (the oracle: which object `ncclGetVersion` bound to, and the
+//! version it printed). For each, the witness must name that object (or see no binding
+//! for calls bound at link time), and agree with the model. Then: a model answer broken
+//! on purpose is caught; a file that arrived from a peer is refused; a trace that hangs
+//! or grows past its bounds is cut and said so; a host whose loader cannot load the
+//! object answers with the model alone.
+
+mod common;
+mod loader_fixture;
+
+use fdl::loader::witness::{self, Kind, Limits, Verdict};
+use fdl::loader::{self, Answer, LoaderEnv, Which};
+use loader_fixture::{Funcs, Lab, Ver};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const V1: Ver = Ver(2, 27, 5);
+const V2: Ver = Ver(2, 21, 5);
+
+/// One wiring, built: the real program, what fdl is asked about, the environment.
+struct Wiring {
+    name: &'static str,
+    program: PathBuf,
+    object: PathBuf,
+    preload: Option<String>,
+    library_path: Option<String>,
+    /// The process cannot start (exit 127).
+    fails: bool,
+}
+
+fn canon(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// What the real process did: exit code, printed version, where each nccl* bound.
+struct Real {
+    code: Option<i32>,
+    version: Option<u32>,
+    /// (symbol, canonical object)
+    bindings: Vec<(String, PathBuf)>,
+    stderr: String,
+}
+
+fn run_real(lab: &Lab, w: &Wiring) -> Real {
+    let mut cmd = Command::new(&w.program);
+    cmd.env_clear().current_dir(lab.root());
+    if let Some(p) = &w.preload {
+        cmd.env("LD_PRELOAD", p);
+    }
+    if let Some(p) = &w.library_path {
+        cmd.env("LD_LIBRARY_PATH", p);
+    }
+    cmd.env("LD_DEBUG", "bindings");
+    let out = cmd.output().expect("run the wiring's program");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let version = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("version="))
+        .and_then(|v| v.trim().parse().ok());
+    let bindings = stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split_once("binding file ")?.1;
+            let rest = rest.split_once("] to ")?.1;
+            let (to, rest) = rest.split_once(" [")?;
+            let sym = rest.split_once('`')?.1.split_once('\'')?.0;
+            sym.starts_with("nccl")
+                .then(|| (sym.to_string(), canon(&lab.root().join(to))))
+        })
+        .collect();
+    Real {
+        code: out.status.code(),
+        version,
+        bindings,
+        stderr,
+    }
+}
+
+fn env_of(lab: &Lab, w: &Wiring) -> LoaderEnv {
+    let mut env = LoaderEnv::bundled();
+    env.cwd = lab.root().to_path_buf();
+    env.preload = w.preload.clone().unwrap_or_default();
+    env.ld_library_path = match &w.library_path {
+        Some(l) => loader::search::split_path_list(l),
+        None => Vec::new(),
+    };
+    env
+}
+
+fn lib_mode(lab: &Lab, name: &'static str, torch: PathBuf) -> Wiring {
+    Wiring {
+        name,
+        program: lab.program_by_path(&torch),
+        object: torch,
+        preload: None,
+        library_path: None,
+        fails: false,
+    }
+}
+
+fn bundled(lab: &Lab, v: Ver) -> PathBuf {
+    lab.nccl("site/nvidia/nccl/lib/libnccl.so.2", v);
+    lab.torch(
+        "site/torch/lib/libtorch_cuda.so",
+        &["libnccl.so.2"],
+        &[lab.runpath(&["$ORIGIN/../../nvidia/nccl/lib"])],
+    )
+}
+
+fn two_dirs(lab: &Lab) {
+    lab.nccl("one/libnccl.so.2", V1);
+    lab.nccl("two/libnccl.so.2", V2);
+}
+
+type Build = fn(&Lab) -> Wiring;
+
+/// The wirings: preload wins, RPATH against RUNPATH and LD_LIBRARY_PATH, inheritance,
+/// calls bound locally, a process that cannot start, a split, a program traced itself.
+fn wirings() -> Vec<Build> {
+    vec![
+        |lab| {
+            let t = bundled(lab, V1);
+            lib_mode(lab, "pip_layout", t)
+        },
+        |lab| {
+            let t = bundled(lab, V1);
+            lab.nccl("two/libnccl.so.2", V2);
+            let mut w = lib_mode(lab, "preload_wins", t);
+            w.preload = Some(lab.s("two/libnccl.so.2"));
+            w
+        },
+        |lab| {
+            // NCCL compiled into libtorch, called through its PLT; a preload defines it
+            // first: the preload wins. Tracing the library as the main object would say
+            // libtorch (see `tracing_the_library_itself_would_be_wrong`).
+            let t = lab.torch_static("lib/libtorch_cuda.so", V1, "", &[]);
+            lab.nccl("two/libnccl.so.2", V2);
+            let mut w = lib_mode(lab, "preload_beats_compiled_in", t);
+            w.preload = Some(lab.s("two/libnccl.so.2"));
+            w
+        },
+        |lab| {
+            two_dirs(lab);
+            let t = lab.torch(
+                "lib/libtorch_cuda.so",
+                &["libnccl.so.2"],
+                &[lab.rpath(&["one"])],
+            );
+            let mut w = lib_mode(lab, "rpath_beats_library_path", t);
+            w.library_path = Some(lab.s("two"));
+            w
+        },
+        |lab| {
+            two_dirs(lab);
+            let t = lab.torch(
+                "lib/libtorch_cuda.so",
+                &["libnccl.so.2"],
+                &[lab.runpath(&["one"])],
+            );
+            let mut w = lib_mode(lab, "library_path_beats_runpath", t);
+            w.library_path = Some(lab.s("two"));
+            w
+        },
+        |lab| {
+            // DT_RPATH is inherited by the libraries an object loads: libmid finds
+            // libnccl through libtorch's.
+            two_dirs(lab);
+            lab.lib(
+                "lib/libmid.so",
+                Some("libmid.so"),
+                "int mid(void) { return 1; }\n",
+                &["libnccl.so.2"],
+                &[],
+            );
+            let t = lab.torch(
+                "lib/libtorch_cuda.so",
+                &["libmid.so"],
+                &[lab.rpath(&["lib", "two"])],
+            );
+            lib_mode(lab, "rpath_is_inherited", t)
+        },
+        |lab| {
+            two_dirs(lab);
+            let t = lab.torch(
+                "lib/libtorch_cuda.so",
+                &["libnccl.so.2"],
+                &[lab.runpath(&["two", "one"])],
+            );
+            lib_mode(lab, "runpath_in_order", t)
+        },
+        |lab| {
+            // Protected: bound inside libtorch at link time; the preload does not win.
+            let t = lab.torch_static(
+                "lib/libtorch_cuda.so",
+                V1,
+                "__attribute__((visibility(\"protected\")))",
+                &[],
+            );
+            lab.nccl("two/libnccl.so.2", V2);
+            let mut w = lib_mode(lab, "bound_locally", t);
+            w.preload = Some(lab.s("two/libnccl.so.2"));
+            w
+        },
+        |lab| {
+            let t = lab.torch("lib/libtorch_cuda.so", &["libnccl.so.2"], &[]);
+            let mut w = lib_mode(lab, "cannot_start", t);
+            w.fails = true;
+            w
+        },
+        |lab| {
+            // A preload with ncclGetVersion only: the calls of one process reach two NCCLs.
+            let t = bundled(lab, V1);
+            // Another soname: with libnccl.so.2 it would stand for the bundled one.
+            lab.nccl_as(
+                "two/libnccl-shim.so",
+                V2,
+                "libnccl-shim.so",
+                Funcs::GetVersionOnly,
+                &[],
+            );
+            let mut w = lib_mode(lab, "split", t);
+            w.preload = Some(lab.s("two/libnccl-shim.so"));
+            w
+        },
+        |lab| {
+            // A preload of soname libnccl.so.2 with ncclGetVersion only stands for the
+            // bundled one, which never loads: ncclCommInitRank is bound to nothing.
+            let t = bundled(lab, V1);
+            lab.nccl_as(
+                "two/libnccl.so.2",
+                V2,
+                "libnccl.so.2",
+                Funcs::GetVersionOnly,
+                &[],
+            );
+            let mut w = lib_mode(lab, "preload_same_soname_missing_a_function", t);
+            w.preload = Some(lab.s("two/libnccl.so.2"));
+            w.fails = true;
+            w
+        },
+        |lab| {
+            two_dirs(lab);
+            lab.torch(
+                "lib/libtorch_cuda.so",
+                &["libnccl.so.2"],
+                &[lab.runpath(&["one"])],
+            );
+            let p = lab.program("bin/train", "lib", &[lab.runpath(&["lib"])]);
+            Wiring {
+                name: "program_traced_itself",
+                program: p.clone(),
+                object: p,
+                preload: None,
+                library_path: None,
+                fails: false,
+            }
+        },
+        |lab| {
+            // A preload by name, found through LD_LIBRARY_PATH.
+            let t = bundled(lab, V1);
+            lab.nccl("two/libnccl.so.2", V2);
+            let mut w = lib_mode(lab, "preload_by_name", t);
+            w.preload = Some("libnccl.so.2".into());
+            w.library_path = Some(lab.s("two"));
+            w
+        },
+    ]
+}
+
+fn model_and_witness(lab: &Lab, w: &Wiring) -> (Which, witness::Witness) {
+    let env = env_of(lab, w);
+    let which = loader::which_nccl(&w.object, &env).unwrap();
+    let wit = witness::ask(&which, &env)
+        .unwrap_or_else(|n| panic!("{}: no witness: {}", w.name, n.reason));
+    (which, wit)
+}
+
+/// Each wiring: the witness names the object the real process bound ncclGetVersion to
+/// (or, for calls bound at link time, sees no binding), and agrees with the model.
+#[test]
+fn the_witness_binds_as_the_real_process_does() {
+    let mut errors = Vec::new();
+    let all = wirings();
+    assert!(all.len() >= 10);
+    for build in all {
+        let lab = Lab::new();
+        let w = build(&lab);
+        let real = run_real(&lab, &w);
+        let (which, wit) = model_and_witness(&lab, &w);
+        let verdict = witness::compare(&which, &wit);
+        let name = w.name;
+        let mut err = |e: String| {
+            errors.push(format!(
+                "{name}: {e}\n  witness: {wit:#?}\n  verdict: {verdict:?}\n  real stderr: {}",
+                real.stderr
+                    .lines()
+                    .filter(|l| !l.contains("binding file"))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            ))
+        };
+        if w.fails {
+            if real.code != Some(127) {
+                err(format!(
+                    "the real process was to fail, exited {:?}",
+                    real.code
+                ));
+            }
+            if wit.starts() {
+                err("the witness says the process starts".into());
+            }
+            if !matches!(
+                verdict,
+                Verdict::ModelUnknown { .. } | Verdict::Agree { .. }
+            ) {
+                err("the verdict is not agreement or the model's unknown".into());
+            }
+            continue;
+        }
+        if real.code != Some(0) || real.version.is_none() {
+            err(format!("the real process did not run: {:?}", real.code));
+            continue;
+        }
+        let real_gv: Vec<&PathBuf> = real
+            .bindings
+            .iter()
+            .filter(|(s, _)| s == "ncclGetVersion")
+            .map(|(_, p)| p)
+            .collect();
+        let wit_gv: Vec<PathBuf> = wit
+            .reached
+            .iter()
+            .filter(|r| r.symbols.iter().any(|s| s == "ncclGetVersion"))
+            .map(|r| canon(&r.object))
+            .collect();
+        match real_gv.first() {
+            Some(obj) => {
+                if wit_gv.first() != Some(*obj) {
+                    err(format!(
+                        "ncclGetVersion bound to {} in the real process, the witness says {wit_gv:?}",
+                        obj.display()
+                    ));
+                }
+            }
+            None => {
+                if !wit_gv.is_empty() {
+                    err(format!(
+                        "ncclGetVersion bound at link time in the real process; the witness saw {wit_gv:?}"
+                    ));
+                }
+            }
+        }
+        // Every other nccl* binding of the real run, seen by the witness too.
+        for (sym, obj) in &real.bindings {
+            if !wit
+                .reached
+                .iter()
+                .any(|r| canon(&r.object) == *obj && r.symbols.contains(sym))
+            {
+                err(format!(
+                    "{sym} → {} of the real run is not in the witness",
+                    obj.display()
+                ));
+            }
+        }
+        if let (Kind::Nccl, Some(id)) = (wit.kind(), &wit.nccl) {
+            let code = id.nccl.major * 10000 + id.nccl.minor * 100 + id.nccl.patch;
+            if Some(code) != real.version {
+                err(format!(
+                    "the witness's NCCL {} is not the printed {:?}",
+                    id.nccl, real.version
+                ));
+            }
+        }
+        if !matches!(verdict, Verdict::Agree { .. }) {
+            err("the witness does not agree with the model".into());
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n\n"));
+}
+
+/// The reason a stand-in program is traced: the library as the main object comes before
+/// the preload, and its own definition wins — not what the real process does.
+#[test]
+fn tracing_the_library_itself_would_be_wrong() {
+    let lab = Lab::new();
+    let w = (wirings()[2])(&lab);
+    assert_eq!(w.name, "preload_beats_compiled_in");
+    let real = run_real(&lab, &w);
+    let preload = canon(&lab.path("two/libnccl.so.2"));
+    assert_eq!(real.version, Some(V2.code()), "{}", real.stderr);
+    let (_, wit) = model_and_witness(&lab, &w);
+    assert_eq!(wit.kind(), Kind::Nccl, "{wit:#?}");
+    assert_eq!(canon(&wit.reached[0].object), preload);
+    // The same trace with the library as the main object binds to the library itself.
+    let dbg = tempfile::tempdir().unwrap();
+    let out = Command::new(&wit.interpreter)
+        .arg(&w.object)
+        .env_clear()
+        .env("LD_TRACE_LOADED_OBJECTS", "1")
+        .env("LD_WARN", "yes")
+        .env("LD_BIND_NOW", "1")
+        .env("LD_DEBUG", "bindings")
+        .env("LD_DEBUG_OUTPUT", dbg.path().join("t"))
+        .env("LD_PRELOAD", w.preload.as_ref().unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut text = String::new();
+    for e in std::fs::read_dir(dbg.path()).unwrap() {
+        text.push_str(&std::fs::read_to_string(e.unwrap().path()).unwrap());
+    }
+    let line = text
+        .lines()
+        .find(|l| {
+            l.contains("symbol `ncclGetVersion'")
+                && l.contains(&format!("file {} [", w.object.display()))
+        })
+        .unwrap_or_else(|| panic!("no binding of ncclGetVersion: {text}"));
+    assert!(
+        line.contains(&format!("to {} [", w.object.display())),
+        "as the main object, libtorch's own definition was to win: {line}"
+    );
+}
+
+/// A model answer broken on purpose (the preload ignored: the bundled NCCL named) is
+/// caught, with both answers.
+#[test]
+fn a_planted_disagreement_is_caught() {
+    let lab = Lab::new();
+    let w = (wirings()[1])(&lab);
+    assert_eq!(w.name, "preload_wins");
+    let (mut which, wit) = model_and_witness(&lab, &w);
+    assert!(matches!(
+        witness::compare(&which, &wit),
+        Verdict::Agree { .. }
+    ));
+    let bundled = lab.path("site/nvidia/nccl/lib/libnccl.so.2");
+    match &mut which.answer {
+        Answer::Nccl { detection } => detection.file = bundled.clone(),
+        other => panic!("the model was to answer an NCCL: {other:?}"),
+    }
+    match witness::compare(&which, &wit) {
+        Verdict::Disagree { model, loader } => {
+            assert!(model.contains(&bundled.display().to_string()), "{model}");
+            assert!(loader.contains("two/libnccl.so.2"), "{loader}");
+        }
+        v => panic!("a broken model answer was not caught: {v:?}"),
+    }
+    // A model that says "no NCCL" where the loader binds one: caught too.
+    which.answer = Answer::None {
+        reason: "planted".into(),
+    };
+    assert!(witness::compare(&which, &wit).is_disagreement());
+}
+
+/// Nothing under a directory a peer ships into is given to the loader: not the object,
+/// not a preload.
+#[test]
+fn a_file_received_from_a_peer_is_refused() {
+    assert_eq!(
+        witness::PEER_DIR_PREFIX,
+        fdl::nccl::name::INCOMING_PREFIX,
+        "the witness must know the directories a peer ships into"
+    );
+    let lab = Lab::new();
+    let t = bundled(&lab, V1);
+    let incoming = lab.mkdir(&format!("builds/{}x/lib", witness::PEER_DIR_PREFIX));
+    let copy = incoming.join("libtorch_cuda.so");
+    std::fs::copy(&t, &copy).unwrap();
+    let env = LoaderEnv {
+        cwd: lab.root().to_path_buf(),
+        ..LoaderEnv::bundled()
+    };
+    let which = loader::which_nccl(&copy, &env).unwrap();
+    let n = witness::ask(&which, &env).expect_err("a peer's file was traced");
+    assert!(n.refused, "{n:?}");
+    assert!(n.reason.contains("peer"), "{}", n.reason);
+    // The same library named from its own place, with a peer's file preloaded.
+    std::fs::copy(
+        lab.path("site/nvidia/nccl/lib/libnccl.so.2"),
+        incoming.join("libnccl.so.2"),
+    )
+    .unwrap();
+    let mut env = env.clone();
+    env.preload = incoming.join("libnccl.so.2").display().to_string();
+    let which = loader::which_nccl(&t, &env).unwrap();
+    let n = witness::ask(&which, &env).expect_err("a peer's preload was traced");
+    assert!(n.refused, "{n:?}");
+    // And the command says so, answering with the model alone.
+    let out = common::fdl_in(lab.root())
+        .args(["nccl", "detect", "--witness"])
+        .arg(&copy)
+        .env_remove("LD_PRELOAD")
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Witness: refused:"), "{text}");
+    // The copy's libnccl is not beside it: the model's own answer, unknown, stands.
+    assert_eq!(out.status.code(), Some(3), "{text}");
+}
+
+/// A preload that is a FIFO hangs the real loader: the trace is killed at its time bound
+/// and reported cut; a trace past its output bounds is cut too, never read whole.
+#[test]
+fn a_hanging_or_huge_trace_is_cut_and_reported() {
+    let lab = Lab::new();
+    let t = bundled(&lab, V1);
+    let fifo = lab.path("fifo.so");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a plain mkfifo on a path of our own.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut env = LoaderEnv::bundled();
+    env.cwd = lab.root().to_path_buf();
+    env.preload = fifo.display().to_string();
+    let which = loader::which_nccl(&t, &env).unwrap();
+    let limits = Limits {
+        time: Duration::from_millis(800),
+        ..Limits::default()
+    };
+    let start = std::time::Instant::now();
+    let wit = witness::ask_within(&which, &env, &limits).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(wit.kind(), Kind::Cut, "{wit:#?}");
+    assert!(
+        wit.cut.as_deref().unwrap().contains("did not finish"),
+        "{wit:?}"
+    );
+    assert!(matches!(
+        witness::compare(&which, &wit),
+        Verdict::Inconclusive { .. }
+    ));
+
+    env.preload.clear();
+    let which = loader::which_nccl(&t, &env).unwrap();
+    let small_debug = Limits {
+        debug_bytes: 512,
+        ..Limits::default()
+    };
+    let wit = witness::ask_within(&which, &env, &small_debug).unwrap();
+    assert_eq!(wit.kind(), Kind::Cut, "{wit:#?}");
+    assert!(
+        wit.cut.as_deref().unwrap().contains("debug output"),
+        "{wit:?}"
+    );
+    let small_out = Limits {
+        output_bytes: 16,
+        ..Limits::default()
+    };
+    let wit = witness::ask_within(&which, &env, &small_out).unwrap();
+    assert_eq!(wit.kind(), Kind::Cut, "{wit:#?}");
+    assert!(wit.cut.as_deref().unwrap().contains("too large"), "{wit:?}");
+    // Within the default bounds the same layout answers.
+    let wit = witness::ask(&which, &env).unwrap();
+    assert_eq!(wit.kind(), Kind::Nccl, "{wit:#?}");
+}
+
+/// An object this host's loader cannot load (another machine): the model answers alone,
+/// and says why — never an error.
+#[test]
+fn no_loader_to_ask_is_said_not_failed() {
+    let lab = Lab::new();
+    let t = bundled(&lab, V1);
+    let env = LoaderEnv {
+        cwd: lab.root().to_path_buf(),
+        ..LoaderEnv::bundled()
+    };
+    let mut which = loader::which_nccl(&t, &env).unwrap();
+    which.link_map.host.machine = 183; // AArch64 on this x86-64 host, or x86-64 elsewhere
+    if cfg!(target_arch = "aarch64") {
+        which.link_map.host.machine = 62;
+    }
+    let n = witness::ask(&which, &env).expect_err("a foreign object was traced");
+    assert!(!n.refused);
+    assert!(n.reason.contains("ELF machine"), "{}", n.reason);
+}
+
+/// `detect --witness` prints both sides, text and JSON (valid against the schema), and
+/// exits as the answer does.
+#[test]
+fn detect_witness_prints_both_answers() {
+    let lab = Lab::new();
+    let w = (wirings()[1])(&lab);
+    let run = |json: bool| {
+        let mut cmd = common::fdl_in(lab.root());
+        cmd.args(["nccl", "detect", "--witness"])
+            .arg(&w.object)
+            .args(["--preload", w.preload.as_deref().unwrap()])
+            .env_remove("LD_PRELOAD")
+            .env_remove("LD_LIBRARY_PATH")
+            .current_dir(lab.root());
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(false);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("Witness: "), "{text}");
+    assert!(text.contains("agrees"), "{text}");
+    let out = run(true);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["witness"]["asked"], true, "{v:#}");
+    assert_eq!(v["witness"]["answer"], "nccl", "{v:#}");
+    assert_eq!(v["witness"]["verdict"]["verdict"], "agree", "{v:#}");
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/schemas/nccl-detect.schema.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let errs = common::schema::validate(&schema, &v);
+    assert!(errs.is_empty(), "{errs:#?}");
+    // The witness's part is described, not only allowed.
+    assert!(schema["properties"]["witness"]["properties"]["verdict"].is_object());
+}
