@@ -65,6 +65,22 @@ fn followed_rows(f: &Followed, targets: &Targets) -> Vec<CoverageRow> {
     })
 }
 
+/// Whether two files lie in one directory: the same parent as written, or the same
+/// directory by device and inode (a project's `lib` link to a pip torch/lib).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Some(pa), Some(pb)) = (a.parent(), b.parent()) else {
+        return false;
+    };
+    if pa == pb {
+        return true;
+    }
+    match (std::fs::metadata(pa), std::fs::metadata(pb)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
 fn file_name(p: &Path) -> String {
     p.file_name().map_or_else(
         || p.display().to_string(),
@@ -183,7 +199,7 @@ pub(super) fn answer_line(w: &Which) -> String {
                 (Linkage::Static, Some(o)) if o.path != d.file => format!(
                     "static (compiled into {}, which it loads)",
                     // By file name when it lies beside the library asked about.
-                    if o.path.parent() == d.file.parent() {
+                    if same_dir(&o.path, &d.file) {
                         file_name(&d.file)
                     } else {
                         d.file.display().to_string()
