@@ -433,6 +433,43 @@ fn libtorch_info_says_the_preload_takes_over() {
     assert!(out.status.success(), "{v}");
     assert_eq!(v["arch"]["nccl"], own.as_str(), "{v}");
     assert_eq!(v["arch"]["nccl_linkage"], "static", "{v}");
+    // The archs recorded are those every GPU-code library the bridge loads has code for
+    // (inspect_judges_the_split_build_by_the_code_it_loads holds those lists against
+    // cuobjdump), not the bridge's own none.
+    let out = fdl_clean()
+        .arg("inspect")
+        .arg(lib.join("libtorch_cuda.so"))
+        .args(["--archs", "8.0", "--json"])
+        .output()
+        .unwrap();
+    let ins = json_of(&out);
+    let libs = ins["needed_gpu_code"]["libraries"].as_array().unwrap();
+    assert!(libs.len() >= 2, "{ins}");
+    let caps = |l: &Value| -> BTreeSet<String> {
+        l["gpu_code"]["sass"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let t = e["target"].as_str().unwrap().trim_start_matches("sm_");
+                let (major, minor) = t.split_at(t.len() - 1);
+                format!("{major}.{minor}")
+            })
+            .collect()
+    };
+    let every = libs
+        .iter()
+        .map(caps)
+        .reduce(|a, b| a.intersection(&b).cloned().collect())
+        .unwrap();
+    let recorded: BTreeSet<String> = v["arch"]["archs"]
+        .as_str()
+        .unwrap()
+        .split(';')
+        .map(str::to_string)
+        .collect();
+    assert_eq!(recorded, every, "{v}");
+    assert!(recorded.contains("8.0"), "{v}");
 
     let info = |preload: Option<&Path>, json: bool| {
         let mut c = fdl_clean();
@@ -454,9 +491,20 @@ fn libtorch_info_says_the_preload_takes_over() {
         text.contains(&format!("  NCCL now: {own} (CUDA 11.7), static (compiled into libtorch_cuda_cpp.so, which it loads)")),
         "{text}"
     );
+    // Its coverage is the split build's, not the bridge's none.
+    assert!(
+        text.contains("Coverage of libtorch_cuda_cpp.so and libtorch_cuda_cu.so:\n  sm_80  native SASS (sm_80)"),
+        "{text}"
+    );
     let out = info(Some(&nccl), true);
     let v = json_of(&out);
     assert!(out.status.success(), "{v}");
+    assert_eq!(v["coverage"][0]["verdict"], "native", "{v}");
+    assert_eq!(
+        v["coverage_of"].as_array().unwrap().len(),
+        libs.len(),
+        "{v}"
+    );
     assert_eq!(v["nccl"]["answer"], "nccl", "{v}");
     assert_eq!(v["nccl"]["detection"]["version"], preloaded.as_str(), "{v}");
     assert_eq!(v["nccl"]["detection"]["linkage"]["kind"], "preload", "{v}");

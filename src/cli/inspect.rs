@@ -4,7 +4,7 @@
 use super::common::print_json;
 use crate::arch::{self, Arch, GpuTarget};
 use crate::gpu::{self, Gpu};
-use crate::inspect::needed::Followed;
+use crate::inspect::split::Followed;
 use crate::inspect::{self, GpuCode, Linkage, NcclDetection, Verdict};
 use crate::libtorch::Libtorch;
 use crate::loader::{self, Answer, LoaderEnv, Which};
@@ -47,7 +47,33 @@ pub(super) fn coverage_rows(code: &GpuCode, targets: &Targets) -> Vec<CoverageRo
     coverage_rows_by(targets, |arch| (inspect::coverage(code, arch), Vec::new()))
 }
 
-/// The rows for a split build's libraries together ([`inspect::needed::Followed`]).
+/// The coverage rows of an inspected library, the files they judge, and the title of
+/// their table: its own GPU code, or, when it holds none, that of the libraries of its
+/// directory it loads ([`inspect::split`]).
+pub(super) fn judged_rows(
+    ins: &inspect::Inspection,
+    targets: &Targets,
+) -> (Vec<CoverageRow>, Vec<PathBuf>, String) {
+    match inspect::split::follow(ins, &LoaderEnv::from_process()).filter(|f| f.found()) {
+        Some(f) => (
+            followed_rows(&f, targets),
+            f.libraries.iter().map(|l| l.path.clone()).collect(),
+            followed_title(&f),
+        ),
+        None => (
+            coverage_rows(&ins.gpu_code, targets),
+            vec![ins.path.clone()],
+            "Coverage:".to_string(),
+        ),
+    }
+}
+
+fn followed_title(f: &Followed) -> String {
+    let names: Vec<String> = f.libraries.iter().map(|l| file_name(&l.path)).collect();
+    format!("Coverage of {}:", crate::text::clean(&and_list(&names)))
+}
+
+/// The rows for a split build's libraries together ([`inspect::split::Followed`]).
 fn followed_rows(f: &Followed, targets: &Targets) -> Vec<CoverageRow> {
     coverage_rows_by(targets, |arch| {
         let each: Vec<(String, Verdict)> = f
@@ -257,7 +283,7 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
     let targets = targets(archs)?;
     // A file with no GPU code of its own is judged by the libraries of its directory that
     // it loads (a split build's bridge), when there are any.
-    let followed = inspect::needed::follow(&ins, &LoaderEnv::from_process());
+    let followed = inspect::split::follow(&ins, &LoaderEnv::from_process());
     let judged = followed.as_ref().filter(|f| f.found());
     let rows = match judged {
         Some(f) => followed_rows(f, &targets),
@@ -359,14 +385,7 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
         print_followed(f);
     }
     match judged {
-        Some(f) => {
-            let names: Vec<String> = f.libraries.iter().map(|l| file_name(&l.path)).collect();
-            print_coverage_titled(
-                &rows,
-                &targets,
-                &format!("Coverage of {}:", crate::text::clean(&and_list(&names))),
-            )
-        }
+        Some(f) => print_coverage_titled(&rows, &targets, &followed_title(f)),
         None => print_coverage(&rows, &targets),
     }
     Ok(())
@@ -427,7 +446,7 @@ pub(super) fn print_coverage(rows: &[CoverageRow], targets: &Targets) {
 }
 
 /// [`print_coverage`] under `title` (which ends with a colon).
-fn print_coverage_titled(rows: &[CoverageRow], targets: &Targets, title: &str) {
+pub(super) fn print_coverage_titled(rows: &[CoverageRow], targets: &Targets, title: &str) {
     match targets {
         Targets::None(why) => outln!("{} not judged — {why}", title),
         _ => {

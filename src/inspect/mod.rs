@@ -7,14 +7,14 @@
 //! loader would bind. All reads go through [`source::Source`], which keeps memory bounded
 //! (windowed scans, released pages) whatever the file size. A file with no GPU code of
 //! its own (a split build's bridge library) has it judged in the libraries of its
-//! directory that it loads ([`needed`]).
+//! directory that it loads ([`split`]).
 
 pub mod elf;
 pub mod fatbin;
 pub mod interpose;
-pub mod needed;
 pub mod selfid;
 pub mod source;
+pub mod split;
 #[doc(hidden)]
 pub(crate) mod zstd_head;
 
