@@ -4,6 +4,7 @@
 use super::common::print_json;
 use crate::arch::{self, Arch, GpuTarget};
 use crate::gpu::{self, Gpu};
+use crate::inspect::split::Followed;
 use crate::inspect::{self, GpuCode, Linkage, NcclDetection, Verdict};
 use crate::libtorch::Libtorch;
 use crate::loader::{self, Answer, LoaderEnv, Which};
@@ -38,13 +39,93 @@ pub(super) struct CoverageRow {
     pub label: String,
     pub arch: Arch,
     pub verdict: Verdict,
+    /// When the verdict is the worst of several libraries' that disagree: each one's.
+    pub per_library: Vec<(String, Verdict)>,
 }
 
 pub(super) fn coverage_rows(code: &GpuCode, targets: &Targets) -> Vec<CoverageRow> {
-    let row = |label: String, arch: Arch| CoverageRow {
-        label,
-        arch,
-        verdict: inspect::coverage(code, arch),
+    coverage_rows_by(targets, |arch| (inspect::coverage(code, arch), Vec::new()))
+}
+
+/// The coverage rows of an inspected library, the files they judge, and the title of
+/// their table: its own GPU code, or, when it holds none, that of the libraries of its
+/// directory it loads ([`inspect::split`]).
+pub(super) fn judged_rows(
+    ins: &inspect::Inspection,
+    targets: &Targets,
+) -> (Vec<CoverageRow>, Vec<PathBuf>, String) {
+    match inspect::split::follow(ins, &LoaderEnv::from_process()).filter(|f| f.found()) {
+        Some(f) => (
+            followed_rows(&f, targets),
+            f.libraries.iter().map(|l| l.path.clone()).collect(),
+            followed_title(&f),
+        ),
+        None => (
+            coverage_rows(&ins.gpu_code, targets),
+            vec![ins.path.clone()],
+            "Coverage:".to_string(),
+        ),
+    }
+}
+
+fn followed_title(f: &Followed) -> String {
+    let names: Vec<String> = f.libraries.iter().map(|l| file_name(&l.path)).collect();
+    format!("Coverage of {}:", crate::text::clean(&and_list(&names)))
+}
+
+/// The rows for a split build's libraries together ([`inspect::split::Followed`]).
+fn followed_rows(f: &Followed, targets: &Targets) -> Vec<CoverageRow> {
+    coverage_rows_by(targets, |arch| {
+        let each: Vec<(String, Verdict)> = f
+            .libraries
+            .iter()
+            .map(|l| (file_name(&l.path), inspect::coverage(&l.gpu_code, arch)))
+            .collect();
+        let disagree = each
+            .windows(2)
+            .any(|w| std::mem::discriminant(&w[0].1) != std::mem::discriminant(&w[1].1));
+        (
+            f.coverage(arch).unwrap_or(Verdict::NotCovered),
+            if disagree { each } else { Vec::new() },
+        )
+    })
+}
+
+/// Whether two files lie in one directory: the same parent as written, or the same
+/// directory by device and inode (a project's `lib` link to a pip torch/lib).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Some(pa), Some(pb)) = (a.parent(), b.parent()) else {
+        return false;
+    };
+    if pa == pb {
+        return true;
+    }
+    match (std::fs::metadata(pa), std::fs::metadata(pb)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map_or_else(
+        || p.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+fn coverage_rows_by(
+    targets: &Targets,
+    judge: impl Fn(Arch) -> (Verdict, Vec<(String, Verdict)>),
+) -> Vec<CoverageRow> {
+    let row = |label: String, arch: Arch| {
+        let (verdict, per_library) = judge(arch);
+        CoverageRow {
+            label,
+            arch,
+            verdict,
+            per_library,
+        }
     };
     match targets {
         Targets::Archs(archs) => archs.iter().map(|&a| row(a.to_string(), a)).collect(),
@@ -129,11 +210,30 @@ pub(super) fn linkage_text(d: &NcclDetection) -> String {
     }
 }
 
-/// The answer in one line.
+/// The answer in one line. NCCL compiled into another file than the one asked about (a
+/// split build's bridge calls the NCCL in libtorch_cuda_cpp.so) names that file.
 pub(super) fn answer_line(w: &Which) -> String {
     match &w.answer {
         Answer::Nccl { detection: d } => {
-            format!("{} (CUDA {}), {}", d.version, d.cuda, linkage_text(d))
+            let asked = w.link_map.objects.iter().find(|o| {
+                matches!(
+                    o.found_by,
+                    loader::FoundBy::Asked | loader::FoundBy::Program
+                )
+            });
+            let linkage = match (&d.linkage, asked) {
+                (Linkage::Static, Some(o)) if o.path != d.file => format!(
+                    "static (compiled into {}, which it loads)",
+                    // By file name when it lies beside the library asked about.
+                    if same_dir(&o.path, &d.file) {
+                        file_name(&d.file)
+                    } else {
+                        d.file.display().to_string()
+                    }
+                ),
+                _ => linkage_text(d),
+            };
+            format!("{} (CUDA {}), {linkage}", d.version, d.cuda)
         }
         Answer::None { reason } => format!("none: {reason}"),
         Answer::Unknown { reason } => format!("unknown: {reason}"),
@@ -181,10 +281,36 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
         None => "none: no NCCL self-id in the file".to_string(),
     };
     let targets = targets(archs)?;
-    let rows = coverage_rows(&ins.gpu_code, &targets);
+    // A file with no GPU code of its own is judged by the libraries of its directory that
+    // it loads (a split build's bridge), when there are any.
+    let followed = inspect::split::follow(&ins, &LoaderEnv::from_process());
+    let judged = followed.as_ref().filter(|f| f.found());
+    let rows = match judged {
+        Some(f) => followed_rows(f, &targets),
+        None => coverage_rows(&ins.gpu_code, &targets),
+    };
     if json_out {
+        let coverage_of: Vec<&Path> = match judged {
+            Some(f) => f.libraries.iter().map(|l| l.path.as_path()).collect(),
+            None => vec![ins.path.as_path()],
+        };
+        let needed_gpu_code = followed.as_ref().map(|f| {
+            json!({
+                "dir": f.dir,
+                "libraries": f.libraries.iter().map(|l| json!({
+                    "path": l.path,
+                    "needed_as": l.needed_as,
+                    "needed_by": l.needed_by,
+                    "gpu_code": l.gpu_code,
+                    "coverage": coverage_json(&coverage_rows(&l.gpu_code, &targets)),
+                })).collect::<Vec<_>>(),
+                "warnings": f.warnings,
+            })
+        });
         print_json(&json!({
             "inspection": ins,
+            "coverage_of": coverage_of,
+            "needed_gpu_code": needed_gpu_code,
             "nccl": match &nccl {
                 Ok(Some(w)) => which_json(w),
                 Err(e) => json!({
@@ -255,15 +381,76 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
     for w in ins.warnings.iter().chain(code.warnings.iter()) {
         row("warning", w.clone());
     }
-    print_coverage(&rows, &targets);
+    if let Some(f) = &followed {
+        print_followed(f);
+    }
+    match judged {
+        Some(f) => print_coverage_titled(&rows, &targets, &followed_title(f)),
+        None => print_coverage(&rows, &targets),
+    }
     Ok(())
 }
 
+/// `a`, `a and b`, `a, b and c`.
+fn and_list(names: &[String]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+/// Where a file without GPU code has it: each library of its directory it loads, with
+/// its code, or that there is none there either.
+fn print_followed(f: &Followed) {
+    let clean = crate::text::clean;
+    if !f.found() {
+        outln!("  gpu code none in this file, nor in the libraries it loads from its directory");
+    } else {
+        outln!("  gpu code none in this file; in the libraries it loads from its directory:");
+        for l in &f.libraries {
+            // Named by file name when it is in the directory of what needs it.
+            let by = if l.needed_by.parent() == l.path.parent() {
+                file_name(&l.needed_by)
+            } else {
+                l.needed_by.display().to_string()
+            };
+            outln!(
+                "    {}  (needed by {})",
+                clean(&file_name(&l.path)),
+                clean(&by)
+            );
+            let c = &l.gpu_code;
+            outln!(
+                "      SASS   {}  ({} cubins)",
+                code_list(&c.sass, false),
+                c.sass_total()
+            );
+            outln!(
+                "      PTX    {}  ({} entries)",
+                code_list(&c.ptx, true),
+                c.ptx_total()
+            );
+            for w in &c.warnings {
+                outln!("      warning {}", clean(w));
+            }
+        }
+    }
+    for w in &f.warnings {
+        outln!("  warning  {}", clean(w));
+    }
+}
+
 pub(super) fn print_coverage(rows: &[CoverageRow], targets: &Targets) {
+    print_coverage_titled(rows, targets, "Coverage:")
+}
+
+/// [`print_coverage`] under `title` (which ends with a colon).
+pub(super) fn print_coverage_titled(rows: &[CoverageRow], targets: &Targets, title: &str) {
     match targets {
-        Targets::None(why) => outln!("Coverage: not judged — {why}"),
+        Targets::None(why) => outln!("{} not judged — {why}", title),
         _ => {
-            outln!("Coverage:");
+            outln!("{title}");
             let width = rows.iter().map(|r| r.label.len()).max().unwrap_or(0);
             for r in rows {
                 // A GPU's row names its arch too; an arch's row is its own name.
@@ -276,6 +463,9 @@ pub(super) fn print_coverage(rows: &[CoverageRow], targets: &Targets) {
                         r.label,
                         verdict_text(&r.verdict)
                     );
+                }
+                for (name, v) in &r.per_library {
+                    outln!("      {}: {}", crate::text::clean(name), verdict_text(v));
                 }
             }
         }

@@ -169,26 +169,27 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             let meta = v.arch_metadata()?;
             let lib = v.libtorch_cuda();
             // Each part answers on its own: a damaged library still shows its metadata.
-            let (nccl, code) = if lib.is_file() {
+            let targets = ins::targets(archs.as_deref())?;
+            let (nccl, code, judged) = if lib.is_file() {
                 match inspect::inspect(&lib) {
                     // One read of the library answers both; only a dynamic NCCL needs more.
-                    Ok(found) => (
-                        Some(ins::nccl_in(&found).map_err(|e| format!("{e:#}"))),
-                        Some(Ok(found.gpu_code)),
-                    ),
+                    Ok(found) => {
+                        let judged = ins::judged_rows(&found, &targets);
+                        (
+                            Some(ins::nccl_in(&found).map_err(|e| format!("{e:#}"))),
+                            Some(Ok(found.gpu_code)),
+                            Some(judged),
+                        )
+                    }
                     Err(e) => {
                         let why = format!("{e:#}");
-                        (Some(Err(why.clone())), Some(Err(why)))
+                        (Some(Err(why.clone())), Some(Err(why)), None)
                     }
                 }
             } else {
-                (None, None)
+                (None, None, None)
             };
-            let targets = ins::targets(archs.as_deref())?;
-            let rows = match &code {
-                Some(Ok(code)) => ins::coverage_rows(code, &targets),
-                _ => Vec::new(),
-            };
+            let (rows, coverage_of, title) = judged.unwrap_or_default();
             if json {
                 print_json(&json!({
                     "variant": v.name,
@@ -211,6 +212,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                         None => json!(null),
                     },
                     "coverage": ins::coverage_json(&rows),
+                    "coverage_of": coverage_of,
                 }));
                 return Ok(());
             }
@@ -243,7 +245,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 None => outln!("  NCCL now: no {}", lib.display()),
             }
             match &code {
-                Some(Ok(_)) => ins::print_coverage(&rows, &targets),
+                Some(Ok(_)) => ins::print_coverage_titled(&rows, &targets, &title),
                 Some(Err(e)) => {
                     outln!(
                         "  gpu code cannot be read: {}",

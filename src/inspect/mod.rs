@@ -5,7 +5,9 @@
 //! lives ([`selfid`]), the fatbin container headers in `.nv_fatbin` ([`fatbin`]), and,
 //! for a library that links NCCL dynamically, [`crate::loader`] finds the file glibc's
 //! loader would bind. All reads go through [`source::Source`], which keeps memory bounded
-//! (windowed scans, released pages) whatever the file size.
+//! (windowed scans, released pages) whatever the file size. A file with no GPU code of
+//! its own (a split build's bridge library) has it judged in the libraries of its
+//! directory that it loads ([`split`]).
 
 pub mod code_refs;
 pub mod elf;
@@ -13,6 +15,7 @@ pub mod fatbin;
 pub mod interpose;
 pub mod selfid;
 pub mod source;
+pub mod split;
 pub mod symver;
 #[doc(hidden)]
 pub(crate) mod zstd_head;

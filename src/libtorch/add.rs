@@ -155,11 +155,30 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
             .collect::<Vec<_>>()
             .join(";")
     };
+    // A split build's bridge (torch ≤ 1.13) holds no GPU code: its archs are those every
+    // library of its directory that it loads has code for (what the package runs on).
+    let (sass, ptx) = match inspect::split::follow(&ins, env).filter(|f| f.found()) {
+        Some(f) => {
+            let every = |pick: fn(&inspect::GpuCode) -> &[inspect::CodeEntry]| {
+                let mut lists = f.libraries.iter().map(|l| caps(pick(&l.gpu_code)));
+                let first = lists.next().unwrap_or_default();
+                let mut keep: Vec<String> = first.split(';').map(str::to_string).collect();
+                for other in lists {
+                    let other: Vec<&str> = other.split(';').collect();
+                    keep.retain(|a| other.contains(&a.as_str()));
+                }
+                keep.retain(|a| !a.is_empty());
+                keep.join(";")
+            };
+            (every(|c| &c.sass), every(|c| &c.ptx))
+        }
+        None => (caps(&ins.gpu_code.sass), caps(&ins.gpu_code.ptx)),
+    };
     let mut out: ArchFile = vec![
         ("torch", torch.unwrap_or_else(|| "unknown".into())),
         ("cuda", cuda.unwrap_or_else(|| "unknown".into())),
-        ("archs", caps(&ins.gpu_code.sass)),
-        ("ptx", caps(&ins.gpu_code.ptx)),
+        ("archs", sass),
+        ("ptx", ptx),
     ];
     match (&nccl, &bundled) {
         (Some(n), _) => {
