@@ -151,6 +151,27 @@ pub fn acquire(
     })
 }
 
+/// Who holds the lock of build `name` now, if anyone: for a listing that must tell a
+/// live build's directories from a killed one's. Opens the lock file only if it is
+/// there (never through a link, never creating it) and tests the lock without keeping
+/// it, so a build that starts meanwhile waits for at most that instant.
+pub fn holder(cache: &Path, builds_dir: &Path, name: &str) -> Option<String> {
+    let path = lock_path(cache, builds_dir, name);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .ok()?;
+    if !file.metadata().ok()?.file_type().is_file() {
+        return None;
+    }
+    match file.try_lock_shared() {
+        Ok(()) => None,
+        Err(TryLockError::WouldBlock) => Some(holder_of(&mut file)),
+        Err(TryLockError::Error(_)) => None,
+    }
+}
+
 /// Polls so an interrupt can end the wait; a blocking `lock()` could not be interrupted.
 fn wait_for(file: &File) -> Result<()> {
     loop {
@@ -207,6 +228,24 @@ mod tests {
         assert!(other.is_ok());
         drop(held);
         assert!(acquire(t.path(), &builds, "v2.27.5-sm61", Wait::No, &|_| {}).is_ok());
+    }
+
+    #[test]
+    fn holder_names_a_live_lock_and_nothing_else() {
+        let t = tempfile::tempdir().unwrap();
+        let builds = t.path().join("builds");
+        std::fs::create_dir_all(&builds).unwrap();
+        assert_eq!(holder(t.path(), &builds, "b"), None, "no lock file yet");
+        let held = acquire(t.path(), &builds, "b", Wait::No, &|_| {}).unwrap();
+        let who = holder(t.path(), &builds, "b").unwrap();
+        assert!(
+            who.contains(&format!("pid {}", std::process::id())),
+            "{who}"
+        );
+        drop(held);
+        assert_eq!(holder(t.path(), &builds, "b"), None);
+        // Testing did not keep it: a build takes it at once.
+        acquire(t.path(), &builds, "b", Wait::No, &|_| {}).unwrap();
     }
 
     #[test]

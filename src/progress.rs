@@ -1,13 +1,19 @@
 //! What a long build shows and keeps: a phase, the elapsed time and, while compiling,
 //! files done out of the total when it can be known — as a live line on a terminal, as
-//! plain lines at most every few seconds elsewhere — and the full output in a log file.
+//! plain lines elsewhere — and the full output in a log file.
+//!
+//! Off a terminal (nohup, CI) the plain lines keep a [`Pace`]: a phase change is printed
+//! at once; other updates at most every [`Pace::gap`], an update that came too soon
+//! printed at the end of its gap (delayed, never dropped); and a silent stretch (one long
+//! compile) gets a heartbeat line every [`Pace::heartbeat`], so a log that stops means
+//! the build stopped.
 
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fmt;
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +49,27 @@ impl fmt::Display for Phase {
     }
 }
 
-/// How often a non-terminal gets a progress line.
-const PLAIN_EVERY: Duration = Duration::from_secs(5);
+/// How plain (non-terminal) progress lines are paced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// The least time between two lines of updates within a phase.
+    pub gap: Duration,
+    /// The most time without a line: a silent stretch gets the current state again.
+    pub heartbeat: Duration,
+}
+
+impl Default for Pace {
+    fn default() -> Pace {
+        Pace {
+            gap: Duration::from_secs(5),
+            heartbeat: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Where plain progress lines go: stderr (cleaned) unless a caller gives its own.
+pub type Sink = Box<dyn Fn(&str) + Send + Sync>;
+
 /// Lines of the log shown when a build fails.
 pub const TAIL_LINES: usize = 40;
 
@@ -54,13 +79,77 @@ struct State {
     total: Option<u64>,
     detail: String,
     last_plain: Option<Instant>,
+    /// An update not yet printed, held back by the gap.
+    pending: bool,
+    stop: bool,
+}
+
+/// What the build's threads and the heartbeat share.
+struct Shared {
+    start: Instant,
+    state: Mutex<State>,
+    /// Wakes the heartbeat: a held-back update, or the end.
+    wake: Condvar,
+    pace: Pace,
+    sink: Sink,
+}
+
+impl Shared {
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn status_line(&self, s: &State) -> String {
+        let secs = self.start.elapsed().as_secs();
+        let mut line = format!("[{:02}:{:02}] {}", secs / 60, secs % 60, s.phase);
+        match (s.done, s.total) {
+            (0, _) => {}
+            (d, Some(t)) => line.push_str(&format!(" {d}/{t}")),
+            (d, None) => line.push_str(&format!(" {d} done")),
+        }
+        if !s.detail.is_empty() {
+            line.push_str(&format!(" {}", s.detail));
+        }
+        line
+    }
+
+    /// Prints the current state as a plain line now.
+    fn emit(&self, s: &mut State) {
+        s.last_plain = Some(Instant::now());
+        s.pending = false;
+        (self.sink)(&self.status_line(s));
+    }
+
+    /// The heartbeat thread: prints a held-back update at the end of its gap, and the
+    /// current state after each heartbeat without a line, until told to stop.
+    fn beat(&self) {
+        let mut s = self.lock_state();
+        while !s.stop {
+            let last = s.last_plain.unwrap_or(self.start);
+            let due = last
+                + if s.pending {
+                    self.pace.gap
+                } else {
+                    self.pace.heartbeat
+                };
+            let now = Instant::now();
+            if now >= due {
+                self.emit(&mut s);
+                continue;
+            }
+            s = self
+                .wake
+                .wait_timeout(s, due - now)
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+    }
 }
 
 pub struct Progress {
     verbosity: Verbosity,
-    start: Instant,
     bar: Option<ProgressBar>,
-    state: Mutex<State>,
+    shared: Arc<Shared>,
+    heartbeat: Option<std::thread::JoinHandle<()>>,
     log_path: PathBuf,
     log: Mutex<File>,
 }
@@ -68,11 +157,36 @@ pub struct Progress {
 impl Progress {
     /// Starts a build's progress, logging to a new file at `log_path`.
     pub fn new(verbosity: Verbosity, log_path: PathBuf) -> std::io::Result<Progress> {
+        let tty = std::io::stderr().is_terminal();
+        let plain = (!tty).then(|| {
+            let sink: Sink = Box::new(|line: &str| crate::eprintln_safe!("{line}"));
+            (Pace::default(), sink)
+        });
+        Progress::with(verbosity, log_path, plain)
+    }
+
+    /// Plain lines only (as off a terminal), paced by `pace`, each handed to `sink`.
+    pub fn plain(
+        verbosity: Verbosity,
+        log_path: PathBuf,
+        pace: Pace,
+        sink: Sink,
+    ) -> std::io::Result<Progress> {
+        Progress::with(verbosity, log_path, Some((pace, sink)))
+    }
+
+    /// `plain`: the pace and sink of plain lines; `None` for the live line of a terminal.
+    fn with(
+        verbosity: Verbosity,
+        log_path: PathBuf,
+        plain: Option<(Pace, Sink)>,
+    ) -> std::io::Result<Progress> {
         if let Some(dir) = log_path.parent() {
             std::fs::create_dir_all(dir)?;
         }
         let log = File::create(&log_path)?;
-        let tty = std::io::stderr().is_terminal();
+        let tty = plain.is_none();
+        let (pace, sink) = plain.unwrap_or_else(|| (Pace::default(), Box::new(|_: &str| {})));
         let bar = (tty && verbosity != Verbosity::Quiet).then(|| {
             let bar = ProgressBar::new_spinner();
             bar.set_style(
@@ -82,17 +196,35 @@ impl Progress {
             bar.enable_steady_tick(Duration::from_millis(200));
             bar
         });
-        Ok(Progress {
-            verbosity,
+        let shared = Arc::new(Shared {
             start: Instant::now(),
-            bar,
             state: Mutex::new(State {
                 phase: Phase::Prepare,
                 done: 0,
                 total: None,
                 detail: String::new(),
                 last_plain: None,
+                pending: false,
+                stop: false,
             }),
+            wake: Condvar::new(),
+            pace,
+            sink,
+        });
+        let heartbeat = (!tty && verbosity != Verbosity::Quiet)
+            .then(|| {
+                let shared = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name("fdl-progress".into())
+                    .spawn(move || shared.beat())
+                    .ok()
+            })
+            .flatten();
+        Ok(Progress {
+            verbosity,
+            bar,
+            shared,
+            heartbeat,
             log_path,
             log: Mutex::new(log),
         })
@@ -113,7 +245,6 @@ impl Progress {
             s.done = 0;
             s.total = None;
             s.detail.clear();
-            s.last_plain = None;
         }
         self.log_line(&format!("==> fdl: phase {phase}"));
         self.render(true);
@@ -155,6 +286,8 @@ impl Progress {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+        self.shared.lock_state().stop = true;
+        self.shared.wake.notify_all();
         if let Ok(mut log) = self.log.lock() {
             let _ = log.flush();
         }
@@ -175,7 +308,7 @@ impl Progress {
     }
 
     fn lock_state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.lock_state()
     }
 
     fn log_line(&self, line: &str) {
@@ -192,27 +325,13 @@ impl Progress {
         }
     }
 
-    fn status_line(&self, s: &State) -> String {
-        let secs = self.start.elapsed().as_secs();
-        let mut line = format!("[{:02}:{:02}] {}", secs / 60, secs % 60, s.phase);
-        match (s.done, s.total) {
-            (0, _) => {}
-            (d, Some(t)) => line.push_str(&format!(" {d}/{t}")),
-            (d, None) => line.push_str(&format!(" {d} done")),
-        }
-        if !s.detail.is_empty() {
-            line.push_str(&format!(" {}", s.detail));
-        }
-        line
-    }
-
     fn render(&self, phase_change: bool) {
         if self.verbosity == Verbosity::Quiet {
             return;
         }
         let mut s = self.lock_state();
         if let Some(bar) = &self.bar {
-            let line = self.status_line(&s);
+            let line = self.shared.status_line(&s);
             // The bar shows its own elapsed time.
             bar.set_message(crate::text::terminal_safe(
                 &line
@@ -221,12 +340,18 @@ impl Progress {
             ));
             return;
         }
-        let due = s.last_plain.is_none_or(|t| t.elapsed() >= PLAIN_EVERY);
+        if s.stop {
+            return;
+        }
+        let due = s
+            .last_plain
+            .is_none_or(|t| t.elapsed() >= self.shared.pace.gap);
         if phase_change || due {
-            s.last_plain = Some(Instant::now());
-            let line = self.status_line(&s);
-            drop(s);
-            crate::eprintln_safe!("{line}");
+            self.shared.emit(&mut s);
+        } else {
+            // Held back, not dropped: the heartbeat prints it when its gap ends.
+            s.pending = true;
+            self.shared.wake.notify_all();
         }
     }
 }
@@ -234,6 +359,9 @@ impl Progress {
 impl Drop for Progress {
     fn drop(&mut self) {
         self.finish();
+        if let Some(beat) = self.heartbeat.take() {
+            let _ = beat.join();
+        }
     }
 }
 
@@ -291,6 +419,68 @@ mod tests {
             Some((Phase::Link, "libnccl.so.2.27.5".into()))
         );
         assert_eq!(nccl_make_event("make[1]: Entering directory"), None);
+    }
+
+    /// Off a terminal (issue 29): a phase is printed at once; updates that come within
+    /// the gap are held back and the last of them printed when it ends (never dropped);
+    /// a silent stretch gets heartbeat lines with phase, count and elapsed time.
+    #[test]
+    fn plain_lines_delay_updates_and_beat_through_silence() {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::<(Instant, String)>::new()));
+        let sink_lines = Arc::clone(&lines);
+        let pace = Pace {
+            gap: Duration::from_millis(300),
+            heartbeat: Duration::from_millis(900),
+        };
+        let p = Progress::plain(
+            Verbosity::Normal,
+            dir.path().join("build.log"),
+            pace,
+            Box::new(move |l: &str| sink_lines.lock().unwrap().push((Instant::now(), l.into()))),
+        )
+        .unwrap();
+        let t0 = Instant::now();
+        p.phase(Phase::Compile);
+        p.set_total(10);
+        p.advance("a.cc");
+        p.advance("b.cc");
+        let got = |n: usize| {
+            lines
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, l)| l.clone())
+                .take(n)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(got(9), ["[00:00] compile"], "updates within the gap wait");
+        std::thread::sleep(Duration::from_millis(600));
+        assert_eq!(
+            got(9),
+            ["[00:00] compile", "[00:00] compile 2/10 b.cc"],
+            "the last update of the gap is printed at its end"
+        );
+        // Silence: heartbeats, each the current state, about one per heartbeat.
+        std::thread::sleep(Duration::from_millis(2200));
+        drop(p);
+        let all = lines.lock().unwrap().clone();
+        let beats: Vec<&(Instant, String)> = all[2..].iter().collect();
+        assert!((2..=3).contains(&beats.len()), "{all:?}");
+        for (at, line) in &beats {
+            assert!(line.ends_with("compile 2/10 b.cc"), "{line}");
+            assert!(*at - t0 >= pace.heartbeat, "{all:?}");
+        }
+        for w in all.windows(2).skip(1) {
+            assert!(
+                w[1].0 - w[0].0 >= pace.heartbeat - Duration::from_millis(50),
+                "{all:?}"
+            );
+        }
+        // Nothing after the end.
+        let n = lines.lock().unwrap().len();
+        std::thread::sleep(Duration::from_millis(1000));
+        assert_eq!(lines.lock().unwrap().len(), n);
     }
 
     #[test]

@@ -51,7 +51,8 @@ fn list_shows_builds_and_flags_partial_and_broken_entries() {
     );
     assert!(text.contains("2.26.2"), "{text}");
     assert!(
-        text.contains(".staging-v2.27.5-sm90-AbC123") && text.contains("partial:"),
+        text.contains("Leftovers of interrupted builds")
+            && text.contains(".staging-v2.27.5-sm90-AbC123"),
         "{text}"
     );
     assert!(
@@ -69,7 +70,8 @@ fn list_shows_builds_and_flags_partial_and_broken_entries() {
         .map(|e| (e["name"].as_str().unwrap(), e["state"].as_str().unwrap()))
         .collect();
     assert!(states.contains(&("handmade", "broken")));
-    assert!(states.contains(&(".staging-v2.27.5-sm90-AbC123", "partial")));
+    assert!(!states.iter().any(|(n, _)| n.starts_with(".staging-")));
+    assert_eq!(v["leftovers"][0]["name"], ".staging-v2.27.5-sm90-AbC123");
     assert_eq!(states.iter().filter(|(_, s)| *s == "build").count(), 3);
     let build = v["entries"]
         .as_array()
@@ -79,6 +81,125 @@ fn list_shows_builds_and_flags_partial_and_broken_entries() {
         .unwrap();
     assert!(build["size_bytes"].as_u64().unwrap() > 0);
     assert_eq!(build["manifest"]["plan"]["backend"], "docker");
+}
+
+/// What a killed build left beside the builds (issue 29): listed apart, with age and
+/// size, as leftovers of an interrupted build; `verify` passes and says how to remove
+/// them; `remove` takes them by name (never a link, never one a live build holds); a
+/// build is never among them.
+#[test]
+fn leftovers_of_a_killed_build_are_listed_apart_pass_verify_and_can_be_removed() {
+    let b = BuildsFixture::new(ProjectFixture::empty());
+    let tree = b.tree("t", (2, 27, 5), &[61]);
+    let name = b.install(&tree, "v2.27.5-1", "6.1").unwrap();
+    let work = format!(".native-work-{name}-AbC123");
+    let staging = format!(".staging-{name}-Xy12Zq");
+    for dir in [&work, &staging] {
+        std::fs::create_dir_all(b.builds().join(dir).join("obj")).unwrap();
+        std::fs::write(b.builds().join(dir).join("obj/a.o"), vec![0u8; 4096]).unwrap();
+    }
+    let smi = fake_nvidia_smi("0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n", 0);
+    let out = b.fdl().args(["nccl", "list"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (table, rest) = text.split_once("Leftovers of interrupted builds").unwrap();
+    assert!(
+        !table.contains(".native-work-") && !table.contains(".staging-"),
+        "{text}"
+    );
+    for dir in [&work, &staging] {
+        let line = rest.lines().find(|l| l.contains(dir.as_str())).unwrap();
+        assert!(
+            line.contains("KiB")
+                && line.contains(" s old")
+                && line.contains(&format!("fdl nccl remove {dir}")),
+            "{line}"
+        );
+    }
+    let v: Value = serde_json::from_slice(
+        &b.fdl()
+            .args(["nccl", "list", "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(v["entries"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["leftovers"][0]["kind"], "native_work", "{v}");
+    assert_eq!(v["leftovers"][0]["build"], name.as_str(), "{v}");
+    assert!(v["leftovers"][0]["size_bytes"].as_u64().unwrap() >= 4096);
+
+    let out = b
+        .fdl()
+        .env("PATH", path_with(smi.path()))
+        .args(["nccl", "verify"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("fdl nccl remove {work}")) && !stderr.contains("failed"),
+        "{stdout}{stderr}"
+    );
+    let v: Value = serde_json::from_slice(
+        &b.fdl()
+            .env("PATH", path_with(smi.path()))
+            .args(["nccl", "verify", "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(v["passed"], true, "{v}");
+    assert_eq!(v["leftovers"].as_array().unwrap().len(), 2, "{v}");
+
+    // Held by a live build: marked so, and `remove` waits for (or, with --no-wait,
+    // refuses) its lock instead of taking its work.
+    let lock_path = fdl::lock::lock_path(&b.cache.path().join("fdl"), &b.builds(), &name);
+    std::fs::create_dir_all(lock_path.parent().unwrap()).unwrap();
+    let held = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .unwrap();
+    held.lock().unwrap();
+    let text = String::from_utf8(b.fdl().args(["nccl", "list"]).output().unwrap().stdout).unwrap();
+    assert!(text.contains("in use by a running build"), "{text}");
+    b.fdl()
+        .args(["nccl", "remove", "--yes", "--no-wait", &work])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("locked by another fdl"));
+    assert!(b.builds().join(&work).is_dir());
+    drop(held);
+
+    // A link named like a leftover is refused, and what it points at is untouched.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("keep"), "x").unwrap();
+    let link = format!(".staging-{name}-LiNk01");
+    std::os::unix::fs::symlink(outside.path(), b.builds().join(&link)).unwrap();
+    b.fdl()
+        .args(["nccl", "remove", "--yes", &work, &link])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("not a directory fdl made"));
+    assert!(outside.path().join("keep").exists() && b.builds().join(&work).is_dir());
+    std::fs::remove_file(b.builds().join(&link)).unwrap();
+
+    b.fdl()
+        .args(["nccl", "remove", "--yes", &work, &staging])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Removed"));
+    let left: Vec<_> = std::fs::read_dir(b.builds())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left, [name], "the build stays, its leftovers are gone");
 }
 
 #[test]

@@ -233,6 +233,9 @@ impl Fixture {
         let torch13 = oracle_input("FDL_TEST_TORCH_LIB_CU13");
         let torch12 = oracle_input("FDL_TEST_TORCH_LIB");
         let cuda_home = oracle_input("FDL_TEST_CUDA_HOME");
+        // The toolkit the native examples build with, in the same cache (the nvcc-only
+        // home above is the one the plan refuses).
+        oracle_input("FDL_TEST_CUDA_HOME_NEWEST");
         // <cache>/unpacked/nvcc-13.0.88/nvidia/cu13
         let oracle_cache = cuda_home.ancestors().nth(4).unwrap().to_path_buf();
         assert!(

@@ -75,6 +75,8 @@ fn every_json_output_matches_its_documented_schema() {
     );
     let tree = f.tree("nccl", (2, 27, 5), &[61, 120]);
     let build = f.install(&tree, "v2.27.5-1", "6.1;12.0").unwrap();
+    // What a killed build of another target left: `list` shows it as a leftover.
+    std::fs::create_dir_all(f.builds().join(".native-work-v2.27.5-sm90-AbC123/obj")).unwrap();
     let smi = fake_nvidia_smi(
         "0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n1, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n",
         0,

@@ -94,6 +94,48 @@ fn real_nvcc_from_the_pypi_wheel() {
     };
     let mm = format!("{}.{}", toolkit.cuda.major, toolkit.cuda.minor);
 
+    // The nvcc wheel alone cannot compile NCCL (no cuda_runtime.h, no libcudart, no
+    // crt/ headers, no cicc): the plan is refused, naming each wheel that provides them.
+    let out = dry_run(&mm, "8.6", &[]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{said}");
+    for needle in [
+        "lacks include/cuda_runtime.h",
+        "`nvidia-cuda-runtime` wheel",
+        "include/crt/host_config.h",
+        "`nvidia-cuda-crt` wheel",
+        "nvvm/bin/cicc",
+        "`nvidia-nvvm` wheel",
+    ] {
+        assert!(said.contains(needle), "{needle}: {said}");
+    }
+
+    // With the other wheels of one CUDA beside it (the newest toolchain of the oracle
+    // cache), the home compiles: the checks below are on it.
+    let home = oracle_input("FDL_TEST_CUDA_HOME_NEWEST");
+    let toolkit = fdl::native::discover(Some(&home), false).toolkit.unwrap();
+    let mm = format!("{}.{}", toolkit.cuda.major, toolkit.cuda.minor);
+    let dry_run = |cuda: &str, archs: &str, extra: &[&str]| {
+        let mut cmd = fdl_in(project.root());
+        cmd.env("XDG_CACHE_HOME", cache.path())
+            .env_remove("CUDA_HOME")
+            .args([
+                "nccl",
+                "build",
+                "--dry-run",
+                "--backend",
+                "native",
+                "--tag",
+                "v2.27.5-1",
+            ])
+            .args(["--cuda", cuda, "--archs", archs, "--cuda-home"])
+            .arg(&home)
+            .arg("--source")
+            .arg(&tree)
+            .args(extra);
+        cmd.output().unwrap()
+    };
+
     // The toolkit's own CUDA: planned, with what nvcc said.
     let out = dry_run(&mm, "8.6", &["--json"]);
     assert!(

@@ -1,6 +1,7 @@
 //! The machine-wide build store end to end, through the CLI: the stand-in NCCL tree
 //! (tests/native_fixture) built by the native backend with the real nvcc 13 of the
-//! oracle wheels (`FDL_TEST_CUDA_HOME`, from `source .ci/fetch-oracles`), which the
+//! oracle wheels (`FDL_TEST_CUDA_HOME_NEWEST`: nvcc with the runtime, crt and nvvm wheels, a
+//! home NCCL's compile takes; from `source .ci/fetch-oracles`), which the
 //! store key asks for its `--version`. Each test has its own cache (XDG_CACHE_HOME,
 //! which holds the store) and projects.
 
@@ -23,7 +24,7 @@ struct Machine {
 
 impl Machine {
     fn new() -> Machine {
-        let cuda_home = oracle_input("FDL_TEST_CUDA_HOME");
+        let cuda_home = oracle_input("FDL_TEST_CUDA_HOME_NEWEST");
         let toolkit = fdl::native::discover(Some(&cuda_home), false)
             .toolkit
             .unwrap_or_else(|| panic!("no toolkit at {}", cuda_home.display()));

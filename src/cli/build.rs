@@ -140,22 +140,32 @@ impl BuildArgs {
 }
 
 pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
-    let quiet_gpus = args.json || args.quiet;
+    // The local GPUs are read while planning, and shown once the plan is made, where they
+    // help: with a dry run, with -v, or before a build that starts; never before an
+    // error that has nothing to do with them.
+    let seen: std::cell::RefCell<Option<Vec<gpu::Gpu>>> = Default::default();
     let infer = |flags: pipeline::CheckedFlags| {
         let sources = Sources {
             project,
             gpus: &|| {
                 let gpus = gpu::query()?;
-                if !quiet_gpus {
-                    crate::eprint_safe!("Local GPUs:\n{}", gpu::table(&gpus));
-                }
+                *seen.borrow_mut() = Some(gpus.clone());
                 Ok(gpus)
             },
             driver: &gpu::driver,
         };
         pipeline::infer(flags, &sources)
     };
-    run_inferred(project, args, &infer)
+    let (quiet, wanted) = (args.json || args.quiet, args.dry_run || args.verbose);
+    let show = |accepted: bool| {
+        if quiet || !(wanted || accepted) {
+            return;
+        }
+        if let Some(gpus) = seen.borrow().as_deref() {
+            crate::eprint_safe!("Local GPUs:\n{}", gpu::table(gpus));
+        }
+    };
+    run_with(project, args, &infer, &show)
 }
 
 /// `fdl nccl build` with what the flags leave open inferred by `infer`: from this host
@@ -165,6 +175,17 @@ pub(super) fn run_inferred(
     args: BuildArgs,
     infer: &dyn Fn(pipeline::CheckedFlags) -> Result<pipeline::Inferred>,
 ) -> Result<()> {
+    run_with(project, args, infer, &|_| {})
+}
+
+/// `shown(accepted)` is called once the plan is made, before it is printed: `accepted`
+/// when a real build is about to start.
+fn run_with(
+    project: &Project,
+    args: BuildArgs,
+    infer: &dyn Fn(pipeline::CheckedFlags) -> Result<pipeline::Inferred>,
+    shown: &dyn Fn(bool),
+) -> Result<()> {
     if args.verbose {
         crate::eprintln_safe!("project root: {}", project.describe());
     }
@@ -172,6 +193,7 @@ pub(super) fn run_inferred(
     // One rule for every dry run: the plan, then every problem, then a status that is 0
     // only when a real run would start.
     if args.dry_run {
+        shown(false);
         if args.json {
             print_json(&json!({
                 "dry_run": true,
@@ -200,13 +222,19 @@ pub(super) fn run_inferred(
         return Ok(());
     }
     if let Some(e) = prepared.refusal() {
+        shown(false);
         return Err(e);
     }
+    shown(true);
     if !args.json && !args.quiet {
-        crate::eprint_safe!(
-            "{}",
+        // The whole plan (its commands, the run script) with -v; else what is built,
+        // where and how, in a few lines (the log's path follows when the build starts).
+        let text = if args.verbose {
             render::plan(&prepared.plan, &prepared.commands, &prepared.store)
-        );
+        } else {
+            render::header(&prepared.plan, &prepared.store)
+        };
+        crate::eprint_safe!("{text}");
     }
     report(&prepared.execute()?, args.json);
     Ok(())

@@ -15,6 +15,15 @@ pub(crate) fn build_name_arg(s: &str) -> std::result::Result<String, String> {
         .map_err(|e| clean(&e.to_string()))
 }
 
+/// A build name, or the name of a directory an interrupted build left beside the builds
+/// (`fdl nccl remove` takes both).
+pub(crate) fn build_or_leftover_arg(s: &str) -> std::result::Result<String, String> {
+    if crate::nccl::store::leftover_of(s).is_some() {
+        return Ok(s.to_string());
+    }
+    build_name_arg(s)
+}
+
 /// The exit status of a command whose answer is "unknown" (or a split NCCL): not an
 /// error of the input, not a "no". Documented in the README.
 pub const EXIT_UNKNOWN: u8 = 3;

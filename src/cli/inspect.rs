@@ -789,7 +789,13 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
         }
         None => entries.iter().collect(),
     };
+    // Directories builds left beside the store are not builds: said, never verified.
+    let leftovers = match build {
+        Some(_) => Vec::new(),
+        None => store.leftovers(&crate::cache::cache_dir()?),
+    };
     if chosen.is_empty() {
+        super::manage::print_leftovers(&leftovers);
         bail!(
             "no NCCL builds in {} to verify. Make one with `fdl nccl build`",
             store.dir.display()
@@ -812,7 +818,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                 };
                 verify::verify(name, &store.path_of(name), &manifest.plan, &against)
             }
-            Entry::Partial { name, what } | Entry::Broken { name, why: what } => {
+            Entry::Broken { name, why: what } => {
                 failed_report(&store, name, format!("not a complete build: {what}"))
             }
             Entry::Unreadable { name, why } => {
@@ -827,7 +833,9 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
         .map(|r| r.build.as_str())
         .collect();
     if json_out {
-        print_json(&json!({ "passed": failed.is_empty(), "reports": reports }));
+        print_json(
+            &json!({ "passed": failed.is_empty(), "reports": reports, "leftovers": leftovers }),
+        );
     } else {
         let width = reports
             .iter()
@@ -876,6 +884,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                 }
             }
         }
+        super::manage::print_leftovers(&leftovers);
     }
     if !failed.is_empty() {
         let e = anyhow::anyhow!("verification failed for {}", failed.join(", "));

@@ -3,7 +3,7 @@
 use super::common::print_json;
 use crate::lock::Wait;
 use crate::nccl::pick::Choice;
-use crate::nccl::store::{BuildName, BuildStore, Entry, Existing};
+use crate::nccl::store::{leftover_of, BuildName, BuildStore, Entry, Existing, Leftover};
 use crate::project::Project;
 use crate::text::{clean, paint, Color};
 use anyhow::{bail, Result};
@@ -14,6 +14,7 @@ use std::path::PathBuf;
 pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
     let store = BuildStore::new(project.nccl_builds_dir());
     let entries = store.list()?;
+    let leftovers = store.leftovers(&crate::cache::cache_dir()?);
     if json_out {
         // Each build with what its library carries, read from it as the text list does.
         let rows: Vec<serde_json::Value> = entries
@@ -33,7 +34,7 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
                 row
             })
             .collect();
-        print_json(&json!({ "builds_dir": store.dir, "entries": rows }));
+        print_json(&json!({ "builds_dir": store.dir, "entries": rows, "leftovers": leftovers }));
         return Ok(());
     }
     if let Some(note) = project.fallback_note() {
@@ -44,6 +45,7 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
             "No NCCL builds in {}. Make one with `fdl nccl build`.",
             store.dir.display()
         );
+        print_leftovers(&leftovers);
         return Ok(());
     }
     // Rows first, then columns as wide as their widest cell.
@@ -92,10 +94,6 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
                 .map(|c| clean(&c))
                 .collect());
             }
-            Entry::Partial { name, what } => notes.push((
-                clean(name),
-                paint(&clean(&format!("partial: {what}")), Color::Yellow),
-            )),
             Entry::Unreadable { name, why } => notes.push((
                 clean(name),
                 paint(
@@ -136,7 +134,48 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
     {
         outln!("* development build (--only-funcs): not a full NCCL");
     }
+    print_leftovers(&leftovers);
     Ok(())
+}
+
+/// The directories builds left beside the store, after its table: never builds, each
+/// with its age, size and what to do about it.
+pub(super) fn print_leftovers(leftovers: &[Leftover]) {
+    if leftovers.is_empty() {
+        return;
+    }
+    outln!();
+    outln!("Leftovers of interrupted builds (not builds):");
+    let width = leftovers
+        .iter()
+        .map(|l| l.name.chars().count())
+        .max()
+        .unwrap_or(0);
+    for l in leftovers {
+        let age = l.age_secs.map_or("age unknown".to_string(), |s| {
+            format!("{} old", age_text(s))
+        });
+        outln!(
+            "  {:<width$}  {}, {}: {}",
+            clean(&l.name),
+            indicatif::HumanBytes(l.size_bytes),
+            age,
+            paint(
+                &clean(&format!("{}; {}", l.what, l.advice())),
+                Color::Yellow
+            )
+        );
+    }
+}
+
+/// `45 s`, `12 min`, `3 h`, `2 days`: how old a leftover is, to the unit that matters.
+fn age_text(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s} s"),
+        s if s < 2 * 3600 => format!("{} min", s / 60),
+        s if s < 2 * 86400 => format!("{} h", s / 3600),
+        s => format!("{} days", s / 86400),
+    }
 }
 
 /// `sm_61,sm_120` (or `compute_…` for PTX); `-` for none.
@@ -155,8 +194,29 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
     let store = BuildStore::new(project.nccl_builds_dir());
     // Check every name before deleting any, so a typo removes nothing.
     let mut parsed = Vec::new();
+    let cache = crate::cache::cache_dir()?;
     for name in names {
-        parsed.push(BuildName::parse(name)?);
+        // A leftover of an interrupted build: only a real directory, only fdl's names.
+        if let Some((build, _)) = leftover_of(name) {
+            let path = store.path_of(name);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => bail!(
+                    "{} is not a directory fdl made (fdl never makes a link or a file there); nothing was removed. Delete it by hand if you are sure",
+                    path.display()
+                ),
+                Err(_) => bail!(
+                    "no leftover named '{name}' in {}; nothing was removed. See `fdl nccl list`",
+                    store.dir.display()
+                ),
+            }
+            parsed.push(Removal::Leftover {
+                build,
+                name: name.clone(),
+            });
+            continue;
+        }
+        parsed.push(Removal::Build(BuildName::parse(name)?));
         match store.existing(name)? {
             Some(Existing::Build(_) | Existing::Unreadable(_)) => {}
             Some(Existing::NotABuild(why)) => bail!(
@@ -181,16 +241,33 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
         return Ok(());
     }
     let wait = if no_wait { Wait::No } else { Wait::Yes };
-    for name in &parsed {
-        // The same lock as a build of this target: never delete one being (re)built.
-        let lock = store.lock(name, &crate::cache::cache_dir()?, wait, &|msg| {
-            crate::eprintln_safe!("{msg}")
-        })?;
-        let dir = store.remove(&lock)?;
-        store.sweep_leftovers(&lock);
-        outln!("Removed {}", dir.display());
+    for removal in &parsed {
+        let build = match removal {
+            Removal::Build(b) | Removal::Leftover { build: b, .. } => b,
+        };
+        // The same lock as a build of this target: never delete one being (re)built, nor
+        // the directories a live build is working in.
+        let lock = store.lock(build, &cache, wait, &|msg| crate::eprintln_safe!("{msg}"))?;
+        match removal {
+            Removal::Build(_) => {
+                let dir = store.remove(&lock)?;
+                store.sweep_leftovers(&lock);
+                outln!("Removed {}", dir.display());
+            }
+            Removal::Leftover { name, .. } => outln!("{}", store.remove_leftover(&lock, name)?),
+        }
     }
     Ok(())
+}
+
+/// One name `fdl nccl remove` was given, checked.
+enum Removal {
+    Build(BuildName),
+    /// A directory an interrupted build of `build` left ([`leftover_of`]).
+    Leftover {
+        build: BuildName,
+        name: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

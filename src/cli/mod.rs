@@ -182,8 +182,8 @@ Without --tag the version is read from the active libtorch; without --archs the 
     /// Remove NCCL builds (asks on a terminal unless --yes)
     #[command(after_help = "Example:\n  fdl nccl remove v2.27.5-sm61-sm120 --yes")]
     Remove {
-        /// Build names as `fdl nccl list` shows them
-        #[arg(required = true, value_parser = build_name_arg)]
+        /// Build names as `fdl nccl list` shows them, or leftovers of interrupted builds
+        #[arg(required = true, value_parser = common::build_or_leftover_arg)]
         builds: Vec<String>,
         /// Do not ask
         #[arg(long, short)]

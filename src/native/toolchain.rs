@@ -64,7 +64,10 @@ pub(crate) fn discover_in(
 ) -> ToolchainReport {
     let mut report = ToolchainReport::default();
     match find_toolkit(env, cuda_home) {
-        Ok(toolkit) => report.toolkit = Some(toolkit),
+        Ok(toolkit) => {
+            report.missing.extend(compile_needs(&toolkit));
+            report.toolkit = Some(toolkit);
+        }
         Err(why) => report.missing.push(why),
     }
     let mut found = |key: &str, result: Result<PathBuf, String>| match result {
@@ -95,6 +98,70 @@ pub(crate) fn discover_in(
         );
     }
     report
+}
+
+/// What NCCL's makefiles (`makefiles/common.mk`) take from the toolkit besides nvcc:
+/// the headers under `CUDA_INC=$(CUDA_HOME)/include` (`cuda.h`, `cuda_runtime.h`, and
+/// the `crt/` headers nvcc itself includes), `-lcudart_static` from `CUDA_LIB` (the
+/// directory fdl passes, [`lib_dir`]), and nvcc's device front end (`nvvm/bin/cicc`).
+/// Each file is looked for; a missing one is named with the package that provides it
+/// (as the `nvidia-cuda-*` wheels split a toolkit), so a home holding only
+/// `nvidia-cuda-nvcc` is refused when planned, not in the compiler tens of seconds in.
+pub(crate) fn compile_needs(toolkit: &Toolkit) -> Vec<String> {
+    let home = &toolkit.cuda_home;
+    let lib = &toolkit.lib_dir;
+    let has = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
+    let has_cudart = has(&lib.join("libcudart_static.a"))
+        || std::fs::read_dir(lib).is_ok_and(|rd| {
+            rd.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("libcudart.so"))
+        });
+    // (what is missing, what provides it)
+    let mut lacks: Vec<(String, &str)> = Vec::new();
+    let runtime = "the CUDA runtime: the `nvidia-cuda-runtime` wheel (`nvidia-cuda-runtime-cu12` for CUDA 12) or the toolkit's cudart package (e.g. `cuda-cudart-dev`)";
+    for header in ["cuda_runtime.h", "cuda.h"] {
+        if !has(&home.join("include").join(header)) {
+            lacks.push((format!("include/{header}"), runtime));
+        }
+    }
+    if !has_cudart {
+        lacks.push((
+            format!(
+                "{}/libcudart_static.a (or libcudart.so)",
+                lib.strip_prefix(home).unwrap_or(lib).display()
+            ),
+            runtime,
+        ));
+    }
+    if !has(&home.join("include/crt/host_config.h")) {
+        lacks.push((
+            "include/crt/host_config.h".into(),
+            "nvcc's own headers: the `nvidia-cuda-crt` wheel (in CUDA 12 they come with `nvidia-cuda-nvcc-cu12`) or the toolkit's `cuda-crt` package",
+        ));
+    }
+    if !has(&home.join("nvvm/bin/cicc")) {
+        lacks.push((
+            "nvvm/bin/cicc".into(),
+            "nvcc's device compiler: the `nvidia-nvvm` wheel (in CUDA 12 it comes with `nvidia-cuda-nvcc-cu12`) or the toolkit's `cuda-nvvm` package",
+        ));
+    }
+    let mut by_provider: Vec<(&str, Vec<String>)> = Vec::new();
+    for (file, provider) in lacks {
+        match by_provider.iter_mut().find(|(p, _)| *p == provider) {
+            Some((_, files)) => files.push(file),
+            None => by_provider.push((provider, vec![file])),
+        }
+    }
+    by_provider
+        .into_iter()
+        .map(|(provider, files)| {
+            format!(
+                "CUDA toolkit at {}: lacks {}, which NCCL's compile needs; install {provider} into the same directory (pip puts every `nvidia-cuda-*` wheel of one CUDA in one), or point --cuda-home at a complete toolkit",
+                home.display(),
+                files.join(", ")
+            )
+        })
+        .collect()
 }
 
 /// `$CXX` when set (as NCCL's makefiles would use it), else the usual names. The one
@@ -348,6 +415,21 @@ mod tests {
     }
 
     fn fake_toolkit(home: &Path, lib: &str) {
+        fake_nvcc_only(home, lib);
+        for file in [
+            "include/cuda_runtime.h",
+            "include/cuda.h",
+            "include/crt/host_config.h",
+            "nvvm/bin/cicc",
+        ] {
+            std::fs::create_dir_all(home.join(file).parent().unwrap()).unwrap();
+            std::fs::write(home.join(file), "").unwrap();
+        }
+        std::fs::write(home.join(lib).join("libcudart.so.12"), "").unwrap();
+    }
+
+    /// A toolkit holding nvcc and nothing else, as the `nvidia-cuda-nvcc` wheel alone.
+    fn fake_nvcc_only(home: &Path, lib: &str) {
         std::fs::create_dir_all(home.join("bin")).unwrap();
         std::fs::create_dir_all(home.join(lib)).unwrap();
         script(
@@ -400,6 +482,42 @@ mod tests {
             .collect();
         assert_eq!(names, ["nvcc", "make", "c++", "python3", "git"]);
         assert!(r.missing[0].contains("--cuda-home"), "{}", r.missing[0]);
+    }
+
+    /// A home with nvcc alone cannot compile NCCL: each missing file is named with the
+    /// package that provides it, one line per package, and the report is incomplete.
+    #[test]
+    fn a_toolkit_without_what_the_compile_needs_is_incomplete_and_says_what_to_install() {
+        let t = tempfile::tempdir().unwrap();
+        let bin = t.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for tool in ["make", "g++", "python3"] {
+            script(&bin, tool, "exit 0");
+        }
+        let home = t.path().join("cu13");
+        fake_nvcc_only(&home, "lib");
+        let env = HostEnv {
+            path: Some(bin.into_os_string()),
+            cuda_home: None,
+            cxx: None,
+        };
+        let r = discover_in(&env, Some(&home), false);
+        assert!(r.toolkit.is_some(), "nvcc itself is found");
+        assert!(!r.is_complete());
+        assert_eq!(r.missing.len(), 3, "{:#?}", r.missing);
+        assert!(
+            r.missing[0].contains("include/cuda_runtime.h, include/cuda.h, lib/libcudart_static.a")
+                && r.missing[0].contains("`nvidia-cuda-runtime`"),
+            "{}",
+            r.missing[0]
+        );
+        assert!(
+            r.missing[1].contains("crt/host_config.h")
+                && r.missing[1].contains("`nvidia-cuda-crt`")
+        );
+        assert!(r.missing[2].contains("nvvm/bin/cicc") && r.missing[2].contains("`nvidia-nvvm`"));
+        fake_toolkit(&home, "lib");
+        assert!(discover_in(&env, Some(&home), false).is_complete());
     }
 
     #[test]

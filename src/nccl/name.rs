@@ -16,7 +16,8 @@ pub const INCOMING_PREFIX: &str = ".incoming-";
 
 /// A build's name: a plain directory name under the builds directory, never a path,
 /// checked once when it comes in (from the user or a plan).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(transparent)]
 pub struct BuildName(String);
 
 /// The longest file name Linux file systems take (NAME_MAX).
@@ -29,6 +30,60 @@ const RANDOM_TAIL: usize = 1 + 6;
 /// bound covers them.
 pub const NATIVE_WORK_PREFIX: &str = ".native-work-";
 pub const DOCKER_WORK_PREFIX: &str = ".docker-work-";
+
+/// What kind of leftover a name beside the builds is: a directory fdl makes for a build
+/// while it runs (named `<prefix><build>-<random>`, or `.incoming-<build>`), left behind
+/// when that run was killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeftoverKind {
+    Staging,
+    Replaced,
+    Removing,
+    NativeWork,
+    DockerWork,
+    Incoming,
+}
+
+impl LeftoverKind {
+    /// What it is and what becomes of it, for the user.
+    pub fn what(self) -> &'static str {
+        match self {
+            LeftoverKind::Staging => "the staging directory of an interrupted build",
+            LeftoverKind::Replaced => "an old build set aside by an interrupted replace; the next build of it puts it back if the new one never arrived",
+            LeftoverKind::Removing => "a build whose removal was interrupted",
+            LeftoverKind::NativeWork => "the work directory of an interrupted native build",
+            LeftoverKind::DockerWork => "the work directory of an interrupted Docker build",
+            LeftoverKind::Incoming => "a copy from `fdl cluster ship` that was not installed; the next ship resumes it",
+        }
+    }
+}
+
+/// The build a leftover's name belongs to, and what kind of leftover it is; `None` for
+/// any name fdl does not make beside a build (only fdl's own prefixes, and only with a
+/// valid build name and tempfile's random tail, which never holds a '-').
+pub fn leftover_of(name: &str) -> Option<(BuildName, LeftoverKind)> {
+    if let Some(rest) = name.strip_prefix(INCOMING_PREFIX) {
+        return BuildName::parse(rest)
+            .ok()
+            .map(|b| (b, LeftoverKind::Incoming));
+    }
+    let kinds = [
+        (STAGING_PREFIX, LeftoverKind::Staging),
+        (REPLACED_PREFIX, LeftoverKind::Replaced),
+        (REMOVING_PREFIX, LeftoverKind::Removing),
+        (NATIVE_WORK_PREFIX, LeftoverKind::NativeWork),
+        (DOCKER_WORK_PREFIX, LeftoverKind::DockerWork),
+    ];
+    let (rest, kind) = kinds
+        .into_iter()
+        .find_map(|(p, k)| name.strip_prefix(p).map(|rest| (rest, k)))?;
+    let (build, random) = rest.rsplit_once('-')?;
+    if random.is_empty() || !random.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    BuildName::parse(build).ok().map(|b| (b, kind))
+}
 
 /// A build's log in the cache is `<name>-<seconds>-<pid>.log`.
 pub const LOG_SUFFIX: &str = ".log";
@@ -97,5 +152,30 @@ impl BuildName {
 impl std::fmt::Display for BuildName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leftover_names_are_only_fdls_own() {
+        let (b, k) = leftover_of(".native-work-v2.27.5-sm61-AbC123").unwrap();
+        assert_eq!((b.as_str(), k), ("v2.27.5-sm61", LeftoverKind::NativeWork));
+        let (b, k) = leftover_of(".staging-v2.27.5-sm90-x1Y2z3").unwrap();
+        assert_eq!((b.as_str(), k), ("v2.27.5-sm90", LeftoverKind::Staging));
+        let (b, k) = leftover_of(".incoming-v2.27.5-sm90").unwrap();
+        assert_eq!((b.as_str(), k), ("v2.27.5-sm90", LeftoverKind::Incoming));
+        for not_ours in [
+            ".staging-x",
+            ".staging--AbC123",
+            ".staging-../x-AbC123",
+            ".cache-v1-AbC123",
+            "v2.27.5-sm61",
+            ".native-work-v2-",
+        ] {
+            assert!(leftover_of(not_ours).is_none(), "{not_ours}");
+        }
     }
 }

@@ -8,7 +8,8 @@
 //! install transaction, [`Staging`] rolls everything back on `Drop` unless committed.
 
 pub use super::name::{
-    BuildName, DOCKER_WORK_PREFIX, INCOMING_PREFIX, LOG_NAME_EXTRA, LOG_SUFFIX, NATIVE_WORK_PREFIX,
+    leftover_of, BuildName, LeftoverKind, DOCKER_WORK_PREFIX, INCOMING_PREFIX, LOG_NAME_EXTRA,
+    LOG_SUFFIX, NATIVE_WORK_PREFIX,
 };
 use super::name::{REMOVING_PREFIX, STAGING_PREFIX};
 use crate::lock::{self, BuildLock};
@@ -16,7 +17,7 @@ use crate::nccl::files::{self, FileEntry};
 use crate::nccl::plan::BuildPlan;
 use crate::nccl::tree::{self, CheckedTree};
 use crate::nccl::verify::Check;
-use crate::txn::{self, Transaction, REPLACED_PREFIX};
+use crate::txn::{self, Transaction};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -36,8 +37,6 @@ pub enum Entry {
         manifest: Box<Manifest>,
         size_bytes: u64,
     },
-    /// A staging or set-aside directory: a build in progress, or left by a killed one.
-    Partial { name: String, what: String },
     /// An fdl build (it has a manifest) whose manifest cannot be read: damaged, or
     /// written by a newer fdl. It can be removed, or replaced with `--force`.
     Unreadable { name: String, why: String },
@@ -49,9 +48,41 @@ impl Entry {
     pub fn name(&self) -> &str {
         match self {
             Entry::Build { name, .. }
-            | Entry::Partial { name, .. }
             | Entry::Unreadable { name, .. }
             | Entry::Broken { name, .. } => name,
+        }
+    }
+}
+
+/// A directory fdl made beside a build while it ran ([`LeftoverKind`]): the build's
+/// work in progress, or what a killed run left. Never a build, so never verified as one.
+#[derive(Debug, Serialize)]
+pub struct Leftover {
+    pub name: String,
+    /// The build it belongs to, whose lock guards it.
+    pub build: BuildName,
+    pub kind: LeftoverKind,
+    pub what: String,
+    pub size_bytes: u64,
+    /// Seconds since it last changed; `None` where the clock or the file system cannot say.
+    pub age_secs: Option<u64>,
+    /// Who holds the build's lock now: a live build owns this directory, which must then
+    /// be left alone. `None`: no run holds it, so it was left by one that was killed.
+    pub held_by: Option<String>,
+}
+
+impl Leftover {
+    /// How to get rid of it, or why not now.
+    pub fn advice(&self) -> String {
+        match &self.held_by {
+            Some(holder) => format!(
+                "in use by a running build ({}): leave it, it goes when that build ends",
+                crate::text::clean(holder)
+            ),
+            None => format!(
+                "left by an interrupted build: remove it with `fdl nccl remove {}`; the next build of {} removes it too",
+                self.name, self.build
+            ),
         }
     }
 }
@@ -188,18 +219,28 @@ impl BuildStore {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
             let path = entry.path();
-            if let Some(what) = partial_kind(&name) {
-                out.push(Entry::Partial {
+            // file_type() describes the entry itself: a symlink is never followed.
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if is_dir && leftover_of(&name).is_some() {
+                // Listed by `leftovers`, never as a build.
+                continue;
+            }
+            if !is_dir {
+                let why = if leftover_of(&name).is_some() {
+                    "named like a directory fdl leaves beside a build, but not a directory (fdl never makes a link or a file there): remove it by hand"
+                } else {
+                    "not a directory"
+                };
+                out.push(Entry::Broken {
                     name,
-                    what: what.to_string(),
+                    why: why.into(),
                 });
                 continue;
             }
-            // file_type() describes the entry itself: a symlink is never followed.
-            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            if name.starts_with('.') {
                 out.push(Entry::Broken {
                     name,
-                    why: "not a directory".into(),
+                    why: "a hidden directory fdl did not make, not a build".into(),
                 });
                 continue;
             }
@@ -215,6 +256,84 @@ impl BuildStore {
         }
         out.sort_by(|a, b| a.name().cmp(b.name()));
         Ok(out)
+    }
+
+    /// The directories fdl made beside its builds that are still there (a live build's,
+    /// or a killed one's: `held_by` tells), sorted by name. Only real directories named
+    /// with fdl's own prefixes; a link so named is a broken entry of [`BuildStore::list`].
+    /// `cache` is where the builds' locks live.
+    pub fn leftovers(&self, cache: &Path) -> Vec<Leftover> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let now = std::time::SystemTime::now();
+        let mut out = Vec::new();
+        for entry in rd.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some((build, kind)) = leftover_of(&name) else {
+                continue;
+            };
+            let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+                continue;
+            };
+            if !meta.is_dir() {
+                continue;
+            }
+            let age_secs = meta
+                .modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .map(|d| d.as_secs());
+            out.push(Leftover {
+                size_bytes: crate::fsread::dir_size(&entry.path()),
+                held_by: lock::holder(cache, &self.dir, build.as_str()),
+                what: kind.what().to_string(),
+                name,
+                build,
+                kind,
+                age_secs,
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Removes the leftover `name` of the locked build (the lock proves no live run owns
+    /// it): only a real directory named with one of fdl's prefixes for that build, never
+    /// through a link. An old build set aside by an interrupted replace is put back when
+    /// the build itself is missing, as the next build would. Returns what was done.
+    pub fn remove_leftover(&self, lock: &BuildLock, name: &str) -> Result<String> {
+        let build = self.locked(lock)?;
+        let Some((owner, kind)) = leftover_of(name) else {
+            bail!(
+                "'{}' is not a directory fdl leaves beside a build",
+                crate::text::clean(name)
+            );
+        };
+        if owner.as_str() != build {
+            bail!("{name} belongs to build {owner}, not {build}");
+        }
+        let path = self.path_of(name);
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => bail!(
+                "{} is not a directory (fdl never makes a link or a file there); nothing was removed. Delete it by hand if you are sure",
+                path.display()
+            ),
+            Err(_) => bail!("{} is gone already", path.display()),
+        }
+        let target = self.path_of(build);
+        if kind == LeftoverKind::Replaced && std::fs::symlink_metadata(&target).is_err() {
+            std::fs::rename(&path, &target)
+                .with_context(|| format!("cannot put {} back", path.display()))?;
+            return Ok(format!(
+                "Restored {} from {name}: the interrupted replace had left no other build there",
+                target.display()
+            ));
+        }
+        std::fs::remove_dir_all(&path)
+            .with_context(|| format!("cannot remove {}", path.display()))?;
+        Ok(format!("Removed {}", path.display()))
     }
 
     /// Removes build `name`: it must be an fdl build (it has a manifest, readable or not:
@@ -247,8 +366,8 @@ impl BuildStore {
         Ok(dir)
     }
 
-    /// Cleans up after killed runs of build `name`: staging and removal directories are
-    /// deleted; an old build set aside by an interrupted replace is renamed back when the
+    /// Cleans up after killed runs of build `name`: staging, removal and both backends'
+    /// work directories are deleted; an old build set aside by an interrupted replace is renamed back when the
     /// target is missing (it is then the only build there is), deleted otherwise. The
     /// lock proves no live run owns them.
     pub fn sweep_leftovers(&self, lock: &BuildLock) -> Vec<String> {
@@ -262,17 +381,12 @@ impl BuildStore {
         let target = self.path_of(name);
         for entry in rd.flatten() {
             let file_name = entry.file_name().to_string_lossy().into_owned();
-            let ours = [STAGING_PREFIX, REPLACED_PREFIX, REMOVING_PREFIX]
-                .into_iter()
-                .any(|p| {
-                    file_name
-                        .strip_prefix(p)
-                        .and_then(|rest| rest.strip_prefix(name))
-                        .and_then(|rest| rest.strip_prefix('-'))
-                        // tempfile's random suffix never holds '-', so this is not a longer name.
-                        .is_some_and(|suffix| !suffix.contains('-'))
-                });
-            if !ours {
+            // tempfile's random suffix never holds '-', so a longer name (`<name>-ptx`)
+            // is another build, under another lock. A ship's copy is resumed, not swept.
+            let ours = leftover_of(&file_name)
+                .is_some_and(|(b, k)| b.as_str() == name && k != LeftoverKind::Incoming);
+            // Never through a link: only the directories fdl made.
+            if !ours || !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
             if let Some(what) = txn::restore_or_remove(&entry.path(), &target) {
@@ -388,25 +502,72 @@ impl Staging {
     }
 }
 
-fn partial_kind(name: &str) -> Option<&'static str> {
-    if name.starts_with(STAGING_PREFIX) {
-        Some("staging: a build in progress, or left by one that was killed")
-    } else if name.starts_with(REPLACED_PREFIX) {
-        Some("an old build set aside by a replace; the next build of it puts it back if the new one never arrived")
-    } else if name.starts_with(REMOVING_PREFIX) {
-        Some("a build being removed")
-    } else if name.starts_with(INCOMING_PREFIX) {
-        Some("a copy from `fdl cluster ship` that has not been installed; the next ship resumes it")
-    } else if name.starts_with('.') {
-        Some("hidden directory, not a build")
-    } else {
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::txn::REPLACED_PREFIX;
+
+    /// What a killed build left (both backends' work directories and its staging) is
+    /// listed apart from the builds, marked held while a live build holds the lock, and
+    /// swept by the next build of that name; another build's are left alone.
+    #[test]
+    fn leftovers_are_listed_apart_and_swept_only_under_their_builds_lock() {
+        let t = tempfile::tempdir().unwrap();
+        let cache = t.path().join("cache");
+        let store = BuildStore::new(t.path().join("builds"));
+        std::fs::create_dir_all(&store.dir).unwrap();
+        let mine = [
+            ".native-work-v1-sm61-AbC123",
+            ".docker-work-v1-sm61-Zz9yX8",
+            ".staging-v1-sm61-QwErTy",
+        ];
+        for n in mine.iter().chain(&[".native-work-v1-sm61-ptx-AbC123"]) {
+            std::fs::create_dir(store.dir.join(n)).unwrap();
+            std::fs::write(store.dir.join(n).join("obj.o"), "12345").unwrap();
+        }
+        std::os::unix::fs::symlink("/", store.dir.join(".staging-v1-sm61-LiNk00")).unwrap();
+        assert!(
+            store
+                .list()
+                .unwrap()
+                .iter()
+                .all(|e| e.name() == ".staging-v1-sm61-LiNk00"),
+            "only the link is an entry (a broken one), no leftover"
+        );
+        let left = store.leftovers(&cache);
+        assert_eq!(left.len(), 4, "{left:?}");
+        assert!(left
+            .iter()
+            .all(|l| l.size_bytes >= 5 && l.age_secs.is_some() && l.held_by.is_none()));
+        let name = BuildName::parse("v1-sm61").unwrap();
+        let lock = store.lock(&name, &cache, lock::Wait::No, &|_| {}).unwrap();
+        let held = store.leftovers(&cache);
+        assert!(held
+            .iter()
+            .filter(|l| l.build == name)
+            .all(|l| l.held_by.is_some()));
+        assert!(held
+            .iter()
+            .any(|l| l.build.as_str() == "v1-sm61-ptx" && l.held_by.is_none()));
+        assert_eq!(store.sweep_leftovers(&lock).len(), 3);
+        let left: Vec<String> = store
+            .leftovers(&cache)
+            .into_iter()
+            .map(|l| l.name)
+            .collect();
+        assert_eq!(left, [".native-work-v1-sm61-ptx-AbC123"]);
+        assert!(std::fs::symlink_metadata(store.dir.join(".staging-v1-sm61-LiNk00")).is_ok());
+        assert!(store
+            .remove_leftover(&lock, ".staging-v1-sm61-LiNk00")
+            .unwrap_err()
+            .to_string()
+            .contains("not a directory"));
+        assert!(store
+            .remove_leftover(&lock, ".native-work-v1-sm61-ptx-AbC123")
+            .unwrap_err()
+            .to_string()
+            .contains("belongs to build v1-sm61-ptx"));
+    }
 
     #[test]
     fn failed_transaction_leaves_nothing() {

@@ -139,6 +139,8 @@ pub fn execute(
     ));
     let progress = Progress::new(opts.verbosity, log_path.clone())
         .with_context(|| format!("cannot create the build log {}", log_path.display()))?;
+    // The last line of the build's header (`render::header`): where its whole output goes.
+    progress.note(&format!("  log        {}", log_path.display()));
     // The store: with the key's lock held from here to the end, a second build of the
     // same key waits, then finds the entry this one makes.
     let mut keyed = match &opts.store {

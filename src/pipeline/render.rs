@@ -54,6 +54,80 @@ fn host_values(v: &[crate::nccl::plan::HostValue]) -> String {
         .join(", ")
 }
 
+/// What a real build shows before it starts (the whole plan is `--dry-run`'s and
+/// `-v`'s): what is built, where, with which backend, CUDA and archs, then its warnings.
+/// The build adds the path of its log when it opens it.
+pub fn header(plan: &BuildPlan, store: &StoreView) -> String {
+    let mut s = format!("Building NCCL {}\n", clean(&plan.name));
+    let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<11}{}\n", clean(&v)));
+    row(
+        "tag",
+        match &plan.nccl_version {
+            Some(v) => format!("{} (NCCL {v})", plan.tag),
+            None => plan.tag.to_string(),
+        },
+    );
+    row("output", plan.output_dir.display().to_string());
+    row("backend", plan.backend.kind().to_string());
+    row("CUDA", plan.cuda.to_string());
+    row("archs", archs_text(&plan.archs));
+    if store.state == "hit" {
+        row(
+            "store",
+            "installed from the build store's entry: nothing is compiled".into(),
+        );
+    }
+    if !plan.warnings.is_empty() {
+        s.push_str(&paint("Warnings:\n", Color::Yellow));
+        for w in &plan.warnings {
+            s.push_str(&format!("  {}\n", clean(w)));
+        }
+    }
+    s
+}
+
+fn archs_text(archs: &[crate::arch::Arch]) -> String {
+    archs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Why the plan's CUDA is the one it is, when neither `--cuda` nor the libtorch named
+/// one: said for this plan's archs, from what its toolkit (its `nvcc --list-gpu-arch`)
+/// or, for Docker, fdl's support table says compiles them.
+fn default_cuda_reason(plan: &BuildPlan) -> String {
+    let default = crate::arch::DEFAULT_CUDA;
+    if plan.cuda_note.is_some() {
+        return format!("fdl's default is {default}");
+    }
+    let compiles = match &plan.backend {
+        BackendPlan::Native(n) => n
+            .toolkit
+            .gpu_archs
+            .as_ref()
+            .map(|offered| plan.archs.iter().all(|a| offered.contains(a))),
+        BackendPlan::Docker(_) => {
+            Some(crate::arch::check_archs_for_cuda(&plan.archs, plan.cuda).is_ok())
+        }
+    };
+    let pascal = plan.archs.iter().any(|a| a.major < 7);
+    let blackwell = plan.archs.iter().any(|a| a.major >= 10);
+    match compiles {
+        Some(true) if pascal && blackwell => format!(
+            "fdl's default: it compiles every arch of this plan ({}), being the oldest CUDA that compiles both Pascal and Blackwell",
+            archs_text(&plan.archs)
+        ),
+        Some(true) => format!(
+            "fdl's default: it compiles every arch of this plan ({})",
+            archs_text(&plan.archs)
+        ),
+        Some(false) => "fdl's default; it cannot compile every arch of this plan: see the problems".to_string(),
+        None => "fdl's default".to_string(),
+    }
+}
+
 pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
     let tag_from = match &plan.tag_origin {
         TagOrigin::Flag => "from --tag".to_string(),
@@ -66,9 +140,7 @@ pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
     let cuda_from = match plan.cuda_origin {
         CudaOrigin::Flag => "from --cuda".to_string(),
         CudaOrigin::Libtorch => "from the libtorch's NCCL self-id".to_string(),
-        CudaOrigin::Default => {
-            "default: oldest CUDA that compiles both Pascal and Blackwell".to_string()
-        }
+        CudaOrigin::Default => default_cuda_reason(plan),
     };
     let archs_from = match &plan.arch_origin {
         ArchOrigin::Flag => "from --archs".to_string(),
@@ -77,12 +149,7 @@ pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
             format!("the union of the workers' GPUs: {}", host_values(hosts))
         }
     };
-    let archs = plan
-        .archs
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let archs = archs_text(&plan.archs);
     let mut s = String::from("NCCL build plan\n");
     // Every value is cleaned: it may quote a path, a library or an engine's answer, and a
     // newline there would forge a row. A value of two lines is two rows.
@@ -134,9 +201,9 @@ pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
     );
     if let BackendPlan::Docker(docker) = &plan.backend {
         row(
-            "toolchain",
+            "image",
             format!(
-                "{}-<digest of the base image's ID, the Dockerfile and its arguments>: built once, then reused",
+                "{}-<digest of the base image's ID, the Dockerfile and its arguments>: the toolchain image, built once, then reused",
                 docker.image
             ),
         );
@@ -305,6 +372,70 @@ mod tests {
     use crate::nccl::plan::{BackendInputs, PlanInputs, Toolkit};
     use crate::nccl::tag::Tag;
     use std::path::PathBuf;
+
+    /// Issue 29: a real build's header is short (what, where, backend, CUDA, archs; no
+    /// commands), and a default CUDA is explained for this plan's archs, not by Pascal
+    /// and Blackwell when it holds neither.
+    #[test]
+    fn a_real_builds_header_is_short_and_the_default_cuda_is_said_for_this_plan() {
+        let built = BuildPlan::new(PlanInputs {
+            tag: Tag::parse("v2.27.5-1").unwrap(),
+            tag_origin: TagOrigin::Flag,
+            cuda_flag: None,
+            cuda_from_libtorch: None,
+            archs: vec![Arch::new(8, 6)],
+            arch_origin: ArchOrigin::Flag,
+            jobs: 2,
+            jobs_reason: "test".into(),
+            builds_dir: PathBuf::from("/p/builds"),
+            backend: BackendInputs::Native {
+                toolkit: Toolkit {
+                    cuda_home: PathBuf::from("/opt/cuda"),
+                    nvcc: PathBuf::from("/opt/cuda/bin/nvcc"),
+                    cuda: "12.8".parse().unwrap(),
+                    gpu_archs: Some(vec![Arch::new(7, 5), Arch::new(8, 6)]),
+                    lib_dir: PathBuf::from("/opt/cuda/lib64"),
+                },
+                tools: Default::default(),
+                source: NativeSource::Clone {
+                    repo: "r".into(),
+                    cache_dir: PathBuf::from("/c"),
+                },
+                allow_cuda_mismatch: false,
+            },
+            backend_reason: "--backend native".into(),
+            ptx: false,
+            only_funcs: None,
+            warnings: Vec::new(),
+        })
+        .unwrap();
+        let store = StoreView {
+            state: "skipped",
+            key: None,
+            inputs: None,
+            why: None,
+        };
+        let head = header(&built, &store);
+        for want in [
+            "Building NCCL v2.27.5-sm86",
+            "output     /p/builds/v2.27.5-sm86",
+            "backend    native",
+            "CUDA       12.8",
+            "archs      sm_86",
+        ] {
+            assert!(head.contains(want), "{want}: {head}");
+        }
+        assert!(
+            head.lines().count() <= 7 && !head.contains("Commands"),
+            "{head}"
+        );
+        let full = plan(&built, &["make …".into()], &store);
+        assert!(
+            full.contains("fdl's default: it compiles every arch of this plan (sm_86)")
+                && !full.contains("Pascal"),
+            "{full}"
+        );
+    }
 
     /// A value from outside (here an engine's version string in the backend's reason, and a
     /// toolkit path) cannot forge a row or reach the terminal as an escape sequence.

@@ -183,11 +183,23 @@ fn write_tree(dir: &Path, version: (u32, u32, u32), gpu_code: &str) {
     .unwrap();
 }
 
-/// A CUDA_HOME at `home` (with `lib_dir`, `lib64` or `lib`) whose `bin/nvcc` reports
+/// A CUDA_HOME at `home` (with `lib_dir`, `lib64` or `lib`, and the headers, cudart and
+/// cicc the plan checks for, empty) whose `bin/nvcc` reports
 /// `release` (e.g. "12.8", "V12.8.93") and lists `archs` (e.g. `[75, 86, 90]`).
 pub fn fake_cuda_home(home: &Path, release: &str, full: &str, archs: &[u32], lib_dir: &str) {
     std::fs::create_dir_all(home.join("bin")).unwrap();
     std::fs::create_dir_all(home.join(lib_dir)).unwrap();
+    // The files the plan checks a compile needs (empty: this nvcc compiles nothing).
+    for file in [
+        "include/cuda_runtime.h",
+        "include/cuda.h",
+        "include/crt/host_config.h",
+        "nvvm/bin/cicc",
+    ] {
+        std::fs::create_dir_all(home.join(file).parent().unwrap()).unwrap();
+        std::fs::write(home.join(file), "").unwrap();
+    }
+    std::fs::write(home.join(lib_dir).join("libcudart_static.a"), "").unwrap();
     let list: String = archs.iter().map(|a| format!("compute_{a}\\n")).collect();
     // Shell builtins only, so it answers under any PATH.
     let script = format!(
