@@ -186,7 +186,14 @@ fn plan_from_flags_when_workers_do_not_answer() {
     );
 
     let args = [
-        "cluster", "plan", "--tag", "v2.27.5-1", "--archs", "8.6;12.0", "--timeout", "10",
+        "cluster",
+        "plan",
+        "--tag",
+        "v2.27.5-1",
+        "--archs",
+        "8.6;12.0",
+        "--timeout",
+        "10",
     ];
     let out = run(&f, &[&args[..], &["--json"]].concat());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
@@ -216,7 +223,9 @@ fn plan_from_flags_when_workers_do_not_answer() {
     // (absent when there are none)
     let problems = plan["problems"].as_array().cloned().unwrap_or_default();
     assert!(
-        problems.iter().all(|p| !p.as_str().unwrap().contains("answer")),
+        problems
+            .iter()
+            .all(|p| !p.as_str().unwrap().contains("answer")),
         "{problems:?}"
     );
     assert_eq!(out.status.success(), problems.is_empty(), "{v}");

@@ -14,8 +14,9 @@ use crate::version::CudaVersion;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// The report's shape; a controller refuses any other (and ships its own fdl).
-pub const REPORT_SCHEMA: u32 = 1;
+/// The report's shape; a controller refuses any other (and ships its own fdl). 2: a GPU's
+/// architecture is `arch` (`"sm_61"`) and `compute_cap` nvidia-smi's `"6.1"`.
+pub const REPORT_SCHEMA: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostReport {
