@@ -31,7 +31,9 @@ fn list_marks_the_active_variant() {
         .args(["libtorch", "list"])
         .assert()
         .success()
-        .stdout("  builds/local\n* precompiled/cu128\n");
+        .stdout(
+            "  VARIANT            TORCH  CUDA  NCCL  LINKAGE\n  builds/local       -      -     -     -  (no .arch: nothing recorded)\n* precompiled/cu128  2.8.0  12.8  -     -\n",
+        );
     let out = fdl_in(p.root())
         .args(["libtorch", "list", "--json"])
         .output()
@@ -40,6 +42,10 @@ fn list_marks_the_active_variant() {
     assert_eq!(v["active"], "precompiled/cu128");
     assert_eq!(v["variants"][1]["active"], true);
     assert_eq!(v["variants"][0]["active"], false);
+    // An .arch written by hand records no fingerprint: its facts are shown, unchecked.
+    assert_eq!(v["variants"][1]["arch"]["torch"], "2.8.0");
+    assert_eq!(v["variants"][1]["record"]["state"], "unchecked");
+    assert_eq!(v["variants"][0]["record"]["state"], "none");
 }
 
 #[test]

@@ -196,6 +196,18 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
         (None, _) => out.push(("nccl", "none".into())),
     }
     out.push(("source", source.display().to_string()));
+    // What was read, as it was: `libtorch list` says when a file changed since.
+    if let Some(f) = crate::libtorch::fingerprint(lib) {
+        out.push(("libtorch_cuda_stat", f));
+    }
+    if let Some(n) = nccl
+        .as_ref()
+        .filter(|n| matches!(n.linkage, Linkage::Dynamic { .. }))
+    {
+        if let Some(f) = crate::libtorch::fingerprint(&n.file) {
+            out.push(("nccl_library_stat", f));
+        }
+    }
     Ok(out)
 }
 
