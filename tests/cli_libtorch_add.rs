@@ -752,3 +752,47 @@ fn list_shows_the_recorded_facts_and_says_when_they_are_stale() {
     let v: serde_json::Value = serde_json::from_str(&list(true)).unwrap();
     assert_eq!(v["variants"][0]["record"]["state"], "current", "{v}");
 }
+
+/// `libtorch add NAME …/torch/lib` names the directory above, in a command that works
+/// when pasted (quoted, here with a space and a quote in the path), and writes nothing.
+#[test]
+fn the_lib_directory_itself_suggests_its_parent_as_a_pasteable_command() {
+    let p = ProjectFixture::empty();
+    let site = tempfile::tempdir().unwrap();
+    let site = site.path().join("it's a site");
+    let torch = pip_torch(&site);
+    let out = fdl_in(p.root())
+        .args(["libtorch", "add", "pip"])
+        .arg(torch.join("lib"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("holds libtorch_cuda.so itself: it is the libtorch's lib/ directory"),
+        "{err}"
+    );
+    assert!(!p.root().join("libtorch").exists());
+    let line = err
+        .lines()
+        .find_map(|l| l.strip_prefix("  fdl libtorch add "))
+        .unwrap_or_else(|| panic!("no command in: {err}"));
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("fdl libtorch add {line}"))
+        .current_dir(p.root())
+        .env(
+            "PATH",
+            path_with(assert_cmd::cargo::cargo_bin("fdl").parent().unwrap()),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{line}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Registered precompiled/pip"));
+    let arch = std::fs::read_to_string(p.root().join("libtorch/precompiled/pip/.arch")).unwrap();
+    assert!(arch.contains("nccl=2.28.9"), "{arch}");
+}

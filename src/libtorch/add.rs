@@ -34,6 +34,16 @@ pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)
         );
     }
     let lib = source.join("lib").join("libtorch_cuda.so");
+    if !lib.is_file() && source.join("libtorch_cuda.so").is_file() {
+        // `…/torch/lib` itself: the variant is its parent, which holds lib/.
+        let parent = source.parent().unwrap_or(&source);
+        bail!(
+            "{} holds libtorch_cuda.so itself: it is the libtorch's lib/ directory, and fdl wants the directory above it. Run:\n  fdl libtorch add {} {}",
+            source.display(),
+            crate::paste::shell(name),
+            crate::paste::shell(&parent.to_string_lossy())
+        );
+    }
     if !lib.is_file() {
         bail!(
             "{} has no lib/libtorch_cuda.so: give an unpacked libtorch archive (the directory holding lib/ and include/) or a pip torch's torch/ directory (site-packages/torch)",
