@@ -414,7 +414,9 @@ fn an_unknown_answer_says_its_reason_once_shortened() {
     assert_eq!(code, Some(3), "{out}{err}");
     let s = screen(&out, &err);
     assert!(
-        out.contains("not all known, and any of it could define them first: libnccl.so.2 cannot be loaded (below)"),
+        out.contains(
+            "not all known, and any of it could define them first: libnccl.so.2 cannot be loaded\n"
+        ),
         "{out}"
     );
     once(&s, "cannot open shared object file");

@@ -168,7 +168,8 @@ pub(super) fn short_reason(w: &Which, reason: &str, failures_below: bool) -> (St
             continue;
         }
         let short = if failures_below {
-            format!("{} cannot be loaded (below)", f.needed)
+            // The `cannot load` lines below say why.
+            format!("{} cannot be loaded", f.needed)
         } else {
             // The needing library by its file name; `--json` has its path.
             let by = f.needed_by.file_name().map(std::path::Path::new);

@@ -95,9 +95,13 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             } else {
                 outln!("Registered {} → {}", v.name, path.display());
                 // The fingerprints are for `libtorch list` (and --json), not for reading.
-                for (k, val) in arch.iter().filter(|(k, _)| !is_fingerprint(k)) {
+                let shown = arch.iter().filter(|(k, _)| !is_fingerprint(k));
+                // One space at least after the longest key (nccl_condition is 14 long).
+                let width = shown.clone().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
+                let width = width.max(13);
+                for (k, val) in shown {
                     let val = if val.is_empty() { "none" } else { val.as_str() };
-                    outln!("  {k:<13}{}", crate::text::clean(val));
+                    outln!("  {k:<width$}{}", crate::text::clean(val));
                 }
                 if first_variant {
                     outln!("Active libtorch: {} (the first variant)", v.name);
