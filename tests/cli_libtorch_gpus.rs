@@ -32,7 +32,7 @@ fn list_marks_the_active_variant() {
         .assert()
         .success()
         .stdout(
-            "  VARIANT            TORCH  CUDA  NCCL  LINKAGE\n  builds/local       -      -     -     -  (no .arch: nothing recorded)\n* precompiled/cu128  2.8.0  12.8  -     -\n",
+            "  VARIANT            TORCH  CUDA  NCCL  LINKAGE\n  builds/local       -      -     -     -        (no .arch: nothing recorded)\n* precompiled/cu128  2.8.0  12.8  -     -\n",
         );
     let out = fdl_in(p.root())
         .args(["libtorch", "list", "--json"])
