@@ -14,12 +14,61 @@ pub const NVIDIA_SMI_ARGS: &[&str] = &[
     "--format=csv,noheader,nounits",
 ];
 
+/// One GPU as nvidia-smi lists it. In JSON (`fdl gpus --json`, a worker's report) its
+/// architecture is `arch` in fdl's vocabulary (`"sm_61"`), and `compute_cap` is
+/// nvidia-smi's field of that name, as nvidia-smi writes it (`"6.1"`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "GpuJson", try_from = "GpuJson")]
 pub struct Gpu {
     pub index: u32,
     pub name: String,
+    /// nvidia-smi's `compute_cap`, as an architecture.
     pub compute_cap: Arch,
     pub memory_mib: u64,
+}
+
+/// [`Gpu`]'s JSON form. Read back (a worker's report), `arch` is the fact and
+/// `compute_cap` must agree with it when present.
+#[derive(Serialize, Deserialize)]
+struct GpuJson {
+    index: u32,
+    name: String,
+    arch: Arch,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    compute_cap: Option<String>,
+    memory_mib: u64,
+}
+
+impl From<Gpu> for GpuJson {
+    fn from(g: Gpu) -> Self {
+        GpuJson {
+            index: g.index,
+            name: g.name,
+            arch: g.compute_cap,
+            compute_cap: Some(g.compute_cap.capability()),
+            memory_mib: g.memory_mib,
+        }
+    }
+}
+
+impl TryFrom<GpuJson> for Gpu {
+    type Error = String;
+    fn try_from(g: GpuJson) -> Result<Self, String> {
+        if let Some(cap) = &g.compute_cap {
+            if *cap != g.arch.capability() {
+                return Err(format!(
+                    "GPU {}: compute_cap {:?} is not its arch {}",
+                    g.index, cap, g.arch
+                ));
+            }
+        }
+        Ok(Gpu {
+            index: g.index,
+            name: g.name,
+            compute_cap: g.arch,
+            memory_mib: g.memory_mib,
+        })
+    }
 }
 
 /// nvidia-smi answers in well under a second; a driver that hangs it must not hang fdl.
@@ -31,8 +80,15 @@ pub enum GpuError {
     Hung(u64),
     #[error("nvidia-smi was not found on PATH, so the local GPUs cannot be read. Install the NVIDIA driver")]
     NoNvidiaSmi,
-    #[error("nvidia-smi failed ({status}): {stderr}. Check the NVIDIA driver")]
+    #[error(
+        "nvidia-smi failed ({status}): {}. Check the NVIDIA driver",
+        sentence(stderr)
+    )]
     Failed { status: String, stderr: String },
+    /// A driver older than R510: its nvidia-smi has no `compute_cap` field, so it cannot
+    /// say which architecture a GPU is. The build commands' way round is `--archs`.
+    #[error("{} does not report the GPUs' compute capability (nvidia-smi has it from driver R510 on), so their architectures are unknown. Update the driver", driver.as_deref().map(|v| format!("NVIDIA driver {}", crate::text::clean(v))).unwrap_or_else(|| "this NVIDIA driver".into()))]
+    NoComputeCap { driver: Option<String> },
     #[error("nvidia-smi lists no GPU")]
     NoGpu,
     #[error("cannot parse nvidia-smi output line {line_no}: '{line}' ({why})")]
@@ -41,6 +97,27 @@ pub enum GpuError {
         line: String,
         why: String,
     },
+}
+
+/// Text quoted inside one of fdl's sentences: one line, without the full stop that
+/// fdl's own sentence ends with (nvidia-smi's messages end with one).
+/// At most [`QUOTED`] characters of it: the answer of a broken tool can be long.
+fn sentence(text: &str) -> String {
+    let one = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let one = one.trim_end_matches('.');
+    if one.chars().count() <= QUOTED {
+        return crate::text::clean(one);
+    }
+    let cut: String = one.chars().take(QUOTED).collect();
+    format!("{}…", crate::text::clean(cut.trim_end()))
+}
+
+const QUOTED: usize = 300;
+
+/// Whether nvidia-smi's answer says it has no `compute_cap` field, as the nvidia-smi of
+/// a driver older than R510 does: `Field "compute_cap" is not a valid field to query.`
+fn lacks_compute_cap(answer: &str) -> bool {
+    answer.contains("\"compute_cap\"") && answer.contains("not a valid field")
 }
 
 /// What a command that takes `--archs` adds to a [`GpuError`]: the way around it.
@@ -66,11 +143,17 @@ fn run_nvidia_smi(args: &[&str]) -> Result<std::process::Output, GpuError> {
 pub fn query() -> Result<Vec<Gpu>, GpuError> {
     let out = run_nvidia_smi(NVIDIA_SMI_ARGS)?;
     if !out.status.success() {
+        // nvidia-smi writes its errors to stdout; stderr is read first in case it moves.
         let text = String::from_utf8_lossy(if out.stderr.is_empty() {
             &out.stdout
         } else {
             &out.stderr
         });
+        if lacks_compute_cap(&text) {
+            return Err(GpuError::NoComputeCap {
+                driver: driver().ok().map(|d| d.version),
+            });
+        }
         return Err(GpuError::Failed {
             status: out.status.to_string(),
             stderr: text.trim().to_string(),
@@ -330,6 +413,49 @@ mod tests {
             parse("0, X, [N/A], 100"),
             Err(GpuError::Unparsable { .. })
         ));
+    }
+
+    /// nvidia-smi's own sentence is quoted inside fdl's without its full stop, on one
+    /// line, bounded; an old driver's refusal of compute_cap is recognised.
+    #[test]
+    fn quoted_failures_end_one_sentence() {
+        let e = GpuError::Failed {
+            status: "exit status: 9".into(),
+            stderr: "NVIDIA-SMI has failed because it couldn't communicate.\n\n".into(),
+        }
+        .to_string();
+        assert!(
+            e.ends_with("couldn't communicate. Check the NVIDIA driver"),
+            "{e}"
+        );
+        let long = GpuError::Failed {
+            status: "x".into(),
+            stderr: "y".repeat(100_000),
+        }
+        .to_string();
+        assert!(long.len() < 400, "{}", long.len());
+        assert!(lacks_compute_cap(
+            "Field \"compute_cap\" is not a valid field to query.\n\n"
+        ));
+        assert!(!lacks_compute_cap(
+            "Field \"clocks.max.sm\" is not a valid field to query."
+        ));
+    }
+
+    /// JSON names the architecture `arch` ("sm_61") and keeps nvidia-smi's `compute_cap`
+    /// as nvidia-smi writes it ("6.1"); a worker's report reads back to the same GPU.
+    #[test]
+    fn json_says_arch_and_nvidia_smis_compute_cap() {
+        let g = parse("0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144")
+            .unwrap()
+            .remove(0);
+        let v = serde_json::to_value(&g).unwrap();
+        assert_eq!(v["arch"], "sm_61");
+        assert_eq!(v["compute_cap"], "6.1");
+        assert_eq!(serde_json::from_value::<Gpu>(v.clone()).unwrap(), g);
+        let mut odd = v;
+        odd["compute_cap"] = "8.6".into();
+        assert!(serde_json::from_value::<Gpu>(odd).is_err());
     }
 
     /// Open world: a capability no table knows yet is a GPU like any other; a name's

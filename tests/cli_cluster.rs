@@ -151,3 +151,92 @@ fn duplicate_keys_are_refused_and_a_bom_is_accepted() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `cluster plan` with every input given by flags plans without workers that do not
+/// answer (here: a port nothing listens on), and its warnings name each silent worker;
+/// without `--archs` it still refuses, naming the flag that would let it plan.
+#[test]
+fn plan_from_flags_when_workers_do_not_answer() {
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let f = BuildsFixture::new(ProjectFixture::empty());
+    std::fs::write(
+        f.project.root().join("fdl.cluster.yml"),
+        format!(
+            "cluster:\n  controller:\n    host: c\n    path: /c\n  workers:\n    - host: 127.0.0.1\n      path: /w\n      ssh:\n        port: {port}\n    - host: localhost\n      path: /w\n      ssh:\n        port: {port}\n"
+        ),
+    )
+    .unwrap();
+    let before = snapshot(f.project.root());
+    let out = run(
+        &f,
+        &["cluster", "plan", "--tag", "v2.27.5-1", "--timeout", "10"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot plan for the cluster while workers do not answer")
+            && err.contains("127.0.0.1: unreachable over SSH")
+            && err.contains("pass --archs to plan without them"),
+        "{err}"
+    );
+
+    let args = [
+        "cluster",
+        "plan",
+        "--tag",
+        "v2.27.5-1",
+        "--archs",
+        "8.6;12.0",
+        "--timeout",
+        "10",
+    ];
+    let out = run(&f, &[&args[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let plan = &v["plan"];
+    assert_eq!(plan["tag"], "v2.27.5-1", "{v}");
+    assert_eq!(plan["archs"], serde_json::json!(["sm_86", "sm_120"]), "{v}");
+    let warnings: Vec<&str> = plan["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert!(
+        warnings[0].starts_with("2 of 2 workers did not answer")
+            && warnings[0].contains("pass --cuda"),
+        "{warnings:?}"
+    );
+    for host in ["127.0.0.1", "localhost"] {
+        let said: Vec<_> = warnings
+            .iter()
+            .filter(|w| w.starts_with(&format!("{host} did not answer: unreachable over SSH")))
+            .collect();
+        assert_eq!(said.len(), 1, "{host}: {warnings:?}");
+    }
+    // The workers' silence is no problem of the plan: it runs when the backend does.
+    // (absent when there are none)
+    let problems = plan["problems"].as_array().cloned().unwrap_or_default();
+    assert!(
+        problems
+            .iter()
+            .all(|p| !p.as_str().unwrap().contains("answer")),
+        "{problems:?}"
+    );
+    assert_eq!(out.status.success(), problems.is_empty(), "{v}");
+    // Text: the plan, the warnings, the dry run's last line.
+    let out = run(&f, &args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("2 of 2 workers did not answer")
+            && text.contains("localhost did not answer: unreachable over SSH")
+            && text.contains("Dry run: nothing was built"),
+        "{text}"
+    );
+    assert_eq!(snapshot(f.project.root()), before);
+}

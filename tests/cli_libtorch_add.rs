@@ -378,9 +378,7 @@ fn a_variant_is_known_by_its_bare_name() {
         .args(["libtorch", "list"])
         .assert()
         .success()
-        .stdout(predicate::str::contains(
-            "precompiled/cu128  (files missing:",
-        ));
+        .stdout(predicate::str::is_match(r"\n  precompiled/cu128 .*  \(files missing: ").unwrap());
     fdl()
         .args(["libtorch", "activate", "cu128"])
         .assert()
@@ -620,4 +618,181 @@ fn a_torch_with_cuda_libraries_missing_here_plans_from_the_conditional_answer() 
             .contains("assuming none of the 5 libraries missing here"),
         "{b}"
     );
+}
+
+/// `libtorch list` shows each variant's torch, CUDA, NCCL and linkage as `libtorch add`
+/// recorded them, and says when the record is stale (the library changed since), with
+/// pasteable commands, rather than inspecting the library again.
+#[test]
+fn list_shows_the_recorded_facts_and_says_when_they_are_stale() {
+    let p = ProjectFixture::empty();
+    let src = tempfile::tempdir().unwrap();
+    archive(&src.path().join("it's here"));
+    let site = tempfile::tempdir().unwrap();
+    let torch = pip_torch(site.path());
+    for (name, path) in [
+        ("cu128", src.path().join("it's here")),
+        ("pip", torch.clone()),
+    ] {
+        fdl_in(p.root())
+            .args(["libtorch", "add", name])
+            .arg(&path)
+            .assert()
+            .success()
+            // The fingerprints are recorded, not shown.
+            .stdout(predicate::str::contains("_stat").not());
+    }
+    let list = |json: bool| {
+        let mut cmd = fdl_in(p.root());
+        cmd.args(["libtorch", "list"]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = list(false);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[0], "  VARIANT            TORCH        CUDA  NCCL    LINKAGE",
+        "{text}"
+    );
+    assert_eq!(
+        lines[1], "* precompiled/cu128  2.8.0+cu128  12.8  2.27.3  static",
+        "{text}"
+    );
+    assert_eq!(
+        lines[2], "  precompiled/pip    2.9.1+cu130  13.0  2.28.9  dynamic",
+        "{text}"
+    );
+    assert_eq!(lines.len(), 3, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&list(true)).unwrap();
+    assert_eq!(v["variants"][1]["arch"]["nccl"], "2.28.9");
+    assert_eq!(v["variants"][1]["record"]["state"], "current");
+    assert!(
+        v["variants"][1]["arch"]["nccl_library_stat"].is_string(),
+        "{v}"
+    );
+
+    // Both libraries change after they were added: each record is stale, its facts still
+    // the recorded ones, and the way to record them again is a line to paste.
+    let lib = src.path().join("it's here/lib/libtorch_cuda.so");
+    let mut bytes = std::fs::read(&lib).unwrap();
+    bytes.extend_from_slice(b"appended");
+    std::fs::write(&lib, bytes).unwrap();
+    std::fs::remove_file(site.path().join("nvidia/nccl/lib/libnccl.so.2")).unwrap();
+    let text = list(false);
+    assert!(
+        text.contains(
+            "* precompiled/cu128  2.8.0+cu128  12.8  2.27.3  static   (stale: see below)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("precompiled/cu128 is stale: ")
+            && text.contains("libtorch_cuda.so changed since it was recorded"),
+        "{text}"
+    );
+    assert!(
+        text.contains("precompiled/pip is stale: ")
+            && text.contains("libnccl.so.2 is gone since it was recorded"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  Its facts as they are now: fdl libtorch info 'precompiled/cu128'"),
+        "{text}"
+    );
+    // The active one cannot be removed, so only the inactive one is offered to redo.
+    let redo = format!(
+        "  Record them again: fdl libtorch remove 'precompiled/pip' --yes && fdl libtorch add 'pip' '{}'",
+        torch.canonicalize().unwrap().display()
+    );
+    assert!(text.contains(&redo), "{text}");
+    assert_eq!(text.matches("Record them again").count(), 1, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&list(true)).unwrap();
+    assert_eq!(v["variants"][0]["record"]["state"], "stale");
+    assert_eq!(v["variants"][0]["arch"]["nccl"], "2.27.3");
+    assert!(v["variants"][1]["record"]["why"]
+        .as_str()
+        .unwrap()
+        .contains("libnccl.so.2"));
+
+    // The pasted line works, with the quote in the path, and the record is current.
+    fdl_in(p.root())
+        .args(["libtorch", "activate", "pip"])
+        .assert()
+        .success();
+    let text = list(false);
+    let redo = text
+        .lines()
+        .find_map(|l| l.strip_prefix("  Record them again: "))
+        .unwrap_or_else(|| panic!("{text}"))
+        .to_string();
+    assert!(redo.contains("'\\''"), "{redo}");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&redo)
+        .current_dir(p.root())
+        .env(
+            "PATH",
+            path_with(assert_cmd::cargo::cargo_bin("fdl").parent().unwrap()),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{redo}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&list(true)).unwrap();
+    assert_eq!(v["variants"][0]["record"]["state"], "current", "{v}");
+}
+
+/// `libtorch add NAME …/torch/lib` names the directory above, in a command that works
+/// when pasted (quoted, here with a space and a quote in the path), and writes nothing.
+#[test]
+fn the_lib_directory_itself_suggests_its_parent_as_a_pasteable_command() {
+    let p = ProjectFixture::empty();
+    let site = tempfile::tempdir().unwrap();
+    let site = site.path().join("it's a site");
+    let torch = pip_torch(&site);
+    let out = fdl_in(p.root())
+        .args(["libtorch", "add", "pip"])
+        .arg(torch.join("lib"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("holds libtorch_cuda.so itself: it is the libtorch's lib/ directory"),
+        "{err}"
+    );
+    assert!(!p.root().join("libtorch").exists());
+    let line = err
+        .lines()
+        .find_map(|l| l.strip_prefix("  fdl libtorch add "))
+        .unwrap_or_else(|| panic!("no command in: {err}"));
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("fdl libtorch add {line}"))
+        .current_dir(p.root())
+        .env(
+            "PATH",
+            path_with(assert_cmd::cargo::cargo_bin("fdl").parent().unwrap()),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{line}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Registered precompiled/pip"));
+    let arch = std::fs::read_to_string(p.root().join("libtorch/precompiled/pip/.arch")).unwrap();
+    assert!(arch.contains("nccl=2.28.9"), "{arch}");
 }

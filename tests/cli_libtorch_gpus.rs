@@ -31,7 +31,9 @@ fn list_marks_the_active_variant() {
         .args(["libtorch", "list"])
         .assert()
         .success()
-        .stdout("  builds/local\n* precompiled/cu128\n");
+        .stdout(
+            "  VARIANT            TORCH  CUDA  NCCL  LINKAGE\n  builds/local       -      -     -     -        (no .arch: nothing recorded)\n* precompiled/cu128  2.8.0  12.8  -     -\n",
+        );
     let out = fdl_in(p.root())
         .args(["libtorch", "list", "--json"])
         .output()
@@ -40,6 +42,10 @@ fn list_marks_the_active_variant() {
     assert_eq!(v["active"], "precompiled/cu128");
     assert_eq!(v["variants"][1]["active"], true);
     assert_eq!(v["variants"][0]["active"], false);
+    // An .arch written by hand records no fingerprint: its facts are shown, unchecked.
+    assert_eq!(v["variants"][1]["arch"]["torch"], "2.8.0");
+    assert_eq!(v["variants"][1]["record"]["state"], "unchecked");
+    assert_eq!(v["variants"][0]["record"]["state"], "none");
 }
 
 #[test]
@@ -149,7 +155,11 @@ fn gpus_prints_the_stand_in_inventory() {
         .output()
         .unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["gpus"][0]["compute_cap"], "sm_61");
+    // fdl's vocabulary names the architecture; nvidia-smi's field keeps its own spelling.
+    assert_eq!(v["gpus"][0]["arch"], "sm_61");
+    assert_eq!(v["gpus"][0]["compute_cap"], "6.1");
+    assert_eq!(v["gpus"][1]["arch"], "sm_120");
+    assert_eq!(v["gpus"][1]["compute_cap"], "12.0");
     assert_eq!(v["gpus"][1]["memory_mib"], 16311);
     assert_eq!(v["archs"], serde_json::json!(["sm_61", "sm_120"]));
 
@@ -161,4 +171,86 @@ fn gpus_prints_the_stand_in_inventory() {
         .assert()
         .success()
         .stdout(predicate::str::contains("lists no GPU"));
+}
+
+/// The nvidia-smi of a driver older than R510, as it answers: the banner of its branch,
+/// and for a query naming `compute_cap` the line it prints on stdout (then an empty
+/// line) with exit status 2.
+fn old_nvidia_smi() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("nvidia-smi");
+    std::fs::write(
+        &script,
+        r#"#!/bin/sh
+if [ $# -eq 0 ]; then
+  cat <<'FDL_EOF'
+Mon Sep 11 10:02:13 2023
++-----------------------------------------------------------------------------+
+| NVIDIA-SMI 470.182.03   Driver Version: 470.182.03   CUDA Version: 11.4     |
+|-------------------------------+----------------------+----------------------+
+FDL_EOF
+  exit 0
+fi
+case "$*" in
+  *compute_cap*) printf 'Field "compute_cap" is not a valid field to query.\n\n'; exit 2 ;;
+esac
+echo "unexpected arguments: $*"; exit 2
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// An old driver: `fdl gpus` says the driver does not report compute capability and
+/// that --archs is the way round it, with no doubled period and not nvidia-smi's raw
+/// words; a build names --archs too.
+#[test]
+fn an_old_driver_without_compute_cap_is_named_with_the_way_round() {
+    let smi = old_nvidia_smi();
+    let out = fdl()
+        .env("PATH", path_with(smi.path()))
+        .arg("gpus")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("NVIDIA driver 470.182.03 does not report the GPUs' compute capability")
+            && err.contains("from driver R510 on")
+            && err.contains("--archs \"6.1;12.0\" on the commands that take it"),
+        "{err}"
+    );
+    assert!(!err.contains(".."), "{err}");
+    assert!(!err.contains("not a valid field"), "{err}");
+    let out = fdl()
+        .env("PATH", path_with(smi.path()))
+        .args(["gpus", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("does not report the GPUs' compute capability"),
+        "{v}"
+    );
+
+    let p = ProjectFixture::empty();
+    let out = fdl_in(p.root())
+        .env("PATH", path_with(smi.path()))
+        .args(["nccl", "build", "--tag", "v2.27.5-1", "--dry-run"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not report the GPUs' compute capability")
+            && err.contains("name the architectures yourself with --archs"),
+        "{err}"
+    );
+    assert!(!err.contains(".."), "{err}");
 }

@@ -217,7 +217,8 @@ fn status_reports_the_patch_level_skew_and_the_uncovered_gpu() {
         assert_eq!(w["shipped_fdl"], true, "{w}");
     }
     let report = |i: usize| &workers[i]["report"];
-    assert_eq!(report(0)["gpus"]["known"][0]["compute_cap"], "sm_61");
+    assert_eq!(report(0)["gpus"]["known"][0]["arch"], "sm_61");
+    assert_eq!(report(0)["gpus"]["known"][0]["compute_cap"], "6.1");
     assert_eq!(report(2)["gpus"]["known"].as_array().unwrap().len(), 2);
     assert_eq!(report(0)["driver"]["known"]["version"], "570.133.07");
     assert_eq!(report(0)["effective"]["known"]["version"], "2.27.5");

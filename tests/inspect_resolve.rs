@@ -344,3 +344,137 @@ fn wrong_class_candidates_are_skipped_and_non_elf_ones_stop_the_search() {
         w.answer
     );
 }
+
+/// `cc`'s `-shared -fPIC` of `source` into `out` with `extra` flags after the source.
+fn shared(out: &Path, source: &str, extra: &[&str]) {
+    let c = out.with_extension("c");
+    std::fs::write(&c, source).unwrap();
+    let mut args = vec![
+        "-shared",
+        "-fPIC",
+        "-o",
+        out.to_str().unwrap(),
+        c.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    cc(&args);
+    std::fs::remove_file(&c).unwrap();
+}
+
+/// `fdl ARGS`, with no preload or library path of the test's environment unless `ld`.
+fn fdl_out(args: &[&str], ld: Option<&Path>) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fdl"));
+    cmd.args(args).env_remove("LD_PRELOAD").env("NO_COLOR", "1");
+    match ld {
+        Some(d) => cmd.env("LD_LIBRARY_PATH", d),
+        None => cmd.env_remove("LD_LIBRARY_PATH"),
+    };
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An unknown answer says its reason once on a screen, shortened: the missing library's
+/// error once (in the lines that list what cannot be loaded), never again on stderr,
+/// and 32 function names as two and a count; `--json` has the whole reason.
+#[test]
+fn an_unknown_answer_says_its_reason_once_shortened() {
+    let root = tempfile::tempdir().unwrap();
+    let names: Vec<String> = (1..=32).map(|i| format!("ncclFunc{i}")).collect();
+    let nccl = root.path().join("libnccl.so.2");
+    shared(
+        &nccl,
+        &names
+            .iter()
+            .map(|n| format!("int {n}(void) {{ return 0; }}\n"))
+            .collect::<String>(),
+        &["-Wl,-soname,libnccl.so.2"],
+    );
+    let lib = root.path().join("lib/libtorch_cuda.so");
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    let link = format!("-L{}", root.path().display());
+    shared(
+        &lib,
+        &format!(
+            "{}int use(void) {{ return 0{}; }}\n",
+            names
+                .iter()
+                .map(|n| format!("int {n}(void);\n"))
+                .collect::<String>(),
+            names
+                .iter()
+                .map(|n| format!(" + {n}()"))
+                .collect::<String>()
+        ),
+        &[&link, "-l:libnccl.so.2"],
+    );
+    std::fs::remove_file(&nccl).unwrap();
+    let lib = lib.to_str().unwrap();
+    let screen = |o: &str, e: &str| format!("{o}{e}");
+    let once = |text: &str, what: &str| {
+        assert_eq!(text.matches(what).count(), 1, "{what:?}:\n{text}");
+    };
+
+    // The library is missing: named in the answer, its error said once, below.
+    let (code, out, err) = fdl_out(&["nccl", "detect", lib], None);
+    assert_eq!(code, Some(3), "{out}{err}");
+    let s = screen(&out, &err);
+    assert!(
+        out.contains(
+            "not all known, and any of it could define them first: libnccl.so.2 cannot be loaded\n"
+        ),
+        "{out}"
+    );
+    once(&s, "cannot open shared object file");
+    once(&s, "not all known");
+    assert_eq!(
+        err.trim_end(),
+        "unknown: fdl cannot say which NCCL the process runs (exit status 3); the reason is above"
+    );
+    let (_, out, err) = fdl_out(&["inspect", lib], None);
+    once(&screen(&out, &err), "cannot open shared object file");
+    assert!(
+        out.contains("libnccl.so.2 (needed by libtorch_cuda.so) cannot be loaded"),
+        "{out}"
+    );
+
+    // Something that defines none of the 32: two names and a count, once; --json has
+    // every name.
+    let empty = root.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    shared(
+        &empty.join("libnccl.so.2"),
+        "int other(void) { return 0; }\n",
+        &["-Wl,-soname,libnccl.so.2"],
+    );
+    let (code, out, err) = fdl_out(&["nccl", "detect", lib], Some(&empty));
+    assert_eq!(code, Some(3), "{out}{err}");
+    let s = screen(&out, &err);
+    assert!(
+        out.contains("nothing loaded at start defines ncclFunc1, ncclFunc10 and 30 more: the call fails when made"),
+        "{out}"
+    );
+    once(&s, "nothing loaded at start defines");
+    assert!(!s.contains("ncclFunc9"), "{s}");
+    assert!(out.contains("`--json` has it whole"), "{out}");
+    assert!(s.lines().all(|l| l.chars().count() < 300), "{s}");
+    let (_, out, err) = fdl_out(&["nccl", "detect", lib, "--json"], Some(&empty));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        names.iter().all(|n| reason.contains(n.as_str())),
+        "{reason}"
+    );
+    assert!(
+        err.contains("ncclFunc10 and 30 more") && !err.contains("ncclFunc9"),
+        "{err}"
+    );
+    let (_, out, err) = fdl_out(&["inspect", lib], Some(&empty));
+    let s = screen(&out, &err);
+    once(&s, "nothing loaded at start defines");
+    assert!(!s.contains("ncclFunc9"), "{s}");
+    assert!(out.contains("`--json` has the whole reason"), "{out}");
+}

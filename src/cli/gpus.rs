@@ -2,7 +2,7 @@
 
 use super::common::print_json;
 use crate::gpu;
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use serde_json::json;
 
 pub(super) fn run(json_out: bool) -> Result<()> {
@@ -17,6 +17,14 @@ pub(super) fn run(json_out: bool) -> Result<()> {
                 outln!("No NVIDIA GPU here: {e}");
             }
             return Ok(());
+        }
+        // An old driver: the GPUs are there, their architectures unknown. The build
+        // commands have a way round it, which this command can only name.
+        Err(e @ gpu::GpuError::NoComputeCap { .. }) => {
+            return Err(anyhow!(
+                "{e}.\nUntil then, {} on the commands that take it (`fdl nccl build`, `fdl cluster plan`, `fdl inspect`)",
+                gpu::ARCHS_HINT
+            ))
         }
         Err(e) => return Err(e.into()),
     };

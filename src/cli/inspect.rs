@@ -210,8 +210,9 @@ pub(super) fn linkage_text(d: &NcclDetection) -> String {
     }
 }
 
-/// The answer in one line. NCCL compiled into another file than the one asked about (a
-/// split build's bridge calls the NCCL in libtorch_cuda_cpp.so) names that file.
+/// The answer in one line, its reason shortened ([`short_reason`]). NCCL compiled into
+/// another file than the one asked about (a split build's bridge calls the NCCL in
+/// libtorch_cuda_cpp.so) names that file.
 pub(super) fn answer_line(w: &Which) -> String {
     match &w.answer {
         Answer::Nccl { detection: d } => {
@@ -236,9 +237,119 @@ pub(super) fn answer_line(w: &Which) -> String {
             format!("{} (CUDA {}), {linkage}", d.version, d.cuda)
         }
         Answer::None { reason } => format!("none: {reason}"),
-        Answer::Unknown { reason } => format!("unknown: {reason}"),
-        Answer::Split { reason } => format!("TWO NCCLs: {reason}"),
+        Answer::Unknown { reason } => format!("unknown: {}", short_with_pointer(w, reason)),
+        Answer::Split { reason } => format!("TWO NCCLs: {}", short_with_pointer(w, reason)),
     }
+}
+
+/// [`short_reason`] on one line, saying where the whole reason is when it was shortened.
+fn short_with_pointer(w: &Which, reason: &str) -> String {
+    match short_reason(w, reason, false) {
+        (text, true) => format!("{text} (shortened: `--json` has the whole reason)"),
+        (text, false) => text,
+    }
+}
+
+/// A reason as text output says it, once: a library that cannot be loaded is named by
+/// its DT_NEEDED name when `failures_below` (the lines below say why), a list of more
+/// than [`LISTED`] function names keeps its first two and counts the rest, and each
+/// clause is at most [`CLAUSE`] characters. The second value says whether anything was
+/// left out: then the text points to `--json`, which has the reason whole.
+pub(super) fn short_reason(w: &Which, reason: &str, failures_below: bool) -> (String, bool) {
+    let mut text = reason.to_string();
+    let mut cut = false;
+    for f in &w.link_map.failures {
+        let sentence = format!(
+            "{} (needed by {}) cannot be loaded: {}",
+            f.needed,
+            f.needed_by.display(),
+            f.reason
+        );
+        if !text.contains(&sentence) {
+            continue;
+        }
+        let short = if failures_below {
+            // The `cannot load` lines below say why.
+            format!("{} cannot be loaded", f.needed)
+        } else {
+            // The needing library by its file name; `--json` has its path.
+            let by = f.needed_by.file_name().map(std::path::Path::new);
+            let by = by.unwrap_or(&f.needed_by);
+            cut |= by != f.needed_by;
+            format!(
+                "{} (needed by {}) cannot be loaded: {}",
+                f.needed,
+                by.display(),
+                f.reason
+            )
+        };
+        text = text.replace(&sentence, &short);
+    }
+    let clauses: Vec<String> = text
+        .split("; ")
+        .map(|clause| {
+            let (c, listed) = collapse_lists(clause);
+            cut |= listed;
+            if c.chars().count() <= CLAUSE {
+                return c;
+            }
+            cut = true;
+            let head: String = c.chars().take(CLAUSE).collect();
+            format!("{}…", head.trim_end())
+        })
+        .collect();
+    (clauses.join("; "), cut)
+}
+
+/// At most this many names of a list are shown by [`short_reason`].
+const LISTED: usize = 3;
+/// At most this many characters of one clause of a reason are shown by [`short_reason`].
+const CLAUSE: usize = 240;
+
+/// `a, b, c, d, e` (names: letters, digits, `_`) → `a, b and 3 more`.
+fn collapse_lists(clause: &str) -> (String, bool) {
+    let is_name = |t: &str| {
+        !t.is_empty()
+            && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && t.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+    };
+    let parts: Vec<&str> = clause.split(", ").collect();
+    let mut out: Vec<String> = Vec::new();
+    let mut changed = false;
+    let mut i = 0;
+    while i < parts.len() {
+        // A run of names: the first may follow other words ("defines ncclA"), the last
+        // may be followed by some ("ncclZ: the call fails").
+        let first = parts[i].rsplit(' ').next().unwrap_or("");
+        let mut j = i + 1;
+        while j < parts.len() && is_name(parts[j]) {
+            j += 1;
+        }
+        let tail_ok = j < parts.len() && is_name(parts[j].split([' ', ':']).next().unwrap_or(""));
+        let run = j - i + usize::from(tail_ok);
+        if is_name(first) && run > LISTED {
+            let last = if tail_ok { j } else { j - 1 };
+            let rest = if tail_ok {
+                let p = parts[j];
+                let name_len = p.find([' ', ':']).unwrap_or(p.len());
+                &p[name_len..]
+            } else {
+                ""
+            };
+            out.push(format!(
+                "{}, {} and {} more{rest}",
+                parts[i],
+                parts[i + 1],
+                last - i - 1
+            ));
+            changed = true;
+            i = last + 1;
+        } else {
+            out.push(parts[i].to_string());
+            i += 1;
+        }
+    }
+    (out.join(", "), changed)
 }
 
 /// The answer as JSON: `answer`, `reason`, the `nccl` object scripts read (`found`,
@@ -547,8 +658,8 @@ pub(super) fn detect_cmd(
     }
     match &w.answer {
         Answer::Nccl { .. } | Answer::None { .. } => Ok(()),
-        Answer::Unknown { reason } | Answer::Split { reason } => {
-            Err(super::common::Undecided(reason.clone()).into())
+        Answer::Unknown { .. } | Answer::Split { .. } => {
+            Err(super::common::Undecided(undecided_line(&w, json_out)).into())
         }
     }
 }
@@ -674,10 +785,14 @@ fn print_which(lib: &Path, w: &Which) {
             "{} which NCCL a process that loads {} runs: {}",
             paint("Unknown", Color::Yellow),
             clean(&lib.display().to_string()),
-            clean(reason)
+            clean(&short_reason(w, reason, true).0)
         ),
         Answer::Split { reason } => {
-            outln!("{} {}", paint("Two NCCLs:", Color::Red), clean(reason))
+            outln!(
+                "{} {}",
+                paint("Two NCCLs:", Color::Red),
+                clean(&short_reason(w, reason, true).0)
+            )
         }
     }
     if !w.calls.is_empty() {
@@ -771,6 +886,25 @@ fn print_which(lib: &Path, w: &Which) {
             .filter(|o| !o.is_stand_in())
             .count()
     );
+    if let Some(reason) = w.answer.reason() {
+        if short_reason(w, reason, true).1 {
+            outln!("  (the reason is shortened here; `--json` has it whole, every function named)");
+        }
+    }
+}
+
+/// The stderr line of an unknown or split answer (after `unknown:`): the text answer
+/// above already gave the reason, so it is not said again; with `--json` (nothing on
+/// the terminal but the object) it is said once, shortened.
+pub(super) fn undecided_line(w: &Which, json_out: bool) -> String {
+    let what = match &w.answer {
+        Answer::Split { .. } => "the process would run two NCCLs",
+        _ => "fdl cannot say which NCCL the process runs",
+    };
+    match w.answer.reason() {
+        Some(reason) if json_out => format!("{what}: {}", short_reason(w, reason, false).0),
+        _ => format!("{what} (exit status 3); the reason is above"),
+    }
 }
 
 pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool) -> Result<()> {

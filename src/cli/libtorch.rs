@@ -11,7 +11,8 @@ use serde_json::json;
 
 #[derive(Debug, Subcommand)]
 pub enum LibtorchCommand {
-    /// List the variants; the active one is marked
+    /// List the variants with the torch, CUDA and NCCL recorded when each was added (and
+    /// whether that record is stale); the active one is marked
     #[command(after_help = "Example:\n  fdl libtorch list")]
     List {
         /// Print one JSON object
@@ -77,39 +78,7 @@ impl LibtorchCommand {
 pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
     let lt = Libtorch::new(project.libtorch_dir());
     match cmd {
-        LibtorchCommand::List { json } => {
-            let active = lt.active_name()?;
-            let variants = lt.variants()?;
-            if json {
-                let rows: Vec<_> = variants
-                    .iter()
-                    .map(|v| json!({"name": v.name, "dir": v.dir, "active": Some(&v.name) == active.as_ref(), "missing": v.missing()}))
-                    .collect();
-                print_json(&json!({ "libtorch_dir": lt.dir, "active": active, "variants": rows }));
-            } else if variants.is_empty() {
-                outln!(
-                    "No libtorch variants under {} (expected precompiled/<name> or builds/<name>).\nRegister one with `fdl libtorch add NAME PATH` (an unpacked libtorch, or a pip torch's torch/ directory).",
-                    lt.dir.display()
-                );
-            } else {
-                for v in &variants {
-                    let mark = if Some(&v.name) == active.as_ref() {
-                        "*"
-                    } else {
-                        " "
-                    };
-                    match v.missing() {
-                        None => outln!("{mark} {}", crate::text::clean(&v.name)),
-                        Some(why) => outln!(
-                            "{mark} {}  (files missing: {})",
-                            crate::text::clean(&v.name),
-                            crate::text::clean(&why.to_string())
-                        ),
-                    }
-                }
-            }
-            Ok(())
-        }
+        LibtorchCommand::List { json } => list(&lt, json),
         LibtorchCommand::Add { name, path, json } => {
             let (v, arch) = crate::libtorch::add::add(&lt, &name, &path)?;
             // The first variant of a project is the one it uses.
@@ -125,9 +94,14 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 print_json(&json!({ "variant": v.name, "dir": v.dir, "arch": arch }));
             } else {
                 outln!("Registered {} → {}", v.name, path.display());
-                for (k, val) in &arch {
+                // The fingerprints are for `libtorch list` (and --json), not for reading.
+                let shown = arch.iter().filter(|(k, _)| !is_fingerprint(k));
+                // One space at least after the longest key (nccl_condition is 14 long).
+                let width = shown.clone().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
+                let width = width.max(13);
+                for (k, val) in shown {
                     let val = if val.is_empty() { "none" } else { val.as_str() };
-                    outln!("  {k:<13}{val}");
+                    outln!("  {k:<width$}{}", crate::text::clean(val));
                 }
                 if first_variant {
                     outln!("Active libtorch: {} (the first variant)", v.name);
@@ -222,9 +196,16 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 crate::text::clean(&v.dir.display().to_string())
             );
             if !meta.is_empty() {
-                outln!("  recorded in .arch when it was added:");
-                let width = meta.keys().map(String::len).max().unwrap_or(0);
-                for (k, val) in &meta {
+                match v.record(&meta) {
+                    crate::libtorch::Record::Stale { why } => outln!(
+                        "  recorded in .arch when it was added (stale: {}):",
+                        crate::text::clean(&why)
+                    ),
+                    _ => outln!("  recorded in .arch when it was added:"),
+                }
+                let shown = meta.iter().filter(|(k, _)| !is_fingerprint(k));
+                let width = shown.clone().map(|(k, _)| k.len()).max().unwrap_or(0);
+                for (k, val) in shown {
                     let val = if val.is_empty() { "none" } else { val.as_str() };
                     // .arch is a file in the project: its text is shown escaped.
                     let (k, val) = (crate::text::clean(k), crate::text::clean(val));
@@ -257,4 +238,145 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `fdl libtorch list`: each variant with what its `.arch` records, read as recorded
+/// (never by inspecting the libraries again), and whether the record is stale.
+fn list(lt: &Libtorch, json: bool) -> Result<()> {
+    use crate::libtorch::Record;
+    use crate::text::clean;
+    let active = lt.active_name()?;
+    let variants = lt.variants()?;
+    // A variant whose .arch cannot be read is listed with the reason, not dropped.
+    let rows: Vec<_> = variants
+        .iter()
+        .map(|v| {
+            let meta = v.arch_metadata().map_err(|e| format!("{e:#}"));
+            let record = match &meta {
+                Ok(m) => v.record(m),
+                Err(why) => Record::Stale {
+                    why: format!("its .arch cannot be read: {why}"),
+                },
+            };
+            (v, meta.unwrap_or_default(), record)
+        })
+        .collect();
+    if json {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|(v, meta, record)| {
+                json!({
+                    "name": v.name,
+                    "dir": v.dir,
+                    "active": Some(&v.name) == active.as_ref(),
+                    "missing": v.missing(),
+                    "arch": meta,
+                    "record": record,
+                })
+            })
+            .collect();
+        print_json(&json!({ "libtorch_dir": lt.dir, "active": active, "variants": rows }));
+        return Ok(());
+    }
+    if variants.is_empty() {
+        outln!(
+            "No libtorch variants under {} (expected precompiled/<name> or builds/<name>).\nRegister one with `fdl libtorch add NAME PATH` (an unpacked libtorch, or a pip torch's torch/ directory).",
+            clean(&lt.dir.display().to_string())
+        );
+        return Ok(());
+    }
+    // .arch is a file in the project: its text is shown escaped.
+    let get = |meta: &std::collections::BTreeMap<String, String>, k: &str| {
+        meta.get(k)
+            .filter(|v| !v.is_empty())
+            .map(|v| clean(v))
+            .unwrap_or_else(|| "-".into())
+    };
+    let table: Vec<[String; 5]> = rows
+        .iter()
+        .map(|(v, meta, _)| {
+            [
+                clean(&v.name),
+                get(meta, "torch"),
+                get(meta, "cuda"),
+                get(meta, "nccl"),
+                get(meta, "nccl_linkage"),
+            ]
+        })
+        .collect();
+    let head = ["VARIANT", "TORCH", "CUDA", "NCCL", "LINKAGE"];
+    let width = |i: usize| {
+        table
+            .iter()
+            .map(|r| r[i].chars().count())
+            .chain([head[i].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let w: Vec<usize> = (0..5).map(width).collect();
+    let line = |mark: &str, r: &[String]| {
+        format!(
+            "{mark} {:<w0$}  {:<w1$}  {:<w2$}  {:<w3$}  {:<w4$}",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            w0 = w[0],
+            w1 = w[1],
+            w2 = w[2],
+            w3 = w[3],
+            w4 = w[4]
+        )
+    };
+    let head: Vec<String> = head.iter().map(|h| h.to_string()).collect();
+    outln!("{}", line(" ", &head).trim_end());
+    let mut stale = Vec::new();
+    for ((v, meta, record), r) in rows.iter().zip(&table) {
+        let mark = if Some(&v.name) == active.as_ref() {
+            "*"
+        } else {
+            " "
+        };
+        let mut text = line(mark, r);
+        if let Some(why) = v.missing() {
+            text.push_str(&format!("  (files missing: {})", clean(&why)));
+        } else {
+            match record {
+                Record::None => text.push_str("  (no .arch: nothing recorded)"),
+                Record::Stale { .. } => {
+                    text.push_str("  (stale: see below)");
+                    stale.push((v, meta, record));
+                }
+                Record::Unchecked | Record::Current => {}
+            }
+        }
+        outln!("{}", text.trim_end());
+    }
+    for (v, meta, record) in stale {
+        let Record::Stale { why } = record else {
+            continue;
+        };
+        outln!("{} is stale: {}.", clean(&v.name), clean(why));
+        outln!(
+            "  Its facts as they are now: fdl libtorch info {}",
+            crate::paste::shell(&v.name)
+        );
+        let base = v.name.strip_prefix("precompiled/");
+        let is_active = Some(&v.name) == active.as_ref();
+        if let (Some(base), Some(source), false) = (base, meta.get("source"), is_active) {
+            outln!(
+                "  Record them again: fdl libtorch remove {} --yes && fdl libtorch add {} {}",
+                crate::paste::shell(&v.name),
+                crate::paste::shell(base),
+                crate::paste::shell(source)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A `.arch` key that holds a file's fingerprint ([`crate::libtorch::FINGERPRINTS`]).
+fn is_fingerprint(key: &str) -> bool {
+    crate::libtorch::FINGERPRINTS.iter().any(|(k, _)| *k == key)
 }

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The report's shape; a controller refuses any other (and ships its own fdl). 2: the
-/// worker's own loader's answer (`witness`).
+/// worker's own loader's answer (`witness`), and a GPU's architecture is `arch`
+/// (`"sm_61"`) with `compute_cap` nvidia-smi's `"6.1"`.
 pub const REPORT_SCHEMA: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

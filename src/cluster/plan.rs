@@ -9,27 +9,54 @@ use crate::arch::Arch;
 use crate::nccl::plan::{ArchOrigin, HostValue, TagOrigin};
 use crate::nccl::tag::Tag;
 use crate::pipeline::{CheckedFlags, Inferred};
+use crate::text::clean;
 use crate::version::{CudaVersion, NcclVersion};
 use anyhow::{bail, Result};
 
-/// Fills what the flags leave open from every worker's report. Every worker must have
-/// answered: a plan for part of the cluster would miss its GPUs.
+/// Fills what the flags leave open from every worker's report. A silent worker's GPUs
+/// and libtorch are unknown, so a plan for part of the cluster would miss them: without
+/// workers answering, only a plan whose tag and archs both come from the flags is made,
+/// with a warning that names the silent workers (their drivers are not checked).
 pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> {
-    let down: Vec<String> = workers
+    let down: Vec<(String, String)> = workers
         .iter()
-        .filter_map(|w| w.error.as_ref().map(|e| format!("{}: {e}", w.host)))
+        .filter_map(|w| w.error.as_ref().map(|e| (clean(&w.host), clean(&short(e)))))
         .collect();
+    let mut warnings = Vec::new();
     if !down.is_empty() {
-        bail!(
-            "cannot plan for the cluster while workers do not answer (`fdl cluster status` shows them):\n  {}",
-            down.join("\n  ")
-        );
+        let missing: Vec<&str> = [
+            ("--tag", flags.tag.is_none()),
+            ("--archs", flags.archs.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(f, m)| m.then_some(f))
+        .collect();
+        if !missing.is_empty() {
+            bail!(
+                "cannot plan for the cluster while workers do not answer (`fdl cluster status` shows them):\n  {}\nFix them, or pass {} to plan without them",
+                down.iter()
+                    .map(|(h, e)| format!("{h}: {e}"))
+                    .collect::<Vec<_>>()
+                    .join("\n  "),
+                missing.join(" and ")
+            );
+        }
+        warnings.push(format!(
+            "{} of {} workers did not answer (each is named below), so the plan takes its tag and archs from --tag and --archs{}",
+            down.len(),
+            workers.len(),
+            if flags.cuda.is_some() {
+                " and its CUDA from --cuda; their drivers were not checked against it"
+            } else {
+                "; their drivers were not checked against its CUDA (pass --cuda to choose it)"
+            },
+        ));
+        warnings.extend(down.iter().map(|(h, e)| format!("{h} did not answer: {e}")));
     }
     let reports: Vec<(&str, &super::host::HostReport)> = workers
         .iter()
         .filter_map(|w| w.report.as_ref().map(|r| (w.host.as_str(), r)))
         .collect();
-    let mut warnings = Vec::new();
 
     // Tag and the CUDA that NCCL was built with: the highest libtorch NCCL.
     let mut found: Vec<(String, NcclVersion, Option<CudaVersion>)> = Vec::new();
@@ -137,6 +164,19 @@ pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> 
     })
 }
 
+/// A worker's error on one line, at most [`SHORT_ERROR`] characters: the warning names
+/// each silent worker, and `fdl cluster status` shows the whole error.
+fn short(e: &str) -> String {
+    let one: String = e.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one.chars().count() <= SHORT_ERROR {
+        return one;
+    }
+    let cut: String = one.chars().take(SHORT_ERROR).collect();
+    format!("{}…", cut.trim_end())
+}
+
+const SHORT_ERROR: usize = 160;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,5 +242,39 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("b: unreachable over SSH"), "{err}");
+        assert!(err.contains("pass --tag and --archs"), "{err}");
+    }
+
+    /// Every input given by flags: the plan is made without the silent workers, and the
+    /// warning names each of them, once, with its error on one line.
+    #[test]
+    fn tag_and_archs_from_flags_plan_without_silent_workers() {
+        let mut down = worker("b", "2.27.5", &[(8, 6)], "12.8");
+        down.report = None;
+        down.error = Some(format!("unreachable over SSH:\n{}", "x".repeat(400)));
+        let w = [worker("a", "2.27.5", &[(6, 1)], "12.8"), down];
+        let tag_only = || CheckedFlags {
+            tag: Some(Tag::parse("v2.28.9-1").unwrap()),
+            ..no_flags()
+        };
+        let err = infer(&w, tag_only()).unwrap_err().to_string();
+        assert!(err.contains("pass --archs to plan"), "{err}");
+        let mut f = tag_only();
+        f.archs = Some(vec![Arch::new(8, 6), Arch::new(12, 0)]);
+        let i = infer(&w, f).unwrap();
+        assert_eq!(i.tag.to_string(), "v2.28.9-1");
+        assert_eq!(i.archs, [Arch::new(8, 6), Arch::new(12, 0)]);
+        assert!(
+            i.warnings[0].starts_with("1 of 2 workers did not answer"),
+            "{:?}",
+            i.warnings
+        );
+        assert!(i.warnings[0].contains("pass --cuda"), "{:?}", i.warnings);
+        let s = &i.warnings[1];
+        assert!(
+            s.starts_with("b did not answer: unreachable over SSH: xxx"),
+            "{s}"
+        );
+        assert!(!s.contains('\n') && s.chars().count() < 400, "{s}");
     }
 }

@@ -34,6 +34,16 @@ pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)
         );
     }
     let lib = source.join("lib").join("libtorch_cuda.so");
+    if !lib.is_file() && source.join("libtorch_cuda.so").is_file() {
+        // `…/torch/lib` itself: the variant is its parent, which holds lib/.
+        let parent = source.parent().unwrap_or(&source);
+        bail!(
+            "{} holds libtorch_cuda.so itself: it is the libtorch's lib/ directory, and fdl wants the directory above it. Run:\n  fdl libtorch add {} {}",
+            source.display(),
+            crate::paste::shell(name),
+            crate::paste::shell(&parent.to_string_lossy())
+        );
+    }
     if !lib.is_file() {
         bail!(
             "{} has no lib/libtorch_cuda.so: give an unpacked libtorch archive (the directory holding lib/ and include/) or a pip torch's torch/ directory (site-packages/torch)",
@@ -215,6 +225,18 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
         (None, _) => out.push(("nccl", "none".into())),
     }
     out.push(("source", source.display().to_string()));
+    // What was read, as it was: `libtorch list` says when a file changed since.
+    if let Some(f) = crate::libtorch::fingerprint(lib) {
+        out.push(("libtorch_cuda_stat", f));
+    }
+    if let Some(n) = nccl
+        .as_ref()
+        .filter(|n| matches!(n.linkage, Linkage::Dynamic { .. }))
+    {
+        if let Some(f) = crate::libtorch::fingerprint(&n.file) {
+            out.push(("nccl_library_stat", f));
+        }
+    }
     Ok(out)
 }
 

@@ -41,6 +41,50 @@ impl Variant {
         (!lib.is_file()).then(|| format!("{} is missing", lib.display()))
     }
 
+    /// Whether `meta` (this variant's `.arch`) still describes its files, by the
+    /// fingerprints it holds: a size and a time per file, so nothing is re-read.
+    pub fn record(&self, meta: &BTreeMap<String, String>) -> Record {
+        if meta.is_empty() {
+            return Record::None;
+        }
+        let mut checked = false;
+        for (key, file_key) in FINGERPRINTS {
+            let Some(then) = meta.get(*key) else { continue };
+            let path = match file_key {
+                None => self.libtorch_cuda(),
+                Some(k) => match meta.get(*k) {
+                    Some(p) => PathBuf::from(p),
+                    None => continue,
+                },
+            };
+            checked = true;
+            match fingerprint(&path) {
+                None => {
+                    return Record::Stale {
+                        why: format!("{} is gone since it was recorded", path.display()),
+                    }
+                }
+                Some(now) if now != *then => {
+                    let size = |f: &str| f.split(" bytes").next().unwrap_or("").to_string();
+                    let how = if size(&now) != size(then) {
+                        format!("{} bytes then, {} now", size(then), size(&now))
+                    } else {
+                        "same size, modified since".to_string()
+                    };
+                    return Record::Stale {
+                        why: format!("{} changed since it was recorded ({how})", path.display()),
+                    };
+                }
+                Some(_) => {}
+            }
+        }
+        if checked {
+            Record::Current
+        } else {
+            Record::Unchecked
+        }
+    }
+
     /// `.arch`: `key=value` lines (torch=, cuda=, archs=, source=). Missing file → empty.
     pub fn arch_metadata(&self) -> Result<BTreeMap<String, String>> {
         let path = self.dir.join(".arch");
@@ -48,6 +92,46 @@ impl Variant {
             .map(|text| parse_key_values(&text))
             .unwrap_or_default())
     }
+}
+
+/// The `.arch` keys that hold the fingerprint ([`fingerprint`]) of a file `libtorch add`
+/// read, each with the key that names that file (`None`: the variant's libtorch_cuda.so).
+pub const FINGERPRINTS: &[(&str, Option<&str>)] = &[
+    ("libtorch_cuda_stat", None),
+    ("nccl_library_stat", Some("nccl_library")),
+];
+
+/// What the size and modification time of `path` are, as `.arch` records them: enough
+/// to see that a file changed since it was read, without reading it again (a
+/// libtorch_cuda.so is about a gigabyte). `None` when it cannot be read.
+pub fn fingerprint(path: &Path) -> Option<String> {
+    let m = std::fs::metadata(path).ok()?;
+    let t = m
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    Some(format!(
+        "{} bytes, modified {}.{:09}",
+        m.len(),
+        t.as_secs(),
+        t.subsec_nanos()
+    ))
+}
+
+/// Whether a variant's `.arch` still describes its files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Record {
+    /// No `.arch` at all.
+    None,
+    /// An `.arch` without fingerprints (written by hand, by floDl, or by an fdl before
+    /// they were recorded): its facts cannot be checked.
+    Unchecked,
+    /// Every file it fingerprinted is as it was.
+    Current,
+    /// A file changed or is gone since the record was written.
+    Stale { why: String },
 }
 
 /// `.arch` is a few `key=value` lines; `.active` one name.
