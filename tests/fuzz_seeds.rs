@@ -104,7 +104,11 @@ fn peer_answer_seeds_give_their_known_answers() {
             }
             "report.json" | "escapes.json" => {
                 assert!(banner.is_none(), "{name}: {banner:?}");
-                assert_eq!(parsed.unwrap().schema, 1, "{name}");
+                assert_eq!(
+                    parsed.unwrap().schema,
+                    fdl::cluster::host::REPORT_SCHEMA,
+                    "{name}"
+                );
             }
             other => panic!("{other}: no known answer"),
         }

@@ -138,12 +138,21 @@ pub fn follow(ins: &Inspection, env: &LoaderEnv) -> Option<Followed> {
     // A library of the package the loader cannot find is code no one judged.
     for f in &link_map.failures {
         if same_dir.holds(&f.needed_by) {
-            out.warnings.push(format!(
-                "{} (needed by {}) is not found, so its GPU code, if any, is not judged: {}",
-                f.needed,
-                f.needed_by.display(),
-                f.reason
-            ));
+            // An absent library's error is the one the NCCL answer already gives: said once.
+            out.warnings.push(if f.is_absent() {
+                format!(
+                    "{} (needed by {}) is not on this host, so its GPU code, if any, is not judged",
+                    f.needed,
+                    f.needed_by.display()
+                )
+            } else {
+                format!(
+                    "{} (needed by {}) cannot be loaded, so its GPU code, if any, is not judged: {}",
+                    f.needed,
+                    f.needed_by.display(),
+                    f.reason
+                )
+            });
         }
     }
     if link_map.failures_omitted > 0 {
