@@ -189,7 +189,7 @@ fn loader_help(interp: &Path) -> std::io::Result<Vec<u8>> {
 }
 
 /// PT_INTERP of the running program.
-fn own_interpreter() -> Option<PathBuf> {
+pub(super) fn own_interpreter() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     crate::inspect::Source::with_file(&exe, |src| {
         let info = crate::inspect::elf::parse(src)?;

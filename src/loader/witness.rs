@@ -368,22 +368,9 @@ fn failure_words(which: &Which, model: String) -> String {
 
 /// The interpreter that runs fdl itself: the system's, for fdl's class and machine.
 fn system_interpreter() -> Result<PathBuf, NoWitness> {
-    let exe = std::env::current_exe()
-        .map_err(|e| none(format!("fdl cannot name its own program ({e})")))?;
-    let interp = crate::inspect::Source::with_file(&exe, |src| {
-        let info = crate::inspect::elf::parse(src)?;
-        let seg = info
-            .segments
-            .iter()
-            .find(|s| s.p_type == object::elf::PT_INTERP)
-            .ok_or_else(|| anyhow::anyhow!("no PT_INTERP"))?;
-        let bytes = src.bytes(seg.offset, seg.filesz)?;
-        let end = memchr::memchr(0, bytes).unwrap_or(bytes.len());
-        Ok(PathBuf::from(
-            String::from_utf8_lossy(&bytes[..end]).into_owned(),
-        ))
-    })
-    .map_err(|_| none("fdl's own program names no ELF interpreter (a static build)"))?;
+    // The same PT_INTERP the model's `ld.so --help` comes from: one reading of it.
+    let interp = super::search::own_interpreter()
+        .ok_or_else(|| none("fdl's own program names no ELF interpreter (a static build)"))?;
     if !interp.is_absolute() || !interp.is_file() {
         return Err(none(format!(
             "the system interpreter {} is not a file",
