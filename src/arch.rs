@@ -227,7 +227,17 @@ pub fn parse_build_archs(list: &str) -> Result<(Vec<Arch>, bool), ArchError> {
     Ok((archs, ptx))
 }
 
-/// `sm61-sm120`: the arch part of a build's directory name.
+/// `sm_61 sm_120`: archs as every message, plan row and store input names them.
+pub fn archs_text(archs: &[Arch]) -> String {
+    archs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `sm61-sm120`: the arch part of a build's directory name (a plain word for make and
+/// the shell, so no underscore-and-space list); nothing else uses this form.
 pub fn archs_slug(archs: &[Arch]) -> String {
     archs
         .iter()

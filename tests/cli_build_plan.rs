@@ -456,6 +456,89 @@ fn archs_that_leave_out_a_local_gpu_are_warned_about() {
     assert!(v["plan"]["warnings"].is_null(), "{v}");
 }
 
+/// The advice to cover a left-out GPU is a plan that passes: where the plan's CUDA cannot
+/// compile the GPU's arch (CUDA 13 and Pascal), it names the CUDA that can, and following
+/// the advice word for word plans with no problem and no GPU left out.
+#[test]
+fn the_advice_to_cover_a_left_out_gpu_is_a_plan_that_passes() {
+    let p = ProjectFixture::empty();
+    let smi = fake_nvidia_smi(MIXED_SMI, 0);
+    let plan = |args: &[&str]| -> Value {
+        let out = fdl_in(p.root())
+            .env("PATH", path_with(smi.path()))
+            .args(["nccl", "build", "--backend", "docker", "--tag", "v2.27.5-1"])
+            .args(args)
+            .args(["--dry-run", "--json"])
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+        })
+    };
+    let warnings = |v: &Value| -> Vec<String> {
+        v["plan"]["warnings"]
+            .as_array()
+            .map(|w| {
+                w.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // The flags the advice says to pass: --archs "…" and, where it names one, --cuda X.
+    let advised = |warning: &str| -> Vec<String> {
+        let rest = &warning[warning.find("To cover it, pass --archs \"").unwrap() + 26..];
+        let archs = &rest[..rest.find('"').unwrap()];
+        let mut args = vec!["--archs".to_string(), archs.to_string()];
+        if let Some(at) = rest.find("--cuda ") {
+            let cuda: String = rest[at + 7..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect();
+            args.extend(["--cuda".to_string(), cuda]);
+        }
+        args
+    };
+    for (given, names_cuda) in [
+        (&["--archs", "12.0", "--cuda", "13.0"][..], Some("12.9")),
+        (&["--archs", "12.0"][..], None),
+    ] {
+        let v = plan(given);
+        let w = warnings(&v);
+        let left: Vec<&String> = w.iter().filter(|w| w.contains("leaves out")).collect();
+        assert_eq!(left.len(), 2, "{given:?}: {w:?}");
+        let args = advised(left[0]);
+        match names_cuda {
+            Some(cuda) => {
+                assert!(
+                    left[0].contains(&format!(
+                        "with --cuda {cuda}: CUDA 13.0 (--cuda) cannot compile sm_61"
+                    )),
+                    "{given:?}: {}",
+                    left[0]
+                );
+                assert_eq!(args[2..], ["--cuda", cuda], "{}", left[0]);
+            }
+            None => assert_eq!(args.len(), 2, "no CUDA is needed: {}", left[0]),
+        }
+        // Followed, the advice plans with no problem, and leaves no GPU out.
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let followed = plan(&args);
+        assert!(
+            followed["plan"]["problems"].is_null(),
+            "{args:?}: {}",
+            followed["plan"]
+        );
+        assert!(
+            warnings(&followed)
+                .iter()
+                .all(|w| !w.contains("leaves out")),
+            "{args:?}: {:?}",
+            warnings(&followed)
+        );
+    }
+}
+
 #[test]
 fn gpus_come_from_nvidia_smi() {
     let p = ProjectFixture::empty();

@@ -146,6 +146,9 @@ fn real_nvcc_from_the_pypi_wheel() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let planned = &v["plan"]["native"]["toolkit"];
     assert_eq!(planned["cuda"], toolkit.cuda.to_string());
+    // The store's inputs name archs as the plan does (`sm_86`), not as a build's
+    // directory name does (`sm86`).
+    assert_eq!(v["store"]["inputs"]["archs"], "sm_86", "{}", v["store"]);
     assert_eq!(planned["lib_dir"], home.join("lib").display().to_string());
     let commands = v["commands"].to_string();
     assert!(
@@ -190,6 +193,54 @@ fn real_nvcc_from_the_pypi_wheel() {
         err.contains("--list-gpu-arch") && err.contains("sm_75"),
         "{err}"
     );
+
+    // A GPU of this host that --archs leaves out: the advice to cover it names what this
+    // toolkit lacks. CUDA 13.5 cannot compile the GTX 1060's sm_61, so the advice also
+    // names the CUDA that compiles it with the rest (the nearest release, 12.9); the
+    // RTX 3090's sm_86 it compiles, so that advice is --archs alone.
+    for (smi_out, gpu, clause) in [
+        (
+            "0, NVIDIA GeForce GTX 1060 6GB, 6.1, 6144\n1, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n",
+            "GPU 0 (NVIDIA GeForce GTX 1060 6GB, sm_61)",
+            Some(format!(
+                "pass --archs \"6.1;12.0\" with a CUDA 12.9 toolkit (--cuda-home DIR and --cuda 12.9): the toolkit at {} (CUDA {}) cannot compile sm_61",
+                home.display(),
+                toolkit.cuda
+            )),
+        ),
+        (
+            "0, NVIDIA GeForce RTX 3090, 8.6, 24576\n1, NVIDIA GeForce RTX 5060 Ti, 12.0, 16311\n",
+            "GPU 0 (NVIDIA GeForce RTX 3090, sm_86)",
+            None,
+        ),
+    ] {
+        let smi = fake_nvidia_smi(smi_out, 0);
+        let out = fdl_in(project.root())
+            .env("XDG_CACHE_HOME", cache.path())
+            .env("PATH", path_with(smi.path()))
+            .env_remove("CUDA_HOME")
+            .args(["nccl", "build", "--dry-run", "--json", "--backend", "native"])
+            .args(["--tag", "v2.27.5-1", "--cuda", &mm, "--archs", "12.0"])
+            .arg("--cuda-home")
+            .arg(&home)
+            .arg("--source")
+            .arg(&tree)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let warning = v["plan"]["warnings"]
+            .as_array()
+            .and_then(|w| w.iter().filter_map(|w| w.as_str()).find(|w| w.contains(gpu)))
+            .unwrap_or_else(|| panic!("no warning for {gpu}: {v}"))
+            .to_string();
+        match clause {
+            Some(clause) => assert!(warning.ends_with(&clause), "{warning}\nwanted: {clause}"),
+            None => assert!(
+                warning.ends_with("pass --archs \"8.6;12.0\""),
+                "this toolkit compiles sm_86: {warning}"
+            ),
+        }
+    }
 
     // A dry run writes nothing.
     assert_eq!(std::fs::read_dir(project.root()).unwrap().count(), 0);

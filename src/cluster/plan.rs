@@ -160,6 +160,8 @@ pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> 
         archs,
         arch_origin,
         warnings,
+        // The workers' GPUs are the archs themselves; no one host's GPU is left out.
+        left_out: Vec::new(),
         host_driver: None,
     })
 }

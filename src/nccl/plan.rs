@@ -229,12 +229,14 @@ pub enum ToolkitConflict {
         wanted: CudaVersion,
         origin: String,
     },
-    #[error("nvcc at {nvcc} (CUDA {toolkit}) cannot compile {arch}: `nvcc --list-gpu-arch` offers {offered}. Use a toolkit that supports {arch}, or drop it from --archs")]
+    #[error("nvcc at {nvcc} (CUDA {toolkit}) cannot compile {arch}: `nvcc --list-gpu-arch` offers {offered}. Use a toolkit that supports {arch}{nearest}, or drop it from --archs")]
     Arch {
         nvcc: String,
         toolkit: CudaVersion,
         arch: Arch,
         offered: String,
+        /// ` (CUDA 12.9 compiles every planned arch)`, where a release does.
+        nearest: String,
     },
 }
 
@@ -672,7 +674,7 @@ impl BuildPlan {
         let mut id = BTreeMap::from([
             ("tag", self.tag.to_string()),
             ("cuda", self.cuda.to_string()),
-            ("archs", arch::archs_slug(&self.archs)),
+            ("archs", arch::archs_text(&self.archs)),
             ("gencode", self.gencode.clone()),
             ("only_funcs", self.only_funcs.clone().unwrap_or_default()),
             ("backend", self.backend.kind().to_string()),
@@ -727,6 +729,115 @@ impl BuildPlan {
                 )
             })
             .collect()
+    }
+}
+
+impl BuildPlan {
+    /// What else a plan for `archs` would need so that this plan's compiler builds them
+    /// all, as a clause for advice ("…pass --archs X" + this): `None` when this plan's
+    /// toolchain compiles every one of them, or when fdl cannot know (a `--base-image` not
+    /// probed). Judged as the plan judges its own archs: by the toolchain's own `nvcc
+    /// --list-gpu-arch` where it answered, else by the support table; the CUDA named is
+    /// the release nearest this plan's that compiles all of `archs`.
+    pub fn toolchain_gap(&self, archs: &[Arch]) -> Option<String> {
+        let not_in = |offered: &[Arch]| -> Vec<Arch> {
+            archs
+                .iter()
+                .copied()
+                .filter(|a| !offered.contains(a))
+                .collect()
+        };
+        let by_table = |cuda: CudaVersion| -> Vec<Arch> {
+            archs
+                .iter()
+                .copied()
+                .filter(|a| arch::check_archs_for_cuda(&[*a], cuda).is_err())
+                .collect()
+        };
+        // What cannot be compiled, by whom (for the sentence), and at which CUDA.
+        let (missing, compiler, cuda) = match &self.backend {
+            BackendPlan::Native(n) => {
+                let t = &n.toolkit;
+                let missing = match &t.gpu_archs {
+                    Some(offered) => not_in(offered),
+                    None => by_table(t.cuda),
+                };
+                let who = format!("the toolkit at {} (CUDA {})", t.cuda_home.display(), t.cuda);
+                (missing, who, t.cuda)
+            }
+            BackendPlan::Docker(d) => match (&d.base_image, &d.probe) {
+                (Some(img), Some(found)) => {
+                    let cuda = found.cuda?;
+                    let missing = match &found.gpu_archs {
+                        Some(offered) => not_in(offered),
+                        None => by_table(cuda),
+                    };
+                    (
+                        missing,
+                        format!("the nvcc in --base-image {img} (CUDA {cuda})"),
+                        cuda,
+                    )
+                }
+                // A --base-image that was not probed: its CUDA is not known. (The image
+                // fdl chose itself is in the plan too, unprobed: it is the one
+                // `choose_image` names for the plan's CUDA.)
+                (Some(img), None)
+                    if arch::choose_image(self.cuda, &self.archs)
+                        .map_or(true, |c| &c.image.reference() != img) =>
+                {
+                    return None
+                }
+                // fdl chooses the image for the archs, unless --cuda pins the release.
+                _ if self.cuda_origin != CudaOrigin::Flag => {
+                    if arch::closest_cuda_for(archs, self.cuda).is_some() {
+                        return None;
+                    }
+                    (
+                        by_table(self.cuda),
+                        format!("CUDA {}", self.cuda),
+                        self.cuda,
+                    )
+                }
+                _ => (
+                    by_table(self.cuda),
+                    format!("CUDA {} (--cuda)", self.cuda),
+                    self.cuda,
+                ),
+            },
+        };
+        if missing.is_empty() {
+            return None;
+        }
+        let what = arch::archs_text(&missing);
+        let Some(fit) = arch::closest_cuda_for(archs, cuda) else {
+            return Some(if archs.iter().all(|a| a.support().is_some()) {
+                format!(
+                    ", but no one CUDA release compiles {} together ({compiler} cannot compile {what}): build {what} separately, with a CUDA that compiles it",
+                    arch::archs_text(archs)
+                )
+            } else {
+                format!(
+                    ", with a toolchain whose `nvcc --list-gpu-arch` lists {what}: {compiler} cannot compile it"
+                )
+            });
+        };
+        let fit = fit.without_patch();
+        let also_cuda = if self.cuda_origin == CudaOrigin::Flag {
+            format!(" and --cuda {fit}")
+        } else {
+            String::new()
+        };
+        Some(match &self.backend {
+            BackendPlan::Native(_) => format!(
+                " with a CUDA {fit} toolkit (--cuda-home DIR{also_cuda}): {compiler} cannot compile {what}"
+            ),
+            BackendPlan::Docker(d) if d.probe.is_some() => format!(
+                " with an image of CUDA {fit} as --base-image (or no --base-image and --cuda {fit}): {compiler} cannot compile {what}"
+            ),
+            BackendPlan::Docker(_) => {
+                format!(" with --cuda {fit}: {compiler} cannot compile {what}")
+            }
+        })
     }
 }
 
@@ -1043,8 +1154,9 @@ fn check_probe(
     if let Some(offered) = &found.gpu_archs {
         for arch in archs.iter().filter(|a| !offered.contains(a)) {
             problems.push(format!(
-                "the nvcc in --base-image {img} (CUDA {image_cuda}) cannot compile {arch}: `nvcc --list-gpu-arch` offers {}. Give an image whose CUDA supports {arch}, or drop it from --archs",
-                offered.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")
+                "the nvcc in --base-image {img} (CUDA {image_cuda}) cannot compile {arch}: `nvcc --list-gpu-arch` offers {}. Give an image whose CUDA supports {arch}{}, or drop it from --archs",
+                offered.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" "),
+                nearest_release(archs, image_cuda)
             ));
         }
     }
@@ -1094,6 +1206,19 @@ fn docker_network(
     (None, why)
 }
 
+/// ` (CUDA 12.9 compiles every planned arch)`: the release nearest `cuda` that compiles
+/// all of `archs`, for a refusal's way out; empty where no one release does.
+fn nearest_release(archs: &[Arch], cuda: CudaVersion) -> String {
+    arch::closest_cuda_for(archs, cuda)
+        .map(|fit| {
+            format!(
+                " (CUDA {} compiles every planned arch)",
+                fit.without_patch()
+            )
+        })
+        .unwrap_or_default()
+}
+
 /// The native backend compiles with the host's toolkit: its CUDA must be the one asked
 /// for (unless allowed otherwise), and it must compile every arch — by its own
 /// `--list-gpu-arch` when it answers, else by the support table.
@@ -1126,6 +1251,7 @@ fn check_toolkit(
                     nvcc: toolkit.nvcc.display().to_string(),
                     toolkit: toolkit.cuda,
                     arch,
+                    nearest: nearest_release(archs, toolkit.cuda),
                     offered: offered
                         .iter()
                         .map(|a| a.to_string())
@@ -1273,6 +1399,63 @@ mod tests {
         none.cuda_home = None;
         let p = BuildPlan::new(probed_inputs(&[Arch::new(8, 6)], none, context())).unwrap();
         assert!(p.problems[0].contains("has no nvcc"), "{:?}", p.problems);
+    }
+
+    /// The advice to cover more archs names what this plan's compiler lacks: a probed
+    /// image by its own `--list-gpu-arch`, fdl's chosen image only when --cuda pins it, an
+    /// unprobed `--base-image` never (its CUDA is not known), and a set no one release
+    /// compiles as such.
+    #[test]
+    fn the_toolchain_gap_is_judged_as_the_plan_judges_its_own_archs() {
+        let pascal = [Arch::new(6, 1), Arch::new(8, 6)];
+        let p = BuildPlan::new(probed_inputs(
+            &[Arch::new(8, 6)],
+            probe(&[], true),
+            context(),
+        ))
+        .unwrap();
+        assert_eq!(p.toolchain_gap(&[Arch::new(8, 6), Arch::new(12, 0)]), None);
+        let gap = p.toolchain_gap(&pascal).unwrap();
+        assert!(
+            gap.contains(
+                "an image of CUDA 12.9 as --base-image (or no --base-image and --cuda 12.9)"
+            ) && gap.contains(
+                "--base-image mirror.local/cuda:13.5 (CUDA 13.5.37) cannot compile sm_61"
+            ),
+            "{gap}"
+        );
+        let mut unprobed = probed_inputs(&[Arch::new(8, 6)], probe(&[], true), context());
+        if let BackendInputs::Docker { probe, .. } = &mut unprobed.backend {
+            *probe = None;
+        }
+        assert_eq!(
+            BuildPlan::new(unprobed).unwrap().toolchain_gap(&pascal),
+            None
+        );
+
+        let chosen = BuildPlan::new(inputs("v2.27.5-1", &[Arch::new(12, 0)])).unwrap();
+        assert_eq!(
+            chosen.toolchain_gap(&pascal),
+            None,
+            "fdl picks the CUDA for the archs"
+        );
+        let mut pinned = inputs("v2.27.5-1", &[Arch::new(12, 0)]);
+        pinned.cuda_flag = Some(CudaVersion::new(13, 0));
+        let pinned = BuildPlan::new(pinned).unwrap();
+        assert_eq!(
+            pinned
+                .toolchain_gap(&[Arch::new(6, 1), Arch::new(12, 0)])
+                .as_deref(),
+            Some(" with --cuda 12.9: CUDA 13.0 (--cuda) cannot compile sm_61")
+        );
+        // Kepler and Blackwell: no one release compiles both.
+        let gap = chosen
+            .toolchain_gap(&[Arch::new(3, 5), Arch::new(12, 0)])
+            .unwrap();
+        assert!(
+            gap.contains("no one CUDA release compiles sm_35 sm_120 together"),
+            "{gap}"
+        );
     }
 
     #[test]
@@ -1504,6 +1687,15 @@ mod tests {
         assert!(
             d.contains(&"cuda: existing build has 12.8, this plan has 12.9".to_string()),
             "{d:?}"
+        );
+        // Archs are named as everywhere else, not as in a build's directory name.
+        let one = BuildPlan::new(inputs("v2.27.5-1", &[Arch::new(8, 6)])).unwrap();
+        assert!(
+            one.differences(&a).contains(
+                &"archs: existing build has sm_61 sm_120, this plan has sm_86".to_string()
+            ),
+            "{:?}",
+            one.differences(&a)
         );
     }
 

@@ -81,6 +81,9 @@ pub struct Inferred {
     pub archs: Vec<Arch>,
     pub arch_origin: ArchOrigin,
     pub warnings: Vec<String>,
+    /// This host's GPUs that `--archs` leaves out: warned of once the plan knows its
+    /// toolchain, so the advice names what else covering them needs.
+    pub left_out: Vec<gpu::Gpu>,
     /// The driver of the host the build is for, when that is this host: the plan's CUDA
     /// is checked against it. `None` for a cluster's build, whose workers' drivers
     /// `cluster status` and `cluster plan` judge.
@@ -115,11 +118,12 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
         }
     };
     warnings.extend(libtorch_gaps(src.project, &archs));
+    let mut left_out = Vec::new();
     if arch_origin == ArchOrigin::Flag {
         // `--archs` is for other hosts too; this host's GPUs must still be named, or the
         // build (and `fdl nccl verify` here) will not cover them. No GPUs readable: no word.
         if let Ok(gpus) = (src.gpus)() {
-            warnings.extend(left_out(&gpus, &archs));
+            left_out = uncovered(&gpus, &archs);
         }
     }
     Ok(Inferred {
@@ -130,29 +134,40 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
         archs,
         arch_origin,
         warnings,
+        left_out,
         host_driver: Some((src.driver)()),
     })
 }
 
-/// A warning for each local GPU no planned arch has SASS for.
-pub fn left_out(gpus: &[gpu::Gpu], archs: &[Arch]) -> Vec<String> {
+/// This host's GPUs that no arch of `archs` has SASS for.
+fn uncovered(gpus: &[gpu::Gpu], archs: &[Arch]) -> Vec<gpu::Gpu> {
     gpus.iter()
         .filter(|g| {
             !archs
                 .iter()
                 .any(|&a| crate::arch::GpuTarget::generic(a).sass_runs_on(g.compute_cap))
         })
+        .cloned()
+        .collect()
+}
+
+/// A warning for each of `gpus` the plan leaves out, with advice that would pass: the
+/// `--archs` that covers it, and what else the plan's toolchain needs to compile them
+/// (CUDA 13 cannot compile Pascal, say).
+pub fn left_out(gpus: &[gpu::Gpu], plan: &BuildPlan) -> Vec<String> {
+    gpus.iter()
         .map(|g| {
-            let mut all: Vec<Arch> = archs.to_vec();
+            let mut all: Vec<Arch> = plan.archs.clone();
             all.push(g.compute_cap);
             all.sort();
             all.dedup();
             format!(
-                "--archs leaves out this host's GPU {} ({}, {}): the build will have no code for it, and `fdl nccl verify` here will say so. To cover it, pass --archs \"{}\"",
+                "--archs leaves out this host's GPU {} ({}, {}): the build will have no code for it, and `fdl nccl verify` here will say so. To cover it, pass --archs \"{}\"{}",
                 g.index,
                 g.name,
                 g.compute_cap,
-                all.iter().map(|a| a.capability()).collect::<Vec<_>>().join(";")
+                all.iter().map(|a| a.capability()).collect::<Vec<_>>().join(";"),
+                plan.toolchain_gap(&all).unwrap_or_default()
             )
         })
         .collect()
@@ -195,7 +210,8 @@ pub fn plan(
         Some(j) => (j, "from --jobs".to_string()),
         None => default_jobs(),
     };
-    BuildPlan::new(PlanInputs {
+    let left_out_gpus = inferred.left_out;
+    let mut plan = BuildPlan::new(PlanInputs {
         tag: inferred.tag,
         tag_origin: inferred.tag_origin,
         cuda_flag: inferred.cuda_flag,
@@ -210,7 +226,10 @@ pub fn plan(
         ptx: req.ptx,
         only_funcs: req.only_funcs.clone(),
         warnings: inferred.warnings,
-    })
+    })?;
+    let advice = left_out(&left_out_gpus, &plan);
+    plan.warnings.extend(advice);
+    Ok(plan)
 }
 
 /// The tag and CUDA version from the active libtorch's NCCL self-id, and what the plan

@@ -19,8 +19,11 @@ use std::path::Path;
 /// for the same inputs: every older entry then stops matching.
 pub const BUILD_RECIPE_VERSION: u32 = 1;
 
-/// The layout of [`KeyInputs`]; a change to which inputs exist raises it.
-pub const KEY_SCHEMA: u32 = 1;
+/// The layout of [`KeyInputs`]; a change to which inputs exist, or to how one is
+/// written, raises it. 2: `archs` is written `sm_80 sm_120`, as everything else names
+/// archs (schema 1 wrote the build name's `sm80-sm120`); entries made under 1 are no
+/// longer hit, and `fdl store gc` removes them once no project uses them.
+pub const KEY_SCHEMA: u32 = 2;
 
 /// What [`store_key`] answers.
 pub type KeyAnswer = std::result::Result<(Key, KeyInputs), String>;
@@ -109,7 +112,7 @@ pub fn key_inputs(
     put("recipe", BUILD_RECIPE_VERSION.to_string());
     put("tag", plan.tag.to_string());
     put("source", source.to_string());
-    put("archs", crate::arch::archs_slug(&plan.archs));
+    put("archs", crate::arch::archs_text(&plan.archs));
     put("gencode", plan.gencode.clone());
     put("ptx", plan.ptx.to_string());
     put("only_funcs", plan.only_funcs.clone().unwrap_or_default());

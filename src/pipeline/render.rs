@@ -70,7 +70,7 @@ pub fn header(plan: &BuildPlan, store: &StoreView) -> String {
     row("output", plan.output_dir.display().to_string());
     row("backend", plan.backend.kind().to_string());
     row("CUDA", plan.cuda.to_string());
-    row("archs", archs_text(&plan.archs));
+    row("archs", crate::arch::archs_text(&plan.archs));
     if store.state == "hit" {
         row(
             "store",
@@ -84,14 +84,6 @@ pub fn header(plan: &BuildPlan, store: &StoreView) -> String {
         }
     }
     s
-}
-
-fn archs_text(archs: &[crate::arch::Arch]) -> String {
-    archs
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// Why the plan's CUDA is the one it is, when neither `--cuda` nor the libtorch named
@@ -117,11 +109,11 @@ fn default_cuda_reason(plan: &BuildPlan) -> String {
     match compiles {
         Some(true) if pascal && blackwell => format!(
             "fdl's default: it compiles every arch of this plan ({}), being the oldest CUDA that compiles both Pascal and Blackwell",
-            archs_text(&plan.archs)
+            crate::arch::archs_text(&plan.archs)
         ),
         Some(true) => format!(
             "fdl's default: it compiles every arch of this plan ({})",
-            archs_text(&plan.archs)
+            crate::arch::archs_text(&plan.archs)
         ),
         Some(false) => "fdl's default; it cannot compile every arch of this plan: see the problems".to_string(),
         None => "fdl's default".to_string(),
@@ -149,7 +141,7 @@ pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
             format!("the union of the workers' GPUs: {}", host_values(hosts))
         }
     };
-    let archs = archs_text(&plan.archs);
+    let archs = crate::arch::archs_text(&plan.archs);
     let mut s = String::from("NCCL build plan\n");
     // Every value is cleaned: it may quote a path, a library or an engine's answer, and a
     // newline there would forge a row. A value of two lines is two rows.
