@@ -396,11 +396,16 @@ pub fn capture(cmd: &mut Command, what: &str) -> Result<String> {
     read(&mut out)
 }
 
+/// The longest line [`stream`] hands on; compiler diagnostics are far shorter.
+pub const STREAM_LINE_MAX: usize = 64 * 1024;
+/// Lines [`stream`] holds between the child and `on_line`.
+const STREAM_QUEUE: usize = 4096;
+
 /// Runs `cmd` with stdout and stderr merged into one pipe, handing each line to
 /// `on_line` as it comes, while polling for an interrupt. For long builds whose output
 /// feeds progress and the log.
 pub fn stream(cmd: &mut Command, what: &str, on_line: &mut dyn FnMut(&str)) -> Result<()> {
-    use std::io::BufRead;
+    use std::io::{BufRead, Read};
     let (reader, writer) = std::io::pipe().context("cannot create a pipe")?;
     cmd.stdout(writer.try_clone()?).stderr(writer);
     let spawned = spawn(cmd);
@@ -408,23 +413,55 @@ pub fn stream(cmd: &mut Command, what: &str, on_line: &mut dyn FnMut(&str)) -> R
     // would never see the end of the output.
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     let (mut child, _watch) = spawned.with_context(|| spawn_error(cmd, what))?;
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    // Bounded both ways: a line is cut at STREAM_LINE_MAX bytes (the rest of it is
+    // skipped, said once), and the channel holds STREAM_QUEUE lines, so a child that
+    // writes faster than `on_line` reads waits on the pipe instead of filling memory.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<String>(STREAM_QUEUE);
     let reader_thread = std::thread::spawn(move || {
         let mut reader = std::io::BufReader::new(reader);
-        let mut buf = Vec::new();
-        // Lines may not be UTF-8 (compiler output in other locales): read bytes.
-        while reader
-            .read_until(b'\n', &mut buf)
-            .map(|n| n > 0)
-            .unwrap_or(false)
-        {
-            let line = String::from_utf8_lossy(&buf)
+        loop {
+            // Lines may not be UTF-8 (compiler output in other locales): read bytes.
+            let mut buf = Vec::new();
+            let Ok(n) = (&mut reader)
+                .take(STREAM_LINE_MAX as u64 + 1)
+                .read_until(b'\n', &mut buf)
+            else {
+                break;
+            };
+            if n == 0 {
+                break;
+            }
+            let cut = buf.len() > STREAM_LINE_MAX && buf.last() != Some(&b'\n');
+            let over = buf.len().saturating_sub(STREAM_LINE_MAX) as u64;
+            buf.truncate(STREAM_LINE_MAX);
+            let mut line = String::from_utf8_lossy(&buf)
                 .trim_end_matches(['\n', '\r'])
                 .to_string();
+            if cut {
+                // The rest of the line, up to its end, is read and dropped.
+                // Counted without the newline that ends the line.
+                let mut skipped = over;
+                while let Ok(chunk) = reader.fill_buf() {
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    let (used, done) = match memchr::memchr(b'\n', chunk) {
+                        Some(i) => (i + 1, true),
+                        None => (chunk.len(), false),
+                    };
+                    reader.consume(used);
+                    skipped += (used - usize::from(done)) as u64;
+                    if done {
+                        break;
+                    }
+                }
+                line.push_str(&format!(
+                    " … [fdl: {skipped} more bytes of this line dropped]"
+                ));
+            }
             if tx.send(line).is_err() {
                 break;
             }
-            buf.clear();
         }
     });
     let status = loop {
@@ -505,4 +542,40 @@ pub fn which_in(name: &str, path: Option<&std::ffi::OsStr>) -> Option<std::path:
         .find(|p| {
             std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child's overlong line is cut, said so, and the lines after it still arrive.
+    #[test]
+    fn stream_bounds_each_line() {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "head -c 300000 /dev/zero | tr '\\0' x; echo; echo next; printf 'last, no newline'",
+        ]);
+        let mut lines = Vec::new();
+        stream(&mut cmd, "sh", &mut |l| lines.push(l.to_string())).unwrap();
+        assert_eq!(
+            lines.len(),
+            3,
+            "{:?}",
+            lines.iter().map(|l| l.len()).collect::<Vec<_>>()
+        );
+        assert!(
+            lines[0].starts_with(&"x".repeat(STREAM_LINE_MAX)),
+            "cut at the bound"
+        );
+        assert!(
+            lines[0].ends_with(&format!(
+                " … [fdl: {} more bytes of this line dropped]",
+                300_000 - STREAM_LINE_MAX
+            )),
+            "{}",
+            &lines[0][STREAM_LINE_MAX..]
+        );
+        assert_eq!(lines[1..], ["next", "last, no newline"]);
+    }
 }

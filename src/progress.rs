@@ -184,7 +184,12 @@ impl Progress {
         if let Some(dir) = log_path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let log = File::create(&log_path)?;
+        // A new file, never one already there: a name taken (a link planted in the
+        // cache included, dangling or not) fails instead of being written through.
+        let log = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&log_path)?;
         let tty = plain.is_none();
         let (pace, sink) = plain.unwrap_or_else(|| (Pace::default(), Box::new(|_: &str| {})));
         let bar = (tty && verbosity != Verbosity::Quiet).then(|| {
@@ -398,6 +403,22 @@ pub fn nccl_make_event(line: &str) -> Option<(Phase, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The log is a new file: a link planted at its name is not written through.
+    #[test]
+    fn the_log_is_never_written_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, "kept").unwrap();
+        let log = dir.path().join("build.log");
+        std::os::unix::fs::symlink(&target, &log).unwrap();
+        assert!(Progress::new(Verbosity::Quiet, log.clone()).is_err());
+        std::fs::remove_file(&log).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("dangling"), &log).unwrap();
+        assert!(Progress::new(Verbosity::Quiet, log).is_err());
+        assert!(!dir.path().join("dangling").exists());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "kept");
+    }
 
     #[test]
     fn docker_steps_of_both_builders() {
