@@ -34,6 +34,10 @@ pub enum Phase {
     Link,
     Install,
     Verify,
+    /// Adding the verified build to the machine-wide store.
+    Store,
+    /// Sealing the staged build with its manifest and committing it.
+    Seal,
 }
 
 impl fmt::Display for Phase {
@@ -45,6 +49,8 @@ impl fmt::Display for Phase {
             Phase::Link => "link",
             Phase::Install => "install",
             Phase::Verify => "verify",
+            Phase::Store => "store",
+            Phase::Seal => "seal",
         })
     }
 }
@@ -152,6 +158,16 @@ pub struct Progress {
     heartbeat: Option<std::thread::JoinHandle<()>>,
     log_path: PathBuf,
     log: Mutex<File>,
+    /// When each phase began, in order: the build's time, phase by phase
+    /// ([`Progress::timings`]).
+    marks: Mutex<Vec<(Phase, Instant)>>,
+}
+
+/// How long one phase of a build took.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PhaseTime {
+    pub phase: String,
+    pub seconds: f64,
 }
 
 impl Progress {
@@ -232,6 +248,7 @@ impl Progress {
             heartbeat,
             log_path,
             log: Mutex::new(log),
+            marks: Mutex::new(vec![(Phase::Prepare, Instant::now())]),
         })
     }
 
@@ -244,6 +261,9 @@ impl Progress {
     }
 
     pub fn phase(&self, phase: Phase) {
+        if let Ok(mut marks) = self.marks.lock() {
+            marks.push((phase, Instant::now()));
+        }
         {
             let mut s = self.lock_state();
             s.phase = phase;
@@ -296,6 +316,28 @@ impl Progress {
         if let Ok(mut log) = self.log.lock() {
             let _ = log.flush();
         }
+    }
+
+    /// Each phase's time, from its start to the next phase's (the last to now), in
+    /// order; a phase entered twice is summed where it was. `prepare` is fdl's own work
+    /// before the backend compiles (locks, the store's look-up, make's count).
+    pub fn timings(&self) -> Vec<PhaseTime> {
+        let marks = self.marks.lock().map(|m| m.clone()).unwrap_or_default();
+        let end = Instant::now();
+        let mut out: Vec<PhaseTime> = Vec::new();
+        for (i, (phase, at)) in marks.iter().enumerate() {
+            let until = marks.get(i + 1).map_or(end, |next| next.1);
+            let seconds = until.saturating_duration_since(*at).as_secs_f64();
+            let name = phase.to_string();
+            match out.iter_mut().find(|t| t.phase == name) {
+                Some(t) => t.seconds += seconds,
+                None => out.push(PhaseTime {
+                    phase: name,
+                    seconds,
+                }),
+            }
+        }
+        out
     }
 
     /// The last `n` lines of the log.
@@ -403,6 +445,27 @@ pub fn nccl_make_event(line: &str) -> Option<(Phase, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each phase's time runs from its start to the next one's, in order, a phase entered
+    /// again adding to its first entry; `prepare` is the time before the first phase.
+    #[test]
+    fn timings_follow_the_phases() {
+        let (p, _dir) = Progress::silent().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        p.phase(Phase::Compile);
+        std::thread::sleep(Duration::from_millis(40));
+        p.phase(Phase::Link);
+        p.phase(Phase::Compile);
+        std::thread::sleep(Duration::from_millis(10));
+        p.phase(Phase::Verify);
+        let t = p.timings();
+        let names: Vec<&str> = t.iter().map(|t| t.phase.as_str()).collect();
+        assert_eq!(names, ["prepare", "compile", "link", "verify"]);
+        assert!(t[0].seconds >= 0.02, "{t:?}");
+        assert!(t[1].seconds >= 0.05, "both compile stretches: {t:?}");
+        let total: f64 = t.iter().map(|t| t.seconds).sum();
+        assert!(total >= 0.07, "{t:?}");
+    }
 
     /// The log is a new file: a link planted at its name is not written through.
     #[test]

@@ -225,8 +225,9 @@ impl Backend for NativeBackend {
         progress.output(&format!("==> fdl: paths: {}", paths.describe()));
         let steps = NativeSteps::new(native, plan.jobs, &paths);
 
-        progress.phase(Phase::Compile);
+        // make's own dry run is fdl's preparation, not the compile: timed as such.
         let total = count_compiles(&steps.count, progress);
+        progress.phase(Phase::Compile);
         if let Some(total) = total {
             progress.set_total(total);
         }

@@ -25,6 +25,8 @@ pub enum Outcome {
         /// Installed from the machine-wide store, and how its files came over; `None`
         /// when it was compiled.
         from_store: Option<crate::store::Method>,
+        /// Where the time went, phase by phase ([`Progress::timings`]).
+        timings: Vec<crate::progress::PhaseTime>,
     },
     AlreadyBuilt {
         manifest: Box<Manifest>,
@@ -231,6 +233,9 @@ pub fn execute(
         let checked = report
             .checked
             .ok_or_else(|| anyhow!("the verification of the staged build recorded no layout"))?;
+        if hit.is_none() && opts.store.is_some() {
+            progress.phase(Phase::Store);
+        }
         let record = if hit.is_some() {
             keyed.as_ref().map(|(_, key, inputs, _)| StoreRecord {
                 key: key.clone(),
@@ -248,6 +253,7 @@ pub fn execute(
                 &progress,
             )
         };
+        progress.phase(Phase::Seal);
         let known = hit.as_ref().map(|h| h.digests.clone()).unwrap_or_default();
         let manifest = staging
             .seal(plan, checked, report.checks, record, &known)
@@ -307,6 +313,7 @@ pub fn execute(
         dir,
         replaced: existing.is_some(),
         from_store: hit.map(|h| h.method),
+        timings: progress.timings(),
     })
 }
 

@@ -1,0 +1,311 @@
+//! fdl's whole native build against plain make of the same tree, side by side (issue 31).
+//!
+//! Each round copies the NCCL tree twice and runs, in turn (the order alternating between
+//! rounds), plain make — exactly the `make … src.build` command fdl's dry run prints for
+//! the plan, in a shell, with nothing of fdl around it — and `fdl nccl build --backend
+//! native` in a fresh project with a fresh build store (compile, install, verify, store
+//! add, seal, commit). It prints each round, the overhead against the 1% target, and
+//! where fdl's time went (`timings` of `fdl nccl build --json`): the backend's make
+//! (compile, link, install) and fdl's own (prepare, verify, store, seal).
+//!
+//! Inputs: `FDL_TEST_CUDA_HOME_NEWEST` (the CUDA 13.5 toolchain of the PyPI wheels, from
+//! `.ci/fetch-oracles`); `FDL_BENCH_NCCL_TREE`, an unpacked NCCL release (`git archive
+//! v2.30.7-1` of NVIDIA/nccl), else a stand-in NCCL-shaped tree whose kernel the real
+//! nvcc compiles for many archs (tens of seconds). `FDL_BENCH_ARCHS` (real tree: `8.0`;
+//! stand-in: every arch from Turing to Blackwell), `FDL_BENCH_ONLY_FUNCS` (real tree:
+//! `SendRecv`), `FDL_BENCH_ROUNDS` (default 2), `FDL_BENCH_JOBS` (default: fdl's own
+//! choice for this machine, which both sides then use).
+//!
+//! `cargo bench --bench native_build`; `cargo test` builds it but does not run it. A
+//! missed target is a result; a failed or wrong build is a failure.
+
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+#[path = "../tests/native_fixture/mod.rs"]
+mod native_fixture;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("native_build: {msg}");
+    std::process::exit(1)
+}
+
+struct Inputs {
+    tree: PathBuf,
+    tag: String,
+    cuda_home: PathBuf,
+    archs: String,
+    only_funcs: Option<String>,
+    jobs: u32,
+}
+
+/// `cp -a` of the tree into a fresh directory: each build starts from the same files.
+fn copy_tree(from: &Path, to: &Path) {
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        fail(&format!(
+            "cannot copy {} to {}",
+            from.display(),
+            to.display()
+        ));
+    }
+}
+
+fn fdl_args(i: &Inputs, source: &Path) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "nccl",
+        "build",
+        "--backend",
+        "native",
+        "--tag",
+        &i.tag,
+        "--archs",
+        &i.archs,
+        "--jobs",
+        &i.jobs.to_string(),
+        "--cuda-home",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.push(i.cuda_home.display().to_string());
+    a.push("--source".into());
+    a.push(source.display().to_string());
+    if let Some(f) = &i.only_funcs {
+        a.extend(["--only-funcs".to_string(), f.clone()]);
+    }
+    a
+}
+
+fn fdl(root: &Path, cache: &Path, args: &[String]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_fdl"))
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .env("XDG_CACHE_HOME", cache)
+        .env_remove("CUDA_HOME")
+        .output()
+        .unwrap()
+}
+
+/// Plain make: the build command of fdl's own dry run for the same plan, with the tree
+/// and a build directory of its own put in for its placeholders.
+fn plain_command(i: &Inputs, source: &Path, build_dir: &Path) -> String {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut args = fdl_args(i, source);
+    args.extend(["--dry-run".into(), "--json".into(), "--no-store".into()]);
+    let out = fdl(scratch.path(), scratch.path(), &args);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        fail(&format!(
+            "the dry run did not answer JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    });
+    if !out.status.success() {
+        fail(&format!("the plan cannot run: {}", v["plan"]["problems"]));
+    }
+    let commands: Vec<&str> = v["commands"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|c| c.as_str()).collect())
+        .unwrap_or_default();
+    // The count (`make -n`), the build, the install: the build is the one with
+    // `src.build` and no `-n`.
+    let build = commands
+        .iter()
+        .find(|c| c.contains(" src.build") && !c.contains(" -n "))
+        .unwrap_or_else(|| fail(&format!("no build command among {commands:?}")));
+    let quote = |p: &Path| format!("'{}'", p.display());
+    build.replace("'<source>'", &quote(source)).replace(
+        "'BUILDDIR=<build-dir>'",
+        &format!("BUILDDIR={}", quote(build_dir)),
+    )
+}
+
+fn run_plain(cmd: &str) -> Duration {
+    let start = Instant::now();
+    let out = Command::new("bash").args(["-c", cmd]).output().unwrap();
+    let took = start.elapsed();
+    if !out.status.success() {
+        fail(&format!(
+            "plain make failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    took
+}
+
+/// fdl's whole build in a fresh project and store: its wall time and its timings.
+fn run_fdl(i: &Inputs, source: &Path) -> (Duration, Vec<(String, f64)>) {
+    let root = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut args = fdl_args(i, source);
+    args.push("--json".into());
+    let start = Instant::now();
+    let out = fdl(root.path(), cache.path(), &args);
+    let took = start.elapsed();
+    if !out.status.success() {
+        fail(&format!(
+            "fdl's build failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    if v["status"] != "built" {
+        fail(&format!(
+            "fdl did not compile (status {}): the store was not fresh",
+            v["status"]
+        ));
+    }
+    let timings = v["timings"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| {
+                    (
+                        t["phase"].as_str().unwrap_or("?").to_string(),
+                        t["seconds"].as_f64().unwrap_or(0.0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (took, timings)
+}
+
+fn main() {
+    let cuda_home = var("FDL_TEST_CUDA_HOME_NEWEST").map(PathBuf::from).unwrap_or_else(|| {
+        fail("FDL_TEST_CUDA_HOME_NEWEST is not set: `source .ci/setup` first (the CUDA toolchain wheels)")
+    });
+    let work = tempfile::tempdir().unwrap();
+    let rounds: usize = var("FDL_BENCH_ROUNDS")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(2);
+    let jobs: u32 = var("FDL_BENCH_JOBS")
+        .and_then(|j| j.parse().ok())
+        .unwrap_or_else(|| fdl::pipeline::default_jobs().0);
+    let inputs = match var("FDL_BENCH_NCCL_TREE") {
+        Some(tree) => {
+            let tree = PathBuf::from(tree);
+            let master = fdl::nccl::tag::Tag::parse("master").unwrap();
+            let version = fdl::native::check_source_dir(&tree, &master)
+                .map(|(_, v)| v)
+                .unwrap_or_else(|e| fail(&format!("{}: {e:#}", tree.display())));
+            Inputs {
+                tag: fdl::nccl::tag::Tag::for_release(&version).to_string(),
+                tree,
+                cuda_home,
+                archs: var("FDL_BENCH_ARCHS").unwrap_or_else(|| "8.0".into()),
+                only_funcs: Some(var("FDL_BENCH_ONLY_FUNCS").unwrap_or_else(|| "SendRecv".into())),
+                jobs,
+            }
+        }
+        None => {
+            let tree = work.path().join("standin");
+            native_fixture::nvcc_tree(&tree, (2, 27, 5));
+            Inputs {
+                tree,
+                tag: "v2.27.5-1".into(),
+                cuda_home,
+                archs: var("FDL_BENCH_ARCHS")
+                    .unwrap_or_else(|| "7.5;8.0;8.6;8.9;9.0;10.0;10.3;12.0;12.1".into()),
+                only_funcs: var("FDL_BENCH_ONLY_FUNCS"),
+                jobs,
+            }
+        }
+    };
+    let real = var("FDL_BENCH_NCCL_TREE").is_some();
+    println!(
+        "native build vs plain make: {} ({}), archs {}, ONLY_FUNCS {}, {} jobs, {} round(s)",
+        inputs.tree.display(),
+        if real { "real NCCL" } else { "stand-in tree" },
+        inputs.archs,
+        inputs.only_funcs.as_deref().unwrap_or("(all)"),
+        inputs.jobs,
+        rounds
+    );
+    let (mut plain_sum, mut fdl_sum) = (Duration::ZERO, Duration::ZERO);
+    let mut phases: Vec<(String, f64)> = Vec::new();
+    for round in 1..=rounds {
+        let dir = work.path().join(format!("round-{round}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (plain_src, fdl_src) = (dir.join("plain-src"), dir.join("fdl-src"));
+        copy_tree(&inputs.tree, &plain_src);
+        copy_tree(&inputs.tree, &fdl_src);
+        let cmd = plain_command(&inputs, &plain_src, &dir.join("plain-build"));
+        let (plain, (with_fdl, timings)) = if round % 2 == 1 {
+            let p = run_plain(&cmd);
+            (p, run_fdl(&inputs, &fdl_src))
+        } else {
+            let f = run_fdl(&inputs, &fdl_src);
+            (run_plain(&cmd), f)
+        };
+        plain_sum += plain;
+        fdl_sum += with_fdl;
+        for (phase, s) in &timings {
+            match phases.iter_mut().find(|(p, _)| p == phase) {
+                Some((_, sum)) => *sum += s,
+                None => phases.push((phase.clone(), *s)),
+            }
+        }
+        println!(
+            "round {round}: plain make {:.1} s, fdl {:.1} s ({:+.2}%): {}",
+            plain.as_secs_f64(),
+            with_fdl.as_secs_f64(),
+            100.0 * (with_fdl.as_secs_f64() / plain.as_secs_f64() - 1.0),
+            timings
+                .iter()
+                .map(|(p, s)| format!("{p} {s:.1} s"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let make_phases = ["compile", "link", "install"];
+    let make: f64 = phases
+        .iter()
+        .filter(|(p, _)| make_phases.contains(&p.as_str()))
+        .map(|(_, s)| s)
+        .sum();
+    let own: f64 = phases
+        .iter()
+        .filter(|(p, _)| !make_phases.contains(&p.as_str()))
+        .map(|(_, s)| s)
+        .sum();
+    let overhead = 100.0 * (fdl_sum.as_secs_f64() / plain_sum.as_secs_f64() - 1.0);
+    println!();
+    println!("| | total over {rounds} round(s) |");
+    println!("|---|---|");
+    println!("| plain make | {:.1} s |", plain_sum.as_secs_f64());
+    println!("| fdl nccl build | {:.1} s |", fdl_sum.as_secs_f64());
+    println!("| of which fdl's make (compile, link, install) | {make:.1} s |");
+    println!("| of which fdl's own ({}) | {own:.1} s |", {
+        phases
+            .iter()
+            .filter(|(p, _)| !make_phases.contains(&p.as_str()))
+            .map(|(p, s)| format!("{p} {s:.1} s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    println!(
+        "fdl's whole build over plain make: {overhead:+.2}% (target: within 1%): {}",
+        if overhead <= 1.0 { "MET" } else { "MISSED" }
+    );
+    println!("machine load after the run: {}", {
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    });
+}
