@@ -20,7 +20,6 @@
 //! missed target is a result; a failed or wrong build is a failure.
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 #[path = "../tests/native_fixture/mod.rs"]
 mod native_fixture;
