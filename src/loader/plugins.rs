@@ -287,7 +287,6 @@ pub struct Plugins {
     pub kinds: Vec<KindReport>,
     /// NCCL also reads these variables from `NCCL_CONF_FILE`, `~/.nccl.conf` and
     /// `/etc/nccl.conf` (`initEnv`); the ones that exist are named here.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub config_files: Vec<PathBuf>,
 }
 
