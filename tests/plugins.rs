@@ -261,3 +261,88 @@ fn real_wheels_ask_what_their_source_looks_up() {
         assert_eq!(asks.lists.contains(&Kind::Net), !old, "{var}");
     }
 }
+
+/// A real NCCL (2.28.9) opens its env plugin with no GPU, at `ncclGetUniqueId`: the file
+/// glibc reports (`LD_DEBUG=files`) must be the one fdl's model finds. The stand-in
+/// exports only an entry version no NCCL knows, so NCCL closes it without calling it, and
+/// fdl must say it is ignored.
+#[test]
+#[ignore = "needs the NCCL wheels (.ci/fetch-oracles)"]
+fn a_real_nccl_opens_the_env_plugin_fdl_finds() {
+    let lib =
+        PathBuf::from(std::env::var_os("FDL_TEST_NCCL_LIB_CU13").expect("FDL_TEST_NCCL_LIB_CU13"));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let plugins_dir = root.join("plugins");
+    std::fs::create_dir_all(&plugins_dir).unwrap();
+    let plugin = plugins_dir.join("libnccl-env.so");
+    compile_shared("int ncclEnvPlugin_v99[4] = {99};\n", &plugin, &[]);
+    let src = root.join("run.c");
+    std::fs::write(
+        &src,
+        r#"#include <dlfcn.h>
+#include <stdio.h>
+int main(int c, char **v) {
+  void *h = dlopen(v[1], RTLD_NOW);
+  if (!h) { printf("%s\n", dlerror()); return 2; }
+  int (*gu)(void *) = (int (*)(void *))dlsym(h, "ncclGetUniqueId");
+  char id[128];
+  gu(id);
+  return 0;
+}
+"#,
+    )
+    .unwrap();
+    assert!(Command::new("cc")
+        .arg("-o")
+        .arg(root.join("run"))
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .unwrap()
+        .success());
+    let out = Command::new(root.join("run"))
+        .arg(&lib)
+        .env("LD_DEBUG", "files")
+        .env("LD_LIBRARY_PATH", &plugins_dir)
+        .env_remove("NCCL_ENV_PLUGIN")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let opened = err
+        .lines()
+        .find(|l| l.contains("libnccl-env.so") && l.contains("dynamically loaded by"))
+        .unwrap_or_else(|| panic!("the real NCCL did not open libnccl-env.so:\n{err}"));
+    let real = opened
+        .split("file=")
+        .nth(1)
+        .and_then(|r| r.split(" [").next())
+        .unwrap()
+        .to_string();
+    let mut env = LoaderEnv::from_process();
+    env.preload.clear();
+    env.ld_so_preload.clear();
+    env.ld_library_path = vec![plugins_dir.clone()];
+    let w = loader::which_nccl(&lib, &env).unwrap();
+    let p = plugins::plugins(&w, &env, &|_| None).unwrap();
+    let e = p.kind(Kind::Env).expect("2.28.9 opens an env plugin");
+    let found = e.tries[0].found.clone().expect("fdl finds it");
+    assert_eq!(found, plugin);
+    // glibc reports the name searched for in this line, or the path.
+    assert!(
+        real == "libnccl-env.so" || Path::new(&real) == plugin,
+        "{real}"
+    );
+    assert!(
+        err.contains(&format!("{}", plugin.display())),
+        "glibc opened another file:\n{err}"
+    );
+    assert_eq!(
+        e.verdict,
+        Verdict::NoCommonVersion {
+            path: plugin.clone(),
+            exports: vec![99]
+        }
+    );
+}

@@ -1,17 +1,17 @@
 //! Which NCCL plugins a process's NCCL would load, found as its `dlopen` finds them.
 //!
-//! NCCL (`src/plugin/plugin_open.cc`, 2.23 and later; `src/net.cc` and
+//! NCCL (`src/plugin/plugin_open.cc`, 2.26 and later; `src/net.cc` and
 //! `src/misc/tuner.cc` before) opens each plugin with `dlopen(name, RTLD_NOW | RTLD_LOCAL)`
 //! called from libnccl itself, so glibc searches for `name` as for a DT_NEEDED of the NCCL
 //! object: the DT_RPATH of NCCL and of the objects that loaded it in turn (unless NCCL has
 //! DT_RUNPATH), the program's, `LD_LIBRARY_PATH`, NCCL's DT_RUNPATH, the cache, the system
-//! directories ([`LinkMap::dlopen`]). The names, per kind (`net`, `tuner`, `profiler`,
+//! directories ([`super::map::LinkMap::dlopen`]). The names, per kind (`net`, `tuner`, `profiler`,
 //! `env`, `gin`, `rma`; variable `NCCL_<KIND>_PLUGIN`, prefix `libnccl-<kind>`):
 //! - unset (or empty, for the kinds that are not lists): `libnccl-<kind>.so`;
 //! - `none` (any case): no external plugin;
 //! - a value: the value itself, then — unless it holds `/` or is itself a `lib….so`
-//!   name — `libnccl-<kind>-<value>.so` (before 2.23, always both);
-//! - `NCCL_NET_PLUGIN` (2.24 and later), `NCCL_GIN_PLUGIN`, `NCCL_RMA_PLUGIN` are comma
+//!   name — `libnccl-<kind>-<value>.so` (before 2.26, always both);
+//! - `NCCL_NET_PLUGIN` (2.27 and later), `NCCL_GIN_PLUGIN`, `NCCL_RMA_PLUGIN` are comma
 //!   lists, tried in order; set but empty, they name no external plugin.
 //!
 //! A plugin answers with versioned entry symbols (`ncclNetPlugin_v10`,
@@ -20,7 +20,7 @@
 //! its internal transport (net) or none. What one NCCL knows is read from its own
 //! read-only data, where each name it looks up is a string — never from a table of
 //! releases. When no tuner library is found, NCCL looks for the tuner's entry in the net
-//! plugin (2.24 and later): that is modelled too.
+//! plugin (2.26 and later): that is modelled too.
 
 use super::bind::{Answer, Which};
 use super::map::Dlopened;
@@ -95,7 +95,7 @@ pub struct Asks {
     /// at all is absent.
     pub kinds: Vec<(Kind, Vec<u32>)>,
     /// Whether it makes the second name `libnccl-<kind>-<value>.so` only for a value that
-    /// is no path and no `lib….so` name (its format string `%s-%s.so`, 2.23 and later);
+    /// is no path and no `lib….so` name (its format string `%s-%s.so`, 2.26 and later);
     /// else it always tries both.
     pub checks_value: bool,
     /// The kinds whose variable is a comma list here (its message "NCCL_<KIND>_PLUGIN
@@ -356,7 +356,7 @@ pub fn plugins(
                 net_found = Some(path.clone());
             }
         }
-        // tuner.cc (2.24 and later): no tuner library, then the net plugin's entry.
+        // tuner.cc (2.26 and later): no tuner library, then the net plugin's entry.
         if *kind == Kind::Tuner && matches!(verdict, Verdict::NotFound) && asks.checks_value {
             if let Some(net) = &net_found {
                 if let Ok(names) = interpose::exported_with_prefixes(net, &[kind.entry()]) {
