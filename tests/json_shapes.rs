@@ -100,6 +100,7 @@ fn every_json_output_matches_its_documented_schema() {
             "fdl nccl detect --witness --json",
             vec!["nccl", "detect", "--witness", "--json"],
         ),
+        ("fdl nccl plugins --json", vec!["nccl", "plugins", "--json"]),
         (
             "fdl nccl verify --json",
             vec!["nccl", "verify", &build, "--json"],

@@ -664,6 +664,100 @@ pub(super) fn detect_cmd(
     }
 }
 
+/// `nccl plugins`: for the NCCL the process runs, each plugin kind's names, where the
+/// loader finds them (modelled: the witness traces startup, not a dlopen) and the verdict.
+pub(super) fn plugins_cmd(project: &Project, path: Option<&Path>, json_out: bool) -> Result<()> {
+    let lib = detect_target(project, path)?;
+    let env = LoaderEnv::from_process();
+    let w = loader::which_nccl(&lib, &env)?;
+    let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
+    let p = loader::plugins::plugins(&w, &env, &var)
+        .map_err(|why| anyhow::Error::from(super::common::Undecided(why)))?;
+    if json_out {
+        let mut v = serde_json::to_value(&p).unwrap_or_default();
+        v["library"] = json!(lib);
+        v["witness"] = json!({
+            "asked": false,
+            "none": "the host loader's trace covers a process's startup; NCCL opens plugins later, at communicator init, so this dlopen is fdl's model alone",
+        });
+        print_json(&v);
+        return Ok(());
+    }
+    let clean = crate::text::clean;
+    outln!("NCCL      {}", clean(&p.nccl.display().to_string()));
+    for k in &p.kinds {
+        let value = match &k.value {
+            Some(v) => format!("{}={}", k.variable, clean(v)),
+            None => format!("{} unset", k.variable),
+        };
+        let asks: Vec<String> = k.asks.iter().map(|v| format!("v{v}")).collect();
+        let verdict = match &k.verdict {
+            loader::plugins::Verdict::Loaded {
+                path,
+                version,
+                from_net_plugin,
+            } => format!(
+                "{} {} with v{version}{}",
+                paint("loads", Color::Green),
+                clean(&path.display().to_string()),
+                if from_net_plugin.is_some() {
+                    " (the net plugin's tuner)"
+                } else {
+                    ""
+                }
+            ),
+            loader::plugins::Verdict::NotFound => {
+                "not found: NCCL uses its internal one".to_string()
+            }
+            loader::plugins::Verdict::NoCommonVersion { path, exports } => {
+                let e: Vec<String> = exports.iter().map(|v| format!("v{v}")).collect();
+                format!(
+                    "{} {} exports {}, none of which this NCCL asks for: ignored",
+                    paint("ignored:", Color::Yellow),
+                    clean(&path.display().to_string()),
+                    if e.is_empty() {
+                        "no entry".to_string()
+                    } else {
+                        e.join(", ")
+                    }
+                )
+            }
+            loader::plugins::Verdict::Disabled => "disabled (none)".to_string(),
+            loader::plugins::Verdict::Unknown { reason } => {
+                format!("{} {}", paint("unknown:", Color::Yellow), clean(reason))
+            }
+        };
+        outln!("{:<9} {verdict}", k.kind.name());
+        outln!("          {value}; asks {}", asks.join(", "));
+        for t in &k.tries {
+            match &t.found {
+                Some(f) => outln!(
+                    "          dlopen {} → {} ({})",
+                    clean(&t.name),
+                    clean(&f.display().to_string()),
+                    clean(t.via.as_deref().unwrap_or(""))
+                ),
+                None => outln!(
+                    "          dlopen {} → {}",
+                    clean(&t.name),
+                    clean(t.error.as_deref().unwrap_or(""))
+                ),
+            }
+        }
+        for c in &k.caveats {
+            outln!("          note: {}", clean(c));
+        }
+    }
+    for f in &p.config_files {
+        outln!(
+            "note      {} exists: NCCL reads NCCL_*_PLUGIN from it too when unset here",
+            clean(&f.display().to_string())
+        );
+    }
+    outln!("witness   none: the host loader's trace covers startup; NCCL opens plugins at communicator init, so these dlopens are fdl's model");
+    Ok(())
+}
+
 /// The loader's side of `detect --witness`, as JSON: `asked`, then either `none` (why
 /// no loader was asked) or the trace and the verdict.
 pub(super) fn witness_json(

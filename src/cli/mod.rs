@@ -160,6 +160,19 @@ Without --tag the version is read from the active libtorch; without --archs the 
         #[arg(long)]
         witness: bool,
     },
+    /// Which plugins (net, tuner, profiler, env, gin, rma) the process's NCCL would dlopen,
+    /// where the loader finds them, and whether their entry versions fit this NCCL
+    #[command(
+        after_help = "Reads NCCL_<KIND>_PLUGIN from your environment and searches as a dlopen from the\nNCCL object does. The loader's own trace covers startup only, so a dlopen is\nmodelled, not witnessed.\n\nExamples:\n  fdl nccl plugins\n  fdl nccl plugins site-packages/torch/lib/libtorch_cuda.so --json"
+    )]
+    Plugins {
+        /// A shared library (answered for a program that links it) or a program.
+        /// Default: the active libtorch's lib/libtorch_cuda.so
+        path: Option<PathBuf>,
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+    },
     /// Check builds: layout, versions, manifest, SASS per arch and GPU, and that it loads
     #[command(
         after_help = "Examples:\n  fdl nccl verify\n  fdl nccl verify v2.27.5-sm61-sm120 --json"
@@ -227,6 +240,7 @@ impl Command {
             Command::Nccl(n) => match n {
                 NcclCommand::Build(args) => args.json,
                 NcclCommand::Detect { json, .. }
+                | NcclCommand::Plugins { json, .. }
                 | NcclCommand::Verify { json, .. }
                 | NcclCommand::List { json } => *json,
                 NcclCommand::Env { json, format, .. } => {
@@ -307,6 +321,9 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             json,
             witness,
         ),
+        Command::Nccl(NcclCommand::Plugins { path, json }) => {
+            inspect::plugins_cmd(project, path.as_deref(), json)
+        }
         Command::Nccl(NcclCommand::Verify { build, json }) => {
             inspect::verify_cmd(project, build.as_deref(), json)
         }

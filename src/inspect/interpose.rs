@@ -159,6 +159,43 @@ fn exported_nccl_symbols_in(src: &Source<'_>) -> Result<Vec<String>> {
     Ok(out.into_iter().collect())
 }
 
+/// The defined, exported (global or weak, default or protected visibility) `nccl*`
+/// symbols of any type in `.dynsym` of the library at `path` whose names start with one
+/// of `prefixes`, sorted: a plugin's versioned entry points (`ncclNetPlugin_v10`, data
+/// objects, not functions), which NCCL looks up with `dlsym`. A file without dynamic
+/// symbols exports none.
+pub fn exported_with_prefixes(path: &Path, prefixes: &[&str]) -> Result<BTreeSet<String>> {
+    Source::with_file(path, |src| {
+        let Some(t) = tables_if_dynamic(src)? else {
+            return Ok(BTreeSet::new());
+        };
+        let e = t.endian;
+        let mut out = BTreeSet::new();
+        for s in t.dynsym.iter().skip(1) {
+            let Some(name) = nccl_name(t.dynstr, s.st_name(e)) else {
+                continue;
+            };
+            if !prefixes.iter().any(|p| name.starts_with(p)) {
+                continue;
+            }
+            let exported = s.st_shndx(e) != elf::SHN_UNDEF
+                && matches!(s.st_bind(), elf::STB_GLOBAL | elf::STB_WEAK)
+                && matches!(s.st_visibility(), elf::STV_DEFAULT | elf::STV_PROTECTED);
+            if exported {
+                if out.len() >= MAX_NAMES {
+                    bail!(
+                        "{}: more than {MAX_NAMES} plugin entry symbols in .dynsym; the file is corrupt",
+                        src.name().display()
+                    );
+                }
+                out.insert(name.to_string());
+            }
+        }
+        src.check_len()?;
+        Ok(out)
+    })
+}
+
 /// The file has no dynamic table or no dynamic symbol table: it exports and imports
 /// nothing, which for a link map is an answer ("no symbols"), not an unreadable object.
 #[derive(Debug, thiserror::Error)]

@@ -186,6 +186,30 @@ const MAX_SEARCH_DIRS: usize = 4096;
 /// Paths kept in one failure's `searched`.
 const MAX_SEARCHED: usize = 1024;
 
+/// What a `dlopen` from one object of the map finds ([`LinkMap::dlopen`]).
+#[derive(Debug, Clone)]
+pub enum Dlopened {
+    /// `path` as the loader opens it; `already` when an object of the map answers the
+    /// name, else `rule` is what found it (`None`: a path).
+    Loaded {
+        path: PathBuf,
+        already: bool,
+        rule: Option<ResolveRule>,
+        caveats: Vec<String>,
+    },
+    /// The loader's reason (glibc's words when nothing is found) and the paths tried.
+    Failed {
+        reason: String,
+        searched: Vec<PathBuf>,
+        caveats: Vec<String>,
+    },
+}
+
+fn search_id(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// A file the loader takes: its path as opened, the rule that found it, its identity.
 type Hit = (PathBuf, ResolveRule, (u64, u64));
 
@@ -502,6 +526,55 @@ impl LinkMap {
         object.versions = versions;
         self.objects.push(object);
         Ok(self.objects.len() - 1)
+    }
+
+    /// `dlopen(name)` called from the object at `caller` (glibc's `dl_open_worker` hands
+    /// `_dl_map_object` the caller's map as the loader): an object already loaded under
+    /// that name or file answers; otherwise the search a DT_NEEDED of `caller` would make,
+    /// DT_RPATH inherited along `caller`'s loaders included. The map itself is unchanged:
+    /// the search runs on a copy, and the caveats it raises are returned with it.
+    pub fn dlopen(&self, caller: usize, name: &str, env: &LoaderEnv) -> Dlopened {
+        let mut m = self.clone();
+        let before = m.objects.len();
+        let caveats_before = m.caveats.len();
+        let result = m.map_object(caller, name, env, None);
+        let caveats = m.caveats[caveats_before.min(m.caveats.len())..]
+            .iter()
+            .map(|c| c.what.clone())
+            .collect();
+        match result {
+            Ok(i) if i < before => Dlopened::Loaded {
+                path: m.objects[i].path.clone(),
+                already: true,
+                rule: None,
+                caveats,
+            },
+            Ok(i) => {
+                let rule = match &m.objects[i].found_by {
+                    FoundBy::Needed { rule, .. } => Some(*rule),
+                    _ => None,
+                };
+                Dlopened::Loaded {
+                    path: m.objects[i].path.clone(),
+                    already: false,
+                    rule,
+                    caveats,
+                }
+            }
+            Err(f) => Dlopened::Failed {
+                reason: f.reason,
+                searched: f.searched.into_iter().take(MAX_SEARCHED).collect(),
+                caveats,
+            },
+        }
+    }
+
+    /// The index of the object opened by `path` (or the same file), if it is loaded.
+    pub fn index_of(&self, path: &Path) -> Option<usize> {
+        let id = search_id(path);
+        self.objects
+            .iter()
+            .position(|o| !o.is_stand_in() && (o.path == path || (id.is_some() && o.id == id)))
     }
 
     /// The version tables read for the object about to be placed at the end of the

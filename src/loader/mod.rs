@@ -15,6 +15,7 @@
 pub mod bind;
 pub mod map;
 pub mod pin;
+pub mod plugins;
 pub mod preload;
 pub mod search;
 pub mod witness;
