@@ -75,38 +75,19 @@ impl Slurm {
         let list = std::env::var("SLURM_JOB_NODELIST")
             .or_else(|_| std::env::var("SLURM_NODELIST"))
             .map_err(|_| anyhow!("Slurm job {job} has no SLURM_JOB_NODELIST in this environment: run fdl in the job's own shell (salloc, sbatch)"))?;
-        // The states need no names (scontrol expands the list itself): both are asked
-        // at once, and a step of a fresh allocation costs one scontrol, not two.
-        let (out, states) = std::thread::scope(|s| {
-            let states = s.spawn(|| node_states(&list, timeout));
-            let mut cmd = Command::new("scontrol");
-            cmd.args(["show", "hostnames", &list]);
-            let out = crate::process::output_within(&mut cmd, timeout);
-            (out, states.join().ok().flatten())
-        });
-        let out = out
-            .map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    anyhow!(
-                        "scontrol was not found: run fdl where Slurm's client tools are on PATH"
-                    )
-                } else {
-                    crate::process::lift(e)
-                }
-            })?
-            .ok_or_else(|| {
-                anyhow!(
-                    "`scontrol show hostnames` gave no answer within {} s (--timeout): is slurmctld up? Run `scontrol ping`, or give a longer --timeout",
-                    timeout.as_secs()
-                )
-            })?;
-        if !out.status.success() {
-            bail!(
-                "`scontrol show hostnames` failed: {}",
-                crate::text::clean(String::from_utf8_lossy(&out.stderr).trim())
-            );
-        }
-        let nodes = parse_hostnames(&String::from_utf8_lossy(&out.stdout))?;
+        // A list in the common form (`node[1-3,7],gpu05`) is expanded here, and the
+        // step's one scontrol is the states'; any other form is scontrol's to expand,
+        // asked beside the states. Either way the names are the same (the unit tests
+        // hold scontrol 22.05's answers for these forms).
+        let (names, states) = match expand_hostlist(&list) {
+            Some(names) => (Ok(names), node_states(&list, timeout)),
+            None => std::thread::scope(|s| {
+                let states = s.spawn(|| node_states(&list, timeout));
+                let names = scontrol_hostnames(&list, timeout);
+                (names, states.join().ok().flatten())
+            }),
+        };
+        let nodes = names?;
         Ok(Slurm {
             job,
             nodes,
@@ -551,6 +532,102 @@ fn node_states(list: &str, timeout: Duration) -> Option<BTreeMap<String, String>
     Some(parse_node_states(&String::from_utf8_lossy(&out.stdout)))
 }
 
+/// The names of a Slurm host list, by `scontrol show hostnames`.
+fn scontrol_hostnames(list: &str, timeout: Duration) -> Result<Vec<String>> {
+    let mut cmd = Command::new("scontrol");
+    cmd.args(["show", "hostnames", list]);
+    let out = crate::process::output_within(&mut cmd, timeout)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                anyhow!("scontrol was not found: run fdl where Slurm's client tools are on PATH")
+            } else {
+                crate::process::lift(e)
+            }
+        })?
+        .ok_or_else(|| {
+            anyhow!(
+                "`scontrol show hostnames` gave no answer within {} s (--timeout): is slurmctld up? Run `scontrol ping`, or give a longer --timeout",
+                timeout.as_secs()
+            )
+        })?;
+    if !out.status.success() {
+        bail!(
+            "`scontrol show hostnames` failed: {}",
+            crate::text::clean(String::from_utf8_lossy(&out.stderr).trim())
+        );
+    }
+    parse_hostnames(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The most names [`expand_hostlist`] makes of one list; a longer one is scontrol's.
+const EXPAND_MAX: usize = 1 << 16;
+
+/// A Slurm host list of the common form expanded as `scontrol show hostnames` does:
+/// comma-separated terms, each a plain name or `prefix[ranges]suffix` with one bracket
+/// group of `a`, `a-b` (`a`'s digits give the width: `01-10`) joined by commas. `None`
+/// for anything else (two groups, a step `a-b:2`, a range backwards, a name that is not
+/// a plain word, more than [`EXPAND_MAX`] names): then scontrol expands it.
+pub fn expand_hostlist(list: &str) -> Option<Vec<String>> {
+    let mut names: Vec<String> = Vec::new();
+    let push = |name: String, names: &mut Vec<String>| -> Option<()> {
+        if !plain(&name) || names.len() >= EXPAND_MAX {
+            return None;
+        }
+        if !names.contains(&name) {
+            names.push(name);
+        }
+        Some(())
+    };
+    // Terms split at the commas outside brackets.
+    let mut terms = Vec::new();
+    let (mut depth, mut from) = (0usize, 0usize);
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.checked_sub(1)?,
+            ',' if depth == 0 => {
+                terms.push(&list[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return None;
+    }
+    terms.push(&list[from..]);
+    for term in terms {
+        let Some((prefix, rest)) = term.split_once('[') else {
+            push(term.to_string(), &mut names)?;
+            continue;
+        };
+        let (ranges, suffix) = rest.split_once(']')?;
+        if suffix.contains(['[', ']']) {
+            return None;
+        }
+        for range in ranges.split(',') {
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            if a.is_empty()
+                || b.is_empty()
+                || !(a.bytes().chain(b.bytes())).all(|c| c.is_ascii_digit())
+            {
+                return None;
+            }
+            let (lo, hi): (u64, u64) = (a.parse().ok()?, b.parse().ok()?);
+            if lo > hi || hi - lo >= EXPAND_MAX as u64 {
+                return None;
+            }
+            for n in lo..=hi {
+                push(
+                    format!("{prefix}{n:0width$}{suffix}", width = a.len()),
+                    &mut names,
+                )?;
+            }
+        }
+    }
+    (!names.is_empty()).then_some(names)
+}
+
 /// `scontrol show hostnames`' answer: one node name a line, each a plain word.
 pub fn parse_hostnames(text: &str) -> Result<Vec<String>> {
     // A list naming a node twice (`node[1,1]`) is that node once: one worker, one task.
@@ -747,6 +824,37 @@ mod tests {
         assert!(parse_hostnames("node1\n$(rm -rf)\n").is_err());
         assert!(parse_hostnames("-oProxy\n").is_err());
         assert!(parse_hostnames("").is_err());
+    }
+
+    /// The forms `scontrol show hostnames` (22.05) expands, and its answers; the rest
+    /// are left to it.
+    #[test]
+    fn common_host_lists_are_expanded_as_scontrol_does_and_the_rest_left_to_it() {
+        let x = |l: &str| expand_hostlist(l);
+        assert_eq!(x("node[1-3]").unwrap(), ["node1", "node2", "node3"]);
+        assert_eq!(x("node1").unwrap(), ["node1"]);
+        assert_eq!(
+            x("gpu[08-11,20],login-1,n[7]-ib").unwrap(),
+            ["gpu08", "gpu09", "gpu10", "gpu11", "gpu20", "login-1", "n7-ib"]
+        );
+        assert_eq!(x("node[9-10]").unwrap(), ["node9", "node10"]);
+        assert_eq!(x("node[1,1-2]").unwrap(), ["node1", "node2"]);
+        for other in [
+            "",
+            "rack[1-2]-node[1-4]",
+            "node[1-4:2]",
+            "node[3-1]",
+            "node[1-3",
+            "node1-3]",
+            "node[]",
+            "node[a-b]",
+            "$(reboot)[1-2]",
+            "-o[1-2]",
+            "n[0-99999999]",
+            "a,,b",
+        ] {
+            assert_eq!(x(other), None, "{other}");
+        }
     }
 
     /// A step of 3,000 nodes whose output never ends: stopped at the total bound (not at

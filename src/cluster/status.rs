@@ -130,7 +130,13 @@ impl OwnBinary {
     /// descriptor, and `f` is `/proc/self/fd/9`, so what runs is the file that was
     /// hashed, whatever is renamed over its name in between. A file that fails any of
     /// this exits [`NOT_THIS_FDL`]: it is never run, and the controller ships its own
-    /// over it (a planted file included).
+    /// over it (a planted file included). Hashing the 40 MB binary costs every command
+    /// 0.1–0.4 s on each worker (sha256sum), so, as the controller keeps its own digest
+    /// ([`crate::cache::sha256_file_kept`]), the digest found is kept beside the file
+    /// (`fdl-….sum`, a file of this user only it can write) under the opened file's
+    /// identity: device, inode, size, and modification and change times (any write moves
+    /// the change time, which no program sets back). A record of another identity or
+    /// digest, or one others could write, is passed over and the file hashed again.
     pub(super) fn open_there(&self) -> String {
         format!(
             "{dirs}; b={b}; f=; \
@@ -138,12 +144,26 @@ impl OwnBinary {
                set -- $(LC_ALL=C ls -ldn -- \"$b\"); ours=; \
                case \"$1\" in -????w*|-???????w*) ;; -*) [ \"$3\" = \"$me\" ] && [ -r \"$b\" ] && ours=1;; esac; \
                [ -n \"$ours\" ] && exec 9< \"$b\" || exit {NOT_THIS_FDL}; \
-               [ \"$(sha256sum <&9 | cut -d' ' -f1)\" = {sha} ] || exit {NOT_THIS_FDL}; \
+               k=\"$b.sum\"; id=$(LC_ALL=C stat -L -c '%d %i %s %y %z' /proc/self/fd/9 2>/dev/null); kept=; \
+               if [ -n \"$id\" ] && [ -f \"$k\" ] && [ ! -h \"$k\" ]; then \
+                 set -- $(LC_ALL=C ls -ldn -- \"$k\"); \
+                 case \"$1\" in -????w*|-???????w*) ;; -*) [ \"$3\" = \"$me\" ] && [ \"$(head -c 256 -- \"$k\")\" = \"$id {sha}\" ] && kept=1;; esac; \
+               fi; \
+               if [ -z \"$kept\" ]; then \
+                 [ \"$(sha256sum <&9 | cut -d' ' -f1)\" = {sha} ] || exit {NOT_THIS_FDL}; \
+                 [ -n \"$id\" ] && (umask 077; printf '%s\\n' \"$id {sha}\" > \"$k.$$\" && mv -f -- \"$k.$$\" \"$k\") 2>/dev/null; \
+               fi; \
                f=/proc/self/fd/9; \
              fi",
             dirs = cache_dirs_check(),
             b = self.remote_path_expr(),
-            sha = crate::step::single_quote(&self.sha256),
+            // A digest is hex (fdl's own, [`OwnBinary::current`]): a plain word in the
+            // script, quoted or not; anything else stands for no file of ours.
+            sha = if self.sha256.bytes().all(|c| c.is_ascii_hexdigit()) {
+                self.sha256.as_str()
+            } else {
+                "not-a-digest"
+            },
         )
     }
 }
@@ -1038,6 +1058,41 @@ mod tests {
             std::fs::create_dir_all(&bin).unwrap();
             mode(&cache.join("fdl"), 0o700);
             mode(&bin, 0o700);
+            put(&genuine, 0o755);
+            assert_eq!(run().1.as_deref(), Some("genuine --root x\n"), "{shell}");
+            // Its digest is kept under its identity, and the next run trusts the record.
+            let sum = bin.join(format!("fdl-{}.sum", &own.sha256[..16]));
+            let record = std::fs::read_to_string(&sum).expect("the digest is kept");
+            assert!(record.trim_end().ends_with(&own.sha256), "{record}");
+            assert_eq!(run().1.as_deref(), Some("genuine --root x\n"), "{shell}");
+            // Other bytes of the same size written in place: the record is of another
+            // change time, so the file is hashed again and refused.
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            let same_size = genuine.replace("genuine", "GENUINE");
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&file)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, same_size.as_bytes()))
+                .unwrap();
+            assert_eq!(run().0, Some(NOT_THIS_FDL), "{shell}: rewritten in place");
+            assert_eq!(run().1, None, "{shell}: the rewritten file ran");
+            // A record that names these bytes but that others may write is passed over.
+            let id = std::process::Command::new("stat")
+                .args(["-L", "-c", "%d %i %s %y %z"])
+                .arg(&file)
+                .env("LC_ALL", "C")
+                .output()
+                .unwrap();
+            let id = String::from_utf8_lossy(&id.stdout).trim().to_string();
+            std::fs::write(&sum, format!("{id} {}\n", own.sha256)).unwrap();
+            mode(&sum, 0o666);
+            assert_eq!(
+                run().0,
+                Some(NOT_THIS_FDL),
+                "{shell}: a record others write"
+            );
+            assert_eq!(run().1, None, "{shell}: a forged record was trusted");
+            std::fs::remove_file(&sum).unwrap();
             put(&genuine, 0o755);
             assert_eq!(run().1.as_deref(), Some("genuine --root x\n"), "{shell}");
             // No file: nothing to run, nothing refused.
