@@ -569,11 +569,13 @@ const EXPAND_MAX: usize = 1 << 16;
 /// a plain word, more than [`EXPAND_MAX`] names): then scontrol expands it.
 pub fn expand_hostlist(list: &str) -> Option<Vec<String>> {
     let mut names: Vec<String> = Vec::new();
-    let push = |name: String, names: &mut Vec<String>| -> Option<()> {
+    // Seen names in a set: a list of 65,536 names is not 65,536² comparisons.
+    let mut seen = std::collections::HashSet::new();
+    let mut push = |name: String, names: &mut Vec<String>| -> Option<()> {
         if !plain(&name) || names.len() >= EXPAND_MAX {
             return None;
         }
-        if !names.contains(&name) {
+        if seen.insert(name.clone()) {
             names.push(name);
         }
         Some(())
