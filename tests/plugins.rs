@@ -11,16 +11,14 @@ use fdl::loader::{self, LoaderEnv};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The stand-in NCCL: NCCL's self-id, the entry names its dlsym would look up (v10, v9),
+/// What the stand-in NCCLs share: the entry names NCCL's dlsym would look up (v10, v9),
 /// and `fdl_probe`, which calls `dlopen` as `ncclOsDlopen` does and prints `l_name`.
-const NCCL_C: &str = r#"
+const PROBE_C: &str = r#"
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
 #include <stdio.h>
-const char fdl_test_version_string[] = "NCCL version 2.27.5+cuda12.9";
 const char *fdl_names[] = {"ncclNetPlugin_v10", "ncclNetPlugin_v9"};
-int ncclGetVersion(int *v) { *v = 22705; return 0; }
 int fdl_probe(const char *name) {
   void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
   if (!h) { printf("NOTFOUND\n"); return 1; }
@@ -30,6 +28,11 @@ int fdl_probe(const char *name) {
   return 0;
 }
 "#;
+
+/// The stand-in pip NCCL: its self-id and version, and the probe.
+fn nccl_c() -> String {
+    format!("{PROBE_C}\n{}", common::nccl_like_source((2, 27, 5), "12.9"))
+}
 
 const TORCH_C: &str = r#"
 int ncclGetVersion(int *v);
@@ -58,7 +61,7 @@ impl Layout {
         std::fs::create_dir_all(&nccl).unwrap();
         std::fs::create_dir_all(&torch).unwrap();
         compile_shared(
-            NCCL_C,
+            &nccl_c(),
             &nccl.join("libnccl.so.2"),
             &["-Wl,-soname,libnccl.so.2", "-ldl"],
         );
@@ -244,6 +247,18 @@ const SOURCE: &[SourceFacts] = &[
             (Kind::Gin, &[11]),
         ],
     ),
+    // The NCCL today's torch (2.15.0) requires: the net ABI v12, gin and rma at v13-v14.
+    (
+        "FDL_TEST_NCCL_LIB_2307",
+        &[
+            (Kind::Net, &[12, 11, 10, 9, 8, 7, 6]),
+            (Kind::Tuner, &[6, 5, 4, 3, 2]),
+            (Kind::Profiler, &[6, 5, 4, 3, 2, 1]),
+            (Kind::Env, &[2, 1]),
+            (Kind::Gin, &[14, 13]),
+            (Kind::Rma, &[14, 13]),
+        ],
+    ),
 ];
 
 #[test]
@@ -345,4 +360,137 @@ int main(int c, char **v) {
             exports: vec![99]
         }
     );
+}
+
+/// A project whose active libtorch loads a pip-style NCCL through its DT_RPATH, with a
+/// net plugin next to that NCCL: found today, out of reach of a preloaded build. The
+/// plan warns, `nccl env` prints the pin, and glibc's own `dlopen` — from the installed
+/// build, preloaded — agrees on both: the plain name is not found, the pin is.
+#[test]
+fn a_build_that_moves_the_plugin_out_of_reach_is_warned_of_and_kept() {
+    use common::{fatbin_c_source, nccl_like_source, BuildsFixture, ProjectFixture};
+    let p = ProjectFixture::empty();
+    let root = p.root().canonicalize().unwrap();
+    let nccl = root.join("pip/nvidia/nccl/lib");
+    std::fs::create_dir_all(&nccl).unwrap();
+    compile_shared(
+        &nccl_c(),
+        &nccl.join("libnccl.so.2"),
+        &["-Wl,-soname,libnccl.so.2", "-ldl"],
+    );
+    let lib = p.variant_lib("precompiled/cu129");
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    compile_shared(
+        TORCH_C,
+        &lib,
+        &[
+            "-Wl,--disable-new-dtags",
+            &format!("-Wl,-rpath,{}", nccl.display()),
+            "-L",
+            nccl.to_str().unwrap(),
+            "-l:libnccl.so.2",
+        ],
+    );
+    let p = p.activate("precompiled/cu129\n");
+    let plugin = nccl.join("libnccl-net.so");
+    compile_shared("int ncclNetPlugin_v10[4] = {10};\n", &plugin, &[]);
+    let f = BuildsFixture::new(p);
+    let clean = |mut c: assert_cmd::Command| {
+        for v in ["LD_PRELOAD", "LD_LIBRARY_PATH", "NCCL_NET_PLUGIN", "NCCL_CONF_FILE"] {
+            c.env_remove(v);
+        }
+        c
+    };
+    let pin = plugin.display().to_string();
+
+    // The plan, before anything is built.
+    let out = clean(f.fdl())
+        .args(["nccl", "build", "--dry-run", "--json", "--archs", "8.6"])
+        .args(["--backend", "docker"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(v["plan"]["tag"], "v2.27.5-1", "{v}");
+    let warned: Vec<&str> = v["plan"]["warnings"]
+        .as_array()
+        .map(|w| w.iter().filter_map(|w| w.as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        warned.iter().any(|w| w.contains(&format!("the net plugin {pin} (v10)"))
+            && w.contains("the DT_RPATH of the objects that load the current NCCL")
+            && w.contains("its ranks fall back to NCCL's internal transport")
+            && w.contains(&format!("set NCCL_NET_PLUGIN={pin} to keep it"))),
+        "{warned:?}"
+    );
+
+    // The build, installed: a stand-in NCCL of the same release with the probe, and no
+    // search path of its own, as fdl's builds are.
+    let tree = f.tree("t", (2, 27, 5), &[86]);
+    compile_shared(
+        &format!(
+            "{PROBE_C}\n{}{}",
+            nccl_like_source((2, 27, 5), "12.9"),
+            fatbin_c_source(&[86], "fdl_test_fatbin")
+        ),
+        &tree.join("lib/libnccl.so.2.27.5"),
+        &["-Wl,-soname,libnccl.so.2", "-ldl"],
+    );
+    let name = f.install(&tree, "v2.27.5-1", "8.6").unwrap();
+    let build = f.builds().join(&name).join("lib/libnccl.so.2");
+    let out = clean(f.fdl()).args(["nccl", "env", &name]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("\nexport NCCL_NET_PLUGIN='{pin}'\n")),
+        "{text}"
+    );
+    let out = clean(f.fdl())
+        .args(["nccl", "env", &name, "--format", "yaml"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("\n  NCCL_NET_PLUGIN: \"{pin}\"\n")), "{text}");
+    let out = clean(f.fdl())
+        .args(["nccl", "env", &name, "--format", "json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["plugins_moved"][0]["kind"], "net", "{v}");
+    assert_eq!(v["plugins_moved"][0]["keep"], pin.as_str(), "{v}");
+    assert_eq!(v["plugins_moved"][0]["after"]["verdict"], "not_found", "{v}");
+
+    // glibc agrees: today the plain name is found next to the pip NCCL; from the
+    // preloaded build it is not, and the pin is.
+    let src = root.join("main.c");
+    std::fs::write(&src, MAIN_C).unwrap();
+    let prog = root.join("prog");
+    assert!(Command::new("cc")
+        .arg("-o")
+        .arg(&prog)
+        .arg(&src)
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.parent().unwrap().display()))
+        .status()
+        .unwrap()
+        .success());
+    let real = |name: &str, preload: Option<&Path>| {
+        let mut c = Command::new(&prog);
+        c.arg(name).env_remove("LD_LIBRARY_PATH").env_remove("LD_PRELOAD");
+        if let Some(p) = preload {
+            c.env("LD_PRELOAD", p);
+        }
+        let s = String::from_utf8_lossy(&c.output().unwrap().stdout)
+            .trim()
+            .to_string();
+        (s != "NOTFOUND").then(|| PathBuf::from(s).canonicalize().unwrap())
+    };
+    assert_eq!(real("libnccl-net.so", None), Some(plugin.clone()));
+    assert_eq!(real("libnccl-net.so", Some(&build)), None);
+    assert_eq!(real(&pin, Some(&build)), Some(plugin.clone()));
 }

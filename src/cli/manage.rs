@@ -294,6 +294,11 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
         "{name}: NCCL {} ({why})",
         manifest.checked.header_version
     ));
+    let moved = plugins_moved(project, &preload);
+    let kept: Vec<&Moved> = moved.iter().filter(|m| m.keep.is_some()).collect();
+    for m in moved.iter().filter(|m| m.keep.is_none()) {
+        crate::eprintln_safe!("warning: {}", clean(&m.sentence()));
+    }
     match format {
         EnvFormat::Shell => {
             outln!("# {comment}");
@@ -301,10 +306,28 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
                 "export LD_PRELOAD={}\"${{LD_PRELOAD:+:$LD_PRELOAD}}\"",
                 crate::paste::shell(path)
             );
+            for m in &kept {
+                outln!("# {}", comment_text(&keeps(m)));
+                outln!(
+                    "export {}={}",
+                    m.variable,
+                    crate::paste::shell(m.keep.as_deref().unwrap_or_default())
+                );
+            }
         }
         EnvFormat::Yaml => {
             outln!("# {comment}");
+            for m in &kept {
+                outln!("# {}", comment_text(&keeps(m)));
+            }
             outln!("env:\n  LD_PRELOAD: {}", yaml_quote(path));
+            for m in &kept {
+                outln!(
+                    "  {}: {}",
+                    m.variable,
+                    yaml_quote(m.keep.as_deref().unwrap_or_default())
+                );
+            }
         }
         EnvFormat::Json => print_json(&json!({
             "build": name,
@@ -312,9 +335,35 @@ pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> 
             "ld_preload": preload,
             "why": why,
             "choice": choice,
+            "plugins_moved": moved,
         })),
     }
     Ok(())
+}
+
+use crate::loader::plugins::Moved;
+
+/// The plugins the active libtorch's NCCL loads in this environment that the build,
+/// preloaded from `preload`, would not load from the same file. Empty when fdl cannot
+/// tell which NCCL runs today: there is nothing it knows to keep.
+fn plugins_moved(project: &Project, preload: &std::path::Path) -> Vec<Moved> {
+    let Ok(variant) = crate::libtorch::Libtorch::new(project.libtorch_dir()).active() else {
+        return Vec::new();
+    };
+    let env = crate::loader::LoaderEnv::from_process();
+    let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
+    crate::loader::plugins::moved_by_preload(&variant.libtorch_cuda(), preload, &env, &var)
+        .unwrap_or_default()
+}
+
+/// The comment above a line that keeps a plugin loaded.
+fn keeps(m: &Moved) -> String {
+    format!(
+        "keeps the {} plugin {} (v{}) loaded: the preloaded build does not search where it is found today",
+        m.kind.name(),
+        m.path.display(),
+        m.version
+    )
 }
 
 pub(super) use crate::nccl::pick::Wiring;

@@ -163,6 +163,7 @@ pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> 
         // The workers' GPUs are the archs themselves; no one host's GPU is left out.
         left_out: Vec::new(),
         host_driver: None,
+        plugin_caller: None,
     })
 }
 

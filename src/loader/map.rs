@@ -534,7 +534,39 @@ impl LinkMap {
     /// DT_RPATH inherited along `caller`'s loaders included. The map itself is unchanged:
     /// the search runs on a copy, and the caveats it raises are returned with it.
     pub fn dlopen(&self, caller: usize, name: &str, env: &LoaderEnv) -> Dlopened {
+        self.clone().dlopen_in(caller, name, env)
+    }
+
+    /// `dlopen(name)` called from a library that `LD_PRELOAD` will load by `path` but that
+    /// is not there yet, with no search path of its own (no DT_RPATH, no DT_RUNPATH): the
+    /// NCCL fdl is about to build, as its wiring will load it. The program loads a preload
+    /// (`_dl_map_object` with the main map as loader), so the program's DT_RPATH is all
+    /// it inherits; what this map's other objects' DT_RPATH found is out of its reach.
+    pub fn dlopen_from_new_preload(&self, path: &Path, name: &str, env: &LoaderEnv) -> Dlopened {
         let mut m = self.clone();
+        let caller = m.objects.len();
+        m.objects.push(Object {
+            path: path.to_path_buf(),
+            soname: None,
+            found_by: FoundBy::Preload {
+                entry: path.to_string_lossy().into_owned(),
+                source: PreloadSource::LdPreload,
+            },
+            needed: Vec::new(),
+            rpath: Vec::new(),
+            runpath: Vec::new(),
+            nodeflib: false,
+            origin: path.parent().map(Path::to_path_buf),
+            loader: (!m.objects.is_empty()).then_some(0),
+            names: Vec::new(),
+            id: None,
+            versions: symver::VersionTables::default(),
+        });
+        m.dlopen_in(caller, name, env)
+    }
+
+    fn dlopen_in(mut self, caller: usize, name: &str, env: &LoaderEnv) -> Dlopened {
+        let m = &mut self;
         let before = m.objects.len();
         let caveats_before = m.caveats.len();
         let result = m.map_object(caller, name, env, None);

@@ -298,30 +298,58 @@ impl Plugins {
 
 /// The plugins the NCCL of `which` (its answer) would load in `env`, with the plugin
 /// variables read through `var`. `Err` says why there is no one NCCL to ask.
-pub fn plugins(
-    which: &Which,
-    env: &LoaderEnv,
-    var: &dyn Fn(&str) -> Option<String>,
-) -> std::result::Result<Plugins, String> {
-    let file = match &which.answer {
-        Answer::Nccl { detection } => detection.file.clone(),
-        other => {
-            return Err(format!(
-                "fdl cannot say which NCCL this process runs ({}), so not which plugins it loads",
-                other.kind()
-            ))
-        }
-    };
+pub fn plugins(which: &Which, env: &LoaderEnv, var: &dyn Fn(&str) -> Option<String>) -> Outcome {
+    let file = nccl_of(which)?;
     let caller = which
         .link_map
         .index_of(&file)
         .ok_or_else(|| format!("{} is not in the link map", file.display()))?;
     let asks = read_asks(&file).map_err(|e| format!("{e:#}"))?;
+    let open = |name: &str| which.link_map.dlopen(caller, name, env);
+    Ok(judge_all(file, &asks, &open, env, var))
+}
+
+/// What [`plugins`] answers.
+pub type Outcome = std::result::Result<Plugins, String>;
+
+/// The plugins a build of the same NCCL release as `which`'s would load once `LD_PRELOAD`
+/// loads it from `build` (which need not exist yet: fdl's builds carry no search path of
+/// their own, [`super::map::LinkMap::dlopen_from_new_preload`]). The release asks for the
+/// same entry versions, so they are read from the NCCL `which` names.
+pub fn plugins_from_new_preload(
+    which: &Which,
+    build: &Path,
+    env: &LoaderEnv,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Outcome {
+    let file = nccl_of(which)?;
+    let asks = read_asks(&file).map_err(|e| format!("{e:#}"))?;
+    let open = |name: &str| which.link_map.dlopen_from_new_preload(build, name, env);
+    Ok(judge_all(build.to_path_buf(), &asks, &open, env, var))
+}
+
+fn nccl_of(which: &Which) -> std::result::Result<PathBuf, String> {
+    match &which.answer {
+        Answer::Nccl { detection } => Ok(detection.file.clone()),
+        other => Err(format!(
+            "fdl cannot say which NCCL this process runs ({}), so not which plugins it loads",
+            other.kind()
+        )),
+    }
+}
+
+fn judge_all(
+    file: PathBuf,
+    asks: &Asks,
+    open: &dyn Fn(&str) -> Dlopened,
+    env: &LoaderEnv,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Plugins {
     let mut kinds = Vec::new();
     let mut net_found: Option<PathBuf> = None;
     for (kind, versions) in &asks.kinds {
         let value = var(&kind.variable());
-        let names = candidate_names(*kind, value.as_deref(), &asks);
+        let names = candidate_names(*kind, value.as_deref(), asks);
         let mut tries = Vec::new();
         let mut caveats = Vec::new();
         let mut verdict = if names.is_empty() {
@@ -331,7 +359,7 @@ pub fn plugins(
         };
         'groups: for group in names {
             for name in group {
-                let t = try_name(which, caller, &name, env, kind.entry(), &mut caveats);
+                let t = try_name(open(&name), &name, env, kind.entry(), &mut caveats);
                 let judged = judge(&t, versions);
                 tries.push(t);
                 match judged {
@@ -390,11 +418,178 @@ pub fn plugins(
     }
     config_files.push(PathBuf::from("/etc/nccl.conf"));
     config_files.retain(|p| p.is_file());
-    Ok(Plugins {
+    Plugins {
         nccl: file,
         kinds,
         config_files,
-    })
+    }
+}
+
+/// A plugin the current NCCL loads that a preloaded build would not load from the same
+/// file: found through a search path the build does not inherit (libtorch's DT_RPATH
+/// next to the pip NCCL, say).
+#[derive(Debug, Clone, Serialize)]
+pub struct Moved {
+    pub kind: Kind,
+    pub variable: String,
+    /// What loads it today, and how it is found there.
+    pub path: PathBuf,
+    pub version: u32,
+    pub via: String,
+    /// What the build does instead.
+    pub after: Verdict,
+    /// The value of `variable` that keeps this file loaded under the build, checked by
+    /// the same model; `None` when naming it does not (a comma in a list's path, say).
+    pub keep: Option<String>,
+}
+
+/// The plugins of `before` that the world of `after` (a function of the plugin
+/// variables, so that a fix can be checked in it) loads from another file or not at
+/// all, each with the variable's value that keeps it — checked, never assumed.
+pub fn moved(
+    before: &Plugins,
+    after: &dyn Fn(&dyn Fn(&str) -> Option<String>) -> Outcome,
+    var: &dyn Fn(&str) -> Option<String>,
+    cwd: &Path,
+) -> std::result::Result<Vec<Moved>, String> {
+    let now = after(var)?;
+    let mut out = Vec::new();
+    for k in &before.kinds {
+        // The tuner inside the net plugin moves, and is kept, with the net plugin.
+        let Verdict::Loaded {
+            path,
+            version,
+            from_net_plugin: None,
+        } = &k.verdict
+        else {
+            continue;
+        };
+        let loads_it = |p: &Plugins| {
+            matches!(p.kind(k.kind).map(|r| &r.verdict),
+                Some(Verdict::Loaded { path: q, .. }) if same_file(&cwd.join(q), &cwd.join(path)))
+        };
+        if loads_it(&now) {
+            continue;
+        }
+        let via = k
+            .tries
+            .iter()
+            .find(|t| t.found.as_ref() == Some(path))
+            .and_then(|t| t.via.clone())
+            .unwrap_or_default();
+        let pin = cwd.join(path).to_string_lossy().into_owned();
+        let variable = k.kind.variable();
+        let pinned = |name: &str| {
+            if name == variable {
+                Some(pin.clone())
+            } else {
+                var(name)
+            }
+        };
+        let keep = after(&pinned).ok().filter(loads_it).map(|_| pin.clone());
+        out.push(Moved {
+            kind: k.kind,
+            variable,
+            path: path.clone(),
+            version: *version,
+            via,
+            after: now
+                .kind(k.kind)
+                .map_or(Verdict::NotFound, |r| r.verdict.clone()),
+            keep,
+        });
+    }
+    Ok(out)
+}
+
+/// What preloading the build at `build` changes about the plugins loaded by the NCCL
+/// that a process loading `lib` runs in `env`: [`moved`] between today and that world.
+/// A build that exists is modelled as the loader will see it, first in `LD_PRELOAD`; a
+/// planned one as a preload with no search path of its own that asks what today's
+/// NCCL asks. `Err` says why fdl cannot tell (no one NCCL today, say).
+pub fn moved_by_preload(
+    lib: &Path,
+    build: &Path,
+    env: &LoaderEnv,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> std::result::Result<Vec<Moved>, String> {
+    let w = super::which_nccl(lib, env).map_err(|e| format!("{e:#}"))?;
+    let before = plugins(&w, env, var)?;
+    if !before
+        .kinds
+        .iter()
+        .any(|k| matches!(k.verdict, Verdict::Loaded { .. }))
+    {
+        return Ok(Vec::new());
+    }
+    if build.is_file() {
+        let mut after_env = env.clone();
+        let b = build.to_string_lossy();
+        after_env.preload = if env.preload.is_empty() {
+            b.into_owned()
+        } else {
+            format!("{b}:{}", env.preload)
+        };
+        let wa = super::which_nccl(lib, &after_env).map_err(|e| format!("{e:#}"))?;
+        moved(&before, &|v| plugins(&wa, &after_env, v), var, &env.cwd)
+    } else {
+        moved(
+            &before,
+            &|v| plugins_from_new_preload(&w, build, env, v),
+            var,
+            &env.cwd,
+        )
+    }
+}
+
+/// One file, by device and inode (a path through a link is the same file).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    a == b || (id(a).is_some() && id(a) == id(b))
+}
+
+impl Moved {
+    /// The sentence a plan or `nccl env` says about it.
+    pub fn sentence(&self) -> String {
+        let how = match &self.after {
+            Verdict::Loaded { path, version, .. } => {
+                format!("loads {} (v{version}) instead", path.display())
+            }
+            Verdict::NoCommonVersion { path, .. } => {
+                format!("finds {} instead, which it ignores", path.display())
+            }
+            Verdict::Unknown { reason } => format!("may not find it ({reason})"),
+            _ => format!(
+                "does not find it, so {}",
+                if self.kind == Kind::Net {
+                    "its ranks fall back to NCCL's internal transport (IB or sockets)"
+                } else {
+                    "it runs without this plugin"
+                }
+            ),
+        };
+        let via = match self.via.as_str() {
+            "rpath" => "the DT_RPATH of the objects that load the current NCCL",
+            "runpath" => "the current NCCL's DT_RUNPATH",
+            "already_loaded" => "an object already loaded",
+            "" => "its search",
+            other => other,
+        };
+        let fix = match &self.keep {
+            Some(v) => format!("set {}={v} to keep it", self.variable),
+            None => format!(
+                "naming its path in {} does not keep it either: put it on LD_LIBRARY_PATH",
+                self.variable
+            ),
+        };
+        format!(
+            "the {} plugin {} (v{}), found through {via}, is out of a preloaded build's search path: the build {how}; {fix}",
+            self.kind.name(),
+            self.path.display(),
+            self.version
+        )
+    }
 }
 
 fn versions_of(names: &BTreeSet<String>, entry: &str) -> Vec<u32> {
@@ -407,14 +602,13 @@ fn versions_of(names: &BTreeSet<String>, entry: &str) -> Vec<u32> {
 }
 
 fn try_name(
-    which: &Which,
-    caller: usize,
+    opened: Dlopened,
     name: &str,
     env: &LoaderEnv,
     entry: &str,
     caveats: &mut Vec<String>,
 ) -> Try {
-    match which.link_map.dlopen(caller, name, env) {
+    match opened {
         Dlopened::Loaded {
             path,
             already,

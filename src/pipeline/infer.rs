@@ -88,6 +88,10 @@ pub struct Inferred {
     /// is checked against it. `None` for a cluster's build, whose workers' drivers
     /// `cluster status` and `cluster plan` judge.
     pub host_driver: Option<Result<gpu::Driver, GpuError>>,
+    /// The active libtorch's `libtorch_cuda.so`, when the build is for this host: the
+    /// plan says which NCCL plugins a preloaded build would stop finding for it. `None`
+    /// for a cluster's build, whose workers' plugins `cluster status` judges.
+    pub plugin_caller: Option<std::path::PathBuf>,
 }
 
 /// Infers what the flags leave open: the tag (and CUDA) from the active libtorch, the
@@ -136,6 +140,11 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
         warnings,
         left_out,
         host_driver: Some((src.driver)()),
+        plugin_caller: Libtorch::new(src.project.libtorch_dir())
+            .active()
+            .ok()
+            .map(|v| v.libtorch_cuda())
+            .filter(|p| p.is_file()),
     })
 }
 
@@ -211,6 +220,7 @@ pub fn plan(
         None => default_jobs(),
     };
     let left_out_gpus = inferred.left_out;
+    let plugin_caller = inferred.plugin_caller;
     let mut plan = BuildPlan::new(PlanInputs {
         tag: inferred.tag,
         tag_origin: inferred.tag_origin,
@@ -229,7 +239,27 @@ pub fn plan(
     })?;
     let advice = left_out(&left_out_gpus, &plan);
     plan.warnings.extend(advice);
+    if let Some(lib) = &plugin_caller {
+        plan.warnings.extend(plugins_moved(lib, &plan));
+    }
     Ok(plan)
+}
+
+/// The plugins the active libtorch's NCCL loads today that the planned build, preloaded,
+/// would not: each with the variable's value that keeps it, which `fdl nccl env` prints
+/// too. Nothing to say when fdl cannot tell which NCCL runs today (the tag's inference
+/// says so already).
+fn plugins_moved(lib: &std::path::Path, plan: &BuildPlan) -> Vec<String> {
+    let env = crate::loader::LoaderEnv::from_process();
+    let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
+    let build = plan.output_dir.join("lib").join("libnccl.so.2");
+    match crate::loader::plugins::moved_by_preload(lib, &build, &env, &var) {
+        Ok(moved) => moved
+            .iter()
+            .map(|m| format!("{}. `fdl nccl env` prints the line once the build is installed", m.sentence()))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// The tag and CUDA version from the active libtorch's NCCL self-id, and what the plan
