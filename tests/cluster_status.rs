@@ -306,7 +306,7 @@ fn a_host_that_is_down_or_changed_its_key_is_named_and_the_others_still_answer()
     assert_eq!(reach["ok"], false);
     assert!(reach["detail"].as_str().unwrap().contains("blackwell:"));
     // The facts of the two silent workers are missing: no verdict that needs them is ok.
-    for name in ["skew", "coverage", "driver", "symbols", "bridge"] {
+    for name in ["skew", "coverage", "driver", "symbols", "bridge", "plugins"] {
         let verdict = verdict(&v, name);
         assert_eq!(verdict["state"], "unknown", "{name}: {verdict}");
         assert_eq!(verdict["ok"], false, "{name}");
@@ -1057,4 +1057,98 @@ fn coverage_judges_the_libtorch_the_worker_loads() {
         v["workers"][0]["report"]["torch_coverage"]["known"]["gpus"][0]["verdict"],
         "native sm_86"
     );
+}
+
+/// Two workers with the same libtorch (NCCL compiled in, asking for net plugin v10 and
+/// v9) and the same env: block, which puts /opt/plugins on LD_LIBRARY_PATH; only pascal
+/// has a net plugin there. Status is red and names what each loads; the env: block's
+/// NCCL_NET_PLUGIN=none, the fix it names, makes them agree.
+#[test]
+#[ignore = "drives the real Docker engine and OpenSSH: `cargo test -- --include-ignored`"]
+fn a_net_plugin_on_one_worker_only_is_red_and_names_both() {
+    let _hosts = HOSTS.lock().unwrap_or_else(|e| e.into_inner());
+    let keys = Keys::new();
+    let work = tempfile::tempdir().unwrap();
+    let lib = work.path().join("libtorch_cuda.so");
+    compile_shared(
+        &format!(
+            "{}\nconst char *fdl_names[] = {{\"ncclNetPlugin_v10\", \"ncclNetPlugin_v9\"}};\nint fdl_test_torch_calls_nccl(void) {{ int v = 0; ncclGetVersion(&v); return v; }}\n{}",
+            nccl_like_source((2, 27, 5), "12.8"),
+            fatbin_c_source(&[86], "fdl_test_torch_fatbin")
+        ),
+        &lib,
+        &[],
+    );
+    let plugin = work.path().join("libnccl-net.so");
+    compile_shared("int ncclNetPlugin_v10[4] = {10};\n", &plugin, &[]);
+    let path = "/opt/flodl";
+    let hosts: Vec<Host> = ["pascal", "blackwell"]
+        .iter()
+        .map(|label| {
+            let h = Host::start(label, &keys);
+            h.fake_nvidia_smi(
+                &[("NVIDIA GeForce RTX 3090", "8.6", 24576)],
+                "570.133.07",
+                "12.8",
+            );
+            h.put(
+                &lib,
+                &format!("{path}/libtorch/precompiled/cu128/lib/libtorch_cuda.so"),
+            );
+            h
+        })
+        .collect();
+    hosts[0].put(&plugin, "/opt/plugins/libnccl-net.so");
+    let project = ProjectFixture::empty();
+    let cache = tempfile::tempdir().unwrap();
+    let status = |env: &str| {
+        write_cluster_file(
+            project.root(),
+            &keys,
+            &[(&hosts[0], path), (&hosts[1], path)],
+            &[(0, env.to_string()), (1, env.to_string())],
+        );
+        let out = fdl_in(project.root())
+            .env("XDG_CACHE_HOME", cache.path())
+            .args(["cluster", "status", "--json"])
+            .output()
+            .unwrap();
+        (out.status.code(), json_of(&out))
+    };
+
+    let (code, v) = status("env:\n  LD_LIBRARY_PATH: /opt/plugins");
+    let plugins = verdict(&v, "plugins");
+    assert_eq!(plugins["state"], "red", "{v}");
+    let detail = plugins["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("pascal loads /opt/plugins/libnccl-net.so (v10)")
+            && detail.contains("blackwell loads none (none found)")
+            && detail.contains("NCCL_NET_PLUGIN=none"),
+        "{detail}"
+    );
+    let net = &v["workers"][0]["report"]["plugins"]["known"][0];
+    assert_eq!(net["kind"], "net", "{v}");
+    assert_eq!(net["asks"], serde_json::json!([10, 9]), "{v}");
+    assert_eq!(net["exports"], serde_json::json!([10]), "{v}");
+    for name in ["skew", "coverage", "driver", "symbols", "bridge"] {
+        assert_eq!(verdict(&v, name)["state"], "ok", "{name}: {v}");
+    }
+    assert_eq!(code, Some(1), "red exits 1: {v}");
+    let text = fdl_in(project.root())
+        .env("XDG_CACHE_HOME", cache.path())
+        .args(["cluster", "status"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("plugins   net /opt/plugins/libnccl-net.so (v10)")
+            && text.contains("plugins   none loaded"),
+        "{text}"
+    );
+
+    let (code, v) = status("env:\n  LD_LIBRARY_PATH: /opt/plugins\n  NCCL_NET_PLUGIN: none");
+    let plugins = verdict(&v, "plugins");
+    assert_eq!(plugins["state"], "ok", "{v}");
+    assert_eq!(plugins["detail"], "no worker's NCCL loads a plugin", "{v}");
+    assert_eq!(code, Some(0), "{v}");
 }

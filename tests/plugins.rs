@@ -31,7 +31,10 @@ int fdl_probe(const char *name) {
 
 /// The stand-in pip NCCL: its self-id and version, and the probe.
 fn nccl_c() -> String {
-    format!("{PROBE_C}\n{}", common::nccl_like_source((2, 27, 5), "12.9"))
+    format!(
+        "{PROBE_C}\n{}",
+        common::nccl_like_source((2, 27, 5), "12.9")
+    )
 }
 
 const TORCH_C: &str = r#"
@@ -396,7 +399,12 @@ fn a_build_that_moves_the_plugin_out_of_reach_is_warned_of_and_kept() {
     compile_shared("int ncclNetPlugin_v10[4] = {10};\n", &plugin, &[]);
     let f = BuildsFixture::new(p);
     let clean = |mut c: assert_cmd::Command| {
-        for v in ["LD_PRELOAD", "LD_LIBRARY_PATH", "NCCL_NET_PLUGIN", "NCCL_CONF_FILE"] {
+        for v in [
+            "LD_PRELOAD",
+            "LD_LIBRARY_PATH",
+            "NCCL_NET_PLUGIN",
+            "NCCL_CONF_FILE",
+        ] {
             c.env_remove(v);
         }
         c
@@ -422,10 +430,12 @@ fn a_build_that_moves_the_plugin_out_of_reach_is_warned_of_and_kept() {
         .map(|w| w.iter().filter_map(|w| w.as_str()).collect())
         .unwrap_or_default();
     assert!(
-        warned.iter().any(|w| w.contains(&format!("the net plugin {pin} (v10)"))
-            && w.contains("the DT_RPATH of the objects that load the current NCCL")
-            && w.contains("its ranks fall back to NCCL's internal transport")
-            && w.contains(&format!("set NCCL_NET_PLUGIN={pin} to keep it"))),
+        warned
+            .iter()
+            .any(|w| w.contains(&format!("the net plugin {pin} (v10)"))
+                && w.contains("the DT_RPATH of the objects that load the current NCCL")
+                && w.contains("its ranks fall back to NCCL's internal transport")
+                && w.contains(&format!("set NCCL_NET_PLUGIN={pin} to keep it"))),
         "{warned:?}"
     );
 
@@ -443,7 +453,10 @@ fn a_build_that_moves_the_plugin_out_of_reach_is_warned_of_and_kept() {
     );
     let name = f.install(&tree, "v2.27.5-1", "8.6").unwrap();
     let build = f.builds().join(&name).join("lib/libnccl.so.2");
-    let out = clean(f.fdl()).args(["nccl", "env", &name]).output().unwrap();
+    let out = clean(f.fdl())
+        .args(["nccl", "env", &name])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -455,7 +468,10 @@ fn a_build_that_moves_the_plugin_out_of_reach_is_warned_of_and_kept() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains(&format!("\n  NCCL_NET_PLUGIN: \"{pin}\"\n")), "{text}");
+    assert!(
+        text.contains(&format!("\n  NCCL_NET_PLUGIN: \"{pin}\"\n")),
+        "{text}"
+    );
     let out = clean(f.fdl())
         .args(["nccl", "env", &name, "--format", "json"])
         .output()
@@ -463,7 +479,10 @@ fn a_build_that_moves_the_plugin_out_of_reach_is_warned_of_and_kept() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["plugins_moved"][0]["kind"], "net", "{v}");
     assert_eq!(v["plugins_moved"][0]["keep"], pin.as_str(), "{v}");
-    assert_eq!(v["plugins_moved"][0]["after"]["verdict"], "not_found", "{v}");
+    assert_eq!(
+        v["plugins_moved"][0]["after"]["verdict"], "not_found",
+        "{v}"
+    );
 
     // glibc agrees: today the plain name is found next to the pip NCCL; from the
     // preloaded build it is not, and the pin is.
@@ -481,7 +500,9 @@ fn a_build_that_moves_the_plugin_out_of_reach_is_warned_of_and_kept() {
         .success());
     let real = |name: &str, preload: Option<&Path>| {
         let mut c = Command::new(&prog);
-        c.arg(name).env_remove("LD_LIBRARY_PATH").env_remove("LD_PRELOAD");
+        c.arg(name)
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("LD_PRELOAD");
         if let Some(p) = preload {
             c.env("LD_PRELOAD", p);
         }

@@ -157,10 +157,26 @@ pub enum ClusterCommand {
         /// Do not ask this host's own loader
         #[arg(long)]
         no_witness: bool,
+        /// NAME=VALUE: a variable the worker's env: block sets that the loader or NCCL's
+        /// plugin search reads (LD_LIBRARY_PATH, NCCL_<KIND>_PLUGIN); repeatable
+        #[arg(long = "env", value_parser = env_arg)]
+        env: Vec<(String, String)>,
         /// Print one JSON object (the only form the controller reads)
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `NAME=VALUE` for `cluster self --env`: only the variables its report reads.
+fn env_arg(s: &str) -> std::result::Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if host::reported_variable(k) => Ok((k.to_string(), v.to_string())),
+        Some((k, _)) => Err(format!(
+            "'{}' is not a variable the report reads (LD_LIBRARY_PATH, NCCL_<KIND>_PLUGIN)",
+            crate::text::clean(k)
+        )),
+        None => Err("expected NAME=VALUE".into()),
+    }
 }
 
 /// What `cluster plan` and `cluster build` infer, which is not what `nccl build` does.
@@ -298,6 +314,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             arch,
             ld_preload,
             no_witness,
+            env,
             json: _,
         } => {
             let report = host::report(&SelfQuery {
@@ -305,6 +322,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
                 arch,
                 ld_preload,
                 witness: !no_witness,
+                env,
             });
             // The report's own schema, which the controller checks.
             super::common::print_json_as_is(&serde_json::to_value(&report)?);
@@ -613,6 +631,33 @@ fn render_status(workers: &[WorkerStatus]) -> String {
             Facts::Known(_) => {}
             Facts::Unknown(why) => row(&mut s, "torch", format!("kernels unknown: {why}")),
         }
+        row(
+            &mut s,
+            "plugins",
+            match &r.plugins {
+                Facts::Known(ps) => {
+                    let loaded: Vec<String> = ps
+                        .iter()
+                        .filter(|p| p.verdict == "loaded" || p.verdict == "unknown")
+                        .map(|p| match &p.path {
+                            Some(path) => format!(
+                                "{} {} (v{})",
+                                p.kind,
+                                status::short(path, &w.path),
+                                p.version.unwrap_or_default()
+                            ),
+                            None => format!("{} unknown", p.kind),
+                        })
+                        .collect();
+                    if loaded.is_empty() {
+                        "none loaded".into()
+                    } else {
+                        loaded.join(", ")
+                    }
+                }
+                Facts::Unknown(why) => format!("unknown: {why}"),
+            },
+        );
         if w.shipped_fdl {
             row(&mut s, "fdl", "shipped from the controller".into());
         }

@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 
 /// The report's shape; a controller refuses any other (and ships its own fdl). 2: the
 /// worker's own loader's answer (`witness`), and a GPU's architecture is `arch`
-/// (`"sm_61"`) with `compute_cap` nvidia-smi's `"6.1"`.
-pub const REPORT_SCHEMA: u32 = 2;
+/// (`"sm_61"`) with `compute_cap` nvidia-smi's `"6.1"`. 3: the NCCL plugins its ranks
+/// load (`plugins`).
+pub const REPORT_SCHEMA: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostReport {
@@ -45,6 +46,72 @@ pub struct HostReport {
     /// (`None`: not asked, `--no-witness`).
     #[serde(default)]
     pub witness: Option<WitnessReport>,
+    /// Per plugin kind the effective NCCL opens, what it loads there (`loader::plugins`).
+    #[serde(default = "plugins_not_reported")]
+    pub plugins: Facts<Vec<PluginFacts>>,
+}
+
+/// One plugin kind on one host, as `fdl nccl plugins` answers it there, in short.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginFacts {
+    /// `net`, `tuner`, …
+    pub kind: String,
+    /// Its variable's value in the ranks' environment (`None`: unset).
+    #[serde(default)]
+    pub value: Option<String>,
+    /// `loaded`, `not_found`, `no_common_version`, `disabled`, `unknown`.
+    pub verdict: String,
+    /// The file NCCL opens (loaded or ignored).
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// With `loaded`: the entry version NCCL takes.
+    #[serde(default)]
+    pub version: Option<u32>,
+    /// The entry versions the file exports.
+    #[serde(default)]
+    pub exports: Vec<u32>,
+    /// The entry versions this NCCL asks for, newest first.
+    #[serde(default)]
+    pub asks: Vec<u32>,
+    /// With `unknown`: why.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+impl PluginFacts {
+    fn of(k: &loader::plugins::KindReport) -> PluginFacts {
+        use loader::plugins::Verdict as V;
+        let (path, version, exports, reason) = match &k.verdict {
+            V::Loaded { path, version, .. } => {
+                let exports = k
+                    .tries
+                    .iter()
+                    .find(|t| t.found.as_ref() == Some(path))
+                    .and_then(|t| t.exports.clone())
+                    .unwrap_or_default();
+                (Some(path.clone()), Some(*version), exports, None)
+            }
+            V::NoCommonVersion { path, exports } => {
+                (Some(path.clone()), None, exports.clone(), None)
+            }
+            V::Unknown { reason } => (None, None, Vec::new(), Some(reason.clone())),
+            V::NotFound | V::Disabled => (None, None, Vec::new(), None),
+        };
+        PluginFacts {
+            kind: k.kind.name().to_string(),
+            value: k.value.clone(),
+            verdict: k.verdict.word().to_string(),
+            path,
+            version,
+            exports,
+            asks: k.asks.clone(),
+            reason,
+        }
+    }
+}
+
+fn plugins_not_reported() -> Facts<Vec<PluginFacts>> {
+    Facts::Unknown("this worker's fdl does not report its NCCL plugins".into())
 }
 
 /// The worker's loader set against fdl's model there (`loader::witness`).
@@ -169,6 +236,19 @@ pub struct SelfQuery {
     pub ld_preload: Option<String>,
     /// Ask this host's own loader too (`loader::witness`).
     pub witness: bool,
+    /// What the worker's env: block sets of the variables the loader and NCCL's plugin
+    /// search read (`LD_LIBRARY_PATH`, `NCCL_<KIND>_PLUGIN`): the ranks see these, over
+    /// what this process inherited.
+    pub env: Vec<(String, String)>,
+}
+
+/// The variables of a worker's env: block that its report must see: the loader's search
+/// path and NCCL's plugin names.
+pub fn reported_variable(name: &str) -> bool {
+    name == "LD_LIBRARY_PATH"
+        || loader::plugins::Kind::ALL
+            .iter()
+            .any(|k| k.variable() == name)
 }
 
 pub fn report(q: &SelfQuery) -> HostReport {
@@ -181,7 +261,7 @@ pub fn report(q: &SelfQuery) -> HostReport {
         let libtorch = Facts::from(libtorch_facts(q));
         (joined(gpus), joined(driver), libtorch)
     });
-    let (effective, witness) = effective_nccl(q, libtorch.known());
+    let (effective, witness, plugins) = effective_nccl(q, libtorch.known());
     let effective = Facts::from(effective);
     let coverage = match (&gpus, &effective) {
         (Facts::Known(gpus), Facts::Known(nccl)) => coverage(gpus, &nccl.gpu_code),
@@ -211,6 +291,7 @@ pub fn report(q: &SelfQuery) -> HostReport {
         torch_coverage,
         missing_symbols,
         witness,
+        plugins,
     }
 }
 
@@ -334,21 +415,45 @@ fn bridge(lib: &Path) -> anyhow::Result<Bridge> {
 fn effective_nccl(
     q: &SelfQuery,
     libtorch: Option<&LibtorchFacts>,
-) -> (anyhow::Result<NcclFacts>, Option<WitnessReport>) {
+) -> (
+    anyhow::Result<NcclFacts>,
+    Option<WitnessReport>,
+    Facts<Vec<PluginFacts>>,
+) {
+    let unknown = |why: &str| Facts::Unknown(format!("its effective NCCL is unknown ({why})"));
     let Some(lt) = libtorch else {
         return (
             Err(anyhow::anyhow!(
                 "no libtorch, so nothing says which NCCL a rank loads"
             )),
             None,
+            unknown("no libtorch"),
         );
     };
     let mut env = LoaderEnv::from_process();
     env.preload = q.ld_preload.clone().unwrap_or_default();
     env.cwd = q.root.clone();
+    let set = |name: &str| {
+        q.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    if let Some(llp) = set("LD_LIBRARY_PATH") {
+        env.ld_library_path = loader::search::split_path_list(&llp);
+    }
     let w = match loader::which_nccl(&lt.libtorch_cuda, &env) {
         Ok(w) => w,
-        Err(e) => return (Err(e), None),
+        Err(e) => return (Err(e), None, unknown("the loader model failed")),
+    };
+    // NCCL reads its plugin variables from the ranks' environment: the env: block's,
+    // else what this process inherited, as a rank started the same way would.
+    let var = |name: &str| {
+        set(name).or_else(|| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+    };
+    let plugins = || match loader::plugins::plugins(&w, &env, &var) {
+        Ok(p) => Facts::Known(p.kinds.iter().map(PluginFacts::of).collect()),
+        Err(why) => Facts::Unknown(why),
     };
     let skipped: Vec<String> = w
         .link_map
@@ -370,6 +475,7 @@ fn effective_nccl(
                 skipped.join(", ")
             )),
             witness.map(|(r, _)| r),
+            unknown("its LD_PRELOAD loads nothing"),
         );
     }
     match witness {
@@ -395,7 +501,18 @@ fn effective_nccl(
             } else {
                 "dynamic"
             };
-            (facts_of(&object, linkage), Some(report))
+            // The model searched from its own answer; where the loader's answer is
+            // another file, that search says nothing of what the ranks open.
+            let modelled = match &w.answer {
+                Answer::Nccl { detection } => same(&detection.file),
+                _ => false,
+            };
+            let plugins = if modelled {
+                plugins()
+            } else {
+                unknown("the host's loader replaced fdl's model here, so the plugin search from its answer is not modelled")
+            };
+            (facts_of(&object, linkage), Some(report), plugins)
         }
         Some((report, None)) if report.disagrees() => (
             Err(anyhow::anyhow!(
@@ -404,8 +521,12 @@ fn effective_nccl(
                 report.loader
             )),
             Some(report),
+            unknown("fdl's model is wrong on this host"),
         ),
-        other => (answer_facts(w), other.map(|(r, _)| r)),
+        other => {
+            let plugins = plugins();
+            (answer_facts(w), other.map(|(r, _)| r), plugins)
+        }
     }
 }
 

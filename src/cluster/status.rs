@@ -335,6 +335,13 @@ fn self_script_args(w: &Worker, witness: bool) -> Vec<String> {
     if let Some(pre) = w.ld_preload() {
         args.extend(["--ld-preload".into(), pre.to_string()]);
     }
+    for (k, v) in w
+        .env
+        .iter()
+        .filter(|(k, _)| super::host::reported_variable(k))
+    {
+        args.extend(["--env".into(), format!("{k}={v}")]);
+    }
     args
 }
 
@@ -846,7 +853,136 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
             State::Ok => format!("the LD_PRELOAD of {} worker(s) takes effect", setting.len()),
         },
     ));
+    out.push(plugins_verdict(&reports, &missing_hosts));
     out
+}
+
+/// The kinds whose plugin every rank must share: the net (and GPU-initiated and remote
+/// memory) transports connect ranks to each other, and the tuner picks each collective's
+/// algorithm, which all ranks must pick alike. A profiler or env plugin acts on its own
+/// rank alone: a difference there is said, not red.
+const SHARED_PLUGINS: [&str; 4] = ["net", "tuner", "gin", "rma"];
+
+/// plugins: the ranks load the same plugin of each shared kind, or all none.
+fn plugins_verdict(reports: &[(&str, &HostReport)], missing_hosts: &[String]) -> Verdict {
+    use super::host::PluginFacts;
+    let mut unknown = missing_hosts.to_vec();
+    // Per kind, per host: what it loads, in a word that compares (the file's name), and
+    // in words for the detail.
+    let mut kinds: std::collections::BTreeMap<&str, Vec<(&str, String, String)>> =
+        Default::default();
+    let known: Vec<(&str, &Vec<PluginFacts>)> = reports
+        .iter()
+        .filter_map(|(h, r)| match &r.plugins {
+            Facts::Known(p) => Some((*h, p)),
+            Facts::Unknown(why) => {
+                unknown.push(format!("{h}: its plugins are unknown: {why}"));
+                None
+            }
+        })
+        .collect();
+    for (_, ps) in &known {
+        for p in ps.iter() {
+            kinds.entry(p.kind.as_str()).or_default();
+        }
+    }
+    for (kind, seen) in kinds.iter_mut() {
+        for (h, ps) in &known {
+            let p = ps.iter().find(|p| p.kind == *kind);
+            let (same, words) = match p {
+                Some(p) if p.verdict == "loaded" => {
+                    let path = p.path.clone().unwrap_or_default();
+                    let file = path
+                        .file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    (
+                        file,
+                        format!(
+                            "loads {} (v{})",
+                            path.display(),
+                            p.version.unwrap_or_default()
+                        ),
+                    )
+                }
+                Some(p) if p.verdict == "unknown" => {
+                    unknown.push(format!(
+                        "{h}: its {kind} plugin is unknown: {}",
+                        p.reason.as_deref().unwrap_or("")
+                    ));
+                    continue;
+                }
+                Some(p) => (String::new(), none_words(p)),
+                None => (String::new(), "its NCCL opens none".into()),
+            };
+            seen.push((h, same, words));
+        }
+    }
+    let mut red = Vec::new();
+    let mut notes = Vec::new();
+    for (kind, seen) in &kinds {
+        let mut distinct: Vec<&str> = seen.iter().map(|(_, s, _)| s.as_str()).collect();
+        distinct.sort();
+        distinct.dedup();
+        if distinct.len() < 2 {
+            continue;
+        }
+        let each = seen
+            .iter()
+            .map(|(h, _, w)| format!("{h} {w}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if SHARED_PLUGINS.contains(kind) {
+            let var = format!("NCCL_{}_PLUGIN", kind.to_ascii_uppercase());
+            red.push(format!(
+                "the ranks would load different {kind} plugins ({each}){}: put the same plugin where every worker's NCCL finds it (`fdl nccl plugins` on a worker shows where it searches), or set {var}=none in the cluster's env: block so that none loads one",
+                if *kind == "net" {
+                    "; a rank without it uses NCCL's internal transport, and ranks on different transports run slowly, hang or fail to connect"
+                } else {
+                    ""
+                }
+            ));
+        } else {
+            notes.push(format!(
+                "the {kind} plugins differ ({each}); each acts on its own rank"
+            ));
+        }
+    }
+    let state = judge(&red, &unknown);
+    let loaded: Vec<String> = kinds
+        .iter()
+        .filter_map(|(kind, seen)| {
+            let (_, same, _) = seen.first()?;
+            (!same.is_empty()).then(|| format!("{kind} {same}"))
+        })
+        .collect();
+    let mut detail = match state {
+        State::Red => red.join("; "),
+        State::Unknown => unknown.join("; "),
+        State::Ok if loaded.is_empty() => "no worker's NCCL loads a plugin".into(),
+        State::Ok => format!("every worker loads the same plugins: {}", loaded.join(", ")),
+    };
+    if state != State::Unknown && !notes.is_empty() {
+        detail.push_str(&format!("; {}", notes.join("; ")));
+    }
+    Verdict::new("plugins", state, detail)
+}
+
+/// What a kind that loads nothing does, in words.
+fn none_words(p: &super::host::PluginFacts) -> String {
+    match p.verdict.as_str() {
+        "disabled" => "loads none (disabled)".into(),
+        "no_common_version" => format!(
+            "loads none ({} exports v{}, none this NCCL asks for, so it is ignored)",
+            p.path.as_deref().unwrap_or(Path::new("?")).display(),
+            p.exports
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", v")
+        ),
+        _ => "loads none (none found)".into(),
+    }
 }
 
 // The one driver rule, shared with the build's plan, `nccl verify` and the default build.
@@ -1000,6 +1136,7 @@ pub(crate) fn test_worker(
             }),
             missing_symbols: vec![],
             witness: None,
+            plugins: Facts::Known(vec![]),
         }),
     }
 }
@@ -1202,6 +1339,102 @@ mod tests {
         let v = verdicts(&[w]);
         let bridge = v.iter().find(|v| v.name == "bridge").unwrap();
         assert_eq!(bridge.state, State::Ok, "{bridge:?}");
+    }
+
+    fn with_plugins(mut w: WorkerStatus, ps: Vec<super::super::host::PluginFacts>) -> WorkerStatus {
+        w.report.as_mut().unwrap().plugins = Facts::Known(ps);
+        w
+    }
+
+    fn plugin(
+        kind: &str,
+        verdict: &str,
+        path: Option<&str>,
+        version: Option<u32>,
+    ) -> super::super::host::PluginFacts {
+        super::super::host::PluginFacts {
+            kind: kind.into(),
+            value: None,
+            verdict: verdict.into(),
+            path: path.map(PathBuf::from),
+            version,
+            exports: version.into_iter().collect(),
+            asks: vec![10, 9],
+            reason: None,
+        }
+    }
+
+    /// A net plugin on one worker and none on another is red, naming both and the two
+    /// ways to agree; the same plugin everywhere (at different paths, one by another
+    /// ABI version) is ok; a profiler that differs is said, not red; a worker whose
+    /// plugins are unknown leaves the verdict unknown.
+    #[test]
+    fn the_ranks_must_load_the_same_net_plugin() {
+        let verdict = |ws: &[WorkerStatus]| {
+            verdicts(ws)
+                .into_iter()
+                .find(|v| v.name == "plugins")
+                .unwrap()
+        };
+        let a = || {
+            with_plugins(
+                test_worker("a", "2.27.5", &[(8, 6)], "12.8"),
+                vec![plugin(
+                    "net",
+                    "loaded",
+                    Some("/p/lib/libnccl-net.so"),
+                    Some(10),
+                )],
+            )
+        };
+        let b = with_plugins(
+            test_worker("b", "2.27.5", &[(8, 6)], "12.8"),
+            vec![plugin("net", "not_found", None, None)],
+        );
+        let v = verdict(&[a(), b]);
+        assert_eq!(v.state, State::Red, "{v:?}");
+        assert!(
+            v.detail
+                .contains("a loads /p/lib/libnccl-net.so (v10), b loads none (none found)")
+                && v.detail.contains("NCCL_NET_PLUGIN=none")
+                && v.detail.contains("internal transport"),
+            "{v:?}"
+        );
+
+        let c = with_plugins(
+            test_worker("c", "2.27.5", &[(8, 6)], "12.8"),
+            vec![
+                plugin("net", "loaded", Some("/q/libnccl-net.so"), Some(9)),
+                plugin(
+                    "profiler",
+                    "loaded",
+                    Some("/q/libnccl-profiler.so"),
+                    Some(5),
+                ),
+            ],
+        );
+        let v = verdict(&[a(), c]);
+        assert_eq!(v.state, State::Ok, "{v:?}");
+        assert!(
+            v.detail
+                .contains("every worker loads the same plugins: net libnccl-net.so")
+                && v.detail.contains("the profiler plugins differ"),
+            "{v:?}"
+        );
+
+        let v = verdict(&[test_worker("d", "2.27.5", &[(8, 6)], "12.8")]);
+        assert_eq!(v.state, State::Ok, "{v:?}");
+        assert_eq!(v.detail, "no worker's NCCL loads a plugin");
+
+        let mut e = test_worker("e", "2.27.5", &[(8, 6)], "12.8");
+        e.report.as_mut().unwrap().plugins = Facts::Unknown("its fdl is old".into());
+        let v = verdict(&[a(), e]);
+        assert_eq!(v.state, State::Unknown, "{v:?}");
+        assert!(
+            v.detail
+                .contains("e: its plugins are unknown: its fdl is old"),
+            "{v:?}"
+        );
     }
 
     /// The libtorch's own kernels are judged beside the NCCL's: a GPU the libtorch has no

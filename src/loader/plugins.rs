@@ -312,6 +312,9 @@ pub fn plugins(which: &Which, env: &LoaderEnv, var: &dyn Fn(&str) -> Option<Stri
 /// What [`plugins`] answers.
 pub type Outcome = std::result::Result<Plugins, String>;
 
+/// How the plugin variables are read: a name to its value (`None`: unset).
+pub type Vars<'a> = &'a dyn Fn(&str) -> Option<String>;
+
 /// The plugins a build of the same NCCL release as `which`'s would load once `LD_PRELOAD`
 /// loads it from `build` (which need not exist yet: fdl's builds carry no search path of
 /// their own, [`super::map::LinkMap::dlopen_from_new_preload`]). The release asks for the
@@ -448,7 +451,7 @@ pub struct Moved {
 /// all, each with the variable's value that keeps it — checked, never assumed.
 pub fn moved(
     before: &Plugins,
-    after: &dyn Fn(&dyn Fn(&str) -> Option<String>) -> Outcome,
+    after: &dyn Fn(Vars) -> Outcome,
     var: &dyn Fn(&str) -> Option<String>,
     cwd: &Path,
 ) -> std::result::Result<Vec<Moved>, String> {

@@ -256,7 +256,12 @@ fn plugins_moved(lib: &std::path::Path, plan: &BuildPlan) -> Vec<String> {
     match crate::loader::plugins::moved_by_preload(lib, &build, &env, &var) {
         Ok(moved) => moved
             .iter()
-            .map(|m| format!("{}. `fdl nccl env` prints the line once the build is installed", m.sentence()))
+            .map(|m| {
+                format!(
+                    "{}. `fdl nccl env` prints the line once the build is installed",
+                    m.sentence()
+                )
+            })
             .collect(),
         Err(_) => Vec::new(),
     }
