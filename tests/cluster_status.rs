@@ -1062,7 +1062,9 @@ fn coverage_judges_the_libtorch_the_worker_loads() {
 /// Two workers with the same libtorch (NCCL compiled in, asking for net plugin v10 and
 /// v9) and the same env: block, which puts /opt/plugins on LD_LIBRARY_PATH; only pascal
 /// has a net plugin there. Status is red and names what each loads; the env: block's
-/// NCCL_NET_PLUGIN=none, the fix it names, makes them agree.
+/// NCCL_NET_PLUGIN=none, the fix it names, makes them agree. Then the plugin in a
+/// directory only ld.so.cache lists, on both: each worker's model finds it where that
+/// host's own dlopen does, and they agree.
 #[test]
 #[ignore = "drives the real Docker engine and OpenSSH: `cargo test -- --include-ignored`"]
 fn a_net_plugin_on_one_worker_only_is_red_and_names_both() {
@@ -1150,5 +1152,46 @@ fn a_net_plugin_on_one_worker_only_is_red_and_names_both() {
     let plugins = verdict(&v, "plugins");
     assert_eq!(plugins["state"], "ok", "{v}");
     assert_eq!(plugins["detail"], "no worker's NCCL loads a plugin", "{v}");
+    assert_eq!(code, Some(0), "{v}");
+
+    // The cache rule: the plugin in a directory only ld.so.cache lists, on both hosts.
+    // Each worker's model finds it there, as that host's own dlopen does.
+    let probe = work.path().join("probe");
+    let src = work.path().join("probe.c");
+    std::fs::write(
+        &src,
+        "#define _GNU_SOURCE\n#include <dlfcn.h>\n#include <link.h>\n#include <stdio.h>\nint main(int c, char **v) { void *h = dlopen(v[1], RTLD_NOW | RTLD_LOCAL); if (!h) { puts(\"NOTFOUND\"); return 1; } struct link_map *m; dlinfo(h, RTLD_DI_LINKMAP, &m); puts(m->l_name); return 0; }\n",
+    )
+    .unwrap();
+    assert!(std::process::Command::new("cc")
+        .arg("-o")
+        .arg(&probe)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .unwrap()
+        .success());
+    for h in &hosts {
+        h.put(&plugin, "/opt/cached/libnccl-net.so");
+        h.put(&probe, "/usr/local/bin/fdl-probe");
+        h.exec("echo /opt/cached > /etc/ld.so.conf.d/fdl-plugin.conf && ldconfig && chmod 755 /usr/local/bin/fdl-probe");
+        assert_eq!(
+            h.exec("fdl-probe libnccl-net.so").trim(),
+            "/opt/cached/libnccl-net.so",
+            "the host's own dlopen"
+        );
+    }
+    let (code, v) = status("");
+    for w in v["workers"].as_array().unwrap() {
+        let net = &w["report"]["plugins"]["known"][0];
+        assert_eq!(net["path"], "/opt/cached/libnccl-net.so", "{v}");
+        assert_eq!(net["verdict"], "loaded", "{v}");
+    }
+    let plugins = verdict(&v, "plugins");
+    assert_eq!(plugins["state"], "ok", "{v}");
+    assert_eq!(
+        plugins["detail"], "every worker loads the same plugins: net libnccl-net.so",
+        "{v}"
+    );
     assert_eq!(code, Some(0), "{v}");
 }
