@@ -576,6 +576,10 @@ impl Moved {
             "rpath" => "the DT_RPATH of the objects that load the current NCCL",
             "runpath" => "the current NCCL's DT_RUNPATH",
             "already_loaded" => "an object already loaded",
+            "ld_library_path" => "LD_LIBRARY_PATH",
+            "ld_cache" => "ld.so.cache",
+            "default_dir" => "a system directory",
+            "path" => "its path",
             "" => "its search",
             other => other,
         };
