@@ -166,6 +166,16 @@ fn write_cluster_file(root: &Path, keys: &Keys, hosts: &[(&Host, &str)], env: &[
     std::fs::write(root.join("fdl.cluster.yml"), y).unwrap();
 }
 
+/// `fdl cluster status --json` in `root` with its own cache: the exit code and answer.
+fn status_json(root: &Path, cache: &Path) -> (Option<i32>, serde_json::Value) {
+    let out = fdl_in(root)
+        .env("XDG_CACHE_HOME", cache)
+        .args(["cluster", "status", "--json"])
+        .output()
+        .unwrap();
+    (out.status.code(), json_of(&out))
+}
+
 fn json_of(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
@@ -1002,14 +1012,7 @@ fn coverage_judges_the_libtorch_the_worker_loads() {
     let project = ProjectFixture::empty();
     write_cluster_file(project.root(), &keys, &[(&host, path)], &[]);
     let cache = tempfile::tempdir().unwrap();
-    let status = || {
-        let out = fdl_in(project.root())
-            .env("XDG_CACHE_HOME", cache.path())
-            .args(["cluster", "status", "--json"])
-            .output()
-            .unwrap();
-        (out.status.code(), json_of(&out))
-    };
+    let status = || status_json(project.root(), cache.path());
 
     host.fake_nvidia_smi(
         &[("NVIDIA GeForce GTX 1060 6GB", "6.1", 6144)],
@@ -1110,12 +1113,7 @@ fn a_net_plugin_on_one_worker_only_is_red_and_names_both() {
             &[(&hosts[0], path), (&hosts[1], path)],
             &[(0, env.to_string()), (1, env.to_string())],
         );
-        let out = fdl_in(project.root())
-            .env("XDG_CACHE_HOME", cache.path())
-            .args(["cluster", "status", "--json"])
-            .output()
-            .unwrap();
-        (out.status.code(), json_of(&out))
+        status_json(project.root(), cache.path())
     };
 
     let (code, v) = status("env:\n  LD_LIBRARY_PATH: /opt/plugins");

@@ -453,30 +453,25 @@ fn a_build_that_moves_the_plugin_out_of_reach_is_warned_of_and_kept() {
     );
     let name = f.install(&tree, "v2.27.5-1", "8.6").unwrap();
     let build = f.builds().join(&name).join("lib/libnccl.so.2");
-    let out = clean(f.fdl())
-        .args(["nccl", "env", &name])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let env = |format: &str| {
+        let out = clean(f.fdl())
+            .args(["nccl", "env", &name, "--format", format])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = env("shell");
     assert!(
         text.contains(&format!("\nexport NCCL_NET_PLUGIN='{pin}'\n")),
         "{text}"
     );
-    let out = clean(f.fdl())
-        .args(["nccl", "env", &name, "--format", "yaml"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = env("yaml");
     assert!(
         text.contains(&format!("\n  NCCL_NET_PLUGIN: \"{pin}\"\n")),
         "{text}"
     );
-    let out = clean(f.fdl())
-        .args(["nccl", "env", &name, "--format", "json"])
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&env("json")).unwrap();
     assert_eq!(v["plugins_moved"][0]["kind"], "net", "{v}");
     assert_eq!(v["plugins_moved"][0]["keep"], pin.as_str(), "{v}");
     assert_eq!(

@@ -84,9 +84,7 @@ impl PluginFacts {
         let (path, version, exports, reason) = match &k.verdict {
             V::Loaded { path, version, .. } => {
                 let exports = k
-                    .tries
-                    .iter()
-                    .find(|t| t.found.as_ref() == Some(path))
+                    .try_of(path)
                     .and_then(|t| t.exports.clone())
                     .unwrap_or_default();
                 (Some(path.clone()), Some(*version), exports, None)

@@ -290,6 +290,13 @@ pub struct Plugins {
     pub config_files: Vec<PathBuf>,
 }
 
+impl KindReport {
+    /// The try whose file is `path`: how it was found, and what it exports.
+    pub fn try_of(&self, path: &Path) -> Option<&Try> {
+        self.tries.iter().find(|t| t.found.as_deref() == Some(path))
+    }
+}
+
 impl Plugins {
     pub fn kind(&self, kind: Kind) -> Option<&KindReport> {
         self.kinds.iter().find(|k| k.kind == kind)
@@ -475,9 +482,7 @@ pub fn moved(
             continue;
         }
         let via = k
-            .tries
-            .iter()
-            .find(|t| t.found.as_ref() == Some(path))
+            .try_of(path)
             .and_then(|t| t.via.clone())
             .unwrap_or_default();
         let pin = cwd.join(path).to_string_lossy().into_owned();
