@@ -267,7 +267,7 @@ fn ambiguous(path: &Path, ids: &[SelfId]) -> String {
 /// read-only PROGBITS sections (`.rodata` and kin) minus GPU code and unwind tables.
 /// Without a section table, the loadable segments that are neither writable nor
 /// executable stand in.
-fn string_regions(info: &elf::ElfInfo) -> Vec<(u64, u64)> {
+pub(crate) fn string_regions(info: &elf::ElfInfo) -> Vec<(u64, u64)> {
     let from_sections: Vec<(u64, u64)> = info
         .sections
         .iter()

@@ -117,8 +117,9 @@ const MAX_VERSION: u32 = 1000;
 /// Entry versions kept per kind.
 const MAX_VERSIONS: usize = 64;
 
-/// Reads what the NCCL at `path` asks of plugins. Only its allocated read-only sections
-/// are scanned, a window at a time.
+/// Reads what the NCCL at `path` asks of plugins. Only the regions where its string
+/// literals can live are scanned, a window at a time: its read-only data less the GPU
+/// code (a real NCCL's fatbins are 400 MB of its 430, and hold no dlsym names).
 pub fn read_asks(path: &Path) -> Result<Asks> {
     Source::with_file(path, |src| {
         let info = elf::parse(src)?;
@@ -126,17 +127,13 @@ pub fn read_asks(path: &Path) -> Result<Asks> {
             Kind::ALL.iter().map(|k| (*k, BTreeSet::new())).collect();
         let mut checks_value = false;
         let mut lists = BTreeSet::new();
-        for s in info
-            .sections
-            .iter()
-            .filter(|s| s.is_readonly_data() && s.has_file_bytes())
-        {
+        for (offset, size) in crate::inspect::string_regions(&info) {
             for (kind, set) in found.iter_mut() {
                 let needle = kind.entry().as_bytes();
-                src.find_iter(s.offset, s.size, needle, 8, |at, rest| {
+                src.find_iter(offset, size, needle, 8, |at, rest| {
                     // A whole string: NUL before (or the section's start) and digits,
                     // then NUL, after; `ncclProfilerProxyOp…_v4` never matches.
-                    let starts = at == s.offset || src.bytes_clipped(at - 1, 1) == [0];
+                    let starts = at == offset || src.bytes_clipped(at - 1, 1) == [0];
                     let digits = &rest[needle.len()..];
                     let n = digits.iter().take_while(|b| b.is_ascii_digit()).count();
                     if starts && n > 0 && digits.get(n) == Some(&0) {
@@ -153,12 +150,12 @@ pub fn read_asks(path: &Path) -> Result<Asks> {
                     true
                 })?;
                 let list = format!("{} list contains", kind.variable());
-                src.find_iter(s.offset, s.size, list.as_bytes(), 0, |_, _| {
+                src.find_iter(offset, size, list.as_bytes(), 0, |_, _| {
                     lists.insert(*kind);
                     false
                 })?;
             }
-            src.find_iter(s.offset, s.size, b"\0%s-%s.so\0", 0, |_, _| {
+            src.find_iter(offset, size, b"\0%s-%s.so\0", 0, |_, _| {
                 checks_value = true;
                 false
             })?;
