@@ -257,7 +257,7 @@ pub fn output_within_keeping_stdin(
     cmd: &mut Command,
     timeout: Duration,
 ) -> std::io::Result<Option<std::process::Output>> {
-    output_capped(cmd, timeout, OUTPUT_CAP)
+    output_capped(cmd, timeout, OUTPUT_CAP, &|| false)
 }
 
 /// [`output_within`] with its own bound per stream: for a command that answers for many
@@ -267,13 +267,43 @@ pub fn output_within_cap(
     timeout: Duration,
     cap: usize,
 ) -> std::io::Result<Option<std::process::Output>> {
-    output_capped(cmd.stdin(Stdio::null()), timeout, cap)
+    output_capped(cmd.stdin(Stdio::null()), timeout, cap, &|| false)
+}
+
+/// [`output_within_cap`] that also ends the child, and returns [`Stopped`] as the error,
+/// once `stop` says so (asked at each of the wait's wake-ups, 20 ms apart at most): for
+/// a step started while what may cancel it is still being asked.
+pub fn output_within_cap_unless(
+    cmd: &mut Command,
+    timeout: Duration,
+    cap: usize,
+    stop: &dyn Fn() -> bool,
+) -> std::io::Result<Option<std::process::Output>> {
+    output_capped(cmd.stdin(Stdio::null()), timeout, cap, stop)
+}
+
+/// The error of a command [`output_within_cap_unless`] ended because it was told to.
+#[derive(Debug)]
+pub struct Stopped;
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stopped by fdl")
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// Whether `e` is [`Stopped`].
+pub fn is_stopped(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<Stopped>())
 }
 
 fn output_capped(
     cmd: &mut Command,
     timeout: Duration,
     cap: usize,
+    stop: &dyn Fn() -> bool,
 ) -> std::io::Result<Option<std::process::Output>> {
     use std::sync::{Arc, Mutex};
     let (out_r, out_w) = std::io::pipe()?;
@@ -337,6 +367,10 @@ fn output_capped(
         }
         if let Some(status) = child.try_wait()? {
             break status;
+        }
+        if stop() {
+            end_tree(&mut child);
+            return Err(std::io::Error::other(Stopped));
         }
         if start.elapsed() > timeout {
             end_tree(&mut child);

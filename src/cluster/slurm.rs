@@ -8,6 +8,9 @@
 //! exit last, and the labelled output is split back per node, each bounded by
 //! [`OUTPUT_CAP`]. A node Slurm calls drained, down or not responding gets no step and is
 //! named; a node that dies during one is named by what srun said, and the others finish.
+//! The states (`scontrol show node -o`) are asked when fdl starts and come while the
+//! first step runs; a step holding a node they call unusable is stopped and run again
+//! without it.
 //! Files go out by `sbcast` (one broadcast to the job's nodes), or, where sbcast is
 //! missing or fails, as a stream into one `srun` task per node.
 
@@ -27,13 +30,81 @@ pub struct Slurm {
     pub job: String,
     /// Its nodes, in scontrol's order.
     pub nodes: Vec<String>,
-    /// The nodes' states as read beside their names: the first step takes them instead
-    /// of asking scontrol again a few ms later; every later step asks afresh.
-    states: std::sync::Mutex<Option<BTreeMap<String, String>>>,
+    /// The nodes' states, asked at the start: the first step runs while they come
+    /// instead of after; every later step asks afresh.
+    states: Pending,
     /// How long one `scontrol` may take: the command's `--timeout`, never a fixed time
     /// of fdl's own (a hung slurmctld would otherwise cost that whatever the user asked).
     scontrol_limit: Duration,
 }
+
+/// The unusable nodes among the job's, by name, with why; `None`: scontrol gave no answer.
+type States = Option<BTreeMap<String, String>>;
+
+/// The states asked when fdl starts, answered by a thread of their own: `scontrol` takes
+/// about a third of an `srun -N3 true`, so the first step does not wait for it.
+#[derive(Debug)]
+struct Pending {
+    asking: std::sync::Mutex<Option<std::thread::JoinHandle<States>>>,
+    answer: std::sync::OnceLock<States>,
+    /// Whether a step has taken this answer (later ones ask afresh).
+    taken: std::sync::atomic::AtomicBool,
+}
+
+impl Pending {
+    fn ask(list: String, timeout: Duration) -> Pending {
+        Pending {
+            asking: std::sync::Mutex::new(Some(std::thread::spawn(move || {
+                node_states(&list, timeout)
+            }))),
+            answer: std::sync::OnceLock::new(),
+            taken: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The answer if it has come, without waiting.
+    fn ready(&self) -> Option<&States> {
+        if let Some(a) = self.answer.get() {
+            return Some(a);
+        }
+        // The answer is set while the lock is held, so `wait` never misses it.
+        let mut asking = self.asking.lock().unwrap_or_else(|e| e.into_inner());
+        if asking.as_ref().is_some_and(|h| h.is_finished()) {
+            let h = asking.take().expect("checked above");
+            let _ = self.answer.set(h.join().ok().flatten());
+        }
+        self.answer.get()
+    }
+
+    /// The answer, waiting for it (scontrol is bounded by `--timeout`).
+    fn wait(&self) -> &States {
+        {
+            let mut asking = self.asking.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(h) = asking.take() {
+                let _ = self.answer.set(h.join().ok().flatten());
+            }
+        }
+        self.answer.get_or_init(|| None)
+    }
+
+    /// Whether this is the first step's turn (and takes it).
+    fn first(&self) -> bool {
+        !self.taken.swap(true, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A step fdl stopped because a node of it turned out unusable: its nodes are asked
+/// again, without that node.
+#[derive(Debug)]
+struct StepStopped;
+
+impl std::fmt::Display for StepStopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the step was stopped: a node of it is unusable")
+    }
+}
+
+impl std::error::Error for StepStopped {}
 
 /// The first line each task prints: its node's name.
 const NODE_MARK: &str = "fdl-node:";
@@ -75,23 +146,19 @@ impl Slurm {
         let list = std::env::var("SLURM_JOB_NODELIST")
             .or_else(|_| std::env::var("SLURM_NODELIST"))
             .map_err(|_| anyhow!("Slurm job {job} has no SLURM_JOB_NODELIST in this environment: run fdl in the job's own shell (salloc, sbatch)"))?;
-        // A list in the common form (`node[1-3,7],gpu05`) is expanded here, and the
-        // step's one scontrol is the states'; any other form is scontrol's to expand,
-        // asked beside the states. Either way the names are the same (the unit tests
-        // hold scontrol 22.05's answers for these forms).
-        let (names, states) = match expand_hostlist(&list) {
-            Some(names) => (Ok(names), node_states(&list, timeout)),
-            None => std::thread::scope(|s| {
-                let states = s.spawn(|| node_states(&list, timeout));
-                let names = scontrol_hostnames(&list, timeout);
-                (names, states.join().ok().flatten())
-            }),
+        // The states are asked at once, and answer while fdl goes on. A list in the
+        // common form (`node[1-3,7],gpu05`) is expanded here; any other form is
+        // scontrol's to expand. Either way the names are the same (the unit tests hold
+        // scontrol 22.05's answers for these forms).
+        let states = Pending::ask(list.clone(), timeout);
+        let nodes = match expand_hostlist(&list) {
+            Some(names) => names,
+            None => scontrol_hostnames(&list, timeout)?,
         };
-        let nodes = names?;
         Ok(Slurm {
             job,
             nodes,
-            states: std::sync::Mutex::new(states),
+            states,
             scontrol_limit: timeout,
         })
     }
@@ -151,12 +218,20 @@ impl Slurm {
     }
 
     /// One step across `nodes`, the answers split per node, and whether it timed out.
-    fn step(&self, nodes: &[&str], script: &str, timeout: Duration) -> (Vec<Result<Output>>, bool) {
+    /// `stop` (asked while it runs, with the step's nodes) ends it early: each node's
+    /// answer is then [`StepStopped`].
+    fn step(
+        &self,
+        nodes: &[&str],
+        script: &str,
+        timeout: Duration,
+        stop: &(dyn Fn(&[&str]) -> bool + Sync),
+    ) -> (Vec<Result<Output>>, bool) {
         let wrapped = format!(
             "printf '{NODE_MARK}%s\\n' \"$SLURMD_NODENAME\"; ( {script}\n); printf '\\n{EXIT_MARK}%s\\n' \"$?\""
         );
         let mut cmd = self.srun(nodes, &wrapped, true);
-        let out = match capture_step(&mut cmd, nodes.len(), timeout) {
+        let out = match capture_step(&mut cmd, nodes.len(), timeout, &|| stop(nodes)) {
             Ok(Some(out)) => out,
             Ok(None) => {
                 let outs = nodes
@@ -170,6 +245,12 @@ impl Slurm {
                     .collect();
                 return (outs, true);
             }
+            Err(e) if crate::process::is_stopped(&e) => {
+                return (
+                    nodes.iter().map(|_| Err(StepStopped.into())).collect(),
+                    false,
+                );
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let why = "srun was not found: run fdl where Slurm's client tools are on PATH";
                 return (nodes.iter().map(|_| Err(anyhow!(why))).collect(), true);
@@ -182,14 +263,17 @@ impl Slurm {
         (demux(nodes, &out), false)
     }
 
-    /// The nodes among `nodes` Slurm will run no step on, with why.
+    /// The nodes among `nodes` Slurm will run no step on, with why: the first caller
+    /// takes the states asked at the start, every later one asks afresh.
     fn unusable(&self, nodes: &[&str]) -> BTreeMap<String, String> {
-        let read = self.states.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let read = if self.states.first() {
+            self.states.wait().clone()
+        } else {
+            None
+        };
         read.or_else(|| node_states(&nodes.join(","), self.scontrol_limit))
+            .map(|m| among(m, nodes))
             .unwrap_or_default()
-            .into_iter()
-            .filter(|(n, _)| nodes.contains(&n.as_str()))
-            .collect()
     }
 
     /// sbcast of `from` to `dest` on the job's nodes; `Err` when sbcast is missing or
@@ -305,6 +389,63 @@ impl Slurm {
             .collect()
     }
 
+    /// The hosts `idx` of `hosts`, one step per distinct script (one in all for a project
+    /// at one path), in order of `idx`.
+    fn steps(
+        &self,
+        hosts: &[&Worker],
+        idx: &[usize],
+        script: Script,
+        timeout: Duration,
+        stop: &(dyn Fn(&[&str]) -> bool + Sync),
+    ) -> Vec<Result<Output>> {
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        for (k, &i) in idx.iter().enumerate() {
+            let s = script(hosts[i]);
+            match groups.iter_mut().find(|(g, _)| *g == s) {
+                Some((_, ks)) => ks.push(k),
+                None => groups.push((s, vec![k])),
+            }
+        }
+        let answers = super::in_parallel(
+            &groups,
+            groups.len().max(1),
+            |(s, ks)| {
+                let nodes: Vec<&str> = ks.iter().map(|&k| hosts[idx[k]].host.as_str()).collect();
+                let (mut outs, timed_out) = self.step(&nodes, s, timeout, stop);
+                // A node that dies aborts the whole step: Slurm kills the other tasks
+                // too. Each node left without an answer gets a step of its own, so only
+                // the dead one stays failed (not after a timeout: that would double it,
+                // nor after fdl stopped it).
+                let lost: Vec<usize> = (0..nodes.len())
+                    .filter(|&j| outs[j].as_ref().is_err_and(|e| !e.is::<StepStopped>()))
+                    .collect();
+                if nodes.len() > 1 && !timed_out && !lost.is_empty() {
+                    let again = super::in_parallel(
+                        &lost,
+                        lost.len(),
+                        |&j| self.step(&[nodes[j]], s, timeout, stop).0.remove(0),
+                        &|_| {},
+                    );
+                    for (j, out) in lost.into_iter().zip(again) {
+                        outs[j] = out;
+                    }
+                }
+                outs
+            },
+            &|_| {},
+        );
+        let mut out: Vec<Option<Result<Output>>> = idx.iter().map(|_| None).collect();
+        for ((_, ks), outs) in groups.iter().zip(answers) {
+            for (&k, o) in ks.iter().zip(outs) {
+                out[k] = Some(o);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(anyhow!("no answer"))))
+            .collect()
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn stream_each(
         &self,
@@ -368,48 +509,44 @@ impl Transport for Slurm {
         timeout: Duration,
     ) -> Vec<Result<Output>> {
         let names: Vec<&str> = hosts.iter().map(|w| w.host.as_str()).collect();
-        let bad = self.unusable(&names);
         let mut results: Vec<Option<Result<Output>>> = hosts.iter().map(|_| None).collect();
-        // One step per distinct script (one in all for a project at one path).
-        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
-        for (i, w) in hosts.iter().enumerate() {
-            if let Some(why) = bad.get(&w.host) {
-                results[i] = Some(Err(anyhow!("{why}: Slurm runs no step there")));
-                continue;
-            }
-            let s = script(w);
-            match groups.iter_mut().find(|(g, _)| *g == s) {
-                Some((_, idx)) => idx.push(i),
-                None => groups.push((s, vec![i])),
-            }
-        }
-        let answers = super::in_parallel(
-            &groups,
-            groups.len().max(1),
-            |(s, idx)| {
-                let nodes: Vec<&str> = idx.iter().map(|&i| names[i]).collect();
-                let (mut outs, timed_out) = self.step(&nodes, s, timeout);
-                // A node that dies aborts the whole step: Slurm kills the other tasks
-                // too. Each node left without an answer gets a step of its own, so only
-                // the dead one stays failed (not after a timeout: that would double it).
-                let lost: Vec<usize> = (0..nodes.len()).filter(|&k| outs[k].is_err()).collect();
-                if nodes.len() > 1 && !timed_out && !lost.is_empty() {
-                    let again = super::in_parallel(
-                        &lost,
-                        lost.len(),
-                        |&k| self.step(&[nodes[k]], s, timeout).0.remove(0),
-                        &|_| {},
-                    );
-                    for (k, out) in lost.into_iter().zip(again) {
-                        outs[k] = out;
-                    }
+        let all: Vec<usize> = (0..hosts.len()).collect();
+        let todo = if self.states.ready().is_none() && self.states.first() {
+            // The first step runs while the states come: stopped as soon as they name
+            // one of its nodes, and a node they name gets no answer but why, as if it
+            // had been left out from the start.
+            let stop = |nodes: &[&str]| {
+                self.states
+                    .ready()
+                    .and_then(Option::as_ref)
+                    .is_some_and(|m| nodes.iter().any(|n| m.contains_key(*n)))
+            };
+            let outs = self.steps(hosts, &all, script, timeout, &stop);
+            let bad = self.states.wait().clone().map(|m| among(m, &names));
+            let mut again = Vec::new();
+            for (i, out) in outs.into_iter().enumerate() {
+                match bad.as_ref().and_then(|b| b.get(names[i])) {
+                    Some(why) => results[i] = Some(Err(anyhow!("{why}: Slurm runs no step there"))),
+                    None if out.as_ref().is_err_and(|e| e.is::<StepStopped>()) => again.push(i),
+                    None => results[i] = Some(out),
                 }
-                outs
-            },
-            &|_| {},
-        );
-        for ((_, idx), outs) in groups.iter().zip(answers) {
-            for (&i, out) in idx.iter().zip(outs) {
+            }
+            again
+        } else {
+            let bad = self.unusable(&names);
+            all.into_iter()
+                .filter(|&i| match bad.get(names[i]) {
+                    Some(why) => {
+                        results[i] = Some(Err(anyhow!("{why}: Slurm runs no step there")));
+                        false
+                    }
+                    None => true,
+                })
+                .collect()
+        };
+        if !todo.is_empty() {
+            let outs = self.steps(hosts, &todo, script, timeout, &|_| false);
+            for (&i, out) in todo.iter().zip(outs) {
                 results[i] = Some(out);
             }
         }
@@ -517,8 +654,17 @@ fn capture_step(
     cmd: &mut Command,
     nodes: usize,
     timeout: Duration,
+    stop: &dyn Fn() -> bool,
 ) -> std::io::Result<Option<Output>> {
-    crate::process::output_within_cap(cmd, timeout, step_cap(nodes))
+    crate::process::output_within_cap_unless(cmd, timeout, step_cap(nodes), stop)
+}
+
+/// The entries of `states` for `nodes`.
+fn among(states: BTreeMap<String, String>, nodes: &[&str]) -> BTreeMap<String, String> {
+    states
+        .into_iter()
+        .filter(|(n, _)| nodes.contains(&n.as_str()))
+        .collect()
 }
 
 /// The unusable nodes among `list` (names or a Slurm host list) by `scontrol show node
@@ -865,7 +1011,7 @@ mod tests {
     fn an_endless_step_is_stopped_at_a_total_bound_whatever_its_node_count() {
         let mut cmd = Command::new("yes");
         cmd.arg("0: fdl-node:node1");
-        let e = capture_step(&mut cmd, 3000, Duration::from_secs(300)).unwrap_err();
+        let e = capture_step(&mut cmd, 3000, Duration::from_secs(300), &|| false).unwrap_err();
         let t = crate::process::too_large(&e).expect("stopped for its size");
         assert!(t.limit <= STEP_CAP, "stopped only at {} MiB", t.limit >> 20);
         assert_eq!(
