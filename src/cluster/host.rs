@@ -250,16 +250,17 @@ pub fn reported_variable(name: &str) -> bool {
 }
 
 pub fn report(q: &SelfQuery) -> HostReport {
-    // The two nvidia-smi calls and the libtorch's inspection depend on nothing of each
-    // other: asked at once, the report costs the slowest of them (nvidia-smi takes tens
-    // of ms on a real driver, more without persistence mode), not their sum.
-    let (gpus, driver, libtorch) = std::thread::scope(|s| {
+    // The two nvidia-smi calls and the libtorch's side (its inspection, the effective
+    // NCCL, the loader's witness, the plugins) depend on nothing of each other: asked at
+    // once, the report costs the slowest of them (nvidia-smi takes tens of ms on a real
+    // driver, more without persistence mode), not their sum.
+    let (gpus, driver, libtorch, (effective, witness, plugins)) = std::thread::scope(|s| {
         let gpus = s.spawn(|| Facts::from(gpu::query().map_err(anyhow::Error::from)));
         let driver = s.spawn(|| Facts::from(gpu::driver().map_err(anyhow::Error::from)));
         let libtorch = Facts::from(libtorch_facts(q));
-        (joined(gpus), joined(driver), libtorch)
+        let effective = effective_nccl(q, libtorch.known());
+        (joined(gpus), joined(driver), libtorch, effective)
     });
-    let (effective, witness, plugins) = effective_nccl(q, libtorch.known());
     let effective = Facts::from(effective);
     let coverage = match (&gpus, &effective) {
         (Facts::Known(gpus), Facts::Known(nccl)) => coverage(gpus, &nccl.gpu_code),
