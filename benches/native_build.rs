@@ -14,7 +14,8 @@
 //! nvcc compiles for many archs (tens of seconds). `FDL_BENCH_ARCHS` (real tree: `8.0`;
 //! stand-in: every arch from Turing to Blackwell), `FDL_BENCH_ONLY_FUNCS` (real tree:
 //! `SendRecv`), `FDL_BENCH_ROUNDS` (default 2), `FDL_BENCH_JOBS` (default: fdl's own
-//! choice for this machine, which both sides then use).
+//! choice for this machine, which both sides then use), `FDL_BENCH_FIRST=fdl` (the
+//! first round runs fdl first; default plain make).
 //!
 //! `cargo bench --bench native_build`; `cargo test` builds it but does not run it. A
 //! missed target is a result; a failed or wrong build is a failure.
@@ -235,6 +236,9 @@ fn main() {
         inputs.jobs,
         rounds
     );
+    // Which side the first round runs first: a one-round run of each order is a pair
+    // of rounds split over two calls.
+    let fdl_first = usize::from(var("FDL_BENCH_FIRST").as_deref() == Some("fdl"));
     let (mut plain_sum, mut fdl_sum) = (Duration::ZERO, Duration::ZERO);
     let mut phases: Vec<(String, f64)> = Vec::new();
     for round in 1..=rounds {
@@ -244,7 +248,7 @@ fn main() {
         copy_tree(&inputs.tree, &plain_src);
         copy_tree(&inputs.tree, &fdl_src);
         let cmd = plain_command(&inputs, &plain_src, &dir.join("plain-build"));
-        let (plain, (with_fdl, timings)) = if round % 2 == 1 {
+        let (plain, (with_fdl, timings)) = if (round + fdl_first) % 2 == 1 {
             let p = run_plain(&cmd);
             (p, run_fdl(&inputs, &fdl_src))
         } else {
@@ -260,7 +264,12 @@ fn main() {
             }
         }
         println!(
-            "round {round}: plain make {:.1} s, fdl {:.1} s ({:+.2}%): {}",
+            "round {round} ({} first): plain make {:.1} s, fdl {:.1} s ({:+.2}%): {}",
+            if (round + fdl_first) % 2 == 1 {
+                "plain make"
+            } else {
+                "fdl"
+            },
             plain.as_secs_f64(),
             with_fdl.as_secs_f64(),
             100.0 * (with_fdl.as_secs_f64() / plain.as_secs_f64() - 1.0),
