@@ -509,7 +509,7 @@ fn effective_nccl(
             let plugins = if modelled {
                 plugins()
             } else {
-                unknown("the host's loader replaced fdl's model here, so the plugin search from its answer is not modelled")
+                Facts::Unknown("the host's loader named another NCCL than fdl's model, so the plugin search from it is not modelled".into())
             };
             (facts_of(&object, linkage), Some(report), plugins)
         }
