@@ -1,21 +1,35 @@
 //! fdl's whole native build against plain make of the same tree, side by side (issue 31).
 //!
-//! Each round copies the NCCL tree twice and runs, in turn (the order alternating between
-//! rounds), plain make — exactly the `make … src.build` command fdl's dry run prints for
-//! the plan, in a shell, with nothing of fdl around it — and `fdl nccl build --backend
-//! native` in a fresh project with a fresh build store (compile, install, verify, store
-//! add, seal, commit). It prints each round, the overhead against the 1% target, and
-//! where fdl's time went (`timings` of `fdl nccl build --json`): the backend's make
-//! (compile, link, install) and fdl's own (prepare, verify, store, seal).
+//! Each round copies the NCCL tree twice and runs plain make — exactly the `make …
+//! src.build` command fdl's dry run prints for the plan, in a shell, with nothing of fdl
+//! around it — and `fdl nccl build --backend native` in a fresh project with a fresh
+//! build store (compile, install, verify, store add, seal, commit). It prints each round,
+//! the overhead against the 1% target, and where fdl's time went (`timings` of `fdl nccl
+//! build --json`): the backend's make (compile, link, install) and fdl's own (prepare,
+//! verify, store, seal).
+//!
+//! Two ways to share the machine (`FDL_BENCH_MODE`):
+//! - `pinned` (the default on two or more CPUs): both sides start at once, each pinned
+//!   to a CPU of its own (`taskset`), the CPUs swapped each round. This machine's speed
+//!   drifts by more than 1% over a half-hour build (session 12 measured 738 s and 859 s
+//!   for the same make in consecutive rounds), so only sides that run at the same time
+//!   see the same machine. Each side keeps its CPU when the other ends first, so neither
+//!   is sped up by the other's finish, and fdl's own threads (progress reader, digest
+//!   walk) run on fdl's CPU and count against it. Both use `FDL_BENCH_JOBS` (default 1:
+//!   the one CPU each has).
+//! - `alternate`: one side after the other, the order alternating between rounds
+//!   (`FDL_BENCH_FIRST=fdl` starts with fdl), each with the whole machine.
+//!
+//! Each round also prints the steal time of the CPUs used (`/proc/stat`): time the
+//! hypervisor gave to others, which no build can account for.
 //!
 //! Inputs: `FDL_TEST_CUDA_HOME_NEWEST` (the CUDA 13.5 toolchain of the PyPI wheels, from
 //! `.ci/fetch-oracles`); `FDL_BENCH_NCCL_TREE`, an unpacked NCCL release (`git archive
 //! v2.30.7-1` of NVIDIA/nccl), else a stand-in NCCL-shaped tree whose kernel the real
 //! nvcc compiles for many archs (tens of seconds). `FDL_BENCH_ARCHS` (real tree: `8.0`;
 //! stand-in: every arch from Turing to Blackwell), `FDL_BENCH_ONLY_FUNCS` (real tree:
-//! `SendRecv`), `FDL_BENCH_ROUNDS` (default 2), `FDL_BENCH_JOBS` (default: fdl's own
-//! choice for this machine, which both sides then use), `FDL_BENCH_FIRST=fdl` (the
-//! first round runs fdl first; default plain make).
+//! `SendRecv`), `FDL_BENCH_ROUNDS` (default 2), `FDL_BENCH_JOBS` (pinned: 1; alternate:
+//! fdl's own choice for this machine, which both sides then use).
 //!
 //! `cargo bench --bench native_build`; `cargo test` builds it but does not run it. A
 //! missed target is a result; a failed or wrong build is a failure.
@@ -90,8 +104,20 @@ fn fdl_args(i: &Inputs, source: &Path) -> Vec<String> {
     a
 }
 
-fn fdl(root: &Path, cache: &Path, args: &[String]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_fdl"))
+/// A command, pinned to one CPU (by `taskset`, which execs it) when `cpu` says so.
+fn on_cpu(program: &str, cpu: Option<usize>) -> Command {
+    match cpu {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &cpu.to_string(), program]);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+fn fdl(root: &Path, cache: &Path, args: &[String], cpu: Option<usize>) -> std::process::Output {
+    on_cpu(env!("CARGO_BIN_EXE_fdl"), cpu)
         .arg("--root")
         .arg(root)
         .args(args)
@@ -107,7 +133,7 @@ fn plain_command(i: &Inputs, source: &Path, build_dir: &Path) -> String {
     let scratch = tempfile::tempdir().unwrap();
     let mut args = fdl_args(i, source);
     args.extend(["--dry-run".into(), "--json".into(), "--no-store".into()]);
-    let out = fdl(scratch.path(), scratch.path(), &args);
+    let out = fdl(scratch.path(), scratch.path(), &args, None);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         fail(&format!(
             "the dry run did not answer JSON ({e}): {}",
@@ -134,9 +160,9 @@ fn plain_command(i: &Inputs, source: &Path, build_dir: &Path) -> String {
     )
 }
 
-fn run_plain(cmd: &str) -> Duration {
+fn run_plain(cmd: &str, cpu: Option<usize>) -> Duration {
     let start = Instant::now();
-    let out = Command::new("bash").args(["-c", cmd]).output().unwrap();
+    let out = on_cpu("bash", cpu).args(["-c", cmd]).output().unwrap();
     let took = start.elapsed();
     if !out.status.success() {
         fail(&format!(
@@ -148,13 +174,13 @@ fn run_plain(cmd: &str) -> Duration {
 }
 
 /// fdl's whole build in a fresh project and store: its wall time and its timings.
-fn run_fdl(i: &Inputs, source: &Path) -> (Duration, Vec<(String, f64)>) {
+fn run_fdl(i: &Inputs, source: &Path, cpu: Option<usize>) -> (Duration, Vec<(String, f64)>) {
     let root = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let mut args = fdl_args(i, source);
     args.push("--json".into());
     let start = Instant::now();
-    let out = fdl(root.path(), cache.path(), &args);
+    let out = fdl(root.path(), cache.path(), &args, cpu);
     let took = start.elapsed();
     if !out.status.success() {
         fail(&format!(
@@ -185,6 +211,113 @@ fn run_fdl(i: &Inputs, source: &Path) -> (Duration, Vec<(String, f64)>) {
     (took, timings)
 }
 
+/// Steal and all ticks of one `/proc/stat` line (`cpu` for the machine, `cpuN` for one).
+fn ticks(name: &str) -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+    else {
+        return (0, 0);
+    };
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal guest guest_nice: guest time is
+    // already inside user, so all time is the first eight.
+    (n.get(7).copied().unwrap_or(0), n.iter().take(8).sum())
+}
+
+/// The steal share of `name`'s time since `since`, in percent.
+fn steal_since(name: &str, since: (u64, u64)) -> f64 {
+    let now = ticks(name);
+    let all = now.1.saturating_sub(since.1);
+    if all == 0 {
+        return 0.0;
+    }
+    100.0 * now.0.saturating_sub(since.0) as f64 / all as f64
+}
+
+/// The first two CPUs this process may run on, by `taskset -pc`'s own list.
+fn two_cpus() -> Option<(usize, usize)> {
+    let out = Command::new("taskset")
+        .args(["-pc", &std::process::id().to_string()])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let list = text.rsplit(':').next()?.trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.trim().parse::<usize>().ok()?..=b.trim().parse().ok()?),
+            None => cpus.push(part.trim().parse().ok()?),
+        }
+    }
+    (cpus.len() >= 2).then(|| (cpus[0], cpus[1]))
+}
+
+/// One round's two sides: their wall times, fdl's timings, and each side's steal share.
+struct Round {
+    plain: Duration,
+    fdl: Duration,
+    timings: Vec<(String, f64)>,
+    steal: (f64, f64),
+    how: String,
+}
+
+fn pinned_round(i: &Inputs, cmd: &str, fdl_src: &Path, cpus: (usize, usize)) -> Round {
+    let (pc, fc) = (format!("cpu{}", cpus.0), format!("cpu{}", cpus.1));
+    let (p0, f0) = (ticks(&pc), ticks(&fc));
+    let ((plain, ps), (with_fdl, timings, fs)) = std::thread::scope(|s| {
+        let plain = s.spawn(|| {
+            let t = run_plain(cmd, Some(cpus.0));
+            (t, steal_since(&pc, p0))
+        });
+        let (t, timings) = run_fdl(i, fdl_src, Some(cpus.1));
+        let fdl = (t, timings, steal_since(&fc, f0));
+        (plain.join().unwrap(), fdl)
+    });
+    Round {
+        plain,
+        fdl: with_fdl,
+        timings,
+        steal: (ps, fs),
+        how: format!(
+            "together, plain make on CPU {}, fdl on CPU {}",
+            cpus.0, cpus.1
+        ),
+    }
+}
+
+fn alternate_round(i: &Inputs, cmd: &str, fdl_src: &Path, plain_first: bool) -> Round {
+    let plain = |()| {
+        let t0 = ticks("cpu");
+        let t = run_plain(cmd, None);
+        (t, steal_since("cpu", t0))
+    };
+    let fdl = |()| {
+        let t0 = ticks("cpu");
+        let (t, timings) = run_fdl(i, fdl_src, None);
+        (t, timings, steal_since("cpu", t0))
+    };
+    let ((plain, ps), (with_fdl, timings, fs)) = if plain_first {
+        let p = plain(());
+        (p, fdl(()))
+    } else {
+        let f = fdl(());
+        (plain(()), f)
+    };
+    Round {
+        plain,
+        fdl: with_fdl,
+        timings,
+        steal: (ps, fs),
+        how: format!("{} first", if plain_first { "plain make" } else { "fdl" }),
+    }
+}
+
 fn main() {
     let cuda_home = var("FDL_TEST_CUDA_HOME_NEWEST").map(PathBuf::from).unwrap_or_else(|| {
         fail("FDL_TEST_CUDA_HOME_NEWEST is not set: `source .ci/setup` first (the CUDA toolchain wheels)")
@@ -193,9 +326,27 @@ fn main() {
     let rounds: usize = var("FDL_BENCH_ROUNDS")
         .and_then(|r| r.parse().ok())
         .unwrap_or(2);
+    let cpus = two_cpus();
+    let pinned = match var("FDL_BENCH_MODE").as_deref() {
+        None => cpus.is_some(),
+        Some("pinned") if cpus.is_none() => {
+            fail("FDL_BENCH_MODE=pinned needs two CPUs this process may use (taskset -pc)")
+        }
+        Some("pinned") => true,
+        Some("alternate") => false,
+        Some(other) => fail(&format!(
+            "FDL_BENCH_MODE={other:?}: say pinned or alternate"
+        )),
+    };
     let jobs: u32 = var("FDL_BENCH_JOBS")
         .and_then(|j| j.parse().ok())
-        .unwrap_or_else(|| fdl::pipeline::default_jobs().0);
+        .unwrap_or_else(|| {
+            if pinned {
+                1
+            } else {
+                fdl::pipeline::default_jobs().0
+            }
+        });
     let inputs = match var("FDL_BENCH_NCCL_TREE") {
         Some(tree) => {
             let tree = PathBuf::from(tree);
@@ -228,13 +379,18 @@ fn main() {
     };
     let real = var("FDL_BENCH_NCCL_TREE").is_some();
     println!(
-        "native build vs plain make: {} ({}), archs {}, ONLY_FUNCS {}, {} jobs, {} round(s)",
+        "native build vs plain make: {} ({}), archs {}, ONLY_FUNCS {}, {} jobs, {} round(s), {}",
         inputs.tree.display(),
         if real { "real NCCL" } else { "stand-in tree" },
         inputs.archs,
         inputs.only_funcs.as_deref().unwrap_or("(all)"),
         inputs.jobs,
-        rounds
+        rounds,
+        if pinned {
+            "both at once, one CPU each"
+        } else {
+            "one after the other"
+        }
     );
     // Which side the first round runs first: a one-round run of each order is a pair
     // of rounds split over two calls.
@@ -248,13 +404,18 @@ fn main() {
         copy_tree(&inputs.tree, &plain_src);
         copy_tree(&inputs.tree, &fdl_src);
         let cmd = plain_command(&inputs, &plain_src, &dir.join("plain-build"));
-        let (plain, (with_fdl, timings)) = if (round + fdl_first) % 2 == 1 {
-            let p = run_plain(&cmd);
-            (p, run_fdl(&inputs, &fdl_src))
-        } else {
-            let f = run_fdl(&inputs, &fdl_src);
-            (run_plain(&cmd), f)
+        let r = match cpus.filter(|_| pinned) {
+            Some((a, b)) if round % 2 == 1 => pinned_round(&inputs, &cmd, &fdl_src, (a, b)),
+            Some((a, b)) => pinned_round(&inputs, &cmd, &fdl_src, (b, a)),
+            None => alternate_round(&inputs, &cmd, &fdl_src, (round + fdl_first) % 2 == 1),
         };
+        let Round {
+            plain,
+            fdl: with_fdl,
+            timings,
+            steal,
+            how,
+        } = r;
         plain_sum += plain;
         fdl_sum += with_fdl;
         for (phase, s) in &timings {
@@ -264,14 +425,11 @@ fn main() {
             }
         }
         println!(
-            "round {round} ({} first): plain make {:.1} s, fdl {:.1} s ({:+.2}%): {}",
-            if (round + fdl_first) % 2 == 1 {
-                "plain make"
-            } else {
-                "fdl"
-            },
+            "round {round} ({how}): plain make {:.1} s (steal {:.1}%), fdl {:.1} s (steal {:.1}%) ({:+.2}%): {}",
             plain.as_secs_f64(),
+            steal.0,
             with_fdl.as_secs_f64(),
+            steal.1,
             100.0 * (with_fdl.as_secs_f64() / plain.as_secs_f64() - 1.0),
             timings
                 .iter()
