@@ -98,65 +98,99 @@ impl OwnBinary {
     }
 }
 
+/// The worker-side POSIX sh that refuses fdl's cache directory `$d` when `$m` (its
+/// `stat -c %A` mode, of the entry itself, not what a link names) and `$u` (its owner)
+/// are not those of a directory of this user (`$me`) that no one else may write, as
+/// [`crate::cache::own_dir`] wants of the local cache: it says why on stderr and exits
+/// [`UNSAFE_CACHE`]. A directory others may write is refused, not chmod-ed: whoever could
+/// write it may have planted anything.
+fn refuse_unsafe_dir() -> String {
+    format!(
+        "if [ \"${{m#d}}\" = \"$m\" ]; then why='is not a directory (a link or a file is there)'; \
+         elif [ \"$u\" != \"$me\" ]; then why=\"belongs to another user (uid $u)\"; \
+         else case \"$m\" in ?????w*|????????w*) why=\"is writable by others (mode $m)\";; *) why=;; esac; fi; \
+         if [ -n \"$why\" ]; then \
+           printf '%s\\n' \"fdl's cache $d on this worker $why: fdl runs nothing from it. Make it a directory of this user that only it can write there (chmod go-w), or remove it, then run again\" >&2; \
+           exit {UNSAFE_CACHE}; \
+         fi"
+    )
+}
+
 /// The worker-side POSIX sh that checks fdl's cache directories there (`…/fdl` and
-/// `…/fdl/bin`, where they exist): each must be a real directory of this user that no
-/// one else may write, as [`crate::cache::own_dir`] wants of the local cache; otherwise
-/// the script says why on stderr and exits [`UNSAFE_CACHE`]. A directory others may
-/// write is refused, not chmod-ed: whoever could write it may have planted anything.
+/// `…/fdl/bin`, where they exist) by [`refuse_unsafe_dir`], for a command that then
+/// writes into them.
 fn cache_dirs_check() -> String {
     format!(
         "set -f; me=$(id -u); c=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/fdl\"; \
          for d in \"$c\" \"$c/bin\"; do \
            if [ -e \"$d\" ] || [ -h \"$d\" ]; then \
-             set -- $(LC_ALL=C ls -ldn -- \"$d\"); \
-             if [ \"${{1#d}}\" = \"$1\" ]; then why='is not a directory (a link or a file is there)'; \
-             elif [ \"$3\" != \"$me\" ]; then why=\"belongs to another user (uid $3)\"; \
-             else case \"$1\" in ?????w*|????????w*) why=\"is writable by others (mode $1)\";; *) why=;; esac; fi; \
-             if [ -n \"$why\" ]; then \
-               printf '%s\\n' \"fdl's cache $d on this worker $why: fdl runs nothing from it. Make it a directory of this user that only it can write there (chmod go-w), or remove it, then run again\" >&2; \
-               exit {UNSAFE_CACHE}; \
-             fi; \
+             set -- $(LC_ALL=C stat -c '%u %A' -- \"$d\"); u=$1; m=$2; {refuse}; \
            fi; \
-         done"
+         done",
+        refuse = refuse_unsafe_dir(),
     )
 }
 
 impl OwnBinary {
     /// The worker-side POSIX sh that opens the controller's fdl in the worker's cache
     /// (see [`OwnBinary::remote_path_expr`]) and sets `f` to run it, or leaves `f` empty
-    /// where no file is there. The one way fdl runs its cached binary on a worker:
-    /// after [`cache_dirs_check`], the file must be a regular file of this user that
-    /// no one else may write; it is opened once as fd 9, its sha256 read from that
-    /// descriptor, and `f` is `/proc/self/fd/9`, so what runs is the file that was
-    /// hashed, whatever is renamed over its name in between. A file that fails any of
-    /// this exits [`NOT_THIS_FDL`]: it is never run, and the controller ships its own
-    /// over it (a planted file included). Hashing the 40 MB binary costs every command
-    /// 0.1–0.4 s on each worker (sha256sum), so, as the controller keeps its own digest
-    /// ([`crate::cache::sha256_file_kept`]), the digest found is kept beside the file
-    /// (`fdl-….sum`, a file of this user only it can write) under the opened file's
-    /// identity: device, inode, size, and modification and change times (any write moves
-    /// the change time, which no program sets back). A record of another identity or
-    /// digest, or one others could write, is passed over and the file hashed again.
-    pub(super) fn open_there(&self) -> String {
+    /// where no file is there. The one way fdl runs its cached binary on a worker: the
+    /// cache directories must pass [`refuse_unsafe_dir`], and the file must be a regular
+    /// file of this user that no one else may write; it is opened once as fd 9, its
+    /// sha256 read from that descriptor, and `f` is `/proc/self/fd/9`, so what runs is
+    /// the file that was hashed, whatever is renamed over its name in between. A file
+    /// that fails any of this exits [`NOT_THIS_FDL`]: it is never run, and the controller
+    /// ships its own over it (a planted file included). Hashing the 40 MB binary costs
+    /// every command 0.1–0.4 s on each worker (sha256sum), so, as the controller keeps
+    /// its own digest ([`crate::cache::sha256_file_kept`]), the digest found is kept
+    /// beside the file (`fdl-….sum`, a file of this user only it can write, at most 256
+    /// bytes) under the opened file's identity: device, inode, size, and modification and
+    /// change times (any write moves the change time, which no program sets back). A
+    /// record of another identity or digest, or one others could write, is passed over
+    /// and the file hashed again.
+    ///
+    /// Every status and every shipped command pays this script on every node, three
+    /// nodes often sharing a core (issue 31), so the common case forks once: one `stat`
+    /// (of the entries themselves, links not followed) answers for the user (the owner of
+    /// `/proc/self/`, which is that `stat`'s own euid, as `id -u` says), both directories,
+    /// the file and its record, after the file is opened; `[ "$b" -ef /proc/self/fd/9 ]`
+    /// then says the name still holds the opened file, so its identity is the
+    /// descriptor's. The record is read by the shell itself once `stat` says it is small.
+    /// Any answer of another shape (an entry gone in between) is not trusted: exit
+    /// [`NOT_THIS_FDL`], and the controller ships again.
+    pub fn open_there(&self) -> String {
         format!(
-            "{dirs}; b={b}; f=; \
-             if [ -e \"$b\" ] || [ -h \"$b\" ]; then \
-               set -- $(LC_ALL=C ls -ldn -- \"$b\"); ours=; \
-               case \"$1\" in -????w*|-???????w*) ;; -*) [ \"$3\" = \"$me\" ] && [ -r \"$b\" ] && ours=1;; esac; \
-               [ -n \"$ours\" ] && exec 9< \"$b\" || exit {NOT_THIS_FDL}; \
-               k=\"$b.sum\"; id=$(LC_ALL=C stat -L -c '%d %i %s %y %z' /proc/self/fd/9 2>/dev/null); kept=; \
-               if [ -n \"$id\" ] && [ -f \"$k\" ] && [ ! -h \"$k\" ]; then \
-                 set -- $(LC_ALL=C ls -ldn -- \"$k\"); \
-                 case \"$1\" in -????w*|-???????w*) ;; -*) [ \"$3\" = \"$me\" ] && [ \"$(head -c 256 -- \"$k\")\" = \"$id {sha}\" ] && kept=1;; esac; \
-               fi; \
+            "set -f; c=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/fdl\"; b={b}; k=\"$b.sum\"; f=; \
+             if [ -f \"$b\" ] && [ ! -h \"$b\" ] && [ -r \"$b\" ]; then exec 9< \"$b\"; fi; \
+             set -- /proc/self/; h=; n=1; \
+             for p in \"$c\" \"$c/bin\" \"$b\" \"$k\"; do \
+               if [ -e \"$p\" ] || [ -h \"$p\" ]; then set -- \"$@\" \"$p\"; h=\"${{h}}1\"; n=$((n + 1)); else h=\"${{h}}0\"; fi; \
+             done; \
+             set -- $(LC_ALL=C stat -c '%u %A %d %i %s %y %z' -- \"$@\" 2>/dev/null); \
+             [ $# -eq $((n * 11)) ] || exit {NOT_THIS_FDL}; \
+             me=$1; shift 11; ours=; id=; kept=; \
+             for d in \"$c\" \"$c/bin\"; do \
+               case $h in 1*) u=$1; m=$2; shift 11; {refuse};; esac; h=${{h#?}}; \
+             done; \
+             case $h in 1*) \
+               case \"$2\" in -????w*|-???????w*) ;; -*) [ \"$1\" = \"$me\" ] && [ \"$b\" -ef /proc/self/fd/9 ] && ours=1;; esac; \
+               [ -n \"$ours\" ] || exit {NOT_THIS_FDL}; \
+               id=\"$3 $4 $5 $6 $7 $8 $9 ${{10}} ${{11}}\"; shift 11;; \
+             esac; h=${{h#?}}; \
+             case $h in 1*) \
+               case \"$2\" in -????w*|-???????w*) ;; -*) \
+                 if [ \"$1\" = \"$me\" ] && [ \"$5\" -le 256 ]; then r=; read -r r < \"$k\" || :; [ \"$r\" = \"$id {sha}\" ] && kept=1; fi;; \
+               esac;; \
+             esac; \
+             if [ -n \"$ours\" ]; then \
                if [ -z \"$kept\" ]; then \
                  [ \"$(sha256sum <&9 | cut -d' ' -f1)\" = {sha} ] || exit {NOT_THIS_FDL}; \
-                 [ -n \"$id\" ] && (umask 077; printf '%s\\n' \"$id {sha}\" > \"$k.$$\" && mv -f -- \"$k.$$\" \"$k\") 2>/dev/null; \
+                 (umask 077; printf '%s\\n' \"$id {sha}\" > \"$k.$$\" && mv -f -- \"$k.$$\" \"$k\") 2>/dev/null; \
                fi; \
                f=/proc/self/fd/9; \
              fi",
-            dirs = cache_dirs_check(),
             b = self.remote_path_expr(),
+            refuse = refuse_unsafe_dir(),
             // A digest is hex (fdl's own, [`OwnBinary::current`]): a plain word in the
             // script, quoted or not; anything else stands for no file of ours.
             sha = if self.sha256.bytes().all(|c| c.is_ascii_hexdigit()) {
@@ -1270,8 +1304,36 @@ mod tests {
                     "{err}"
                 );
                 mode(&d, 0o700);
+                // Another user's directory (root can make one; as anyone else, chown
+                // fails and mode is all these runs can change).
+                if std::os::unix::fs::chown(&d, Some(4242), None).is_ok() {
+                    let (code, ran, err) = run();
+                    assert_eq!(code, Some(UNSAFE_CACHE), "{shell}: {err}");
+                    assert_eq!(ran, None);
+                    assert!(err.contains("belongs to another user (uid 4242)"), "{err}");
+                    std::os::unix::fs::chown(&d, Some(unsafe { libc::geteuid() }), None).unwrap();
+                }
             }
+            // The bin directory a link to a directory of the user's: refused, not
+            // followed.
+            let real_bin = dir.path().join("real-bin");
+            std::fs::rename(&bin, &real_bin).unwrap();
+            std::os::unix::fs::symlink(&real_bin, &bin).unwrap();
+            let (code, ran, err) = run();
+            assert_eq!(code, Some(UNSAFE_CACHE), "{shell}: a linked bin: {err}");
+            assert_eq!(ran, None);
+            assert!(err.contains("is not a directory (a link"), "{err}");
+            std::fs::remove_file(&bin).unwrap();
+            std::fs::rename(&real_bin, &bin).unwrap();
             assert!(run().1.is_some(), "{shell}: the genuine file runs again");
+            // The record larger than any record fdl writes: passed over, the file hashed
+            // (and the record written anew).
+            let sum = bin.join(format!("fdl-{}.sum", &own.sha256[..16]));
+            std::fs::write(&sum, "x".repeat(100_000)).unwrap();
+            mode(&sum, 0o600);
+            assert_eq!(run().1.as_deref(), Some("genuine --root x\n"), "{shell}");
+            let record = std::fs::read_to_string(&sum).unwrap();
+            assert!(record.trim_end().ends_with(&own.sha256), "{record}");
             std::fs::remove_dir_all(&cache).unwrap();
         }
     }
