@@ -128,7 +128,7 @@ pub const ARCHS_HINT: &str =
 fn run_nvidia_smi(args: &[&str]) -> Result<std::process::Output, GpuError> {
     let mut cmd = Command::new("nvidia-smi");
     cmd.args(args);
-    match crate::process::output_within(&mut cmd, NVIDIA_SMI_TIMEOUT) {
+    match crate::process::query_within(&mut cmd, NVIDIA_SMI_TIMEOUT) {
         Ok(Some(out)) => Ok(out),
         Ok(None) => Err(GpuError::Hung(NVIDIA_SMI_TIMEOUT.as_secs())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(GpuError::NoNvidiaSmi),

@@ -116,6 +116,20 @@ pub(crate) fn spawn(cmd: &mut Command) -> std::io::Result<(Child, Watchdog)> {
     Ok((child, watch))
 }
 
+/// Starts a quick query that ends on its own (nvidia-smi, scontrol) in a process group of
+/// its own, so that a timeout or Ctrl-C ends it and what it started, but not tied to
+/// fdl's life as [`spawn`] ties a build: if fdl is killed outright, the query finishes
+/// by itself and its answer goes nowhere. What that buys is the start: `spawn`'s
+/// `pre_exec` forces a `fork` of fdl, whose copied page tables and copy-on-write faults
+/// across its threads, with the [`Watchdog`]'s second `fork`, cost more than the query
+/// itself (a node's report asks nvidia-smi twice on every `cluster status`, three nodes
+/// often sharing a core, issue 31); without them the standard library starts the child
+/// by `posix_spawn`, which copies nothing.
+fn spawn_query(cmd: &mut Command) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0).spawn()
+}
+
 /// A forked process in a child's process group that kills the group once fdl is gone.
 /// It blocks reading a pipe whose only write end fdl holds: the read returns when fdl
 /// exits for any reason, SIGKILL included. When the child ends normally fdl kills the
@@ -257,7 +271,23 @@ pub fn output_within_keeping_stdin(
     cmd: &mut Command,
     timeout: Duration,
 ) -> std::io::Result<Option<std::process::Output>> {
-    output_capped(cmd, timeout, OUTPUT_CAP, &|| false)
+    output_capped(cmd, timeout, OUTPUT_CAP, &|| false, Tie::ToFdl)
+}
+
+/// [`output_within`] for a quick query that ends on its own (nvidia-smi, scontrol): the
+/// same bounds, timeout and interrupt, started as [`spawn_query`] starts it (cheaply,
+/// and not tied to fdl's life).
+pub fn query_within(
+    cmd: &mut Command,
+    timeout: Duration,
+) -> std::io::Result<Option<std::process::Output>> {
+    output_capped(
+        cmd.stdin(Stdio::null()),
+        timeout,
+        OUTPUT_CAP,
+        &|| false,
+        Tie::Query,
+    )
 }
 
 /// [`output_within`] with its own bound per stream: for a command that answers for many
@@ -267,7 +297,13 @@ pub fn output_within_cap(
     timeout: Duration,
     cap: usize,
 ) -> std::io::Result<Option<std::process::Output>> {
-    output_capped(cmd.stdin(Stdio::null()), timeout, cap, &|| false)
+    output_capped(
+        cmd.stdin(Stdio::null()),
+        timeout,
+        cap,
+        &|| false,
+        Tie::ToFdl,
+    )
 }
 
 /// [`output_within_cap`] that also ends the child, and returns [`Stopped`] as the error,
@@ -279,7 +315,7 @@ pub fn output_within_cap_unless(
     cap: usize,
     stop: &dyn Fn() -> bool,
 ) -> std::io::Result<Option<std::process::Output>> {
-    output_capped(cmd.stdin(Stdio::null()), timeout, cap, stop)
+    output_capped(cmd.stdin(Stdio::null()), timeout, cap, stop, Tie::ToFdl)
 }
 
 /// The error of a command [`output_within_cap_unless`] ended because it was told to.
@@ -299,17 +335,29 @@ pub fn is_stopped(e: &std::io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<Stopped>())
 }
 
+/// Whether a child of [`output_capped`] is tied to fdl's life ([`spawn`]) or a query
+/// that ends on its own ([`spawn_query`]).
+#[derive(Clone, Copy)]
+enum Tie {
+    ToFdl,
+    Query,
+}
+
 fn output_capped(
     cmd: &mut Command,
     timeout: Duration,
     cap: usize,
     stop: &dyn Fn() -> bool,
+    tie: Tie,
 ) -> std::io::Result<Option<std::process::Output>> {
     use std::sync::{Arc, Mutex};
     let (out_r, out_w) = std::io::pipe()?;
     let (err_r, err_w) = std::io::pipe()?;
     cmd.stdout(out_w).stderr(err_w);
-    let spawned = spawn(cmd);
+    let spawned = match tie {
+        Tie::ToFdl => spawn(cmd).map(|(child, watch)| (child, Some(watch))),
+        Tie::Query => spawn_query(cmd).map(|child| (child, None)),
+    };
     // The Command holds the write ends: drop them, or the readers never see the end.
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     let (mut child, _watch) = spawned?;

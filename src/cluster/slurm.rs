@@ -672,7 +672,7 @@ fn among(states: BTreeMap<String, String>, nodes: &[&str]) -> BTreeMap<String, S
 fn node_states(list: &str, timeout: Duration) -> Option<BTreeMap<String, String>> {
     let mut cmd = Command::new("scontrol");
     cmd.args(["show", "node", "-o", list]);
-    let Ok(Some(out)) = crate::process::output_within(&mut cmd, timeout) else {
+    let Ok(Some(out)) = crate::process::query_within(&mut cmd, timeout) else {
         return None;
     };
     Some(parse_node_states(&String::from_utf8_lossy(&out.stdout)))
@@ -682,7 +682,7 @@ fn node_states(list: &str, timeout: Duration) -> Option<BTreeMap<String, String>
 fn scontrol_hostnames(list: &str, timeout: Duration) -> Result<Vec<String>> {
     let mut cmd = Command::new("scontrol");
     cmd.args(["show", "hostnames", list]);
-    let out = crate::process::output_within(&mut cmd, timeout)
+    let out = crate::process::query_within(&mut cmd, timeout)
         .map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 anyhow!("scontrol was not found: run fdl where Slurm's client tools are on PATH")
