@@ -41,6 +41,18 @@ fn main() {
     );
     common::compile_shared(&src, &lib.join("libtorch_cuda.so"), &[]);
     std::fs::write(project.join("libtorch/.active"), "precompiled/cu128\n").unwrap();
+    // The script every status runs on a node before fdl's report: it checks the cached
+    // fdl (the controller's, sent by the warm-up status) and opens it; timed alone below.
+    let fdl_bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_fdl"));
+    let own = fdl::cluster::status::OwnBinary {
+        sha256: fdl::digest::sha256_file(&fdl_bin).unwrap(),
+        path: fdl_bin,
+    };
+    std::fs::write(
+        project.join("check.sh"),
+        format!("{}\n[ -n \"$f\" ]\n", own.open_there()),
+    )
+    .unwrap();
     cluster.ctl.put_tree(&project, ROOT);
     let gpus = [("node1", "6.1"), ("node2", "8.6"), ("node3", "12.0")];
     for (node, (host, cc)) in cluster.nodes.iter().zip(gpus) {
@@ -52,10 +64,11 @@ fn main() {
     }
     // Times in the allocation's own shell, so neither docker exec nor salloc is counted.
     // Beside the two figures the target compares, the parts of status each alone: the
-    // two scontrol calls, the step that runs fdl's node report on every node (so the
-    // controller's own work is status less that step), and, on each node, fdl's report
-    // timed inside its task without and with the witness (the witness's cost there is
-    // the difference; the bound for status with it is 2x srun plus the slowest node's).
+    // two scontrol calls, the step that runs fdl's node report on every node (status
+    // less that step is the controller's own work and each node's check of the cached
+    // fdl), and, inside each node's task: fdl's report without and with the witness (the
+    // witness's cost there is the difference; the bound for status with it is 2x srun
+    // plus the slowest node's), fdl's bare start, and the check script alone.
     let script = format!(
         "cd {ROOT} && fdl cluster status --slurm --json >/dev/null || exit 1
          export F='fdl=$(ls -d \"${{XDG_CACHE_HOME:-$HOME/.cache}}\"/fdl/bin/fdl-* | grep -v \"[.]sum$\" | head -n1)'
@@ -67,7 +80,7 @@ fn main() {
            scontrol show hostnames \"$SLURM_JOB_NODELIST\" >/dev/null; e=$(t)
            scontrol show node -o \"$SLURM_JOB_NODELIST\" >/dev/null; f=$(t)
            srun -N3 --overlap sh -c 'eval \"$F\"; \"$fdl\" --root \"$PWD\" cluster self --json --no-witness >/dev/null' || exit 1; g=$(t)
-           srun -N3 --overlap sh -c 'eval \"$F\"; a=$(date +%s%N); sha256sum < \"$fdl\" >/dev/null; b=$(date +%s%N); \"$fdl\" --root \"$PWD\" cluster self --json --no-witness >/dev/null; c=$(date +%s%N); \"$fdl\" --root \"$PWD\" cluster self --json >/dev/null; d=$(date +%s%N); echo \"node $i $((c - b)) $((d - c)) $((b - a))\"' || exit 1
+           srun -N3 --overlap sh -c 'eval \"$F\"; a=$(date +%s%N); sha256sum < \"$fdl\" >/dev/null; b=$(date +%s%N); \"$fdl\" --root \"$PWD\" cluster self --json --no-witness >/dev/null; c=$(date +%s%N); \"$fdl\" --root \"$PWD\" cluster self --json >/dev/null; d=$(date +%s%N); \"$fdl\" --version >/dev/null; e=$(date +%s%N); sh ./check.sh || exit 1; g=$(date +%s%N); echo \"node $i $((c - b)) $((d - c)) $((b - a)) $((e - d)) $((g - e))\"' || exit 1
            echo \"srun $((b - a))\"; echo \"status $((c - b))\"; echo \"witness $((d - c))\"
            echo \"hostnames $((e - d))\"; echo \"states $((f - e))\"; echo \"step $((g - f))\"
          done"
@@ -90,9 +103,10 @@ fn main() {
     };
     // Per run, the slowest node's report without the witness, and the slowest node's
     // witness (its report with the witness less its report without).
-    let (mut report, mut trace, mut hash) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut report, mut trace, mut hash, mut start, mut check) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 1..=RUNS {
-        let rows: Vec<(u64, u64, u64)> = text
+        let rows: Vec<(u64, u64, u64, u64, u64)> = text
             .lines()
             .filter_map(|l| {
                 let mut w = l.strip_prefix("node ")?.split_whitespace();
@@ -100,9 +114,17 @@ fn main() {
                     w.next()?.parse().ok()?,
                     w.next()?.parse().ok()?,
                     w.next()?.parse().ok()?,
+                    w.next()?.parse().ok()?,
+                    w.next()?.parse().ok()?,
                 ))
             })
             .collect();
+        check.push(Duration::from_nanos(
+            rows.iter().map(|r| r.4).max().unwrap_or(0),
+        ));
+        start.push(Duration::from_nanos(
+            rows.iter().map(|r| r.3).max().unwrap_or(0),
+        ));
         report.push(Duration::from_nanos(
             rows.iter().map(|r| r.0).max().unwrap_or(0),
         ));
@@ -148,11 +170,19 @@ fn main() {
         ms(median(hash))
     );
     println!(
+        "    fdl's start on the slowest node      {:>8.0} ms (`fdl --version`, inside its task)",
+        ms(median(start))
+    );
+    println!(
         "    srun -N3 of fdl's report             {:>8.0} ms",
         ms(step)
     );
     println!(
-        "    the controller's own (status - step) {:>8.0} ms",
+        "    the node's check of the cached fdl   {:>8.0} ms (the script before each report, inside its task)",
+        ms(median(check))
+    );
+    println!(
+        "    status less that step                {:>8.0} ms (the controller's own and each node's check)",
         ms(status.saturating_sub(step))
     );
     println!(
