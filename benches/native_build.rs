@@ -25,8 +25,9 @@
 //!
 //! Inputs: `FDL_TEST_CUDA_HOME_NEWEST` (the CUDA 13.5 toolchain of the PyPI wheels, from
 //! `.ci/fetch-oracles`); `FDL_BENCH_NCCL_TREE`, an unpacked NCCL release (`git archive
-//! v2.30.7-1` of NVIDIA/nccl), else a stand-in NCCL-shaped tree whose kernel the real
-//! nvcc compiles for many archs (tens of seconds). `FDL_BENCH_ARCHS` (real tree: `8.0`;
+//! v2.30.7-1` of NVIDIA/nccl), else a stand-in NCCL-shaped tree whose kernels the real
+//! nvcc compiles for many archs (`FDL_BENCH_STANDIN_KERNELS`, default 96: about a
+//! minute on one CPU here). `FDL_BENCH_ARCHS` (real tree: `8.0`;
 //! stand-in: every arch from Turing to Blackwell), `FDL_BENCH_ONLY_FUNCS` (real tree:
 //! `SendRecv`), `FDL_BENCH_ROUNDS` (default 2), `FDL_BENCH_JOBS` (pinned: 1; alternate:
 //! fdl's own choice for this machine, which both sides then use).
@@ -211,6 +212,22 @@ fn run_fdl(i: &Inputs, source: &Path, cpu: Option<usize>) -> (Duration, Vec<(Str
     (took, timings)
 }
 
+/// `n` kernels whose unrolled loops give nvcc (ptxas, once per arch) seconds of work.
+fn standin_kernels(n: usize) -> String {
+    (0..n.max(1))
+        .map(|k| {
+            format!(
+                "extern \"C\" __global__ void ncclStandinKernel{k}(float *x, float a, int n) {{\n\
+                 int i = blockIdx.x * blockDim.x + threadIdx.x;\n\
+                 float v = i < n ? x[i] : 0.f;\n\
+                 #pragma unroll\n\
+                 for (int j = 0; j < 256; j++) v = v * a + __sinf(v + {k}.0f * j);\n\
+                 if (i < n) x[i] = v;\n}}\n"
+            )
+        })
+        .collect()
+}
+
 /// Steal and all ticks of one `/proc/stat` line (`cpu` for the machine, `cpuN` for one).
 fn ticks(name: &str) -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -366,6 +383,12 @@ fn main() {
         None => {
             let tree = work.path().join("standin");
             native_fixture::nvcc_tree(&tree, (2, 27, 5));
+            // The fixture's one trivial kernel compiles in about 3 s for all archs: too
+            // short to weigh 1%. Kernels of unrolled math give ptxas work per arch.
+            let kernels: usize = var("FDL_BENCH_STANDIN_KERNELS")
+                .and_then(|k| k.parse().ok())
+                .unwrap_or(96);
+            std::fs::write(tree.join("src/kernels.cu"), standin_kernels(kernels)).unwrap();
             Inputs {
                 tree,
                 tag: "v2.27.5-1".into(),
