@@ -660,4 +660,66 @@ mod tests {
         );
         assert_eq!(lines[1..], ["next", "last, no newline"]);
     }
+
+    /// A query started without fdl's fork keeps the bounds of every capture: its answer,
+    /// the output cap, and a timeout that ends it and what it started (its own group).
+    #[test]
+    fn a_query_is_bounded_and_ended_with_its_group() {
+        let out = query_within(
+            Command::new("sh").args(["-c", "echo answer; echo why >&2; exit 3"]),
+            Duration::from_secs(10),
+        )
+        .unwrap()
+        .expect("it ends in time");
+        assert_eq!(out.stdout, b"answer\n");
+        assert_eq!(out.stderr, b"why\n");
+        assert_eq!(out.status.code(), Some(3));
+
+        let e = query_within(
+            Command::new("sh").args(["-c", "head -c 2000000 /dev/zero"]),
+            Duration::from_secs(10),
+        )
+        .unwrap_err();
+        assert!(too_large(&e).is_some(), "{e}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let pid = dir.path().join("grandchild");
+        let start = std::time::Instant::now();
+        let out = query_within(
+            Command::new("sh").args([
+                "-c",
+                &format!("sleep 30 & echo $! > '{}'; wait", pid.display()),
+            ]),
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        assert!(out.is_none(), "a hung query is given up");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+        let grandchild: libc::pid_t = std::fs::read_to_string(&pid)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Ended, it may linger as a zombie until whatever adopted it reaps it: that
+        // counts as gone.
+        let gone = (0..100).any(|_| {
+            let zombie =
+                std::fs::read_to_string(format!("/proc/{grandchild}/stat")).is_ok_and(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .is_some_and(|r| r.trim_start().starts_with('Z'))
+                });
+            // SAFETY: signal 0 only asks whether the process exists.
+            let alive = unsafe { libc::kill(grandchild, 0) } == 0 && !zombie;
+            if alive {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            !alive
+        });
+        assert!(gone, "the query's own child outlived its timeout");
+    }
 }
