@@ -26,8 +26,8 @@
 //! Inputs: `FDL_TEST_CUDA_HOME_NEWEST` (the CUDA 13.5 toolchain of the PyPI wheels, from
 //! `.ci/fetch-oracles`); `FDL_BENCH_NCCL_TREE`, an unpacked NCCL release (`git archive
 //! v2.30.7-1` of NVIDIA/nccl), else a stand-in NCCL-shaped tree whose kernels the real
-//! nvcc compiles for many archs (`FDL_BENCH_STANDIN_KERNELS`, default 96: about a
-//! minute on one CPU here). `FDL_BENCH_ARCHS` (real tree: `8.0`;
+//! nvcc compiles for many archs (`FDL_BENCH_STANDIN_KERNELS`, default 96: about half
+//! a minute on one CPU here). `FDL_BENCH_ARCHS` (real tree: `8.0`;
 //! stand-in: every arch from Turing to Blackwell), `FDL_BENCH_ONLY_FUNCS` (real tree:
 //! `SendRecv`), `FDL_BENCH_ROUNDS` (default 2), `FDL_BENCH_JOBS` (pinned: 1; alternate:
 //! fdl's own choice for this machine, which both sides then use).
@@ -309,22 +309,22 @@ fn pinned_round(i: &Inputs, cmd: &str, fdl_src: &Path, cpus: (usize, usize)) -> 
 }
 
 fn alternate_round(i: &Inputs, cmd: &str, fdl_src: &Path, plain_first: bool) -> Round {
-    let plain = |()| {
+    let plain = || {
         let t0 = ticks("cpu");
         let t = run_plain(cmd, None);
         (t, steal_since("cpu", t0))
     };
-    let fdl = |()| {
+    let fdl = || {
         let t0 = ticks("cpu");
         let (t, timings) = run_fdl(i, fdl_src, None);
         (t, timings, steal_since("cpu", t0))
     };
     let ((plain, ps), (with_fdl, timings, fs)) = if plain_first {
-        let p = plain(());
-        (p, fdl(()))
+        let p = plain();
+        (p, fdl())
     } else {
-        let f = fdl(());
-        (plain(()), f)
+        let f = fdl();
+        (plain(), f)
     };
     Round {
         plain,
