@@ -196,6 +196,7 @@ fn run_fdl(i: &Inputs, source: &Path, cpu: Option<usize>) -> (Duration, Vec<(Str
             v["status"]
         ));
     }
+    verify_and_reuse(i, source, root.path(), cache.path(), &v);
     let timings = v["timings"]
         .as_array()
         .map(|t| {
@@ -210,6 +211,50 @@ fn run_fdl(i: &Inputs, source: &Path, cpu: Option<usize>) -> (Duration, Vec<(Str
         })
         .unwrap_or_default();
     (took, timings)
+}
+
+/// After the timed build: `fdl nccl verify` passes on it, and on the copy a second
+/// project gets from the store (a real NCCL ≥ 2.28 installs `include/nccl_device.h`
+/// beside `include/nccl_device/`, which the stand-in trees did not always have).
+fn verify_and_reuse(
+    i: &Inputs,
+    source: &Path,
+    root: &Path,
+    cache: &Path,
+    built: &serde_json::Value,
+) {
+    let name = built["build_dir"]
+        .as_str()
+        .and_then(|d| Path::new(d).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| fail("fdl's build answer names no build_dir"));
+    let verify = |root: &Path| {
+        let args = ["nccl", "verify", &name, "--json"].map(String::from);
+        let out = fdl(root, cache, &args, None);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if !out.status.success() || v["passed"] != true {
+            fail(&format!(
+                "fdl nccl verify {name} failed in {}:\n{}{}",
+                root.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    };
+    verify(root);
+    let second = tempfile::tempdir().unwrap();
+    let mut args = fdl_args(i, source);
+    args.push("--json".into());
+    let out = fdl(second.path(), cache, &args, None);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    if v["status"] != "installed_from_store" {
+        fail(&format!(
+            "a second project was not served from the store (status {}):\n{}",
+            v["status"],
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    verify(second.path());
 }
 
 /// `n` kernels whose unrolled loops give nvcc (ptxas, once per arch) seconds of work.

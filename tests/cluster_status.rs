@@ -573,19 +573,86 @@ fn plan_build_ship_then_status_is_green() {
 
 /// A build of a fresh project for the ship tests: (project, its cache, build name).
 fn shippable_build(work: &Path) -> (ProjectFixture, tempfile::TempDir, String) {
+    shippable_build_of(work, (2, 27, 5))
+}
+
+/// [`shippable_build`] of NCCL `version`, laid out as that release installs itself.
+fn shippable_build_of(
+    work: &Path,
+    version: (u32, u32, u32),
+) -> (ProjectFixture, tempfile::TempDir, String) {
     let project = ProjectFixture::empty();
     let cache = tempfile::tempdir().unwrap();
     let tree = work.join("nccl-tree");
-    write_nccl_tree(&tree, (2, 27, 5), &[61, 86, 120]);
+    write_nccl_tree(&tree, version, &[61, 86, 120]);
+    let (x, y, z) = version;
     let name = install_build(
         project.root(),
         cache.path(),
         &tree,
-        "v2.27.5-1",
+        &format!("v{x}.{y}.{z}-1"),
         "6.1;8.6;12.0",
     )
     .unwrap();
     (project, cache, name)
+}
+
+/// NCCL 2.28 and later install `include/nccl_device.h` beside `include/nccl_device/`:
+/// such a build verifies here, each worker's own verify of its copy passes (over rsync
+/// and over a tar stream), and the next ship finds it there, unchanged.
+#[test]
+#[ignore = "drives the real Docker engine and OpenSSH: `cargo test -- --include-ignored`"]
+fn a_228_header_layout_verifies_here_and_on_every_worker() {
+    let _hosts = HOSTS.lock().unwrap_or_else(|e| e.into_inner());
+    let work = tempfile::tempdir().unwrap();
+    let (project, cache, name) = shippable_build_of(work.path(), (2, 30, 7));
+    let build = project.root().join("libtorch/nccl/builds").join(&name);
+    assert!(build.join("include/nccl_device.h").is_file());
+    assert!(build.join("include/nccl_device/gin/proxy").is_dir());
+    let out = fdl_at(project.root(), cache.path(), &["nccl", "verify", &name]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let keys = Keys::new();
+    let synced = Host::start("synced", &keys);
+    synced.exec("mkdir -p /opt/flodl");
+    let bare = Host::start("bare", &keys);
+    bare.exec("mkdir -p /opt/flodl && rm -f /usr/bin/rsync");
+    write_cluster_file(
+        project.root(),
+        &keys,
+        &[(&synced, "/opt/flodl"), (&bare, "/opt/flodl")],
+        &[],
+    );
+    let ship = || {
+        let out = fdl_at(
+            project.root(),
+            cache.path(),
+            &["cluster", "ship", name.as_str(), "--json"],
+        );
+        (out.status.success(), json_of(&out))
+    };
+    let (ok, v) = ship();
+    assert!(ok, "{v}");
+    for (host, copy) in [("synced", "rsync"), ("bare", "tar over ssh")] {
+        let r = result_of(&v, host);
+        assert_eq!(r["result"], "installed", "{r}");
+        assert_eq!(r["copy"], copy, "{r}");
+    }
+    for host in [&synced, &bare] {
+        let there = host.exec(&format!(
+            "cd /opt/flodl/libtorch/nccl/builds/{name}/include && ls -d nccl_device.h nccl_device/gin/proxy"
+        ));
+        assert_eq!(there.split_whitespace().count(), 2, "{there}");
+    }
+    let (ok, v) = ship();
+    assert!(ok, "{v}");
+    assert_eq!(result_of(&v, "synced")["result"], "already_there", "{v}");
+    assert_eq!(result_of(&v, "bare")["result"], "already_there", "{v}");
 }
 
 fn fdl_at(root: &Path, cache: &Path, args: &[&str]) -> Output {

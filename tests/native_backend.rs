@@ -1298,3 +1298,106 @@ fn a_dry_run_says_whether_the_source_is_cloned_yet() {
         "{text}"
     );
 }
+
+/// Every NCCL since 2.28 installs `include/nccl_device.h` beside `include/nccl_device/`,
+/// where walk order and path order disagree: a build of that layout verifies, text and
+/// JSON, and so does the copy a second project gets from the store.
+#[test]
+fn a_228_header_layout_verifies_and_so_does_its_store_copy() {
+    let env = Env::new();
+    let tree = env.tree("nccl-2.30.7", (2, 30, 7));
+    let second = ProjectFixture::empty();
+    let fdl = |root: &Path, args: &[&str]| {
+        let mut cmd = Std::new(assert_cmd::cargo::cargo_bin("fdl"));
+        for var in ["FDL_ROOT", "CUDA_HOME", "CXX", "FDL_NCCL_REPO", "MAKEFLAGS"] {
+            cmd.env_remove(var);
+        }
+        cmd.env("XDG_CACHE_HOME", env.cache.path())
+            .arg("--root")
+            .arg(root)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let build = |root: &Path| {
+        let mut args = vec!["nccl", "build", "--backend", "native", "--tag", "v2.30.7-1"];
+        args.extend(["--archs", "8.6", "--json"]);
+        let home = env.cuda_home().display().to_string();
+        let source = tree.display().to_string();
+        let out = fdl(
+            root,
+            &[&args[..], &["--cuda-home", &home, "--source", &source]].concat(),
+        );
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        json_of(&out)
+    };
+    let name = "v2.30.7-sm86";
+
+    let first = build(env.root());
+    assert_eq!(first["status"], "built", "{first}");
+    let dir = env.builds().join(name);
+    // The layout under test is there: the file sorts before the directory's entries.
+    assert!(dir.join("include/nccl_device.h").is_file());
+    assert!(dir
+        .join("include/nccl_device/gin/proxy/gin_proxy_device_host_common.h")
+        .is_file());
+    let recorded = manifest_of(&dir)["files"].as_array().unwrap().len();
+    assert!(recorded > 60, "{recorded} entries recorded");
+
+    for root in [env.root(), second.root()] {
+        if root == second.root() {
+            let v = build(root);
+            assert_eq!(v["status"], "installed_from_store", "{v}");
+        }
+        let out = fdl(root, &["nccl", "verify", name]);
+        assert!(
+            out.status.success(),
+            "{}{}",
+            stdout_of(&out),
+            stderr_of(&out)
+        );
+        let v = json_of(&fdl(root, &["nccl", "verify", name, "--json"]));
+        assert_eq!(v["passed"], true, "{v}");
+    }
+
+    // A change under that layout is still named, and only it.
+    std::fs::remove_file(dir.join("include/nccl_device.h")).unwrap();
+    let out = fdl(env.root(), &["nccl", "verify", name]);
+    assert!(!out.status.success());
+    let text = stdout_of(&out);
+    assert!(text.contains("include/nccl_device.h is gone"), "{text}");
+    assert!(!text.contains("nccl_device/gin.h"), "{text}");
+}
+
+/// The stand-in's header layout is the real wheel's, name for name.
+#[test]
+#[ignore = "needs the real NCCL 2.30.7 wheel: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn the_standin_headers_are_the_real_wheels() {
+    let lib = oracle_input("FDL_TEST_NCCL_LIB_2307");
+    let include = lib.parent().unwrap().parent().unwrap().join("include");
+    let mut real = Vec::new();
+    let mut stack = vec![include.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                let rel = e.path().strip_prefix(&include).unwrap().to_owned();
+                real.push(rel.display().to_string());
+            }
+        }
+    }
+    real.sort();
+    let mut ours: Vec<String> = nccl_extra_headers((2, 30, 7))
+        .into_iter()
+        .map(String::from)
+        .chain(["nccl.h".to_string()])
+        .collect();
+    ours.sort();
+    assert_eq!(
+        ours, real,
+        "tests/fixtures/nccl-2.30.7-include.txt differs from the wheel"
+    );
+    assert!(nccl_extra_headers((2, 27, 5)).is_empty());
+}

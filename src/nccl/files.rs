@@ -16,6 +16,7 @@
 use crate::nccl::tree;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// One entry of a build's tree, by its path relative to the build's directory.
@@ -52,7 +53,8 @@ const MAX_ENTRIES: usize = 100_000;
 /// What stands for the build's directory in the recorded `nccl.pc`.
 const PC_PLACEHOLDER: &str = "${fdl_build_dir}";
 
-/// The record of the build at `dir`, sorted by path.
+/// The record of the build at `dir`, sorted by path (byte order of the relative path
+/// strings, not walk order: `include/nccl_device.h` before `include/nccl_device/…`).
 pub fn record(dir: &Path) -> Result<Vec<FileEntry>> {
     record_knowing(dir, &crate::digest::FileDigests::new())
 }
@@ -63,6 +65,10 @@ pub fn record_knowing(dir: &Path, known: &crate::digest::FileDigests) -> Result<
     let mut out = Vec::new();
     let mut buf = vec![0u8; crate::digest::CHUNK];
     walk(dir, "", &mut out, &mut buf, known)?;
+    // The walk goes depth first, each directory sorted by name, which is not the order of
+    // the paths once a directory and a file share a prefix ('/' sorts after '.'). The
+    // record is sorted here, once, by the key every reader looks it up with.
+    out.sort_by(|a, b| a.path().cmp(b.path()));
     Ok(out)
 }
 
@@ -145,19 +151,25 @@ pub struct Comparison {
 }
 
 /// Reads every file of the build at `dir` again and compares it with `recorded`.
+///
+/// Both sides are looked up by path in maps, so neither the order the manifest holds
+/// (older fdl wrote walk order) nor the order of this walk matters.
 pub fn compare(dir: &Path, recorded: &[FileEntry]) -> Result<Comparison> {
     let now = record(dir)?;
+    let now: BTreeMap<&str, &FileEntry> = now.iter().map(|e| (e.path(), e)).collect();
+    let mut was: BTreeMap<&str, &FileEntry> = BTreeMap::new();
     let mut changes = Vec::new();
-    let find = |list: &[FileEntry], path: &str| {
-        list.binary_search_by(|e| e.path().cmp(path))
-            .ok()
-            .map(|i| list[i].clone())
-    };
-    let mut sorted = recorded.to_vec();
-    sorted.sort_by(|a, b| a.path().cmp(b.path()));
-    for was in &sorted {
-        let shown = crate::text::clean(was.path());
-        match (was, find(&now, was.path()).as_ref()) {
+    for e in recorded {
+        if was.insert(e.path(), e).is_some() {
+            changes.push(format!(
+                "the manifest records {} more than once",
+                crate::text::clean(e.path())
+            ));
+        }
+    }
+    for (path, was_entry) in &was {
+        let shown = crate::text::clean(path);
+        match (*was_entry, now.get(path).copied()) {
             (_, None) => changes.push(format!("{shown} is gone")),
             (a, Some(b)) if a == b => {}
             (
@@ -194,17 +206,17 @@ pub fn compare(dir: &Path, recorded: &[FileEntry]) -> Result<Comparison> {
             )),
         }
     }
-    for e in &now {
-        if find(&sorted, e.path()).is_none() {
+    for (path, e) in &now {
+        if !was.contains_key(path) {
             changes.push(format!(
                 "{} was added ({}), the manifest records no such entry",
-                crate::text::clean(e.path()),
+                crate::text::clean(path),
                 kind(e)
             ));
         }
     }
-    let (files, bytes) = sorted.iter().fold((0, 0), |(n, b), e| match e {
-        FileEntry::File { size, .. } => (n + 1, b + size),
+    let (files, bytes) = was.values().fold((0, 0), |(n, b), e| match e {
+        FileEntry::File { size, .. } => (n + 1, b + *size),
         _ => (n, b),
     });
     Ok(Comparison {
@@ -288,6 +300,69 @@ mod tests {
         .unwrap();
         let c = compare(d, &rec).unwrap().changes.join("\n");
         assert!(c.contains("lib/pkgconfig/nccl.pc changed"), "{c}");
+    }
+
+    /// Every NCCL since 2.28 installs `include/nccl_device.h` beside `include/nccl_device/`
+    /// (the names from the cu13 wheel's `nvidia/nccl/include/`): the walk visits the
+    /// directory first, while path order puts the file first.
+    fn nccl_228_headers(d: &Path) {
+        let inc = d.join("include");
+        for dir in ["nccl_device/gin/proxy", "nccl_device/impl"] {
+            std::fs::create_dir_all(inc.join(dir)).unwrap();
+        }
+        for file in [
+            "nccl_device.h",
+            "nccl_device/gin.h",
+            "nccl_device/gin/gin_device_host_common.h",
+            "nccl_device/gin/proxy/gin_proxy_device_host_common.h",
+            "nccl_device/impl/comm__funcs.h",
+            "nccl_device/utility.h",
+        ] {
+            std::fs::write(inc.join(file), file).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_file_and_a_directory_sharing_a_prefix_verify() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        build(d);
+        nccl_228_headers(d);
+        let rec = record(d).unwrap();
+        let paths: Vec<&str> = rec.iter().map(|e| e.path()).collect();
+        let mut sorted = paths.clone();
+        sorted.sort();
+        assert_eq!(paths, sorted, "the record is not in path order");
+        let c = compare(d, &rec).unwrap();
+        assert!(c.changes.is_empty(), "{:?}", c.changes);
+        assert_eq!(c.files, 3 + 6);
+
+        // A manifest written in walk order (fdl before this fix) verifies the same.
+        let mut walk_order = Vec::new();
+        walk(
+            d,
+            "",
+            &mut walk_order,
+            &mut vec![0u8; crate::digest::CHUNK],
+            &crate::digest::FileDigests::new(),
+        )
+        .unwrap();
+        assert_ne!(
+            walk_order, rec,
+            "the fixture no longer tells the orders apart"
+        );
+        assert!(compare(d, &walk_order).unwrap().changes.is_empty());
+
+        // And a real change there is still seen, once.
+        std::fs::remove_file(d.join("include/nccl_device.h")).unwrap();
+        let c = compare(d, &rec).unwrap().changes;
+        assert_eq!(c, ["include/nccl_device.h is gone"]);
+
+        // A manifest naming one path twice is not taken at its word.
+        let mut twice = rec.clone();
+        twice.push(rec[0].clone());
+        let c = compare(d, &twice).unwrap().changes.join("\n");
+        assert!(c.contains("more than once"), "{c}");
     }
 
     #[test]

@@ -89,14 +89,38 @@ pub fn fatbin_c_source(archs: &[u32], symbol: &str) -> String {
     )
 }
 
+/// The headers, besides `nccl.h`, that NCCL `version` installs under `include/`: none
+/// before 2.28; from 2.28 on, `nccl_device.h` beside the `nccl_device/` tree, named as
+/// the real 2.30.7 wheel holds them (tests/fixtures/nccl-2.30.7-include.txt).
+pub fn nccl_extra_headers(version: (u32, u32, u32)) -> Vec<&'static str> {
+    if version < (2, 28, 0) {
+        return Vec::new();
+    }
+    include_str!("../fixtures/nccl-2.30.7-include.txt")
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && *l != "nccl.h")
+        .collect()
+}
+
+/// Writes [`nccl_extra_headers`] of `version` under `include`, each a small header
+/// that names itself.
+pub fn write_nccl_headers(include: &Path, version: (u32, u32, u32)) {
+    for rel in nccl_extra_headers(version) {
+        let path = include.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, format!("/* stand-in of NCCL's {rel} */\n")).unwrap();
+    }
+}
+
 /// Writes an NCCL install tree as `make install PREFIX=/usr/local/nccl` lays it out:
-/// header, real library (with SASS for `archs`) plus symlink chain, static library and
-/// pkg-config file.
+/// headers (as that version installs them), real library (with SASS for `archs`) plus
+/// symlink chain, static library and pkg-config file.
 pub fn write_nccl_tree(root: &Path, version: (u32, u32, u32), archs: &[u32]) {
     let (x, y, z) = version;
     let lib = root.join("lib");
     std::fs::create_dir_all(lib.join("pkgconfig")).unwrap();
     std::fs::create_dir_all(root.join("include")).unwrap();
+    write_nccl_headers(&root.join("include"), version);
     std::fs::write(
         root.join("include/nccl.h"),
         format!("#ifndef NCCL_H_\n#define NCCL_H_\n#define NCCL_MAJOR {x}\n#define NCCL_MINOR {y}\n#define NCCL_PATCH {z}\n#define NCCL_SUFFIX \"\"\n#endif\n"),

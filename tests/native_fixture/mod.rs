@@ -11,7 +11,8 @@ use std::process::Command;
 
 /// NCCL's top-level targets (`src.build`, `install`) and variables (`BUILDDIR`,
 /// `PREFIX`, `CUDA_HOME`, `NVCC_GENCODE`, `ONLY_FUNCS`), its progress lines
-/// (`Compiling`, `Linking`) and its install layout. Like NCCL it asks the nvcc on PATH
+/// (`Compiling`, `Linking`) and its install layout, headers included (`src/include/`:
+/// the ones the real release of that version installs beside `nccl.h`). Like NCCL it asks the nvcc on PATH
 /// for the CUDA release, which goes into the library's self-id. Everything it makes is
 /// under BUILDDIR until `install` copies it to PREFIX. Its GPU code (`@GPU_CODE@`) is
 /// [`GPU_PREPARED`] or [`GPU_NVCC`].
@@ -47,6 +48,7 @@ $(INCDIR)/nccl.h: src/nccl.h.in makefiles/version.mk
 	@printf "Generating %-35s > %s\n" $< $@
 	@mkdir -p $(INCDIR)
 	sed -e 's/@MAJOR@/$(NCCL_MAJOR)/' -e 's/@MINOR@/$(NCCL_MINOR)/' -e 's/@PATCH@/$(NCCL_PATCH)/' $< > $@
+	@if [ -d src/include ]; then cp -R src/include/. $(INCDIR)/; fi
 
 $(OBJDIR)/buildinfo.cc: makefiles/version.mk
 	@mkdir -p $(OBJDIR)
@@ -85,7 +87,7 @@ install: src.build
 	mkdir -p $(PREFIX)/lib/pkgconfig $(PREFIX)/include
 	cp -P $(LIBDIR)/libnccl.so $(LIBDIR)/$(LIBSONAME) $(LIBDIR)/$(LIBTARGET) $(LIBDIR)/libnccl_static.a $(PREFIX)/lib/
 	cp $(PKGDIR)/nccl.pc $(PREFIX)/lib/pkgconfig/
-	cp $(INCDIR)/nccl.h $(PREFIX)/include/
+	cp -R $(INCDIR)/. $(PREFIX)/include/
 "#;
 
 /// The stand-in's GPU code: SASS for each `code=sm_XX` of NVCC_GENCODE, as nvcc would
@@ -167,6 +169,9 @@ fn write_tree(dir: &Path, version: (u32, u32, u32), gpu_code: &str) {
     )
     .unwrap();
     std::fs::write(dir.join("src/nccl.h.in"), NCCL_H_IN).unwrap();
+    // The other headers this version installs (from 2.28 on, nccl_device.h beside
+    // nccl_device/), copied into the build's include/ as NCCL's makefiles do.
+    crate::common::write_nccl_headers(&dir.join("src/include"), version);
     std::fs::write(dir.join("src/nccl.pc.in"), NCCL_PC_IN).unwrap();
     std::fs::write(
         dir.join("src/init.cc"),
