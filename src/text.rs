@@ -114,6 +114,12 @@ pub fn clean(text: &str) -> String {
         .collect()
 }
 
+/// A path as fdl prints it: [`clean`] of its display form, so a newline or a tab in a
+/// directory's name is an escape, never a line of its own.
+pub fn shown(path: &(impl AsRef<std::path::Path> + ?Sized)) -> String {
+    clean(&path.as_ref().display().to_string())
+}
+
 /// `text` in `color` when it goes to a terminal on stdout.
 pub fn paint(text: &str, color: Color) -> String {
     use std::io::IsTerminal;

@@ -626,3 +626,200 @@ fn detect_witness_prints_both_answers() {
     // The witness's part is described, not only allowed.
     assert!(schema["properties"]["witness"]["properties"]["verdict"].is_object());
 }
+
+/// An audit library that leaves a marker when glibc loads it (`la_version`) or runs its
+/// constructor: proof that code of the file's choosing ran.
+const AUDIT_C: &str = r#"#include <stdio.h>
+#include <stdlib.h>
+static void mark(const char *what) {
+  const char *m = getenv("FDL_TEST_MARK");
+  FILE *f = fopen(m ? m : MARK_PATH, "a");
+  if (f) { fputs(what, f); fclose(f); }
+}
+unsigned int la_version(unsigned int v) { mark("la_version\n"); return v; }
+__attribute__((constructor)) static void ctor(void) { mark("constructor\n"); }
+"#;
+
+/// Compiles the audit library at `dir/libaudit.so`, marking `marker`.
+fn audit_library(dir: &Path, marker: &Path) -> PathBuf {
+    let lib = dir.join("libaudit.so");
+    let src = AUDIT_C.replace("MARK_PATH", &format!("{:?}", marker.display().to_string()));
+    common::compile_shared(&src, &lib, &[]);
+    lib
+}
+
+/// `cc` of a program (or, with `-pie` and `-Wl,-E`, a PIE that is also a library) that
+/// calls `ncclGetVersion` from `nccl`, with `extra` flags.
+fn compile_caller(out: &Path, nccl: &Path, extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("main.c");
+    std::fs::write(
+        &src,
+        "int ncclGetVersion(int *);\nint main(void) { int v = 0; ncclGetVersion(&v); return v == 0; }\n",
+    )
+    .unwrap();
+    let status = Command::new("cc")
+        .arg("-o")
+        .arg(out)
+        .arg(&src)
+        .arg(nccl)
+        .arg(format!("-Wl,-rpath,{}", nccl.parent().unwrap().display()))
+        .args(extra)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cc failed for {}", out.display());
+}
+
+/// glibc loads a program's DT_AUDIT and DT_DEPAUDIT libraries, and runs them, before it
+/// traces anything: `detect --witness` refuses to trace such a program (the model answers
+/// alone, and says the audit library could redirect any binding), and nothing runs. A
+/// libtorch linked as a PIE with DT_AUDIT, as a project's active variant, is a library a
+/// program links: it is traced through fdl's stand-in program, and nothing runs either.
+#[test]
+fn an_audit_library_named_by_the_file_never_runs() {
+    let lab = Lab::new();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("MARK");
+    let audit = audit_library(dir.path(), &marker);
+    let nccl = lab.nccl("audited/libnccl.so.2", V1);
+    let detect = |root: &Path, target: Option<&Path>, json: bool| {
+        let mut cmd = common::fdl_in(root);
+        cmd.args(["nccl", "detect", "--witness"])
+            .env_remove("LD_PRELOAD")
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("LD_AUDIT")
+            .env("FDL_TEST_MARK", &marker);
+        if let Some(t) = target {
+            cmd.arg(t);
+        }
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().unwrap()
+    };
+    // Without fdl, the real loader's trace mode runs it: the marker proves the probe.
+    let proof = dir.path().join("proof");
+    compile_caller(
+        &proof,
+        &nccl,
+        &[&format!("-Wl,--audit={}", audit.display())],
+    );
+    let traced = Command::new("ldd")
+        .arg("-r")
+        .arg(&proof)
+        .env("FDL_TEST_MARK", &marker)
+        .output()
+        .unwrap();
+    assert!(traced.status.success());
+    assert!(
+        std::fs::read_to_string(&marker).is_ok_and(|m| m.contains("la_version")),
+        "the audit library did not run under ldd: the test proves nothing"
+    );
+    std::fs::remove_file(&marker).unwrap();
+
+    for tag in ["audit", "depaudit"] {
+        let program = dir.path().join(format!("with-{tag}"));
+        compile_caller(
+            &program,
+            &nccl,
+            &[&format!("-Wl,--{tag}={}", audit.display())],
+        );
+        for json in [false, true] {
+            let out = detect(lab.root(), Some(&program), json);
+            assert!(!marker.exists(), "{tag}: the audit library ran");
+            assert_eq!(out.status.code(), Some(3), "{tag}");
+            let text = String::from_utf8_lossy(&out.stdout);
+            if json {
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                assert_eq!(v["witness"]["asked"], false, "{v:#}");
+                assert_eq!(v["witness"]["refused"], true, "{v:#}");
+                let why = v["witness"]["none"].as_str().unwrap_or_default();
+                let upper = format!("DT_{}", tag.to_uppercase());
+                assert!(why.contains(&upper), "{why}");
+            } else {
+                assert!(!text.contains("nothing run"), "{text}");
+                assert!(text.contains("Witness: refused"), "{text}");
+            }
+        }
+    }
+
+    // The PIE library with DT_AUDIT as the active libtorch: it is a library a program
+    // links, so fdl's stand-in is traced (glibc reads no audit tag but the main map's),
+    // and both sides say why no program can link it: glibc refuses a PIE (DF_1_PIE)
+    // anywhere but as the main program.
+    let project = common::ProjectFixture::empty();
+    let lib = project.variant_lib("precompiled/cu128");
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    compile_caller(
+        &lib,
+        &nccl,
+        &[
+            "-pie",
+            "-fPIE",
+            "-Wl,-E",
+            &format!("-Wl,--audit={}", audit.display()),
+        ],
+    );
+    let project = project.activate("precompiled/cu128");
+    let out = detect(project.root(), None, true);
+    assert!(!marker.exists(), "the active libtorch's audit library ran");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["witness"]["asked"], true, "{v:#}");
+    assert_eq!(v["witness"]["mode"], "library", "{v:#}");
+    assert_eq!(v["witness"]["starts"], false, "{v:#}");
+    assert!(
+        v["witness"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("cannot dynamically load position-independent executable"),
+        "{v:#}"
+    );
+    assert!(v["reason"].as_str().unwrap().contains("DF_1_PIE"), "{v:#}");
+    assert_eq!(v["witness"]["verdict"]["verdict"], "model_unknown", "{v:#}");
+    assert_eq!(out.status.code(), Some(3), "{v:#}");
+}
+
+/// A directory whose name holds a line break (here one that would print a forged
+/// line): the loader is not asked (glibc writes paths raw, so its answer could not be
+/// read apart from the name), the model still answers, and no line fdl prints starts
+/// with the text after the break.
+#[test]
+fn a_line_break_in_a_path_neither_splits_the_trace_nor_forges_a_line() {
+    let lab = Lab::new();
+    let nccl = lab.nccl("x\nFORGED NCCL 9.9.9 verdict agrees/libnccl.so.2", V1);
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("prog");
+    compile_caller(&program, &nccl, &[]);
+    let run = |json: bool| {
+        let mut cmd = common::fdl_in(lab.root());
+        cmd.args(["nccl", "detect", "--witness"])
+            .arg(&program)
+            .env_remove("LD_PRELOAD")
+            .env_remove("LD_LIBRARY_PATH");
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(false);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    for line in stdout.lines().chain(stderr.lines()) {
+        assert!(
+            !line.starts_with("FORGED"),
+            "a forged line: {stdout}{stderr}"
+        );
+    }
+    assert!(stdout.contains("NCCL 2.27.5"), "{stdout}");
+    assert!(stdout.contains("Witness: refused"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_slice(&run(true).stdout).unwrap();
+    assert_eq!(v["witness"]["refused"], true, "{v:#}");
+    assert!(
+        v["witness"]["none"]
+            .as_str()
+            .unwrap()
+            .contains("line break"),
+        "{v:#}"
+    );
+}

@@ -268,9 +268,9 @@ fn report(report: &pipeline::Report, json_out: bool, quiet: bool) {
         "already_built" => outln!(
             "Already built from the same plan ({}): {}\nNothing to do.",
             manifest.built_at,
-            dir.display()
+            crate::text::shown(&dir)
         ),
-        "replaced" => outln!("Rebuilt and replaced: {}", dir.display()),
+        "replaced" => outln!("Rebuilt and replaced: {}", crate::text::shown(&dir)),
         "installed_from_store" => outln!(
             "{} {} (no compile: {})",
             paint(
@@ -280,7 +280,7 @@ fn report(report: &pipeline::Report, json_out: bool, quiet: bool) {
                 ),
                 Color::Green
             ),
-            dir.display(),
+            crate::text::shown(&dir),
             match outcome {
                 Outcome::Built {
                     from_store: Some(m),
@@ -295,7 +295,7 @@ fn report(report: &pipeline::Report, json_out: bool, quiet: bool) {
                 &format!("Built NCCL {}:", manifest.checked.header_version),
                 Color::Green
             ),
-            dir.display()
+            crate::text::shown(&dir)
         ),
     }
     match &preload {

@@ -263,7 +263,7 @@ impl Common {
                     "--path {} is not an absolute path: name the project's checkout on the nodes, like /home/me/flodl",
                     clean(p)
                 ),
-                None => project.root.display().to_string(),
+                None => crate::text::shown(&project.root),
             };
             return Ok(Reach {
                 workers: s.workers(&self.nodes, &path)?,
@@ -339,7 +339,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             if json {
                 print_json(&json!({ "ld_preload": path }));
             } else {
-                outln!("{}", path.display());
+                outln!("{}", crate::text::shown(&path));
             }
             Ok(())
         }
@@ -828,7 +828,7 @@ fn ship_cmd(
                 reach
                     .files
                     .last()
-                    .map(|f| f.display().to_string())
+                    .map(|f| crate::text::shown(&f))
                     .unwrap_or_else(|| "the allocation".into()),
                 reach
                     .workers

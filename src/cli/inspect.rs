@@ -109,7 +109,7 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 
 fn file_name(p: &Path) -> String {
     p.file_name().map_or_else(
-        || p.display().to_string(),
+        || crate::text::shown(&p),
         |n| n.to_string_lossy().into_owned(),
     )
 }
@@ -203,7 +203,7 @@ pub(super) fn linkage_text(d: &NcclDetection) -> String {
         Linkage::Dynamic { needed, via } => {
             format!(
                 "dynamic: loads {needed} = {} (found via {via})",
-                d.file.display()
+                crate::text::shown(&d.file)
             )
         }
         Linkage::Preload { entry } => format!("preloaded: {entry}"),
@@ -229,7 +229,7 @@ pub(super) fn answer_line(w: &Which) -> String {
                     if same_dir(&o.path, &d.file) {
                         file_name(&d.file)
                     } else {
-                        d.file.display().to_string()
+                        crate::text::shown(&d.file)
                     }
                 ),
                 _ => linkage_text(d),
@@ -262,7 +262,7 @@ pub(super) fn short_reason(w: &Which, reason: &str, failures_below: bool) -> (St
         let sentence = format!(
             "{} (needed by {}) cannot be loaded: {}",
             f.needed,
-            f.needed_by.display(),
+            crate::text::shown(&f.needed_by),
             f.reason
         );
         if !text.contains(&sentence) {
@@ -279,7 +279,7 @@ pub(super) fn short_reason(w: &Which, reason: &str, failures_below: bool) -> (St
             format!(
                 "{} (needed by {}) cannot be loaded: {}",
                 f.needed,
-                by.display(),
+                crate::text::shown(&by),
                 f.reason
             )
         };
@@ -381,7 +381,7 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
     if !ins.elf {
         anyhow::bail!(
             "{} is not an ELF file, so it holds no NCCL or GPU code to inspect. Give a shared library: a libtorch's lib/libtorch_cuda.so, a libnccl.so.2, or any .so",
-            path.display()
+            crate::text::shown(&path)
         );
     }
     // The file's own facts stand whatever the loader model makes of it (a raw or
@@ -524,7 +524,7 @@ fn print_followed(f: &Followed) {
             let by = if l.needed_by.parent() == l.path.parent() {
                 file_name(&l.needed_by)
             } else {
-                l.needed_by.display().to_string()
+                crate::text::shown(&l.needed_by)
             };
             outln!(
                 "    {}  (needed by {})",
@@ -583,13 +583,17 @@ pub(super) fn print_coverage_titled(rows: &[CoverageRow], targets: &Targets, tit
     }
 }
 
-/// `PATH`, else the active libtorch's `libtorch_cuda.so`.
-fn detect_target(project: &Project, path: Option<&Path>) -> Result<PathBuf> {
+/// `PATH` (a program or a library, as its headers say), else the active libtorch's
+/// `libtorch_cuda.so` (a library a program links, whatever its headers say).
+fn detect_target(project: &Project, path: Option<&Path>) -> Result<(PathBuf, loader::TargetKind)> {
     Ok(match path {
-        Some(p) => p.to_path_buf(),
-        None => Libtorch::new(project.libtorch_dir())
-            .active()?
-            .libtorch_cuda(),
+        Some(p) => (p.to_path_buf(), loader::TargetKind::FromHeaders),
+        None => (
+            Libtorch::new(project.libtorch_dir())
+                .active()?
+                .libtorch_cuda(),
+            loader::TargetKind::Library,
+        ),
     })
 }
 
@@ -601,7 +605,7 @@ pub(super) fn detect_cmd(
     json_out: bool,
     witness: bool,
 ) -> Result<()> {
-    let lib = detect_target(project, path)?;
+    let (lib, kind) = detect_target(project, path)?;
     let mut env = LoaderEnv::from_process();
     if let Some(p) = preload {
         env.preload = p.to_string();
@@ -609,7 +613,7 @@ pub(super) fn detect_cmd(
     if let Some(l) = library_path {
         env.ld_library_path = loader::search::split_path_list(l);
     }
-    let w = loader::which_nccl(&lib, &env)?;
+    let w = loader::which_nccl_as(&lib, &env, None, kind)?;
     let asked = witness.then(|| {
         let a = loader::witness::ask(&w, &env);
         let v = a.as_ref().ok().map(|x| loader::witness::compare(&w, x));
@@ -641,7 +645,9 @@ pub(super) fn detect_cmd(
         match verdict {
             loader::witness::Verdict::Disagree { model, loader } => {
                 return Err(super::common::ModelWrong(format!(
-                    "fdl's model of the loader is wrong here: it says {model}, but this host's loader says {loader}. The loader's answer stands; please report this"
+                    "fdl's model of the loader is wrong here: it says {}, but this host's loader says {}. The loader's answer stands; please report this",
+                    crate::text::clean(model),
+                    crate::text::clean(loader)
                 ))
                 .into());
             }
@@ -667,9 +673,9 @@ pub(super) fn detect_cmd(
 /// `nccl plugins`: for the NCCL the process runs, each plugin kind's names, where the
 /// loader finds them (modelled: the witness traces startup, not a dlopen) and the verdict.
 pub(super) fn plugins_cmd(project: &Project, path: Option<&Path>, json_out: bool) -> Result<()> {
-    let lib = detect_target(project, path)?;
+    let (lib, kind) = detect_target(project, path)?;
     let env = LoaderEnv::from_process();
-    let w = loader::which_nccl(&lib, &env)?;
+    let w = loader::which_nccl_as(&lib, &env, None, kind)?;
     let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
     let p = loader::plugins::plugins(&w, &env, &var)
         .map_err(|why| anyhow::Error::from(super::common::Undecided(why)))?;
@@ -818,7 +824,7 @@ fn print_witness(
                 r.symbols.len() - 2
             )
         };
-        let callers: Vec<String> = r.callers.iter().map(|c| c.display().to_string()).collect();
+        let callers: Vec<String> = r.callers.iter().map(|c| crate::text::shown(&c)).collect();
         outln!(
             "  {} of {} → {}",
             clean(&what),
@@ -904,7 +910,7 @@ fn print_which(lib: &Path, w: &Which) {
                 )
             };
             let to = match &c.object {
-                Some(o) => format!("→ {}", o.display()),
+                Some(o) => format!("→ {}", crate::text::shown(&o)),
                 None => "→ nothing defines them".into(),
             };
             outln!(
@@ -1011,7 +1017,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                 Some(e) => vec![e],
                 None => bail!(
                     "no build named '{name}' in {}. See `fdl nccl list`",
-                    store.dir.display()
+                    crate::text::shown(&store.dir)
                 ),
             }
         }
@@ -1026,7 +1032,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
         super::manage::print_leftovers(&leftovers);
         bail!(
             "no NCCL builds in {} to verify. Make one with `fdl nccl build`",
-            store.dir.display()
+            crate::text::shown(&store.dir)
         );
     }
     let gpus = gpu::query().ok();

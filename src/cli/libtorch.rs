@@ -93,7 +93,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                     .collect();
                 print_json(&json!({ "variant": v.name, "dir": v.dir, "arch": arch }));
             } else {
-                outln!("Registered {} → {}", v.name, path.display());
+                outln!("Registered {} → {}", v.name, crate::text::shown(&path));
                 // The fingerprints are for `libtorch list` (and --json), not for reading.
                 let shown = arch.iter().filter(|(k, _)| !is_fingerprint(k));
                 // One space at least after the longest key (nccl_condition is 14 long).
@@ -217,13 +217,16 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                     outln!("  NCCL now: {}", crate::text::clean(&ins::answer_line(w)))
                 }
                 Some(Ok(None)) => {
-                    outln!("  NCCL now: none: {} is not an ELF file", lib.display())
+                    outln!(
+                        "  NCCL now: none: {} is not an ELF file",
+                        crate::text::shown(&lib)
+                    )
                 }
                 Some(Err(e)) => outln!(
                     "  NCCL now: cannot tell: {}",
                     crate::text::clean(&e.to_string())
                 ),
-                None => outln!("  NCCL now: no {}", lib.display()),
+                None => outln!("  NCCL now: no {}", crate::text::shown(&lib)),
             }
             match &code {
                 Some(Ok(_)) => ins::print_coverage_titled(&rows, &targets, &title),

@@ -43,7 +43,7 @@ pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
     if entries.is_empty() {
         outln!(
             "No NCCL builds in {}. Make one with `fdl nccl build`.",
-            store.dir.display()
+            crate::text::shown(&store.dir)
         );
         print_leftovers(&leftovers);
         return Ok(());
@@ -203,11 +203,11 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
                 Ok(m) if m.is_dir() => {}
                 Ok(_) => bail!(
                     "{} is not a directory fdl made (fdl never makes a link or a file there); nothing was removed. Delete it by hand if you are sure",
-                    path.display()
+                    crate::text::shown(&path)
                 ),
                 Err(_) => bail!(
                     "no leftover named '{name}' in {}; nothing was removed. See `fdl nccl list`",
-                    store.dir.display()
+                    crate::text::shown(&store.dir)
                 ),
             }
             parsed.push(Removal::Leftover {
@@ -221,11 +221,11 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
             Some(Existing::Build(_) | Existing::Unreadable(_)) => {}
             Some(Existing::NotABuild(why)) => bail!(
                 "{} is not an fdl build ({why}); nothing was removed",
-                store.path_of(name).display()
+                crate::text::shown(&store.path_of(name))
             ),
             None => bail!(
                 "no build named '{name}' in {}; nothing was removed. See `fdl nccl list`",
-                store.dir.display()
+                crate::text::shown(&store.dir)
             ),
         }
     }
@@ -233,7 +233,7 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
         && !super::common::confirm(&format!(
             "Remove {} from {}?",
             names.join(", "),
-            store.dir.display()
+            crate::text::shown(&store.dir)
         ))?
     {
         // Declining is an answer, not an error.
@@ -252,7 +252,7 @@ pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bo
             Removal::Build(_) => {
                 let dir = store.remove(&lock)?;
                 store.sweep_leftovers(&lock);
-                outln!("Removed {}", dir.display());
+                outln!("Removed {}", crate::text::shown(&dir));
             }
             Removal::Leftover { name, .. } => outln!("{}", store.remove_leftover(&lock, name)?),
         }
@@ -361,7 +361,7 @@ fn keeps(m: &Moved) -> String {
     format!(
         "keeps the {} plugin {} (v{}) loaded: the preloaded build does not search where it is found today",
         m.kind.name(),
-        m.path.display(),
+        crate::text::shown(&m.path),
         m.version
     )
 }

@@ -330,7 +330,12 @@ fn libtorch_facts(q: &SelfQuery) -> anyhow::Result<LibtorchFacts> {
 /// The NCCL a libtorch brings, and the GPU code of the file that carries it: the loader
 /// model's answer without a preload.
 fn nccl_of(lib: &Path) -> anyhow::Result<NcclFacts> {
-    answer_facts(loader::which_nccl(lib, &LoaderEnv::bundled())?)
+    answer_facts(loader::which_nccl_as(
+        lib,
+        &LoaderEnv::bundled(),
+        None,
+        loader::TargetKind::Library,
+    )?)
 }
 
 /// How an effective NCCL that is two NCCLs is reported: status reads it as a finding.
@@ -441,7 +446,8 @@ fn effective_nccl(
     if let Some(llp) = set("LD_LIBRARY_PATH") {
         env.ld_library_path = loader::search::split_path_list(&llp);
     }
-    let w = match loader::which_nccl(&lt.libtorch_cuda, &env) {
+    let w = match loader::which_nccl_as(&lt.libtorch_cuda, &env, None, loader::TargetKind::Library)
+    {
         Ok(w) => w,
         Err(e) => return (Err(e), None, unknown("the loader model failed")),
     };

@@ -92,6 +92,9 @@ pub struct DynamicInfo {
     /// DT_FLAGS_1 (DF_1_NODEFLIB keeps the cache and default directories out of the
     /// searches this object starts).
     pub flags_1: u64,
+    /// DT_AUDIT and DT_DEPAUDIT, by tag name: the audit libraries glibc loads, and whose
+    /// code it runs, before anything else when this object is the main program.
+    pub audit: Vec<(&'static str, String)>,
     /// Why the lists above are not the whole story: the table could not be read, a table
     /// it names lies outside the file, or a cap cut a list. Empty for a sound table.
     pub incomplete: Vec<String>,
@@ -456,6 +459,16 @@ fn read_dynamic<Elf: FileHeader<Endian = Endianness>>(
         runpath: path_list(elf::DT_RUNPATH, "DT_RUNPATH", &mut incomplete),
         ..DynamicInfo::default()
     };
+    for (tag, tag_name) in [
+        (elf::DT_AUDIT, "DT_AUDIT"),
+        (elf::DT_DEPAUDIT, "DT_DEPAUDIT"),
+    ] {
+        if let Some(v) = last(tag) {
+            // A value that names no string is still the tag: it is never traced past.
+            out.audit
+                .push((tag_name, string_at(v).unwrap_or_else(|| "?".into())));
+        }
+    }
     let mut needed = entries
         .iter()
         .map(tag_of)

@@ -199,7 +199,18 @@ pub fn which_nccl_knowing(
     env: &LoaderEnv,
     target_self_ids: Option<&[SelfId]>,
 ) -> Result<Which> {
-    let map = map::load(target, env)?;
+    which_nccl_as(target, env, target_self_ids, map::TargetKind::FromHeaders)
+}
+
+/// [`which_nccl_knowing`], with what `target` is to the process said by the caller
+/// ([`map::TargetKind::Library`] for a libtorch: a program links it).
+pub fn which_nccl_as(
+    target: &Path,
+    env: &LoaderEnv,
+    target_self_ids: Option<&[SelfId]>,
+    kind: map::TargetKind,
+) -> Result<Which> {
+    let map = map::load_as(target, env, kind)?;
     let asked = map
         .objects
         .iter()

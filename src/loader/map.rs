@@ -218,9 +218,24 @@ struct Failed {
     searched: Vec<PathBuf>,
 }
 
+/// What the file asked about is to the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetKind {
+    /// Its headers decide: `ET_EXEC`, or `ET_DYN` with `PT_INTERP`, is the program.
+    FromHeaders,
+    /// A library that a program links, whatever its headers say: a libtorch is never
+    /// the main program, even when it was linked as a PIE and carries `PT_INTERP`.
+    Library,
+}
+
 /// Lays out the link map of a process whose program is `target` (an executable), or of
 /// a program that links `target` (a shared library), in `env`.
 pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
+    load_as(target, env, TargetKind::FromHeaders)
+}
+
+/// [`load`], with what `target` is to the process said by the caller.
+pub fn load_as(target: &Path, env: &LoaderEnv, kind: TargetKind) -> Result<LinkMap> {
     let (info, program_versions) = Source::with_file(target, |src| {
         if src.is_empty() || !elf::is_elf(src.bytes_clipped(0, 16)) {
             bail!(
@@ -240,8 +255,9 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
         .segments
         .iter()
         .any(|s| s.p_type == object::elf::PT_INTERP);
-    let is_program =
-        info.e_type == object::elf::ET_EXEC || (info.e_type == object::elf::ET_DYN && has_interp);
+    let is_program = kind == TargetKind::FromHeaders
+        && (info.e_type == object::elf::ET_EXEC
+            || (info.e_type == object::elf::ET_DYN && has_interp));
     let mut map = LinkMap {
         objects: Vec::new(),
         skipped_preloads: Vec::new(),
@@ -261,6 +277,19 @@ pub fn load(target: &Path, env: &LoaderEnv) -> Result<LinkMap> {
             );
         }
         map.incomplete(&info.dynamic, target);
+        if !info.dynamic.audit.is_empty() {
+            // glibc loads these into a namespace of their own and calls them before
+            // the program's own objects are even mapped; their la_symbind may send any
+            // binding elsewhere. fdl reads them, never models what their code does.
+            map.caveat(
+                format!(
+                    "{} names audit libraries ({}): glibc runs them first, and an audit library may redirect any binding, which fdl does not model",
+                    target.display(),
+                    audit_words(&info.dynamic.audit)
+                ),
+                0,
+            );
+        }
         // The kernel gives the loader the program's real path (/proc/self/exe).
         let real = target
             .canonicalize()
@@ -400,6 +429,15 @@ fn new_object(
     }
 }
 
+/// `DT_AUDIT libaudit.so, DT_DEPAUDIT …`: the audit tags of an object, terminal-safe.
+pub fn audit_words(audit: &[(&'static str, String)]) -> String {
+    audit
+        .iter()
+        .map(|(tag, name)| format!("{tag} {}", crate::text::clean(name)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl LinkMap {
     /// Records a caveat at `position`, once, up to [`MAX_CAVEATS`] of them.
     fn caveat(&mut self, what: String, position: usize) {
@@ -499,6 +537,17 @@ impl LinkMap {
                 )
             }
         };
+        if dynamic.flags_1 & u64::from(object::elf::DF_1_PIE) != 0 {
+            // `_dl_map_object_from_fd` refuses a PIE anywhere but as the main program
+            // (glibc 2.30+), after the search chose it: no other file is tried.
+            return Err(Failed {
+                reason: format!(
+                    "{}: cannot dynamically load position-independent executable (DF_1_PIE): a program, not a library",
+                    path.display()
+                ),
+                searched: vec![path],
+            });
+        }
         let found_by = match preload {
             Some(p) => p,
             None if self.objects[loader].is_stand_in() => FoundBy::Asked,

@@ -20,8 +20,10 @@ pub mod preload;
 pub mod search;
 pub mod witness;
 
-pub use bind::{which_nccl, which_nccl_knowing, Answer, CallGroup, Conditional, Which};
-pub use map::{FoundBy, LinkMap, LoadFailure, Object, SkippedPreload};
+pub use bind::{
+    which_nccl, which_nccl_as, which_nccl_knowing, Answer, CallGroup, Conditional, Which,
+};
+pub use map::{FoundBy, LinkMap, LoadFailure, Object, SkippedPreload, TargetKind};
 pub use search::LoaderEnv;
 
 use crate::inspect::NcclDetection;
@@ -72,7 +74,7 @@ pub fn bundled_nccl_in(lib: &Path, env: &LoaderEnv) -> anyhow::Result<Bundled> {
     let mut env = env.clone();
     env.preload.clear();
     env.ld_so_preload.clear();
-    let w = which_nccl(lib, &env)?;
+    let w = which_nccl_as(lib, &env, None, TargetKind::Library)?;
     Ok(match w.answer {
         Answer::Nccl { detection } => Bundled::Nccl(detection),
         Answer::None { reason } => Bundled::None(reason),

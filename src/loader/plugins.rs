@@ -518,7 +518,8 @@ pub fn moved_by_preload(
     env: &LoaderEnv,
     var: &dyn Fn(&str) -> Option<String>,
 ) -> std::result::Result<Vec<Moved>, String> {
-    let w = super::which_nccl(lib, env).map_err(|e| format!("{e:#}"))?;
+    let library = super::TargetKind::Library;
+    let w = super::which_nccl_as(lib, env, None, library).map_err(|e| format!("{e:#}"))?;
     let before = plugins(&w, env, var)?;
     if !before
         .kinds
@@ -535,7 +536,8 @@ pub fn moved_by_preload(
         } else {
             format!("{b}:{}", env.preload)
         };
-        let wa = super::which_nccl(lib, &after_env).map_err(|e| format!("{e:#}"))?;
+        let wa =
+            super::which_nccl_as(lib, &after_env, None, library).map_err(|e| format!("{e:#}"))?;
         moved(&before, &|v| plugins(&wa, &after_env, v), var, &env.cwd)
     } else {
         moved(

@@ -412,6 +412,84 @@ pub fn from_peer(p: &Path) -> bool {
     lies_under(p) || p.canonicalize().is_ok_and(|c| lies_under(&c))
 }
 
+/// Refuses to trace `program` as the main object when glibc would run code of its
+/// choosing before the trace: its DT_AUDIT and DT_DEPAUDIT name audit libraries that
+/// `rtld.c` loads (`audit_list_add_dynamic_tag` of the main map) and calls (`la_version`,
+/// their constructors) before `_dl_trace`. The tags are read again here, just before
+/// the loader runs, not taken from the model's earlier reading; a file that cannot be
+/// read is not traced either. No other object's tags count: glibc reads the main map's
+/// alone, and fdl's stand-in program has none. Relocation in trace mode runs no IFUNC
+/// resolver (`__RTLD_NOIFUNC`), and no constructor runs before trace mode exits.
+fn refuse_audited(program: &Path) -> Result<(), NoWitness> {
+    let refused = |reason: String| NoWitness {
+        reason,
+        refused: true,
+    };
+    let audit = crate::inspect::source::Source::with_file(program, |src| {
+        Ok(crate::inspect::elf::parse(src)?.dynamic.audit)
+    })
+    .map_err(|e| {
+        refused(format!(
+            "{} cannot be read again just before the trace ({}), so the loader is not asked about it",
+            crate::text::clean(&program.display().to_string()),
+            crate::text::clean(&format!("{e:#}"))
+        ))
+    })?;
+    if audit.is_empty() {
+        return Ok(());
+    }
+    Err(refused(format!(
+        "{} names audit libraries ({}), which glibc loads and runs before it traces anything: fdl never traces such a file, so the model answers alone",
+        crate::text::clean(&program.display().to_string()),
+        super::map::audit_words(&audit)
+    )))
+}
+
+/// Whether `text`, written raw into the loader's output as glibc writes paths, could
+/// split a line or be read as part of the line's own syntax.
+fn splits_trace_lines(text: &str) -> bool {
+    text.contains(['\n', '\r'])
+        || [" [", "] to ", " => ", " (0x", "symbol `"]
+            .iter()
+            .any(|sep| text.contains(sep))
+}
+
+/// Refuses to trace when a path the loader would print could split or forge its output
+/// lines (glibc writes paths raw): the traced file, the working directory, the preloads,
+/// `LD_LIBRARY_PATH` and every object of the model's link map. What the model did not
+/// foresee is caught after the trace: every line must be the loader's own
+/// ([`read_list`], [`read_debug`]).
+fn refuse_ambiguous(
+    traced: &Path,
+    which: &Which,
+    env: &LoaderEnv,
+    preloads: &[super::preload::Element],
+) -> Result<(), NoWitness> {
+    let paths = std::iter::once(traced.to_string_lossy())
+        .chain(std::iter::once(env.cwd.to_string_lossy()))
+        .chain(preloads.iter().map(|e| e.name.as_str().into()))
+        .chain(env.ld_library_path.iter().map(|d| d.to_string_lossy()))
+        .chain(
+            which
+                .link_map
+                .objects
+                .iter()
+                .map(|o| o.path.to_string_lossy()),
+        );
+    for p in paths {
+        if splits_trace_lines(&p) {
+            return Err(NoWitness {
+                reason: format!(
+                    "{} holds a line break or text the loader's own output uses as a separator, and glibc prints paths raw: its answer could not be read apart from the path, so the loader is not asked (rename the directory to ask it)",
+                    crate::text::clean(&p)
+                ),
+                refused: true,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Asks this host's loader about the process the model answered for in `which`, in
 /// `env` (its preloads, `LD_LIBRARY_PATH` and working directory; `/etc/ld.so.preload`
 /// and `ld.so.cache` are the host's own).
@@ -471,6 +549,10 @@ pub fn ask_within(which: &Which, env: &LoaderEnv, limits: &Limits) -> Result<Wit
             refused: true,
         });
     }
+    if mode == Mode::Program {
+        refuse_audited(&traced)?;
+    }
+    refuse_ambiguous(&traced, which, env, &preloads)?;
     let dir = tempfile::Builder::new()
         .prefix("fdl-witness-")
         .tempdir()
@@ -637,6 +719,13 @@ pub fn ask_within(which: &Which, env: &LoaderEnv, limits: &Limits) -> Result<Wit
 fn read_list(stdout: &str, cwd: &Path, w: &mut Witness) {
     for line in stdout.lines() {
         let Some(line) = line.strip_prefix('\t') else {
+            // Trace mode writes only `\t`-led lines: another is a path that split one.
+            if !line.is_empty() && w.cut.is_none() {
+                w.cut = Some(
+                    "the loader's list holds a line that is not its own (a path with a line break?)"
+                        .into(),
+                );
+            }
             continue;
         };
         if let Some(name) = line.strip_suffix(" => not found") {
@@ -707,9 +796,14 @@ fn read_debug(dir: &Path, consumer: &Path, cwd: &Path, limits: &Limits, w: &mut 
     let mut total = 0usize;
     for e in entries.flatten() {
         let name = e.file_name();
-        if !name.to_string_lossy().starts_with("trace.") {
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("trace."))
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .map(|p| format!("{p}:"))
+        else {
             continue;
-        }
+        };
         let Ok(f) = crate::fsread::open_regular(&e.path(), true) else {
             w.warnings
                 .push("the loader's debug file is not a regular file".into());
@@ -724,6 +818,17 @@ fn read_debug(dir: &Path, consumer: &Path, cwd: &Path, limits: &Limits, w: &mut 
                 Ok(_) => {}
             }
             let text = String::from_utf8_lossy(&line);
+            // Every line glibc writes starts with the process's id: another is the rest
+            // of a line a path split, and could say anything.
+            if !text.trim_start().starts_with(&pid) {
+                if w.cut.is_none() {
+                    w.cut = Some(
+                        "the loader's debug output holds a line that is not its own (a path with a line break?)"
+                            .into(),
+                    );
+                }
+                continue;
+            }
             if !text.contains("symbol `nccl") {
                 continue;
             }
@@ -852,6 +957,79 @@ mod tests {
         );
         assert_eq!(parse_binding("binding file x"), None);
         assert_eq!(parse_binding(""), None);
+    }
+
+    fn empty_witness() -> Witness {
+        Witness {
+            interpreter: PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            mode: Mode::Program,
+            traced: PathBuf::from("/a/prog"),
+            reached: Vec::new(),
+            undefined: Vec::new(),
+            failures: Vec::new(),
+            link_map: Vec::new(),
+            bindings_omitted: 0,
+            cut: None,
+            nccl: None,
+            warnings: Vec::new(),
+            cwd: PathBuf::from("/"),
+        }
+    }
+
+    /// A path holding a line break splits the loader's lines: the part after it is no
+    /// line of the loader's and is never read as a binding, and the trace answers
+    /// nothing.
+    #[test]
+    fn a_split_line_is_never_read_as_the_loaders() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = "     4242:\tbinding file /a/prog [0] to /b/libnccl.so.2 [0]: normal symbol `ncclGetVersion' [NCCL_2]\n";
+        std::fs::write(dir.path().join("trace.4242"), own).unwrap();
+        let mut w = empty_witness();
+        read_debug(
+            dir.path(),
+            Path::new("/a/prog"),
+            Path::new("/"),
+            &Limits::default(),
+            &mut w,
+        );
+        assert_eq!(w.kind(), Kind::Nccl, "{:?}", w.cut);
+
+        let forged = "     4242:\tbinding file /a/x\ndir/prog [0] to /evil/libnccl.so.2 [0]: normal symbol `ncclGetVersion' [NCCL_2]\n";
+        std::fs::write(dir.path().join("trace.4242"), forged).unwrap();
+        let mut w = empty_witness();
+        read_debug(
+            dir.path(),
+            Path::new("/a/prog"),
+            Path::new("/"),
+            &Limits::default(),
+            &mut w,
+        );
+        assert_eq!(w.kind(), Kind::Cut);
+        assert!(w.reached.iter().all(|r| !r.object.starts_with("/evil")));
+
+        let mut w = empty_witness();
+        read_list(
+            "\tlibnccl.so.2 => /a/nl\nFORGED => /evil (0x1)\n",
+            Path::new("/"),
+            &mut w,
+        );
+        assert_eq!(w.kind(), Kind::Cut);
+    }
+
+    #[test]
+    fn separators_and_breaks_in_paths_are_refused() {
+        for bad in [
+            "/a/x\ny",
+            "/a/x\ry",
+            "/a/x [0] to /b",
+            "/a => /b",
+            "/a (0x1)",
+        ] {
+            assert!(splits_trace_lines(bad), "{bad:?}");
+        }
+        for fine in ["/a/b c/libnccl.so.2", "/a/[x]/y", "/opt/x:y"] {
+            assert!(!splits_trace_lines(fine), "{fine:?}");
+        }
     }
 
     #[test]
