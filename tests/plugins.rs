@@ -510,3 +510,30 @@ fn a_build_that_moves_the_plugin_out_of_reach_is_warned_of_and_kept() {
     assert_eq!(real("libnccl-net.so", Some(&build)), None);
     assert_eq!(real(&pin, Some(&build)), Some(plugin.clone()));
 }
+
+/// NCCL asks `dlsym` for the exact name `ncclNetPlugin_v10`: a plugin that exports only
+/// `ncclNetPlugin_v010` (or `_v+10`-like spellings) answers no version NCCL asks for.
+#[test]
+fn an_entry_with_a_leading_zero_is_not_the_version_nccl_asks_for() {
+    let l = Layout::new();
+    let at = l.root.join("nvidia/nccl/lib/libnccl-net.so");
+    std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+    compile_shared("int ncclNetPlugin_v010[4] = {10};\n", &at, &[]);
+    // The oracle: the exact name NCCL asks for is not there.
+    let dl = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import ctypes; l = ctypes.CDLL({:?}); print(hasattr(l, 'ncclNetPlugin_v10'), hasattr(l, 'ncclNetPlugin_v010'))",
+            at.display().to_string()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&dl.stdout).trim(), "False True");
+    let p = l.model("", None);
+    let net = p.kind(Kind::Net).unwrap();
+    assert!(
+        matches!(&net.verdict, Verdict::NoCommonVersion { exports, .. } if exports.is_empty()),
+        "{:?}",
+        net.verdict
+    );
+}

@@ -823,3 +823,60 @@ fn a_line_break_in_a_path_neither_splits_the_trace_nor_forges_a_line() {
         "{v:#}"
     );
 }
+
+/// The witness's private directory is 0700 and its files 0600, whatever the umask; a
+/// SIGTERM while the loader runs ends it, removes the directory and says so.
+#[test]
+fn a_signal_during_the_trace_leaves_no_directory_and_the_directory_is_private() {
+    let lab = Lab::new();
+    let t = bundled(&lab, V1);
+    let fifo = lab.path("fifo.so");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a plain mkfifo on a path of our own.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("fdl"))
+        .arg("--root")
+        .arg(lab.root())
+        .args(["nccl", "detect", "--witness"])
+        .arg(&t)
+        .arg("--preload")
+        .arg(&fifo)
+        .env("TMPDIR", tmp.path())
+        .env_remove("LD_PRELOAD")
+        .env_remove("LD_LIBRARY_PATH")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The loader blocks on the FIFO: wait for the directory and its trace to exist.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let dir = loop {
+        let found = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().starts_with("fdl-witness-"));
+        if let Some(d) = found {
+            if std::fs::read_dir(d.path()).is_ok_and(|mut r| r.next().is_some()) {
+                break d.path();
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "no witness directory");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700, "{}", dir.display());
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        assert_eq!(mode(&e.path()) & 0o077, 0, "{}", e.path().display());
+    }
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

@@ -619,6 +619,10 @@ pub(super) fn detect_cmd(
         let v = a.as_ref().ok().map(|x| loader::witness::compare(&w, x));
         (a, v)
     });
+    if crate::process::interrupted() {
+        // The trace was ended and its directory removed: say so, print no half answer.
+        return Err(crate::process::Interrupted.into());
+    }
     if json_out {
         let mut v = which_json(&w);
         v["library"] = json!(lib);

@@ -139,7 +139,7 @@ pub fn read_asks(path: &Path) -> Result<Asks> {
                     if starts && n > 0 && digits.get(n) == Some(&0) {
                         if let Some(v) = std::str::from_utf8(&digits[..n])
                             .ok()
-                            .and_then(|d| d.parse::<u32>().ok())
+                            .and_then(exact_version)
                             .filter(|v| *v <= MAX_VERSION)
                         {
                             if set.len() < MAX_VERSIONS {
@@ -603,10 +603,20 @@ impl Moved {
     }
 }
 
+/// The version in an entry name's digits, only as NCCL writes it (`%d`: no sign, no
+/// leading zero): `ncclNetPlugin_v010` is not the `ncclNetPlugin_v10` NCCL asks `dlsym`
+/// for, so it is no version at all.
+fn exact_version(digits: &str) -> Option<u32> {
+    let plain = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'));
+    plain.then(|| digits.parse().ok()).flatten()
+}
+
 fn versions_of(names: &BTreeSet<String>, entry: &str) -> Vec<u32> {
     let mut v: Vec<u32> = names
         .iter()
-        .filter_map(|n| n.strip_prefix(entry)?.parse().ok())
+        .filter_map(|n| exact_version(n.strip_prefix(entry)?))
         .collect();
     v.sort_unstable_by(|a, b| b.cmp(a));
     v

@@ -553,8 +553,14 @@ pub fn ask_within(which: &Which, env: &LoaderEnv, limits: &Limits) -> Result<Wit
         refuse_audited(&traced)?;
     }
     refuse_ambiguous(&traced, which, env, &preloads)?;
+    // From here to the end a signal is handled here, not by exiting on the spot: the
+    // trace's wait ends the loader, and the directory below is removed on the way out
+    // (it drops before this guard, being made after it).
+    let _critical = crate::process::Critical::enter();
+    // 0700 whatever the umask: the stand-in and the trace are fdl's alone.
     let dir = tempfile::Builder::new()
         .prefix("fdl-witness-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir()
         .map_err(|e| {
             none(format!(
@@ -571,8 +577,18 @@ pub fn ask_within(which: &Which, env: &LoaderEnv, limits: &Limits) -> Result<Wit
             }
             let p = dir.path().join("stand-in");
             let bytes = stand_in_program(traced.as_os_str().as_encoded_bytes(), machine);
-            std::fs::write(&p, bytes)
-                .map_err(|e| none(format!("cannot write the stand-in program: {e}")))?;
+            let written = {
+                use std::io::Write;
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(&p)
+                    .and_then(|mut f| f.write_all(&bytes))
+            };
+            written.map_err(|e| none(format!("cannot write the stand-in program: {e}")))?;
             p
         }
     };
@@ -611,6 +627,8 @@ pub fn ask_within(which: &Which, env: &LoaderEnv, limits: &Limits) -> Result<Wit
                     };
                     libc::setrlimit(what, &r)
                 };
+                // The debug file glibc creates (0666 less the umask) is fdl's alone.
+                libc::umask(0o077);
                 if set(libc::RLIMIT_AS, mem) != 0
                     || set(libc::RLIMIT_FSIZE, fsize) != 0
                     || set(libc::RLIMIT_CORE, 0) != 0
