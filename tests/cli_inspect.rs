@@ -507,3 +507,45 @@ fn a_build_without_code_for_a_planned_arch_is_not_installed() {
         .unwrap_or_default();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// A library that is an NCCL (soname libnccl.so.2, defines ncclGetVersion) but whose
+/// self-id fdl cannot read (an escape inside it; a 1 MB version number) is an NCCL of unknown
+/// version, exit 3, never "No NCCL".
+#[test]
+fn an_nccl_whose_self_id_cannot_be_read_is_unknown_not_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = "9".repeat(1 << 20);
+    for (name, id) in [
+        (
+            "escaped",
+            "NCCL version \\x1b[31m2.27.5+cuda12.8".to_string(),
+        ),
+        ("long", format!("NCCL version {long}.27.5+cuda12.8")),
+    ] {
+        let lib = dir.path().join(name).join("libnccl.so.2");
+        std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+        common::compile_shared(
+            &format!(
+                "const char fdl_id[] = \"{id}\";\nint ncclGetVersion(int *v) {{ *v = 22705; return 0; }}\n"
+            ),
+            &lib,
+            &["-Wl,-soname,libnccl.so.2"],
+        );
+        let out = common::fdl()
+            .args(["nccl", "detect"])
+            .arg(&lib)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(3), "{name}: {text}");
+        assert!(!text.contains("No NCCL"), "{name}: {text}");
+        assert!(text.contains("unknown version"), "{name}: {text}");
+        let out = common::fdl()
+            .args(["nccl", "detect", "--json"])
+            .arg(&lib)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["answer"], "unknown", "{name}: {v}");
+    }
+}

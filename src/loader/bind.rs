@@ -315,6 +315,9 @@ pub fn which_nccl_as(
     // Set when nothing loaded at start calls NCCL, an NCCL is there, and the process can
     // dlopen: the object that calls dlopen, and the first object exporting nccl*.
     let mut opens_later: Option<(PathBuf, Option<usize>)> = None;
+    // Set when nothing calls NCCL and nothing carries a readable self-id, but an object
+    // exports nccl* functions: an NCCL whose version fdl cannot read, never "no NCCL".
+    let mut unnamed_exporter: Option<usize> = None;
     if callers.is_empty() && carriers.is_empty() {
         for (i, slot) in facts.iter_mut().enumerate() {
             if Some(i) != asked {
@@ -360,6 +363,9 @@ pub fn which_nccl_as(
                 if let Some(o) = opener.filter(|_| !carriers.is_empty()) {
                     opens_later = Some((o, None));
                     carriers.clear();
+                }
+                if carriers.is_empty() && opens_later.is_none() {
+                    unnamed_exporter = exporter.filter(|&i| !preloaded(i));
                 }
             }
         }
@@ -704,6 +710,28 @@ pub fn which_nccl_as(
             );
         }
         Answer::Unknown { reason }
+    } else if let Some(e) = unnamed_exporter {
+        let names = facts[e]
+            .as_ref()
+            .map(|f| {
+                f.exported
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        Answer::Unknown {
+            reason: format!(
+                "{} defines NCCL's functions ({names}) but its NCCL self-id cannot be read ({}): an NCCL of unknown version",
+                shown(&map, e).display(),
+                match id_of(e) {
+                    Ok(_) => "it carries no self-id fdl can read".to_string(),
+                    Err(why) => why,
+                }
+            ),
+        }
     } else if let Some(o) = dlopen_caller(&map) {
         Answer::Unknown {
             reason: format!(
