@@ -625,3 +625,82 @@ fn env_takes_a_build_that_covers_this_hosts_gpus_or_says_why_not() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("was not checked"), "{err}");
 }
+
+/// Two `fdl store gc --yes` at once: one gc at a time holds the store, so the second
+/// waits for the first, never mistakes the first's locks for a running build's, and both
+/// exit 0 with every unused entry gone.
+#[test]
+fn two_store_gcs_at_once_both_succeed() {
+    use fdl::store::{Key, KeyInputs, Store};
+    use std::process::{Command as Std, Stdio};
+    let cache = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let store = Store::open_in(&cache.path().join("fdl")).unwrap();
+    let tree = work.path().join("tree");
+    std::fs::create_dir_all(tree.join("lib/pkgconfig")).unwrap();
+    std::fs::write(tree.join("lib/libnccl.so.2.27.5"), b"bytes").unwrap();
+    std::fs::write(tree.join("lib/pkgconfig/nccl.pc"), "prefix=/x\n").unwrap();
+    let fill = |round: u32| {
+        for n in 0..6 {
+            let inputs = KeyInputs([("n".to_string(), format!("{round}-{n}"))].into());
+            let key = Key::of(&inputs);
+            let lock = store.lock(&key, fdl::lock::Wait::No, &|_| {}).unwrap();
+            // A user whose project is gone: the entry is unused.
+            store
+                .add(
+                    &lock,
+                    &key,
+                    &inputs,
+                    &tree,
+                    None,
+                    &work.path().join("gone/builds/x"),
+                )
+                .unwrap();
+        }
+    };
+    let gc = || {
+        Std::new(assert_cmd::cargo::cargo_bin("fdl"))
+            .args(["store", "gc", "--yes"])
+            .env("XDG_CACHE_HOME", cache.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let entries = || {
+        std::fs::read_dir(&store.dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .count()
+    };
+
+    // Held by another gc: this one waits, says so, and then does the work.
+    fill(0);
+    let held = store.lock_gc(&|_| {}).unwrap();
+    let mut waiting = gc();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(waiting.try_wait().unwrap().is_none(), "it did not wait");
+    drop(held);
+    let out = waiting.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("waiting for it to finish"), "{stderr}");
+    assert_eq!(entries(), 0);
+
+    // Two at once, a few times over: both succeed, nothing is left.
+    for round in 1..4 {
+        fill(round);
+        let (a, b) = (gc(), gc());
+        for out in [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()] {
+            assert!(
+                out.status.success(),
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert_eq!(entries(), 0, "round {round}");
+    }
+}

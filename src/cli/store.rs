@@ -112,6 +112,11 @@ fn size(bytes: u64) -> String {
 }
 
 fn gc(store: &Store, yes: bool) -> Result<()> {
+    // One gc at a time: a second one waits for the first and then lists what is left,
+    // so an entry it finds locked is a running build's, never the other gc's.
+    let _one_gc = store.lock_gc(&|holder| {
+        crate::eprintln_safe!("{holder}");
+    })?;
     let entries = store.list(true)?;
     // Whose store this is: a user with several caches (XDG_CACHE_HOME) knows which.
     let dir = clean(&store.dir.display().to_string());

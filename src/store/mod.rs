@@ -184,6 +184,12 @@ impl Store {
         )
     }
 
+    /// The store-wide lock `fdl store gc` holds while it lists and removes: another gc
+    /// waits for it (`on_wait` says for whom, once).
+    pub fn lock_gc(&self, on_wait: &dyn Fn(&str)) -> Result<BuildLock> {
+        lock::acquire(&self.cache, &self.dir, "store-gc", Wait::Yes, on_wait)
+    }
+
     /// The record of `key`'s entry; `None` when there is no entry.
     pub fn lookup(&self, key: &Key) -> Result<Option<Record>> {
         if !self.has(key) {
