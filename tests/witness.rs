@@ -505,16 +505,22 @@ fn a_file_received_from_a_peer_is_refused() {
     assert_eq!(out.status.code(), Some(3), "{text}");
 }
 
+/// A FIFO named like a library: as a preload, it blocks the real loader's open.
+fn fifo_preload(lab: &Lab) -> PathBuf {
+    let fifo = lab.path("fifo.so");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a plain mkfifo on a path of our own.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    fifo
+}
+
 /// A preload that is a FIFO hangs the real loader: the trace is killed at its time bound
 /// and reported cut; a trace past its output bounds is cut too, never read whole.
 #[test]
 fn a_hanging_or_huge_trace_is_cut_and_reported() {
     let lab = Lab::new();
     let t = bundled(&lab, V1);
-    let fifo = lab.path("fifo.so");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a plain mkfifo on a path of our own.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let fifo = fifo_preload(&lab);
     let mut env = LoaderEnv::bundled();
     env.cwd = lab.root().to_path_buf();
     env.preload = fifo.display().to_string();
@@ -830,10 +836,7 @@ fn a_line_break_in_a_path_neither_splits_the_trace_nor_forges_a_line() {
 fn a_signal_during_the_trace_leaves_no_directory_and_the_directory_is_private() {
     let lab = Lab::new();
     let t = bundled(&lab, V1);
-    let fifo = lab.path("fifo.so");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a plain mkfifo on a path of our own.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let fifo = fifo_preload(&lab);
     let tmp = tempfile::tempdir().unwrap();
     let mut child = Command::new(assert_cmd::cargo::cargo_bin("fdl"))
         .arg("--root")

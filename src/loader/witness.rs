@@ -994,34 +994,27 @@ mod tests {
         }
     }
 
+    /// [`read_debug`] of one debug file `trace.4242` holding `text`.
+    fn debug_of(text: &str) -> Witness {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("trace.4242"), text).unwrap();
+        let mut w = empty_witness();
+        let (consumer, cwd) = (Path::new("/a/prog"), Path::new("/"));
+        read_debug(dir.path(), consumer, cwd, &Limits::default(), &mut w);
+        w
+    }
+
     /// A path holding a line break splits the loader's lines: the part after it is no
     /// line of the loader's and is never read as a binding, and the trace answers
     /// nothing.
     #[test]
     fn a_split_line_is_never_read_as_the_loaders() {
-        let dir = tempfile::tempdir().unwrap();
         let own = "     4242:\tbinding file /a/prog [0] to /b/libnccl.so.2 [0]: normal symbol `ncclGetVersion' [NCCL_2]\n";
-        std::fs::write(dir.path().join("trace.4242"), own).unwrap();
-        let mut w = empty_witness();
-        read_debug(
-            dir.path(),
-            Path::new("/a/prog"),
-            Path::new("/"),
-            &Limits::default(),
-            &mut w,
-        );
+        let w = debug_of(own);
         assert_eq!(w.kind(), Kind::Nccl, "{:?}", w.cut);
 
         let forged = "     4242:\tbinding file /a/x\ndir/prog [0] to /evil/libnccl.so.2 [0]: normal symbol `ncclGetVersion' [NCCL_2]\n";
-        std::fs::write(dir.path().join("trace.4242"), forged).unwrap();
-        let mut w = empty_witness();
-        read_debug(
-            dir.path(),
-            Path::new("/a/prog"),
-            Path::new("/"),
-            &Limits::default(),
-            &mut w,
-        );
+        let w = debug_of(forged);
         assert_eq!(w.kind(), Kind::Cut);
         assert!(w.reached.iter().all(|r| !r.object.starts_with("/evil")));
 
