@@ -150,6 +150,24 @@ pub enum Kind {
 }
 
 impl Witness {
+    /// A trace of `traced` by `interpreter` that has read nothing yet.
+    fn empty(interpreter: PathBuf, mode: Mode, traced: PathBuf, cwd: PathBuf) -> Witness {
+        Witness {
+            interpreter,
+            mode,
+            traced,
+            reached: Vec::new(),
+            undefined: Vec::new(),
+            failures: Vec::new(),
+            link_map: Vec::new(),
+            bindings_omitted: 0,
+            cut: None,
+            nccl: None,
+            warnings: Vec::new(),
+            cwd,
+        }
+    }
+
     pub fn kind(&self) -> Kind {
         if self.cut.is_some() {
             Kind::Cut
@@ -639,20 +657,7 @@ pub fn ask_within(which: &Which, env: &LoaderEnv, limits: &Limits) -> Result<Wit
             });
         }
     }
-    let mut w = Witness {
-        interpreter: interpreter.clone(),
-        mode,
-        traced: traced.clone(),
-        reached: Vec::new(),
-        undefined: Vec::new(),
-        failures: Vec::new(),
-        link_map: Vec::new(),
-        bindings_omitted: 0,
-        cut: None,
-        nccl: None,
-        warnings: Vec::new(),
-        cwd: env.cwd.clone(),
-    };
+    let mut w = Witness::empty(interpreter.clone(), mode, traced.clone(), env.cwd.clone());
     let out = match crate::process::output_within_cap(&mut cmd, limits.time, limits.output_bytes) {
         Ok(Some(o)) => o,
         Ok(None) => {
@@ -978,20 +983,13 @@ mod tests {
     }
 
     fn empty_witness() -> Witness {
-        Witness {
-            interpreter: PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
-            mode: Mode::Program,
-            traced: PathBuf::from("/a/prog"),
-            reached: Vec::new(),
-            undefined: Vec::new(),
-            failures: Vec::new(),
-            link_map: Vec::new(),
-            bindings_omitted: 0,
-            cut: None,
-            nccl: None,
-            warnings: Vec::new(),
-            cwd: PathBuf::from("/"),
-        }
+        let ld = PathBuf::from("/lib64/ld-linux-x86-64.so.2");
+        Witness::empty(
+            ld,
+            Mode::Program,
+            PathBuf::from("/a/prog"),
+            PathBuf::from("/"),
+        )
     }
 
     /// [`read_debug`] of one debug file `trace.4242` holding `text`.
