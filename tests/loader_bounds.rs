@@ -386,3 +386,102 @@ fn a_library_truncated_while_read_is_reported() {
         "no truncation landed during a read in 60 rounds: the test did not test anything"
     );
 }
+
+/// A 1,000-level DT_NEEDED chain whose every library sits in one directory and has a
+/// DT_RPATH of its own (an empty directory): each level's search goes through the
+/// DT_RPATH of every level before it, about 500,000 lookups in all, as glibc makes them.
+/// The real loader maps the whole chain; fdl answers too (each directory is read once),
+/// within the same bounds. The libraries are one `cc` build whose name, needed name and
+/// DT_RPATH strings are patched in place, each to a string of the same length.
+#[test]
+fn a_thousand_level_rpath_chain_is_answered_as_the_loader_answers_it() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let libs = root.join("A");
+    std::fs::create_dir_all(&libs).unwrap();
+    const LEVELS: usize = 1000;
+    // Placeholders: 6-digit names, and a DT_RPATH long enough for any directory here,
+    // padded with slashes (`dir////lib.so` is the same file).
+    let rpath_slot = "/".repeat(240);
+    let template = root.join("template.so");
+    let src = root.join("t.c");
+    std::fs::write(&src, "int fdl_level(void) { return 0; }\n").unwrap();
+    let needed_stub = root.join("libNNNNNN.so");
+    let ok = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&needed_stub)
+        .arg(&src)
+        .arg("-Wl,-soname,libNNNNNN.so")
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let ok = Command::new("cc")
+        .args(["-shared", "-fPIC", "-nostdlib", "-o"])
+        .arg(&template)
+        .arg(&src)
+        .arg("-Wl,-soname,libSSSSSS.so,--no-as-needed,--disable-new-dtags")
+        .arg(&needed_stub)
+        .arg(format!("-Wl,-rpath,{rpath_slot}"))
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let bytes = std::fs::read(&template).unwrap();
+    let patch = |bytes: &mut Vec<u8>, from: &str, to: &str| {
+        assert_eq!(from.len(), to.len(), "{to}");
+        let at = bytes
+            .windows(from.len() + 1)
+            .position(|w| w[..from.len()] == *from.as_bytes() && w[from.len()] == 0)
+            .unwrap_or_else(|| panic!("{from} is not in the template"));
+        bytes[at..at + from.len()].copy_from_slice(to.as_bytes());
+    };
+    let slot = |dirs: &str| format!("{dirs}{}", "/".repeat(rpath_slot.len() - dirs.len()));
+    for k in 0..=LEVELS {
+        let own = root.join(format!("e{k}"));
+        std::fs::create_dir_all(&own).unwrap();
+        let mut lib = bytes.clone();
+        patch(&mut lib, "libSSSSSS.so", &format!("lib{k:06}.so"));
+        // The last level needs the one before it again: already loaded, no search.
+        let next = if k < LEVELS { k + 1 } else { k - 1 };
+        patch(&mut lib, "libNNNNNN.so", &format!("lib{next:06}.so"));
+        // The first level finds the rest through its own path to A; every other level
+        // adds a directory the searches below it go through first.
+        let rpath = if k == 0 {
+            format!("{}:{}", own.display(), libs.display())
+        } else {
+            own.display().to_string()
+        };
+        patch(&mut lib, &rpath_slot, &slot(&rpath));
+        std::fs::write(libs.join(format!("lib{k:06}.so")), lib).unwrap();
+    }
+    // The oracle: the real loader maps every level.
+    let ldd = Command::new("ldd")
+        .arg(libs.join("lib000000.so"))
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&ldd.stdout);
+    let mapped = (1..=LEVELS)
+        .filter(|k| listed.contains(&format!("lib{k:06}.so => ")))
+        .count();
+    assert_eq!(
+        mapped,
+        LEVELS,
+        "the real loader did not map the chain:\n{}",
+        tail(&listed)
+    );
+
+    let r = fdl(&["nccl", "detect", "A/lib000000.so", "--json"], &root);
+    r.bounded("a 1,000-level DT_RPATH chain");
+    let j = r.json();
+    assert_ne!(j["answer"], "unknown", "{}", j["reason"]);
+    let objects = j["link_map"].as_array().unwrap();
+    for k in 1..=LEVELS {
+        let name = format!("lib{k:06}.so");
+        assert!(
+            objects
+                .iter()
+                .any(|o| o["path"].as_str().is_some_and(|p| p.ends_with(&name))),
+            "{name} is not in fdl's link map"
+        );
+    }
+}

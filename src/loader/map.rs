@@ -11,7 +11,8 @@
 //! where the object would have been, so that an answer can say whether they matter.
 //!
 //! The work is bounded whatever the files say: at most [`MAX_OBJECTS`] objects and
-//! [`MAX_PROBES`] paths looked at, past which the map stops with a caveat (an unknown
+//! [`MAX_PROBES`] looks at the file system (a path probed, a directory listed once: a
+//! name a listed directory lacks costs none), past which the map stops with a caveat (an unknown
 //! answer, never a cut map read as whole); the first [`MAX_FAILURES`] failures and
 //! [`MAX_CAVEATS`] caveats are kept and the rest counted, since any one of them already
 //! makes the answer unknown and the earliest are the ones an answer names.
@@ -169,13 +170,43 @@ pub struct LinkMap {
     /// remembers this the same way.
     #[serde(skip)]
     subdirs: std::collections::HashMap<PathBuf, (bool, bool)>,
+    /// Per directory searched: the names it holds, read once ([`MAX_LISTING`] at most;
+    /// `None` when it cannot be listed or holds more). A name it lacks is absent without
+    /// a probe: a long chain whose every level inherits the DT_RPATH of all before it
+    /// asks each directory for each name, as glibc does with an `open` each.
+    #[serde(skip)]
+    listings:
+        std::collections::HashMap<PathBuf, Option<std::collections::HashSet<std::ffi::OsString>>>,
+}
+
+/// Names read from one directory for [`LinkMap::listings`]; a larger one is probed name by
+/// name.
+const MAX_LISTING: usize = 1 << 16;
+
+/// The names in `dir`, or `None` when it cannot be listed (no read permission, say) or
+/// holds more than [`MAX_LISTING`]; a directory that does not exist holds none.
+fn listing(dir: &Path) -> Option<std::collections::HashSet<std::ffi::OsString>> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Default::default()),
+        Err(_) => return None,
+    };
+    let mut names = std::collections::HashSet::new();
+    for e in rd {
+        if names.len() >= MAX_LISTING {
+            return None;
+        }
+        names.insert(e.ok()?.file_name());
+    }
+    Some(names)
 }
 
 /// At most this many objects: a real process loads a few hundred; a hostile closure of
 /// generated names must not grow without bound.
 const MAX_OBJECTS: usize = 4096;
-/// Paths looked at over the whole map: a real process's searches look at a few
-/// thousand; this keeps hostile search lists (many directories, many names) to a second.
+/// Looks at the file system over the whole map (probes and directory listings): a real
+/// process's searches make a few thousand; this keeps hostile search lists (many
+/// directories, many names) to a second.
 pub const MAX_PROBES: usize = 1 << 18;
 /// Failures kept with their details; the rest are counted.
 pub const MAX_FAILURES: usize = 16;
@@ -268,6 +299,7 @@ pub fn load_as(target: &Path, env: &LoaderEnv, kind: TargetKind) -> Result<LinkM
         probes: 0,
         host,
         subdirs: std::collections::HashMap::new(),
+        listings: std::collections::HashMap::new(),
     };
     if is_program {
         if info.dynamic.needed.is_empty() && !has_interp {
@@ -899,6 +931,9 @@ impl LinkMap {
         let mut fatal: Option<String> = None;
         let mut legacy = Vec::new();
         let mut subdirs = std::mem::take(&mut self.subdirs);
+        let mut listings = std::mem::take(&mut self.listings);
+        // What reached the file system: probes, and each directory listed once.
+        let looked = std::cell::Cell::new(0usize);
         let mut try_dir = |dir: &Path,
                            rule: ResolveRule,
                            searched: &mut Vec<PathBuf>,
@@ -939,6 +974,16 @@ impl LinkMap {
             for cand in candidates {
                 let full = absolute(env, &cand);
                 searched.push(cand.clone());
+                if let (Some(parent), Some(file)) = (full.parent(), full.file_name()) {
+                    let names = listings.entry(parent.to_path_buf()).or_insert_with(|| {
+                        looked.set(looked.get() + 1);
+                        listing(parent)
+                    });
+                    if names.as_ref().is_some_and(|n| !n.contains(file)) {
+                        continue;
+                    }
+                }
+                looked.set(looked.get() + 1);
                 match search::probe(&full, host) {
                     Probe::Take { dev, ino } => return Some(Ok((cand, rule, (dev, ino)))),
                     Probe::Fatal(why) => return Some(Err(format!("{}: {why}", cand.display()))),
@@ -965,6 +1010,7 @@ impl LinkMap {
             if let Some(cached) = env.cache_lookup(name) {
                 if !(nodeflib && in_system_dir(cached)) {
                     searched.push(cached.to_path_buf());
+                    looked.set(looked.get() + 1);
                     match search::probe(cached, host) {
                         Probe::Take { dev, ino } => {
                             hit = Some((cached.to_path_buf(), ResolveRule::LdCache, (dev, ino)))
@@ -994,6 +1040,7 @@ impl LinkMap {
             }
         }
         self.subdirs = subdirs;
+        self.listings = listings;
         for l in legacy {
             self.caveat(
                 format!(
@@ -1003,7 +1050,7 @@ impl LinkMap {
                 position,
             );
         }
-        self.probes = self.probes.saturating_add(searched.len());
+        self.probes = self.probes.saturating_add(looked.get());
         if let Some(why) = fatal {
             return Err(Failed {
                 reason: why,
