@@ -601,6 +601,50 @@ impl VolumeMarks {
         self.dir.join(volume)
     }
 
+    /// This cache's part of every volume name it makes: 16 hex digits of a random id
+    /// drawn once and kept beside the tokens (`.cache-id`, 0600). Two caches on one
+    /// engine (two users, a CI job, another `XDG_CACHE_HOME`) so never want the same
+    /// name; the id proves nothing, the tokens still do.
+    fn cache_id(&self) -> Result<String> {
+        use std::io::{Read, Write};
+        let path = self.dir.join(".cache-id");
+        let read = |path: &std::path::Path| -> Option<String> {
+            let f = crate::fsread::open_regular(path, true).ok()?;
+            let mut text = String::new();
+            f.take(128).read_to_string(&mut text).ok()?;
+            let id = text.trim();
+            (id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
+        };
+        if let Some(id) = read(&path) {
+            return Ok(id);
+        }
+        let mut bytes = [0u8; 8];
+        // SAFETY: fills exactly the buffer given.
+        let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        if n != bytes.len() as isize {
+            bail!(
+                "cannot draw a random id for this cache's Docker volumes: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)
+            .with_context(|| format!("cannot write in {}", self.dir.display()))?;
+        tmp.write_all(id.as_bytes())
+            .and_then(|()| tmp.as_file().sync_all())
+            .with_context(|| format!("cannot write in {}", self.dir.display()))?;
+        // Another build of this cache may have drawn one first: the first kept wins.
+        match tmp.persist_noclobber(&path) {
+            Ok(_) => Ok(id),
+            Err(_) => read(&path).with_context(|| {
+                format!(
+                    "{} is not an id fdl wrote: remove it and build again",
+                    path.display()
+                )
+            }),
+        }
+    }
+
     /// A new token for `volume`, kept before the volume is made (a volume made without a
     /// kept token would be no one's); its SHA-256 is what the label carries.
     fn issue(&self, volume: &str) -> Result<String> {
@@ -656,26 +700,31 @@ impl VolumeMarks {
 /// once); an unmarked volume (its filling was interrupted) is removed and made again;
 /// fdl's own volumes ([`VolumeMarks`]) of toolchain images the engine no longer has are
 /// removed.
+///
+/// `Ok(Err(why))`: a volume of one of these names exists that is not this cache's (made
+/// by someone else, with this cache's id in its name): it is neither used nor removed,
+/// and the build reads the toolchain from the image instead.
 fn toolchain_volumes(
     engine: &Engine,
     toolchain: &Toolchain,
     dirs: &[String],
     progress: &Progress,
-) -> Result<Vec<(String, String)>> {
+) -> Result<std::result::Result<Vec<(String, String)>, String>> {
+    if dirs.is_empty() {
+        return Ok(Ok(Vec::new()));
+    }
     let hex: String = toolchain
         .id
         .trim_start_matches("sha256:")
         .chars()
         .take(16)
         .collect();
-    let base = format!("{VOLUME_PREFIX}{hex}");
+    let marks = VolumeMarks::open()?;
+    let base = format!("{VOLUME_PREFIX}{}-{hex}", marks.cache_id()?);
     let want: Vec<(String, String)> = dirs
         .iter()
         .map(|d| (format!("{base}-{d}"), format!("/{d}")))
         .collect();
-    if want.is_empty() {
-        return Ok(want);
-    }
     let cache = crate::cache::cache_dir()?;
     let _lock = crate::lock::acquire(
         &cache,
@@ -684,7 +733,6 @@ fn toolchain_volumes(
         crate::lock::Wait::Yes,
         &|msg| progress.note(msg),
     )?;
-    let marks = VolumeMarks::open()?;
     remove_stale_volumes(engine, &marks, &toolchain.id);
     for attempt in 0..2 {
         // Each name is looked up itself: a volume of that name that fdl did not make for
@@ -700,12 +748,12 @@ fn toolchain_volumes(
                 {
                     old.push(wanted)
                 }
-                Some(_) => bail!(
-                    "a Docker volume named {} exists that fdl did not make for {} (its labels and fdl's token for it do not agree): fdl neither uses nor removes it. Remove it (`docker volume rm {}`) if it is not needed, or build with --toolchain-volumes never",
-                    wanted.0,
-                    toolchain.tag,
-                    wanted.0
-                ),
+                Some(_) => {
+                    return Ok(Err(format!(
+                        "a Docker volume named {} exists that this cache did not make for {} (its labels and fdl's token for it do not agree): fdl neither uses nor removes it",
+                        wanted.0, toolchain.tag
+                    )))
+                }
             }
         }
         let mut made = VolumesGuard {
@@ -743,9 +791,9 @@ fn toolchain_volumes(
                 Some(labels) if marks.owns(volume, &labels) => {}
                 _ => {
                     made.names.pop();
-                    bail!(
-                        "a Docker volume named {volume} appeared that fdl did not make: fdl neither uses nor removes it. Remove it (`docker volume rm {volume}`) if it is not needed, or build with --toolchain-volumes never"
-                    );
+                    return Ok(Err(format!(
+                        "a Docker volume named {volume} appeared that this cache did not make: fdl neither uses nor removes it"
+                    )));
                 }
             }
         }
@@ -814,7 +862,7 @@ fn toolchain_volumes(
             .map(|d| d.trim().to_string())
             .collect();
         if unmarked.is_empty() {
-            return Ok(want);
+            return Ok(Ok(want));
         }
         if attempt == 1 {
             break;
@@ -1156,7 +1204,15 @@ pub fn prepare(
     let found = check_toolchain(&toolchain.tag, docker)?;
     let volumes = match docker.toolchain_files {
         crate::nccl::plan::ToolchainFiles::Volumes => {
-            let volumes = toolchain_volumes(engine, &toolchain, &found.dirs, progress)?;
+            let volumes = match toolchain_volumes(engine, &toolchain, &found.dirs, progress)? {
+                Ok(v) => v,
+                Err(why) => {
+                    progress.note(&format!(
+                        "warning: {why}; this build reads the toolchain from the image instead (as with --toolchain-volumes never)"
+                    ));
+                    Vec::new()
+                }
+            };
             progress.note(&if volumes.is_empty() {
                 format!(
                     "==> toolchain read from the image: {} has none of /{}",
