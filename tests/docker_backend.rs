@@ -1379,8 +1379,10 @@ impl Drop for HostileEngine {
 
 /// `docker version`, `info` and `inspect` that never answer, or answer without end, cost
 /// a dry run a bounded wait and bounded memory: it ends, naming the call and its limit
-/// (the hung or flooding client is stopped). The client is the real `docker`, talking
-/// to a [`HostileEngine`].
+/// (the hung or flooding client is stopped). The engine calls of the plan share one
+/// 15 s deadline, and an engine that did not answer once is not asked again: a dry run
+/// against a stuck engine ends within that, plus fdl's own start. The client is the
+/// real `docker`, talking to a [`HostileEngine`].
 #[test]
 #[ignore = "needs the docker client: `cargo test -- --include-ignored`"]
 fn engine_calls_that_hang_or_flood_are_bounded_and_named() {
@@ -1440,9 +1442,10 @@ fn engine_calls_that_hang_or_flood_are_bounded_and_named() {
             text.contains(&format!("`{call}`")) && text.contains(want),
             "{case}: {took:?}\n{text}"
         );
-        // Each call is stopped at its limit; a dry run makes a few of them.
+        // The plan's engine calls share one 15 s deadline (six dry runs run at once on
+        // two CPUs here: the margin is theirs).
         assert!(
-            took < std::time::Duration::from_secs(90),
+            took < std::time::Duration::from_secs(25),
             "{case}: {took:?}"
         );
         assert!(!text.contains("panicked"), "{case}: {text}");

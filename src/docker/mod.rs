@@ -55,8 +55,17 @@ const CHANGE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// wrote more than [`process::OUTPUT_CAP`] (it was stopped either way).
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    #[error("`{what}` did not answer within {secs} s, so it was stopped: the Docker engine is stuck or overloaded. Check it (`docker info`), restart it, or build with --backend native")]
-    Timeout { what: String, secs: u64 },
+    #[error("`{what}` did not answer within {secs} s{}, so it was stopped: the Docker engine is stuck or overloaded. Check it (`docker info`), restart it, or build with --backend native", if *.shared { " (what was left of the time this command's engine calls share)" } else { "" })]
+    Timeout {
+        what: String,
+        secs: u64,
+        /// The limit was what was left of a [`QueryBudget`].
+        shared: bool,
+    },
+    /// A later call of an engine that did not answer an earlier one: not made, and
+    /// said in the earlier call's words (`what` is kept for the JSON and the log).
+    #[error("{first}")]
+    Stuck { what: String, first: String },
     #[error("`{what}` answered more than {kib} KiB on its {stream}, far more than the engine ever answers, so it was stopped: check the docker command on PATH and the engine")]
     TooLarge {
         what: String,
@@ -65,10 +74,46 @@ pub enum CallError {
     },
 }
 
-/// Runs one call of the engine, bounded in time (`limit`) and in output
-/// ([`process::OUTPUT_CAP`] per stream), in a process group that dies with fdl. Every
-/// call of the engine that is not a build's own output goes through here, so none can
-/// hang fdl or fill its memory; the error names the call and the bound it passed.
+/// The engine calls of one stretch of fdl's work that share one deadline (see
+/// [`QueryBudget`]); `None` outside one.
+static BUDGET: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+/// Set by the first call that did not answer in time: an engine that is stuck for one
+/// call is not waited for again by the same fdl, whatever the next call's own limit.
+static STUCK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// While alive, every engine call shares one deadline, `total` from the start: a plan
+/// asks the engine several questions (version, buildx, storage driver, images), and an
+/// engine that answers none must cost the plan `total` in all, not `total` each.
+pub struct QueryBudget {
+    outer: Option<std::time::Instant>,
+}
+
+impl QueryBudget {
+    pub fn start(total: std::time::Duration) -> QueryBudget {
+        let mut b = BUDGET.lock().unwrap_or_else(|e| e.into_inner());
+        let deadline = std::time::Instant::now() + total;
+        let outer = *b;
+        // A budget inside another keeps the earlier deadline.
+        *b = Some(outer.map_or(deadline, |o| o.min(deadline)));
+        QueryBudget { outer }
+    }
+}
+
+impl Drop for QueryBudget {
+    fn drop(&mut self) {
+        *BUDGET.lock().unwrap_or_else(|e| e.into_inner()) = self.outer;
+    }
+}
+
+/// The planning of a build: every engine question it asks shares this much time.
+pub const PLAN_BUDGET: std::time::Duration = QUERY_LIMIT;
+
+/// Runs one call of the engine, bounded in time (`limit`, and the deadline of a
+/// [`QueryBudget`] alive) and in output ([`process::OUTPUT_CAP`] per stream), in a
+/// process group that dies with fdl. Every call of the engine that is not a build's own
+/// output goes through here, so none can hang fdl or fill its memory; the error names
+/// the call and the bound it passed. Once a call has not answered in time, later calls
+/// fail at once with that call's error.
 fn engine_call(cmd: &mut Command, limit: std::time::Duration) -> Result<std::process::Output> {
     // The call's words up to its first option: `docker image inspect`, `docker info`.
     let what = std::iter::once(cmd.get_program())
@@ -80,13 +125,40 @@ fn engine_call(cmd: &mut Command, limit: std::time::Duration) -> Result<std::pro
         .map(|a| a.to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join(" ");
+    if let Some(first) = STUCK.get() {
+        return Err(CallError::Stuck {
+            what,
+            first: first.clone(),
+        }
+        .into());
+    }
+    let deadline = *BUDGET.lock().unwrap_or_else(|e| e.into_inner());
+    let (limit, shared) = match deadline {
+        Some(d) => {
+            let left = d.saturating_duration_since(std::time::Instant::now());
+            // Said only where the share cut the call's own limit short.
+            (
+                limit.min(left),
+                left + std::time::Duration::from_secs(1) < limit,
+            )
+        }
+        None => (limit, false),
+    };
+    let timeout = |what: String| {
+        let e = CallError::Timeout {
+            what,
+            secs: limit.as_secs_f64().ceil() as u64,
+            shared,
+        };
+        let _ = STUCK.set(e.to_string());
+        Err(e.into())
+    };
+    if limit.is_zero() {
+        return timeout(what);
+    }
     match process::output_within(cmd, limit) {
         Ok(Some(out)) => Ok(out),
-        Ok(None) => Err(CallError::Timeout {
-            what,
-            secs: limit.as_secs(),
-        }
-        .into()),
+        Ok(None) => timeout(what),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(DockerError::NoCommand.into()),
         Err(e) => match process::too_large(&e) {
             Some(t) => Err(CallError::TooLarge {

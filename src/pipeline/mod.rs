@@ -85,6 +85,9 @@ pub fn prepare(
     };
     let mut inferred = infer(flags)?;
     let host_driver = inferred.host_driver.take();
+    // Every question the plan asks the Docker engine shares one deadline: a stuck engine
+    // costs a plan (a dry run) this much in all, not this much per question.
+    let _engine_budget = crate::docker::QueryBudget::start(crate::docker::PLAN_BUDGET);
     let (inputs, reason, mut chosen) = choose::choose(&req.backend, &inferred.tag)?;
     let mut plan = plan(&build, inferred, project.nccl_builds_dir(), inputs, reason)?;
     plan.warnings.extend(project.fallback_note());
