@@ -370,3 +370,49 @@ fn dynamic_tables_seeds_give_their_known_answers() {
         }
     }
 }
+
+/// `witness_output`'s seeds, replayed as the fuzz target reads them (stdout, stderr and
+/// the debug stream of pid 4242, split at NUL): a real trace of this kind of host answers
+/// with its binding; a line a path split, or a forged list line, cuts the trace; no
+/// sentence holds a control character.
+#[test]
+fn witness_output_seeds_give_their_known_answers() {
+    use fdl::loader::witness::{read_output, Kind};
+    for seed in seeds("witness_output") {
+        let bytes = std::fs::read(&seed).unwrap();
+        let mut parts = bytes.splitn(3, |b| *b == 0);
+        let stdout = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+        let stderr = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+        let debug = parts.next().unwrap_or_default();
+        let w = read_output(
+            Path::new("/fdl-fuzz/prog"),
+            &stdout,
+            &stderr,
+            "4242",
+            debug,
+            Path::new("/fdl-fuzz"),
+        );
+        let name = seed.file_name().unwrap().to_string_lossy().into_owned();
+        let summary = w.summary();
+        assert!(
+            !summary.chars().any(char::is_control),
+            "{name}: {summary:?}"
+        );
+        match name.as_str() {
+            "real_trace.bin" => {
+                assert_eq!(w.kind(), Kind::Nccl, "{name}: {summary}");
+                assert_eq!(
+                    w.reached[0].object,
+                    Path::new("/fdl-fuzz/lib/libnccl.so.2"),
+                    "{name}"
+                );
+                assert_eq!(w.reached[0].symbols, ["ncclGetVersion"], "{name}");
+            }
+            "split_line.bin" | "forged_list_and_escape.bin" => {
+                assert_eq!(w.kind(), Kind::Cut, "{name}: {summary}");
+                assert!(w.reached.iter().all(|r| !r.object.starts_with("/evil")));
+            }
+            other => panic!("a seed without a known answer: {other}"),
+        }
+    }
+}

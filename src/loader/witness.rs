@@ -199,7 +199,7 @@ impl Witness {
                 self.reached.len(),
                 self.reached
                     .iter()
-                    .map(|r| r.object.display().to_string())
+                    .map(|r| crate::text::shown(&r.object))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
@@ -209,7 +209,10 @@ impl Witness {
                     Some(id) => format!("NCCL {} (CUDA {})", id.nccl, id.cuda),
                     None => "an object without an NCCL self-id".to_string(),
                 };
-                format!("the nccl* references bind to {} — {id}", r.object.display())
+                format!(
+                    "the nccl* references bind to {} — {id}",
+                    crate::text::shown(&r.object)
+                )
             }
             Kind::Unbound => format!(
                 "nothing in the process defines {}",
@@ -815,16 +818,10 @@ fn read_debug(dir: &Path, consumer: &Path, cwd: &Path, limits: &Limits, w: &mut 
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut all: Vec<(String, String, String)> = Vec::new();
-    let mut total = 0usize;
+    let mut found = Bindings::default();
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("trace."))
-            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-            .map(|p| format!("{p}:"))
-        else {
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("trace.")) else {
             continue;
         };
         let Ok(f) = crate::fsread::open_regular(&e.path(), true) else {
@@ -832,69 +829,127 @@ fn read_debug(dir: &Path, consumer: &Path, cwd: &Path, limits: &Limits, w: &mut 
                 .push("the loader's debug file is not a regular file".into());
             continue;
         };
-        let mut r = std::io::BufReader::new(f.take(limits.debug_bytes));
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match r.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
+        let r = std::io::BufReader::new(f.take(limits.debug_bytes));
+        read_debug_stream(r, pid, limits, &mut found, w);
+    }
+    found.into_reached(consumer, cwd, w);
+}
+
+/// The `nccl*` binding lines of the debug output, as read: (from, to, symbol).
+#[derive(Default)]
+struct Bindings {
+    kept: Vec<(String, String, String)>,
+    total: usize,
+}
+
+/// Reads one debug stream of the process `pid` (the `trace.PID` file's suffix).
+fn read_debug_stream(
+    mut r: impl BufRead,
+    pid: &str,
+    limits: &Limits,
+    found: &mut Bindings,
+    w: &mut Witness,
+) {
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return;
+    }
+    let prefix = format!("{pid}:");
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        // Every line glibc writes starts with the process's id: another is the rest of a
+        // line a path split, and could say anything.
+        if !text.trim_start().starts_with(&prefix) {
+            if w.cut.is_none() {
+                w.cut = Some(
+                    "the loader's debug output holds a line that is not its own (a path with a line break?)"
+                        .into(),
+                );
             }
-            let text = String::from_utf8_lossy(&line);
-            // Every line glibc writes starts with the process's id: another is the rest
-            // of a line a path split, and could say anything.
-            if !text.trim_start().starts_with(&pid) {
-                if w.cut.is_none() {
-                    w.cut = Some(
-                        "the loader's debug output holds a line that is not its own (a path with a line break?)"
-                            .into(),
-                    );
-                }
-                continue;
-            }
-            if !text.contains("symbol `nccl") {
-                continue;
-            }
-            if let Some((from, to, sym)) = parse_binding(&text) {
-                total += 1;
-                if all.len() < limits.bindings {
-                    all.push((from.into(), to.into(), sym.into()));
-                }
+            continue;
+        }
+        if !text.contains("symbol `nccl") {
+            continue;
+        }
+        if let Some((from, to, sym)) = parse_binding(&text) {
+            found.total += 1;
+            if found.kept.len() < limits.bindings {
+                found.kept.push((from.into(), to.into(), sym.into()));
             }
         }
     }
-    w.bindings_omitted = total.saturating_sub(all.len());
-    let own: Vec<&(String, String, String)> = all
-        .iter()
-        .filter(|(from, _, _)| same_file(&cwd.join(from), consumer))
-        .collect();
-    let chosen: Vec<&(String, String, String)> = if own.is_empty() {
-        all.iter().collect()
-    } else {
-        own
-    };
-    for (from, to, sym) in chosen {
-        let to_p = cwd.join(to);
-        let i = match w.reached.iter().position(|r| same_file(&r.object, &to_p)) {
-            Some(i) => i,
-            None => {
-                w.reached.push(Reach {
-                    object: to_p,
-                    callers: Vec::new(),
-                    symbols: Vec::new(),
-                });
-                w.reached.len() - 1
-            }
+}
+
+impl Bindings {
+    /// Groups the bindings by the object they reach: the consumer's own, when it has
+    /// any, else every object's.
+    fn into_reached(self, consumer: &Path, cwd: &Path, w: &mut Witness) {
+        w.bindings_omitted = self.total.saturating_sub(self.kept.len());
+        let own: Vec<&(String, String, String)> = self
+            .kept
+            .iter()
+            .filter(|(from, _, _)| same_file(&cwd.join(from), consumer))
+            .collect();
+        let chosen: Vec<&(String, String, String)> = if own.is_empty() {
+            self.kept.iter().collect()
+        } else {
+            own
         };
-        let r = &mut w.reached[i];
-        let from_p = cwd.join(from);
-        if !r.callers.contains(&from_p) && r.callers.len() < 64 {
-            r.callers.push(from_p);
-        }
-        if !r.symbols.contains(sym) && r.symbols.len() < 256 {
-            r.symbols.push(sym.clone());
+        for (from, to, sym) in chosen {
+            let to_p = cwd.join(to);
+            let i = match w.reached.iter().position(|r| same_file(&r.object, &to_p)) {
+                Some(i) => i,
+                None => {
+                    w.reached.push(Reach {
+                        object: to_p,
+                        callers: Vec::new(),
+                        symbols: Vec::new(),
+                    });
+                    w.reached.len() - 1
+                }
+            };
+            let r = &mut w.reached[i];
+            let from_p = cwd.join(from);
+            if !r.callers.contains(&from_p) && r.callers.len() < 64 {
+                r.callers.push(from_p);
+            }
+            if !r.symbols.contains(sym) && r.symbols.len() < 256 {
+                r.symbols.push(sym.clone());
+            }
         }
     }
+}
+
+/// What fdl reads from a trace, from text alone: the loader's stdout (its list), its
+/// stderr, and one debug stream of the process `pid`, for the consumer `traced`, paths
+/// relative to `cwd`. Nothing is run; the fuzz target `witness_output` feeds it.
+pub fn read_output(
+    traced: &Path,
+    stdout: &str,
+    stderr: &str,
+    pid: &str,
+    debug: &[u8],
+    cwd: &Path,
+) -> Witness {
+    let limits = Limits::default();
+    let interpreter = PathBuf::from("ld.so");
+    let mut w = Witness::empty(
+        interpreter,
+        Mode::Program,
+        traced.to_path_buf(),
+        cwd.to_path_buf(),
+    );
+    read_list(stdout, cwd, &mut w);
+    read_stderr(stderr, traced, &mut w);
+    let mut found = Bindings::default();
+    read_debug_stream(debug, pid, &limits, &mut found, &mut w);
+    found.into_reached(traced, cwd, &mut w);
+    w
 }
 
 /// A program of no code whose only `DT_NEEDED` is `needed` (a path): one read-write
