@@ -714,4 +714,41 @@ fn planted_binaries_shared_directories_and_hostile_paths_on_slurm() {
             node.host
         );
     }
+
+    // The shared project's active libtorch becomes a PIE naming an audit library
+    // (DT_AUDIT): `cluster status --slurm` asks every node's own loader, and runs nothing
+    // of it on any node (glibc runs only a main program's audit libraries; a libtorch is
+    // traced through fdl's stand-in program).
+    let work = tempfile::tempdir().unwrap();
+    let (torch, audit) =
+        audited_pie_libtorch(work.path(), "/shared/audit/libaudit.so", "/tmp/audit-ran");
+    let lib = "/shared/flodl/libtorch/precompiled/cu128/lib/libtorch_cuda.so";
+    node1.write(
+        "/shared/audit/libaudit.so",
+        &std::fs::read(&audit).unwrap(),
+        0o755,
+    );
+    node1.write(lib, &std::fs::read(&torch).unwrap(), 0o755);
+    node1.exec(&format!("ldd -r {lib} >/dev/null 2>&1; true"));
+    assert_eq!(
+        node1
+            .exec("test -e /tmp/audit-ran && echo ran || echo no")
+            .trim(),
+        "ran",
+        "the audit library does not run under ldd on node1: the check proves nothing"
+    );
+    node1.exec("rm -f /tmp/audit-ran");
+    let v = status(&rig);
+    for node in rig.cluster.all() {
+        assert_eq!(
+            node.exec("test -e /tmp/audit-ran && echo ran || echo no")
+                .trim(),
+            "no",
+            "{}: cluster status ran the libtorch's audit library: {v}",
+            node.host
+        );
+    }
+    for host in ["node1", "node2", "node3"] {
+        assert!(worker(&v, host)["report"].is_object(), "{v}");
+    }
 }

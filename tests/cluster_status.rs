@@ -1260,3 +1260,53 @@ fn a_net_plugin_on_one_worker_only_is_red_and_names_both() {
     );
     assert_eq!(code, Some(0), "{v}");
 }
+
+/// A worker whose active libtorch was linked as a PIE naming an audit library
+/// (DT_AUDIT): `cluster status`, which asks each worker's own loader by default, runs
+/// nothing of it there (glibc runs a main program's audit libraries before it traces;
+/// a libtorch is traced as the library it is, through fdl's stand-in program), and the
+/// worker still answers.
+#[test]
+#[ignore = "drives the real Docker engine and OpenSSH: `cargo test -- --include-ignored`"]
+fn an_audit_library_of_a_workers_libtorch_never_runs() {
+    let _hosts = HOSTS.lock().unwrap_or_else(|e| e.into_inner());
+    let keys = Keys::new();
+    let work = tempfile::tempdir().unwrap();
+    let (torch, audit) =
+        audited_pie_libtorch(work.path(), "/opt/audit/libaudit.so", "/tmp/audit-ran");
+    let host = Host::start("audited", &keys);
+    host.fake_nvidia_smi(
+        &[("NVIDIA GeForce RTX 3090", "8.6", 24576)],
+        "570.133.07",
+        "12.8",
+    );
+    host.put(&audit, "/opt/audit/libaudit.so");
+    let path = "/opt/flodl";
+    host.put(
+        &torch,
+        &format!("{path}/libtorch/precompiled/cu128/lib/libtorch_cuda.so"),
+    );
+    // The probe: the worker's own `ldd -r` of the file does run it.
+    host.exec(&format!(
+        "ldd -r {path}/libtorch/precompiled/cu128/lib/libtorch_cuda.so >/dev/null 2>&1; true"
+    ));
+    assert_eq!(
+        host.exec("test -e /tmp/audit-ran && echo ran || echo no")
+            .trim(),
+        "ran",
+        "the audit library does not run under ldd on the worker: the test proves nothing"
+    );
+    host.exec("rm -f /tmp/audit-ran");
+
+    let project = ProjectFixture::empty();
+    write_cluster_file(project.root(), &keys, &[(&host, path)], &[]);
+    let cache = tempfile::tempdir().unwrap();
+    let (_, v) = status_json(project.root(), cache.path());
+    assert_eq!(
+        host.exec("test -e /tmp/audit-ran && echo ran || echo no")
+            .trim(),
+        "no",
+        "cluster status ran the audit library on the worker: {v}"
+    );
+    assert!(v["workers"][0]["report"].is_object(), "{v}");
+}

@@ -609,3 +609,37 @@ impl Drop for EngineGuard {
         }
     }
 }
+
+/// A libtorch_cuda.so linked as a PIE (it has `PT_INTERP` and `DF_1_PIE`) that calls an
+/// NCCL 2.27.5 compiled in and names `audit_at` as its DT_AUDIT library, and that audit
+/// library, which appends to `marker` when glibc loads it (`la_version`) or runs its
+/// constructor: (libtorch, audit library), both written under `dir`.
+pub fn audited_pie_libtorch(dir: &Path, audit_at: &str, marker: &str) -> (PathBuf, PathBuf) {
+    let audit = dir.join("libaudit.so");
+    compile_shared(
+        &format!(
+            "#include <stdio.h>\nstatic void mark(void) {{ FILE *f = fopen({marker:?}, \"a\"); if (f) {{ fputs(\"ran\\n\", f); fclose(f); }} }}\nunsigned int la_version(unsigned int v) {{ mark(); return v; }}\n__attribute__((constructor)) static void ctor(void) {{ mark(); }}\n"
+        ),
+        &audit,
+        &[],
+    );
+    let torch = dir.join("libtorch_cuda.so");
+    let src = dir.join("torch.c");
+    std::fs::write(
+        &src,
+        format!(
+            "{}\nint fdl_test_torch_calls_nccl(void) {{ int v = 0; ncclGetVersion(&v); return v; }}\nint main(void) {{ return fdl_test_torch_calls_nccl() == 0; }}\n",
+            nccl_like_source((2, 27, 5), "12.8")
+        ),
+    )
+    .unwrap();
+    let ok = std::process::Command::new("cc")
+        .args(["-pie", "-fPIE", "-Wl,-E", "-o"])
+        .arg(&torch)
+        .arg(&src)
+        .arg(format!("-Wl,--audit={audit_at}"))
+        .status()
+        .unwrap();
+    assert!(ok.success(), "cc failed for {}", torch.display());
+    (torch, audit)
+}
