@@ -1442,6 +1442,13 @@ fn engine_calls_that_hang_or_flood_are_bounded_and_named() {
             text.contains(&format!("`{call}`")) && text.contains(want),
             "{case}: {took:?}\n{text}"
         );
+        // Never silent while it waits: a call that hangs is said to be waited for.
+        if case.ends_with("-hang") {
+            assert!(
+                text.contains(&format!("waiting for the Docker engine to answer `{call}`")),
+                "{case}: {text}"
+            );
+        }
         // The plan's engine calls share one 15 s deadline (six dry runs run at once on
         // two CPUs here: the margin is theirs).
         assert!(

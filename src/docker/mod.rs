@@ -105,6 +105,11 @@ impl Drop for QueryBudget {
     }
 }
 
+/// How long an engine call runs before fdl says that it waits for it.
+const SLOW_ANSWER: std::time::Duration = std::time::Duration::from_secs(2);
+/// Whether the wait was said already (once per fdl).
+static SAID_WAITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The planning of a build: every engine question it asks shares this much time.
 pub const PLAN_BUDGET: std::time::Duration = QUERY_LIMIT;
 
@@ -156,7 +161,36 @@ fn engine_call(cmd: &mut Command, limit: std::time::Duration) -> Result<std::pro
     if limit.is_zero() {
         return timeout(what);
     }
-    match process::output_within(cmd, limit) {
+    let answered = std::sync::atomic::AtomicBool::new(false);
+    let result = std::thread::scope(|scope| {
+        // An engine answers in milliseconds: one that has not after a moment is said to
+        // be waited for, once per fdl, so that a dry run is never silent while it waits.
+        let watcher = scope.spawn(|| {
+            let start = std::time::Instant::now();
+            // Woken (unparked) as soon as the call ends; a spurious wake just waits on.
+            while !answered.load(std::sync::atomic::Ordering::SeqCst) {
+                let left = SLOW_ANSWER.saturating_sub(start.elapsed());
+                if left.is_zero() || limit <= SLOW_ANSWER {
+                    break;
+                }
+                std::thread::park_timeout(left);
+            }
+            if !answered.load(std::sync::atomic::Ordering::SeqCst)
+                && limit > SLOW_ANSWER
+                && !SAID_WAITING.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                crate::eprintln_safe!(
+                    "waiting for the Docker engine to answer `{what}` (at most {} s more)…",
+                    limit.saturating_sub(SLOW_ANSWER).as_secs_f64().ceil() as u64
+                );
+            }
+        });
+        let out = process::output_within(cmd, limit);
+        answered.store(true, std::sync::atomic::Ordering::SeqCst);
+        watcher.thread().unpark();
+        out
+    });
+    match result {
         Ok(Some(out)) => Ok(out),
         Ok(None) => timeout(what),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(DockerError::NoCommand.into()),
