@@ -163,30 +163,6 @@ fn user_dockerfile(dir: &Path, name: &str, from: &str, extra: &str) -> PathBuf {
     path
 }
 
-/// Containers of fdl's compile for the project at `root`, running or not: those that
-/// mount a directory below it (the engine may be shared with other builds).
-fn fdl_containers(root: &Path) -> Vec<String> {
-    fdl_containers_where(root, &["-a"])
-}
-
-fn fdl_containers_where(root: &Path, extra: &[&str]) -> Vec<String> {
-    let mut args = vec!["ps"];
-    args.extend_from_slice(extra);
-    args.extend(["--filter", "name=fdl-nccl-", "--format", "{{.Names}}"]);
-    lines(docker(&args))
-        .into_iter()
-        .filter(|name| {
-            let mounts = docker(&[
-                "inspect",
-                "--format",
-                "{{range .Mounts}}{{.Source}}\n{{end}}",
-                name,
-            ]);
-            lines(mounts).iter().any(|m| Path::new(m).starts_with(root))
-        })
-        .collect()
-}
-
 fn stray_entries(builds: &Path) -> Vec<String> {
     std::fs::read_dir(builds)
         .map(|rd| {

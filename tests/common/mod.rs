@@ -643,3 +643,29 @@ pub fn audited_pie_libtorch(dir: &Path, audit_at: &str, marker: &str) -> (PathBu
     assert!(ok.success(), "cc failed for {}", torch.display());
     (torch, audit)
 }
+
+/// fdl's compile containers (`fdl-nccl-…`) that `extra` (`ps` flags: `-a` for every
+/// state) lists and that mount a directory below `root`: the ones a test's own builds
+/// made, whatever else runs on a shared engine.
+pub fn fdl_containers_where(root: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["ps"];
+    args.extend_from_slice(extra);
+    args.extend(["--filter", "name=fdl-nccl-", "--format", "{{.Names}}"]);
+    docker_lines(&args)
+        .into_iter()
+        .filter(|name| {
+            let mounts = docker_lines(&[
+                "inspect",
+                "--format",
+                "{{range .Mounts}}{{.Source}}\n{{end}}",
+                name,
+            ]);
+            mounts.iter().any(|m| Path::new(m).starts_with(root))
+        })
+        .collect()
+}
+
+/// [`fdl_containers_where`] in every state.
+pub fn fdl_containers(root: &Path) -> Vec<String> {
+    fdl_containers_where(root, &["-a"])
+}
