@@ -1401,3 +1401,62 @@ fn the_standin_headers_are_the_real_wheels() {
     );
     assert!(nccl_extra_headers((2, 27, 5)).is_empty());
 }
+
+/// The same plan again skips the build only when what is installed is still what was
+/// sealed: a build changed since (one byte of its library) is named, with the fix, and
+/// `--force` rebuilds it.
+#[test]
+fn the_same_plan_over_a_changed_build_is_refused_not_skipped() {
+    let env = Env::new();
+    let tree = env.tree("nccl", (2, 27, 5));
+    let build = |extra: &[&str]| {
+        env.build(
+            "8.6",
+            &[&["--source", tree.to_str().unwrap()][..], extra].concat(),
+        )
+        .output()
+        .unwrap()
+    };
+    assert!(build(&[]).status.success());
+    let again = build(&[]);
+    assert!(
+        stdout_of(&again).contains("Already built"),
+        "{}",
+        stdout_of(&again)
+    );
+    let lib = env.builds().join("v2.27.5-sm86/lib/libnccl.so.2.27.5");
+    let mut bytes = std::fs::read(&lib).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&lib, &bytes).unwrap();
+    // The dry run says what the build would: a problem, exit 1.
+    let dry = build(&["--dry-run"]);
+    assert_eq!(dry.status.code(), Some(1), "{}", stdout_of(&dry));
+    assert!(
+        stdout_of(&dry).contains("changed since it was sealed"),
+        "{}",
+        stdout_of(&dry)
+    );
+    let out = build(&[]);
+    let err = stderr_of(&out);
+    assert!(
+        !out.status.success(),
+        "a changed build was skipped: {}",
+        stdout_of(&out)
+    );
+    assert!(
+        err.contains("lib/libnccl.so.2.27.5 changed") && err.contains("--force"),
+        "{err}"
+    );
+    let out = build(&["--force"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let out = env
+        .build("8.6", &["--source", tree.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        stdout_of(&out).contains("Already built"),
+        "{}",
+        stdout_of(&out)
+    );
+}

@@ -95,6 +95,32 @@ pub struct BuildFailed {
     pub tail: Vec<String>,
 }
 
+/// What a build of the same plan that would be skipped has become since it was sealed:
+/// every byte read against its manifest's record, as `fdl nccl verify` reads it, so a
+/// changed build is never "nothing to do". `None` when it is as sealed (or its manifest,
+/// from an fdl before the record, has none to read against).
+pub(crate) fn changed_since_sealed(
+    name: &str,
+    dir: &std::path::Path,
+    m: &crate::nccl::store::Manifest,
+) -> Result<Option<String>> {
+    let Some(recorded) = &m.files else {
+        return Ok(None);
+    };
+    let c = crate::nccl::files::compare(dir, recorded)?;
+    if c.changes.is_empty() {
+        return Ok(None);
+    }
+    let shown: Vec<&str> = c.changes.iter().take(3).map(String::as_str).collect();
+    let more = c.changes.len() - shown.len();
+    Ok(Some(format!(
+        "{} holds a build of the same plan, but it changed since it was sealed: {}{}. Rebuild it with --force and the same flags (`fdl nccl verify {name}` shows every change)",
+        crate::text::shown(dir),
+        shown.join("; "),
+        if more > 0 { format!("; and {more} more") } else { String::new() },
+    )))
+}
+
 /// Runs the plan: takes the target's lock, compares with what is installed, builds into
 /// staging, checks, seals and commits. Any error before the commit leaves the store
 /// exactly as it was; the log of a failed build is kept in the cache and named.
@@ -118,6 +144,9 @@ pub fn execute(
     let existing = store.existing(&plan.name)?;
     if let Some(Existing::Build(m)) = &existing {
         if !opts.force && plan.differences(&m.plan).is_empty() {
+            if let Some(why) = changed_since_sealed(&plan.name, &dir, m)? {
+                bail!("{why}");
+            }
             return Ok(Outcome::AlreadyBuilt {
                 manifest: m.clone(),
                 dir,

@@ -146,7 +146,14 @@ pub fn prepare(
             Some(why) => plan.problems.push(why),
             None => {
                 if let Some(Existing::Build(m)) = &existing {
-                    if !req.force && plan.differences(&m.plan).is_empty() {
+                    let same = !req.force && plan.differences(&m.plan).is_empty();
+                    if let Some(why) = same
+                        .then(|| execute::changed_since_sealed(&plan.name, &dir, m))
+                        .transpose()?
+                        .flatten()
+                    {
+                        plan.problems.push(why);
+                    } else if same {
                         plan.warnings.push(format!(
                             "{} already holds a build from this plan ({}): a real run does nothing (--force rebuilds it)",
                             dir.display(),
