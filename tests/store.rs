@@ -629,7 +629,14 @@ fn gc_keeps_what_projects_use_and_asks_first() {
     assert!(text(&out.stderr).contains("not a store key"));
     let out = store(&["remove", "0123456789abcdef0123"]);
     assert!(!out.status.success());
+    // An entry a project build uses is removed only when asked to: without a terminal
+    // to ask on, --yes.
     let out = store(&["remove", &used[..8]]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("used by") && err.contains("--yes"), "{err}");
+    assert_eq!(m.entries(), vec![used.clone()]);
+    let out = store(&["remove", &used[..8], "--yes"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(m.entries().is_empty());
     // Project a's build is untouched by the removal of the entry it came from.

@@ -19,13 +19,16 @@ pub enum StoreCommand {
     },
     /// Remove an entry (a project that uses it keeps its build; its next build of that
     /// key compiles again)
-    #[command(after_help = "Example:\n  fdl store remove 3f9a1c")]
+    #[command(after_help = "Example:\n  fdl store remove 3f9a1c --yes")]
     Remove {
         /// The entry's key, or a prefix of it that names one entry
         key: String,
         /// Fail instead of waiting when a build holds the entry
         #[arg(long)]
         no_wait: bool,
+        /// Do not ask for confirmation when project builds use the entry
+        #[arg(long)]
+        yes: bool,
     },
     /// Remove every entry no project build uses
     #[command(after_help = "Example:\n  fdl store gc --yes")]
@@ -46,11 +49,30 @@ pub fn run(cmd: StoreCommand) -> Result<()> {
     let cache = crate::cache::cache_dir()?;
     match cmd {
         StoreCommand::List { json } => list(&Store::at(&cache)?, json),
-        StoreCommand::Remove { key, no_wait } => {
+        StoreCommand::Remove { key, no_wait, yes } => {
             let store = Store::at(&cache)?;
             let key = store.resolve(&key)?;
             let wait = if no_wait { Wait::No } else { Wait::Yes };
             let lock = store.lock(&key, wait, &|msg| crate::eprintln_safe!("{msg}"))?;
+            // Asked as `store gc` and `nccl remove` ask: an entry project builds use is
+            // removed only after --yes or a prompt (they keep their builds either way).
+            let users = store.prune_users(&lock, &key)?;
+            if !users.is_empty() && !yes {
+                for u in &users {
+                    crate::eprintln_safe!("  used by  {}", clean(&u.path().display().to_string()));
+                }
+                let question = format!(
+                    "Remove store entry {}, which {} project build{} use{}? They keep their builds; their next build of this plan compiles again",
+                    key.short(),
+                    users.len(),
+                    if users.len() == 1 { "" } else { "s" },
+                    if users.len() == 1 { "s" } else { "" }
+                );
+                if !super::common::confirm(&question)? {
+                    crate::eprintln_safe!("Nothing was removed.");
+                    return Ok(());
+                }
+            }
             store.remove(&lock, &key)?;
             outln!("Removed store entry {key}");
             Ok(())
