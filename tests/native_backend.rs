@@ -1276,17 +1276,21 @@ fn words(line: &str) -> Vec<String> {
 fn a_dry_run_says_whether_the_source_is_cloned_yet() {
     let env = Env::new();
     let repo = env.repo();
-    let dry = || {
-        let out = env
-            .build("8.6", &["--dry-run"])
+    let dry_run = || {
+        env.build("8.6", &["--dry-run"])
             .env("FDL_NCCL_REPO", &repo)
             .output()
-            .unwrap();
-        stdout_of(&out)
+            .unwrap()
     };
+    let dry = || stdout_of(&dry_run());
     let text = dry();
     assert!(text.contains("(to be cloned into "), "{text}");
     assert!(!text.contains("already cloned"), "{text}");
+    // Nothing checked the tag yet, and the plan says so: fdl keeps no list of releases.
+    assert!(
+        text.contains(&format!("the tag {TAG} was not checked against a source")),
+        "{text}"
+    );
     env.build("8.6", &["--quiet"])
         .env("FDL_NCCL_REPO", &repo)
         .assert()
@@ -1296,6 +1300,18 @@ fn a_dry_run_says_whether_the_source_is_cloned_yet() {
     assert!(
         text.contains("already holds a build from this plan"),
         "{text}"
+    );
+    assert!(!text.contains("was not checked against a source"), "{text}");
+    // The clone is read: one that holds another release is a problem of the plan.
+    let mk = env.src_cache().join("makefiles/version.mk");
+    let was = std::fs::read_to_string(&mk).unwrap();
+    std::fs::write(&mk, was.replace("NCCL_MINOR   := 27", "NCCL_MINOR   := 26")).unwrap();
+    let out = dry_run();
+    assert_eq!(out.status.code(), Some(1), "{}", stdout_of(&out));
+    assert!(
+        stdout_of(&out).contains("is NCCL 2.26.5"),
+        "{}",
+        stdout_of(&out)
     );
 }
 

@@ -12,7 +12,8 @@ mod source;
 mod toolchain;
 
 pub use source::{
-    check_source_dir, ensure_clone, parse_version_mk, repo_key, source_for, NCCL_REPO, REPO_ENV,
+    check_source_dir, ensure_clone, parse_version_mk, repo_key, source_for, tree_version,
+    NCCL_REPO, REPO_ENV,
 };
 pub use toolchain::{discover, parse_gpu_archs, parse_nvcc_version, ToolchainReport};
 

@@ -138,6 +138,11 @@ pub fn prepare(
         }
     }
     if req.dry_run {
+        match tag_check(&plan) {
+            TagCheck::Checked => {}
+            TagCheck::Unchecked(note) => plan.warnings.push(note),
+            TagCheck::Mismatch(why) => plan.problems.push(why),
+        }
         // What the build checks first under its lock, checked here without one.
         let builds = BuildStore::new(project.nccl_builds_dir());
         let existing = builds.existing(&plan.name)?;
@@ -175,6 +180,64 @@ pub fn prepare(
         request: req.clone(),
         builds_dir: project.nccl_builds_dir(),
     })
+}
+
+/// What a dry run could check of the tag against a source.
+enum TagCheck {
+    /// A `--source` tree's `version.mk` (checked when the plan was made), or fdl's clone.
+    Checked,
+    /// No tree of the tag is here yet, and fdl keeps no list of NCCL's releases.
+    Unchecked(String),
+    /// fdl's clone of the tag holds another release.
+    Mismatch(String),
+}
+
+/// Reads what a dry run can of the tag's source: a clone already in fdl's cache is read
+/// here; a clone not made yet leaves the tag unchecked, which is said.
+fn tag_check(plan: &BuildPlan) -> TagCheck {
+    use crate::nccl::plan::{BackendPlan, DockerSource, NativeSource};
+    let clone = match &plan.backend {
+        BackendPlan::Native(n) => match &n.source {
+            NativeSource::Clone { repo, cache_dir } => Some((repo.clone(), cache_dir.clone())),
+            NativeSource::Dir { .. } => None,
+        },
+        BackendPlan::Docker(d) => match &d.source {
+            DockerSource::Clone => crate::cache::cache_dir()
+                .ok()
+                .and_then(|cache| native::source_for(None, &plan.tag, &cache).ok())
+                .and_then(|s| match s {
+                    NativeSource::Clone { repo, cache_dir } => Some((repo, cache_dir)),
+                    NativeSource::Dir { .. } => None,
+                }),
+            DockerSource::Context { .. } => None,
+        },
+    };
+    let Some((repo, cache_dir)) = clone else {
+        return TagCheck::Checked;
+    };
+    if std::fs::symlink_metadata(&cache_dir).is_ok() {
+        let want = plan.tag.version();
+        return match native::tree_version(&cache_dir) {
+            Ok(v)
+                if want
+                    .as_ref()
+                    .is_some_and(|w| (w.major, w.minor, w.patch) != (v.major, v.minor, v.patch)) =>
+            {
+                TagCheck::Mismatch(format!(
+                    "fdl's clone of {} in {} is NCCL {v}: remove that directory, and the build clones the tag again",
+                    plan.tag,
+                    crate::text::shown(&cache_dir),
+                ))
+            }
+            // A damaged clone is found and replaced by the build itself.
+            _ => TagCheck::Checked,
+        };
+    }
+    TagCheck::Unchecked(format!(
+        "the tag {} was not checked against a source: it is not cloned here yet, and fdl keeps no list of NCCL's releases; the build fetches it from {} (a tag that does not exist fails there). Give --source DIR with an NCCL tree to check it now",
+        plan.tag,
+        crate::text::clean(&repo)
+    ))
 }
 
 /// The plan's CUDA against this host's driver, by the one rule `cluster status` uses
