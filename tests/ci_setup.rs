@@ -85,7 +85,7 @@ fn the_readme_test_command_sets_the_machine_up() {
     let readme = std::fs::read_to_string(Path::new(REPO).join("README.md")).unwrap();
     assert!(
         readme.contains(
-            "Run the tests:\n\n```sh\nsource .ci/setup && cargo test -- --include-ignored\n```"
+            "Run the tests:\n\n```bash\nsource .ci/setup && cargo test --no-fail-fast -- --include-ignored\n```"
         ),
         "README's test command changed: update .ci/setup's header and this test"
     );

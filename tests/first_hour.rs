@@ -10,7 +10,8 @@ use common::*;
 use std::path::Path;
 use std::process::Command;
 
-/// The first line of the ```sh block after the README line that starts with `head`.
+/// The first line of the ```sh (or ```bash) block after the README line that starts
+/// with `head`.
 fn readme_command(head: &str) -> String {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
@@ -19,7 +20,7 @@ fn readme_command(head: &str) -> String {
         lines.next().is_some(),
         "README.md has no line starting {head:?}"
     );
-    let mut lines = lines.skip_while(|l| *l != "```sh");
+    let mut lines = lines.skip_while(|l| *l != "```sh" && *l != "```bash");
     lines.next();
     lines
         .next()
