@@ -330,3 +330,53 @@ fn every_schema_file_is_in_the_table() {
         );
     }
 }
+
+/// `--json` is one object on stdout whatever the answer: `nccl plugins` on a library
+/// whose NCCL fdl cannot name (a DT_NEEDED that is nowhere) prints its `unknown` object,
+/// valid against the schema, and exits 3.
+#[test]
+fn plugins_json_says_unknown_as_an_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = dir.path().join("libgone.so");
+    compile_shared(
+        "int fdl_gone(void) { return 0; }\n",
+        &gone,
+        &["-Wl,-soname,libgone.so"],
+    );
+    let lib = dir.path().join("libtorch_cuda.so");
+    compile_shared(
+        "int ncclGetVersion(int *);\nint f(void) { int v; return ncclGetVersion(&v); }\n",
+        &lib,
+        &[
+            "-Wl,--no-as-needed,--unresolved-symbols=ignore-all",
+            &gone.display().to_string(),
+        ],
+    );
+    std::fs::remove_file(&gone).unwrap();
+    let out = fdl()
+        .args(["nccl", "plugins", "--json"])
+        .arg(&lib)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {:?}", out.stdout));
+    assert!(v["unknown"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/schemas/nccl-plugins.schema.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let errors = common::schema::validate(&schema, &v);
+    assert!(errors.is_empty(), "{errors:?}\n{v}");
+}

@@ -681,15 +681,24 @@ pub(super) fn plugins_cmd(project: &Project, path: Option<&Path>, json_out: bool
     let env = LoaderEnv::from_process();
     let w = loader::which_nccl_as(&lib, &env, None, kind)?;
     let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
-    let p = loader::plugins::plugins(&w, &env, &var)
-        .map_err(|why| anyhow::Error::from(super::common::Undecided(why)))?;
+    let witness = json!({
+        "asked": false,
+        "none": "the host loader's trace covers a process's startup; NCCL opens plugins later, at communicator init, so this dlopen is fdl's model alone",
+    });
+    let p = match loader::plugins::plugins(&w, &env, &var) {
+        Ok(p) => p,
+        Err(why) => {
+            // `--json` is one object on stdout whatever the answer: the unknown one too.
+            if json_out {
+                print_json(&json!({ "library": lib, "unknown": why, "witness": witness }));
+            }
+            return Err(super::common::Undecided(why).into());
+        }
+    };
     if json_out {
         let mut v = serde_json::to_value(&p).unwrap_or_default();
         v["library"] = json!(lib);
-        v["witness"] = json!({
-            "asked": false,
-            "none": "the host loader's trace covers a process's startup; NCCL opens plugins later, at communicator init, so this dlopen is fdl's model alone",
-        });
+        v["witness"] = witness;
         print_json(&v);
         return Ok(());
     }
