@@ -1,4 +1,3 @@
-use clap::Parser;
 use fdl::text::{paint_err, Color};
 use std::process::ExitCode;
 
@@ -9,7 +8,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = fdl::cli::Cli::parse();
+    let cli = fdl::cli::parse();
     fdl::process::install_interrupt_handler();
     let result = fdl::cli::run(cli);
     // Output that could not be written (`> /dev/full`) is a failure of the command, said

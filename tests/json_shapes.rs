@@ -380,3 +380,35 @@ fn plugins_json_says_unknown_as_an_object() {
     let errors = common::schema::validate(&schema, &v);
     assert!(errors.is_empty(), "{errors:?}\n{v}");
 }
+
+/// A usage error of a command that asked for JSON is one `{"error": …}` object on stdout
+/// too (clap still says it on stderr), exit 2; without --json, stdout stays empty.
+#[test]
+fn a_usage_error_under_json_is_a_json_error() {
+    for args in [
+        &["inspect", "--json"][..],
+        &["nccl", "env", "--format", "json", "--bogus"],
+        &["nccl", "verify", "--json", "--no-such-flag"],
+    ] {
+        let out = fdl().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: not one JSON object ({e})"));
+        assert!(
+            v["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{args:?}: {v}"
+        );
+        assert_eq!(v["schema"], 1, "{args:?}");
+        assert!(!String::from_utf8_lossy(&out.stderr).is_empty(), "{args:?}");
+    }
+    let out = fdl().args(["inspect"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    // Help is help, whatever else is there.
+    let out = fdl()
+        .args(["inspect", "--json", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(serde_json::from_slice::<Value>(&out.stdout).is_err());
+}

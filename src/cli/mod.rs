@@ -256,6 +256,42 @@ impl Command {
     }
 }
 
+/// The command line, parsed. A usage error of a command that asked for JSON (`--json`,
+/// `--format json`) is also one `{"error": …}` object on stdout, as every other error
+/// of such a command is, before clap says it on stderr and exits 2; help and version
+/// print as clap prints them.
+pub fn parse() -> Cli {
+    use clap::Parser;
+    match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let asks_json = || {
+                let args: Vec<String> = std::env::args().skip(1).collect();
+                args.iter().any(|a| a == "--json" || a == "--format=json")
+                    || args
+                        .windows(2)
+                        .any(|w| w[0] == "--format" && w[1] == "json")
+            };
+            let shown = !matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+            if shown && asks_json() {
+                // clap's message on one line: its lines joined, the blank ones left out.
+                let text = e.render().to_string();
+                let text = text
+                    .trim_start_matches("error: ")
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                print_json(&serde_json::json!({ "error": text }));
+                let _ = finish_stdout();
+            }
+            e.exit()
+        }
+    }
+}
+
 pub fn run(cli: Cli) -> Result<()> {
     let project = Project::from_process(cli.root.as_deref())?;
     let uses_project = matches!(
