@@ -367,6 +367,8 @@ impl Serialize for GpuTarget {
 #[derive(Debug, Clone, Copy)]
 pub struct ArchSupport {
     pub arch: Arch,
+    /// NVIDIA's name for the architecture generation (Pascal, Blackwell), for messages.
+    pub generation: &'static str,
     /// Example GPUs, for messages.
     pub example: &'static str,
     /// First CUDA release whose nvcc targets this arch.
@@ -378,12 +380,14 @@ pub struct ArchSupport {
 const fn row(
     major: u32,
     minor: u32,
+    generation: &'static str,
     example: &'static str,
     since: (u32, u32),
     until: Option<(u32, u32)>,
 ) -> ArchSupport {
     ArchSupport {
         arch: Arch::new(major, minor),
+        generation,
         example,
         since,
         until,
@@ -398,38 +402,56 @@ const fn row(
 /// Maxwell, Pascal and Volta (sm_50..sm_72), renamed Thor's sm_101 to sm_110 and added
 /// sm_88 (as `nvcc --list-gpu-arch` of 13.0.88 lists it).
 pub const ARCH_TABLE: &[ArchSupport] = &[
-    row(3, 0, "GTX 680", (6, 0), Some((10, 2))),
-    row(3, 2, "Jetson TK1", (6, 0), Some((10, 2))),
-    row(3, 5, "Tesla K20/K40", (5, 0), Some((11, 8))),
-    row(3, 7, "Tesla K80", (6, 5), Some((11, 8))),
-    row(5, 0, "GTX 750", (6, 0), Some((12, 9))),
-    row(5, 2, "GTX 980, Titan X", (6, 5), Some((12, 9))),
-    row(5, 3, "Jetson Nano", (7, 0), Some((12, 9))),
-    row(6, 0, "Tesla P100", (8, 0), Some((12, 9))),
-    row(6, 1, "GTX 1060/1080, P40", (8, 0), Some((12, 9))),
-    row(6, 2, "Jetson TX2", (8, 0), Some((12, 9))),
-    row(7, 0, "Tesla V100", (9, 0), Some((12, 9))),
-    row(7, 2, "Jetson Xavier", (10, 0), Some((12, 9))),
-    row(7, 5, "RTX 2080, T4", (10, 0), None),
-    row(8, 0, "A100", (11, 0), None),
-    row(8, 6, "RTX 3090, A40", (11, 1), None),
-    row(8, 7, "Jetson Orin", (11, 4), None),
-    row(8, 8, "sm_88, first offered by nvcc 13.0", (13, 0), None),
-    row(8, 9, "RTX 4090, L40", (11, 8), None),
-    row(9, 0, "H100, H200", (11, 8), None),
-    row(10, 0, "B200", (12, 8), None),
+    row(3, 0, "Kepler", "GTX 680", (6, 0), Some((10, 2))),
+    row(3, 2, "Kepler", "Jetson TK1", (6, 0), Some((10, 2))),
+    row(3, 5, "Kepler", "Tesla K20/K40", (5, 0), Some((11, 8))),
+    row(3, 7, "Kepler", "Tesla K80", (6, 5), Some((11, 8))),
+    row(5, 0, "Maxwell", "GTX 750", (6, 0), Some((12, 9))),
+    row(5, 2, "Maxwell", "GTX 980, Titan X", (6, 5), Some((12, 9))),
+    row(5, 3, "Maxwell", "Jetson Nano", (7, 0), Some((12, 9))),
+    row(6, 0, "Pascal", "Tesla P100", (8, 0), Some((12, 9))),
+    row(6, 1, "Pascal", "GTX 1060/1080, P40", (8, 0), Some((12, 9))),
+    row(6, 2, "Pascal", "Jetson TX2", (8, 0), Some((12, 9))),
+    row(7, 0, "Volta", "Tesla V100", (9, 0), Some((12, 9))),
+    row(7, 2, "Volta", "Jetson Xavier", (10, 0), Some((12, 9))),
+    row(7, 5, "Turing", "RTX 2080, T4", (10, 0), None),
+    row(8, 0, "Ampere", "A100", (11, 0), None),
+    row(8, 6, "Ampere", "RTX 3090, A40", (11, 1), None),
+    row(8, 7, "Ampere", "Jetson Orin", (11, 4), None),
+    row(
+        8,
+        8,
+        "Ampere",
+        "sm_88, first offered by nvcc 13.0",
+        (13, 0),
+        None,
+    ),
+    row(8, 9, "Ada Lovelace", "RTX 4090, L40", (11, 8), None),
+    row(9, 0, "Hopper", "H100, H200", (11, 8), None),
+    row(10, 0, "Blackwell", "B200", (12, 8), None),
     row(
         10,
         1,
+        "Blackwell",
         "Jetson Thor (pre-13.0 numbering)",
         (12, 8),
         Some((12, 9)),
     ),
-    row(10, 3, "B300", (12, 9), None),
-    row(11, 0, "Jetson Thor", (13, 0), None),
-    row(12, 0, "RTX 5090, RTX 5060 Ti", (12, 8), None),
-    row(12, 1, "DGX Spark", (12, 9), None),
+    row(10, 3, "Blackwell", "B300", (12, 9), None),
+    row(11, 0, "Blackwell", "Jetson Thor", (13, 0), None),
+    row(12, 0, "Blackwell", "RTX 5090, RTX 5060 Ti", (12, 8), None),
+    row(12, 1, "Blackwell", "DGX Spark", (12, 9), None),
 ];
+
+/// NVIDIA's generation name of `arch` from [`ARCH_TABLE`] (an arch the table lacks takes
+/// the name of the table's row of the same major, where there is one).
+pub fn generation(arch: &Arch) -> Option<&'static str> {
+    ARCH_TABLE
+        .iter()
+        .find(|r| r.arch == *arch)
+        .or_else(|| ARCH_TABLE.iter().find(|r| r.arch.major == arch.major))
+        .map(|r| r.generation)
+}
 
 fn fmt_mm((a, b): (u32, u32)) -> String {
     format!("{a}.{b}")
@@ -825,6 +847,23 @@ mod tests {
     }
 
     /// `f`: this major, minor at least as high — for SASS and PTX.
+    #[test]
+    fn generations_are_named_from_the_table() {
+        let g = |s: &str| {
+            let n: u32 = s.trim_start_matches("sm_").parse().unwrap();
+            generation(&Arch::new(n / 10, n % 10))
+        };
+        assert_eq!(g("sm_50"), Some("Maxwell"));
+        assert_eq!(g("sm_61"), Some("Pascal"));
+        assert_eq!(g("sm_75"), Some("Turing"));
+        assert_eq!(g("sm_89"), Some("Ada Lovelace"));
+        assert_eq!(g("sm_120"), Some("Blackwell"));
+        // Not in the table, a major that is: that row's name; another major: none.
+        assert_eq!(g("sm_124"), Some("Blackwell"));
+        assert_eq!(g("sm_130"), None);
+        assert!(ARCH_TABLE.iter().all(|r| !r.generation.is_empty()));
+    }
+
     #[test]
     fn coverage_rule_family() {
         let sm100f = t("sm_100f");

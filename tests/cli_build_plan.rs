@@ -1225,3 +1225,31 @@ fn a_project_path_holding_dollars_still_infers_its_tag() {
     assert_eq!(plan["tag_origin"]["from"], "libtorch", "{plan}");
     assert_eq!(plan["cuda"], "12.9", "{plan}");
 }
+
+/// The default CUDA's reason names the generations of the plan's oldest and newest arch
+/// from the arch table: sm_50 is Maxwell, not Pascal.
+#[test]
+fn the_default_cudas_reason_names_generations_from_the_arch_table() {
+    let p = ProjectFixture::empty();
+    for (archs, want, not) in [
+        ("5.0;12.0", "compiles both Maxwell and Blackwell", "Pascal"),
+        ("6.1;12.0", "compiles both Pascal and Blackwell", "Maxwell"),
+    ] {
+        let out = fdl()
+            .arg("--root")
+            .arg(p.root())
+            .args(["nccl", "build", "--tag", "v2.27.5-1", "--archs", archs])
+            .args(["--backend", "docker", "--dry-run"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("CUDA "))
+            .unwrap_or_else(|| panic!("{archs}: no CUDA row in {text}"));
+        assert!(
+            line.contains(want) && !line.contains(not),
+            "{archs}: {line}"
+        );
+    }
+}

@@ -104,19 +104,27 @@ fn default_cuda_reason(plan: &BuildPlan) -> String {
             Some(crate::arch::check_archs_for_cuda(&plan.archs, plan.cuda).is_ok())
         }
     };
-    let pascal = plan.archs.iter().any(|a| a.major < 7);
-    let blackwell = plan.archs.iter().any(|a| a.major >= 10);
-    match compiles {
-        Some(true) if pascal && blackwell => format!(
-            "fdl's default: it compiles every arch of this plan ({}), being the oldest CUDA that compiles both Pascal and Blackwell",
+    // The generations of the plan's oldest and newest arch, named from the arch table,
+    // when they are far apart (one the newest CUDA dropped, one only a recent CUDA has).
+    let oldest = plan.archs.iter().min();
+    let newest = plan.archs.iter().max();
+    let span = match (oldest, newest) {
+        (Some(o), Some(n)) if o.major < 7 && n.major >= 10 => crate::arch::generation(o)
+            .zip(crate::arch::generation(n))
+            .filter(|(a, b)| a != b),
+        _ => None,
+    };
+    match (compiles, span) {
+        (Some(true), Some((old, new))) => format!(
+            "fdl's default: it compiles every arch of this plan ({}), being the oldest CUDA that compiles both {old} and {new}",
             crate::arch::archs_text(&plan.archs)
         ),
-        Some(true) => format!(
+        (Some(true), None) => format!(
             "fdl's default: it compiles every arch of this plan ({})",
             crate::arch::archs_text(&plan.archs)
         ),
-        Some(false) => "fdl's default; it cannot compile every arch of this plan: see the problems".to_string(),
-        None => "fdl's default".to_string(),
+        (Some(false), _) => "fdl's default; it cannot compile every arch of this plan: see the problems".to_string(),
+        (None, _) => "fdl's default".to_string(),
     }
 }
 
