@@ -218,23 +218,23 @@ pub enum DriverCheck {
 }
 
 impl DriverCheck {
-    /// `what` names the code ("the plan", "build v2.28.9-sm120"), `built` its CUDA.
+    /// `host` names whose driver it is ("this host", a worker), `what` the code ("the
+    /// plan", "build v2.28.9-sm120"), `built` its CUDA.
     pub fn of<E: std::fmt::Display>(
+        host: &str,
         driver: &Result<Driver, E>,
         built: CudaVersion,
         what: &str,
     ) -> DriverCheck {
         let d = match driver {
             Ok(d) => d,
-            Err(e) => {
-                return DriverCheck::Unknown(format!(
-                    "this host's driver could not be checked against the CUDA {built} {what} needs: {e}"
-                ))
-            }
+            Err(e) => return DriverCheck::Unknown(format!(
+                "{host}'s driver could not be checked against the CUDA {built} {what} needs: {e}"
+            )),
         };
         let Some(runs) = d.cuda else {
             return DriverCheck::Unknown(format!(
-                "nvidia-smi names no CUDA version for driver {}, so it could not be checked against the CUDA {built} {what} needs",
+                "nvidia-smi names no CUDA version for {host}'s driver {}, so it could not be checked against the CUDA {built} {what} needs",
                 d.version
             ));
         };
@@ -248,7 +248,7 @@ impl DriverCheck {
                 d.version
             )),
             DriverFit::No => DriverCheck::TooOld(format!(
-                "this host's driver {} runs CUDA up to {runs}, but {what} needs CUDA {built}: update the driver",
+                "{host}'s driver {} runs CUDA up to {runs}, but {what} needs CUDA {built}: update the driver",
                 d.version
             )),
         }

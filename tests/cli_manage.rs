@@ -623,7 +623,10 @@ fn env_takes_a_build_that_covers_this_hosts_gpus_or_says_why_not() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("was not checked"), "{err}");
+    assert!(err.contains("were not checked"), "{err}");
+    // Said once, in one sentence: the GPUs and the driver fail to be read alike.
+    assert_eq!(err.matches("Install the NVIDIA driver").count(), 1, "{err}");
+    assert!(!err.contains("this host: this host"), "{err}");
 }
 
 /// Two `fdl store gc --yes` at once: one gc at a time holds the store, so the second

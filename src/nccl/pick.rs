@@ -157,6 +157,13 @@ fn judge(name: &str, manifest: &Manifest, code: &Result<GpuCode>, hosts: &[Host]
                     }
                 }
             }
+            // One sentence when the driver could not be read for the same reason (no
+            // nvidia-smi): the driver's own check below is then left unsaid.
+            (Err(why), _) if h.driver.as_ref().err() == Some(why) => j.notes.push(format!(
+                "whether {name} has code for {host}'s GPUs, and whether {host}'s driver runs its CUDA {}, were not checked: {why}",
+                manifest.plan.cuda,
+                host = h.name
+            )),
             (Err(why), _) => j.notes.push(format!(
                 "whether {name} has code for {}'s GPUs was not checked: {why}",
                 h.name
@@ -164,11 +171,13 @@ fn judge(name: &str, manifest: &Manifest, code: &Result<GpuCode>, hosts: &[Host]
             (_, Err(e)) => j.lacks.push(format!("a readable library ({e:#})")),
         }
         let built = manifest.plan.cuda;
-        match DriverCheck::of(&h.driver, built, &format!("build {name}")) {
+        let said = matches!((&h.gpus, &h.driver), (Err(g), Err(d)) if g == d);
+        match DriverCheck::of(&h.name, &h.driver, built, &format!("build {name}")) {
             DriverCheck::Runs(_) => {}
-            DriverCheck::MinorCompat(why) | DriverCheck::Unknown(why) => {
-                j.notes.push(format!("{}: {why}", h.name))
-            }
+            DriverCheck::Unknown(_) if said => {}
+            // The sentence names the host.
+            DriverCheck::Unknown(why) => j.notes.push(why),
+            DriverCheck::MinorCompat(why) => j.notes.push(format!("{}: {why}", h.name)),
             DriverCheck::TooOld(why) => {
                 j.lacks
                     .push(format!("a driver on {} that runs it ({why})", h.name));

@@ -296,7 +296,7 @@ fn driver_verdict(
     plan: &BuildPlan,
 ) -> Check {
     let cuda = ins.nccl.as_ref().map_or(plan.cuda, |n| n.cuda);
-    let check = DriverCheck::of(driver, cuda, "the build");
+    let check = DriverCheck::of("this host", driver, cuda, "the build");
     let status = match &check {
         DriverCheck::Runs(_) => Status::Pass,
         DriverCheck::MinorCompat(_) => Status::Warn,

@@ -251,7 +251,7 @@ fn driver_check(
     allow: bool,
 ) {
     use crate::gpu::DriverCheck;
-    let check = DriverCheck::of(driver, plan.cuda, "the plan");
+    let check = DriverCheck::of("this host", driver, plan.cuda, "the plan");
     match check {
         DriverCheck::Runs(_) => {}
         DriverCheck::MinorCompat(why) | DriverCheck::Unknown(why) => plan.warnings.push(why),
