@@ -228,9 +228,11 @@ impl DriverCheck {
     ) -> DriverCheck {
         let d = match driver {
             Ok(d) => d,
-            Err(e) => return DriverCheck::Unknown(format!(
+            Err(e) => {
+                return DriverCheck::Unknown(format!(
                 "{host}'s driver could not be checked against the CUDA {built} {what} needs: {e}"
-            )),
+            ))
+            }
         };
         let Some(runs) = d.cuda else {
             return DriverCheck::Unknown(format!(

@@ -33,8 +33,18 @@ pub const EMBEDDED_DOCKERFILE: &str = include_str!("Dockerfile");
 pub enum DockerError {
     #[error("the docker command was not found on PATH. Install Docker (docker.io or docker-ce), or run on a host that has it")]
     NoCommand,
-    #[error("the Docker daemon is not reachable: {0}. Start it (e.g. `sudo systemctl start docker`), check DOCKER_HOST, or add your user to the docker group")]
+    #[error("the Docker daemon is not reachable: {}{} Start it (e.g. `sudo systemctl start docker`), check DOCKER_HOST, or add your user to the docker group", .0, end_of(.0))]
     DaemonUnreachable(String),
+}
+
+/// The stop after a quoted sentence: none where it ends with one already (docker's own
+/// "Is the docker daemon running?").
+fn end_of(sentence: &str) -> &'static str {
+    if sentence.trim_end().ends_with(['.', '?', '!']) {
+        ""
+    } else {
+        "."
+    }
 }
 
 /// A reachable Docker engine and how to drive it.
@@ -1378,6 +1388,16 @@ fn store_identity(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quoted_question_is_not_followed_by_a_stop() {
+        let e = DockerError::DaemonUnreachable(
+            "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?".into(),
+        );
+        assert!(e.to_string().contains("running? Start it"), "{e}");
+        let e = DockerError::DaemonUnreachable("no answer".into());
+        assert!(e.to_string().contains("no answer. Start it"), "{e}");
+    }
     use crate::arch::Arch;
     use crate::nccl::plan::{
         ArchOrigin, BackendInputs, BackendPlan, BuildPlan, PlanInputs, TagOrigin,
