@@ -547,6 +547,17 @@ fn names_each_missing_tool() {
         err.contains("nvcc: not found") && err.contains("--cuda-home"),
         "{err}"
     );
+    // The wheels it names are the set that compiles NCCL (the set .ci/fetch-oracles
+    // unpacks for the real native build), never nvcc's alone.
+    for wheel in [
+        "nvidia-cuda-nvcc",
+        "nvidia-cuda-runtime",
+        "nvidia-cuda-crt",
+        "nvidia-nvvm",
+        "nvidia-cuda-cccl",
+    ] {
+        assert!(err.contains(wheel), "{wheel}: {err}");
+    }
 
     // A --cuda-home without nvcc is named as such.
     let out = env

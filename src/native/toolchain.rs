@@ -215,7 +215,7 @@ fn find_toolkit(env: &HostEnv, flag: Option<&Path>) -> Result<Toolkit, String> {
             .ok_or_else(|| format!("nvcc: {} is not inside a toolkit", real.display()))?;
         (home, real)
     } else {
-        return Err("nvcc: not found. Pass --cuda-home DIR (a CUDA toolkit, with DIR/bin/nvcc), set CUDA_HOME, or put nvcc on PATH; NVIDIA's CUDA installer or `pip install nvidia-cuda-nvcc` provide one".to_string());
+        return Err("nvcc: not found. Pass --cuda-home DIR (a CUDA toolkit, with DIR/bin/nvcc), set CUDA_HOME, or put nvcc on PATH; NVIDIA's CUDA installer provides one, and so does `pip install nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cuda-crt nvidia-nvvm nvidia-cuda-cccl` (all five: nvcc alone compiles no NCCL; CUDA_HOME is then site-packages/nvidia/cu13)".to_string());
     };
     let version_text = ask(&nvcc, "--version", &format!("{} --version", nvcc.display()))
         .map_err(|e| format!("nvcc: {e:#}. Is {} a working CUDA toolkit?", home.display()))?;
