@@ -229,3 +229,22 @@ fn the_readme_lists_every_command() {
         "neither README.md nor docs/ names {missing:?}"
     );
 }
+
+/// The release binary is what `cargo install` installs and what `cluster ship` copies to
+/// every worker: it carries no debug info (45 MB with line tables, under 8 MB without).
+#[test]
+fn the_release_binary_carries_no_debug_info() {
+    let toml =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).unwrap();
+    let release = toml
+        .split("[profile.release]")
+        .nth(1)
+        .expect("Cargo.toml has a [profile.release]");
+    let release = release.split("\n[").next().unwrap();
+    assert!(
+        release
+            .lines()
+            .any(|l| l.trim() == r#"strip = "debuginfo""# || l.trim() == "strip = true"),
+        "[profile.release] keeps debug info:{release}"
+    );
+}
