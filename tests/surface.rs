@@ -234,8 +234,7 @@ fn the_readme_lists_every_command() {
 /// every worker: it carries no debug info (45 MB with line tables, under 8 MB without).
 #[test]
 fn the_release_binary_carries_no_debug_info() {
-    let toml =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).unwrap();
+    let toml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).unwrap();
     let release = toml
         .split("[profile.release]")
         .nth(1)

@@ -37,6 +37,20 @@ pub enum DockerError {
     DaemonUnreachable(String),
 }
 
+/// Where a cache keeps its volume-name id, beside the volumes' tokens.
+const CACHE_ID: &str = ".cache-id";
+
+/// `N` random bytes from the kernel, as hex; `what` names them for the error.
+fn random_hex<const N: usize>(what: &str) -> Result<String> {
+    let mut bytes = [0u8; N];
+    // SAFETY: fills exactly the buffer given.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        bail!("cannot draw {what}: {}", std::io::Error::last_os_error());
+    }
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// The stop after a quoted sentence: none where it ends with one already (docker's own
 /// "Is the docker daemon running?").
 fn end_of(sentence: &str) -> &'static str {
@@ -722,69 +736,55 @@ impl VolumeMarks {
     /// engine (two users, a CI job, another `XDG_CACHE_HOME`) so never want the same
     /// name; the id proves nothing, the tokens still do.
     fn cache_id(&self) -> Result<String> {
-        use std::io::{Read, Write};
-        let path = self.dir.join(".cache-id");
-        let read = |path: &std::path::Path| -> Option<String> {
-            let f = crate::fsread::open_regular(path, true).ok()?;
+        use std::io::Read;
+        let read = || -> Option<String> {
+            let f = crate::fsread::open_regular(&self.path(CACHE_ID), true).ok()?;
             let mut text = String::new();
             f.take(128).read_to_string(&mut text).ok()?;
             let id = text.trim();
             (id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
         };
-        if let Some(id) = read(&path) {
+        if let Some(id) = read() {
             return Ok(id);
         }
-        let mut bytes = [0u8; 8];
-        // SAFETY: fills exactly the buffer given.
-        let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-        if n != bytes.len() as isize {
-            bail!(
-                "cannot draw a random id for this cache's Docker volumes: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)
-            .with_context(|| format!("cannot write in {}", self.dir.display()))?;
-        tmp.write_all(id.as_bytes())
-            .and_then(|()| tmp.as_file().sync_all())
-            .with_context(|| format!("cannot write in {}", self.dir.display()))?;
+        let id = random_hex::<8>("an id for this cache's Docker volumes")?;
         // Another build of this cache may have drawn one first: the first kept wins.
-        match tmp.persist_noclobber(&path) {
-            Ok(_) => Ok(id),
-            Err(_) => read(&path).with_context(|| {
-                format!(
-                    "{} is not an id fdl wrote: remove it and build again",
-                    path.display()
-                )
-            }),
+        if self.keep(CACHE_ID, &id, true)? {
+            return Ok(id);
         }
+        read().with_context(|| {
+            format!(
+                "{} is not an id fdl wrote: remove it and build again",
+                self.path(CACHE_ID).display()
+            )
+        })
     }
 
     /// A new token for `volume`, kept before the volume is made (a volume made without a
     /// kept token would be no one's); its SHA-256 is what the label carries.
     fn issue(&self, volume: &str) -> Result<String> {
+        let token = random_hex::<32>(&format!("a token for the Docker volume {volume}"))?;
+        self.keep(volume, &token, false)?;
+        Ok(sha256_hex(token.as_bytes()))
+    }
+
+    /// Writes `text` as `name` in the marks directory through a new 0600 file renamed
+    /// over it, so whatever was there is replaced, never written through; with
+    /// `first_wins`, only where nothing is there yet (false: something was).
+    fn keep(&self, name: &str, text: &str, first_wins: bool) -> Result<bool> {
         use std::io::Write;
-        let mut bytes = [0u8; 32];
-        // SAFETY: fills exactly the buffer given.
-        let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-        if n != bytes.len() as isize {
-            bail!(
-                "cannot draw a random token for the Docker volume {volume}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        let token = sha256_hex(&bytes);
-        // A new file (0600) renamed over the name: whatever was there is replaced, never
-        // written through.
         let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)
             .with_context(|| format!("cannot write in {}", self.dir.display()))?;
-        tmp.write_all(token.as_bytes())
+        tmp.write_all(text.as_bytes())
             .and_then(|()| tmp.as_file().sync_all())
             .with_context(|| format!("cannot write in {}", self.dir.display()))?;
-        tmp.persist(self.path(volume))
-            .with_context(|| format!("cannot write {}", self.path(volume).display()))?;
-        Ok(sha256_hex(token.as_bytes()))
+        let to = self.path(name);
+        if first_wins {
+            return Ok(tmp.persist_noclobber(&to).is_ok());
+        }
+        tmp.persist(&to)
+            .with_context(|| format!("cannot write {}", to.display()))?;
+        Ok(true)
     }
 
     /// Whether `labels` (a volume's) carry the digest of the token kept for `volume`.
