@@ -101,8 +101,8 @@ pub enum CallError {
 /// The engine calls of one stretch of fdl's work that share one deadline (see
 /// [`QueryBudget`]); `None` outside one.
 static BUDGET: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
-/// Set by the first call that did not answer in time: an engine that is stuck for one
-/// call is not waited for again by the same fdl, whatever the next call's own limit.
+/// Set by the first question (a call within [`QUERY_LIMIT`]) that did not answer in time:
+/// an engine stuck on one question is not asked another by the same fdl.
 static STUCK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// While alive, every engine call shares one deadline, `total` from the start: a plan
@@ -141,8 +141,8 @@ pub const PLAN_BUDGET: std::time::Duration = QUERY_LIMIT;
 /// [`QueryBudget`] alive) and in output ([`process::OUTPUT_CAP`] per stream), in a
 /// process group that dies with fdl. Every call of the engine that is not a build's own
 /// output goes through here, so none can hang fdl or fill its memory; the error names
-/// the call and the bound it passed. Once a call has not answered in time, later calls
-/// fail at once with that call's error.
+/// the call and the bound it passed. Once a question has not answered in time, later
+/// questions fail at once with its error; changes are still tried.
 fn engine_call(cmd: &mut Command, limit: std::time::Duration) -> Result<std::process::Output> {
     // The call's words up to its first option: `docker image inspect`, `docker info`.
     let what = std::iter::once(cmd.get_program())
@@ -154,7 +154,10 @@ fn engine_call(cmd: &mut Command, limit: std::time::Duration) -> Result<std::pro
         .map(|a| a.to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join(" ");
-    if let Some(first) = STUCK.get() {
+    // Questions only: a change (`rm --force` of a compile's container on the way out,
+    // say) is still tried, within its own limit, whatever an earlier question met.
+    let question = limit <= QUERY_LIMIT;
+    if let Some(first) = STUCK.get().filter(|_| question) {
         return Err(CallError::Stuck {
             what,
             first: first.clone(),
@@ -179,7 +182,9 @@ fn engine_call(cmd: &mut Command, limit: std::time::Duration) -> Result<std::pro
             secs: limit.as_secs_f64().ceil() as u64,
             shared,
         };
-        let _ = STUCK.set(e.to_string());
+        if question {
+            let _ = STUCK.set(e.to_string());
+        }
         Err(e.into())
     };
     if limit.is_zero() {
