@@ -1253,3 +1253,38 @@ fn the_default_cudas_reason_names_generations_from_the_arch_table() {
         );
     }
 }
+
+/// A `--tag` of another release than the active libtorch's NCCL is warned of, with the
+/// tag that matches; the matching tag is not.
+#[test]
+fn a_tag_other_than_the_libtorchs_nccl_is_warned_of() {
+    let p = ProjectFixture::empty()
+        .with_compiled_variant("precompiled/cu128", &nccl_like_source((2, 27, 5), "12.8"))
+        .activate("precompiled/cu128\n");
+    let warned = |tag: &str| -> Vec<String> {
+        let plan = json_plan(
+            &["--tag", tag, "--archs", "8.6", "--backend", "docker"],
+            p.root(),
+        );
+        plan["warnings"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|w| w.as_str())
+                    .filter(|w| w.starts_with("--tag "))
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let w = warned("v2.28.9-1");
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("runs NCCL 2.27.5")
+            && w[0].contains("refuses a communicator")
+            && w[0].ends_with("build --tag v2.27.5-1"),
+        "{}",
+        w[0]
+    );
+    assert!(warned("v2.27.5-1").is_empty());
+}

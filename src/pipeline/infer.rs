@@ -105,7 +105,10 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
     } = flags;
     let mut warnings = Vec::new();
     let (tag, tag_origin, cuda_from_libtorch) = match tag_flag {
-        Some(t) => (t, TagOrigin::Flag, None),
+        Some(t) => {
+            warnings.extend(tag_against_libtorch(src.project, &t));
+            (t, TagOrigin::Flag, None)
+        }
         None => {
             let (tag, origin, cuda, said) = infer_tag(src.project)?;
             warnings.extend(said);
@@ -180,6 +183,38 @@ pub fn left_out(gpus: &[gpu::Gpu], plan: &BuildPlan) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// A `--tag` of another release than the active libtorch's NCCL: preloaded, the build
+/// replaces that NCCL in every process of the libtorch, NCCL refuses a communicator whose
+/// ranks run different versions (patch included, `src/init.cc`), and the libtorch may
+/// call functions the other release lacks. Said, with the tag that matches; nothing is
+/// said where the libtorch's NCCL is not known for certain.
+fn tag_against_libtorch(project: &Project, tag: &Tag) -> Option<String> {
+    let variant = Libtorch::new(project.libtorch_dir()).active().ok()?;
+    let lib = variant.libtorch_cuda();
+    let crate::loader::Bundled::Nccl(found) = crate::loader::bundled_nccl(&lib).ok()? else {
+        return None;
+    };
+    let want = tag.version()?;
+    let have = &found.version;
+    if (want.major, want.minor, want.patch) == (have.major, have.minor, have.patch) {
+        return None;
+    }
+    Some(format!(
+        "--tag {tag} is NCCL {}.{}.{}, but the active libtorch ({}) runs NCCL {}.{}.{}: preloaded into it, this build replaces that NCCL in every process, NCCL refuses a communicator whose ranks run different versions (patch included), and the libtorch may call functions NCCL {}.{}.{} lacks. To match it, build --tag {}",
+        want.major,
+        want.minor,
+        want.patch,
+        crate::text::clean(&variant.name),
+        have.major,
+        have.minor,
+        have.patch,
+        want.major,
+        want.minor,
+        want.patch,
+        Tag::for_release(have)
+    ))
 }
 
 /// A new NCCL does not make training run on a GPU the libtorch itself has no code for
