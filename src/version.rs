@@ -89,6 +89,12 @@ impl NcclVersion {
         }
     }
 
+    /// Whether `other` is the same release (major, minor and patch; the suffix aside):
+    /// what NCCL compares across ranks, and what a tag, a header and a self-id must share.
+    pub fn same_release(&self, other: &NcclVersion) -> bool {
+        (self.major, self.minor, self.patch) == (other.major, other.minor, other.patch)
+    }
+
     /// The integer `ncclGetVersion` returns for this release (NCCL_VERSION_CODE).
     /// NCCL switched encodings at 2.9: before it was `X*1000 + Y*100 + Z`.
     pub fn code(&self) -> u64 {

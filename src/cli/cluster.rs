@@ -263,7 +263,7 @@ impl Common {
                     "--path {} is not an absolute path: name the project's checkout on the nodes, like /home/me/flodl",
                     clean(p)
                 ),
-                None => crate::text::shown(&project.root),
+                None => project.root.display().to_string(),
             };
             return Ok(Reach {
                 workers: s.workers(&self.nodes, &path)?,
@@ -339,7 +339,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             if json {
                 print_json(&json!({ "ld_preload": path }));
             } else {
-                outln!("{}", crate::text::shown(&path));
+                outln!("{}", path.display());
             }
             Ok(())
         }

@@ -259,10 +259,11 @@ pub(super) fn short_reason(w: &Which, reason: &str, failures_below: bool) -> (St
     let mut text = reason.to_string();
     let mut cut = false;
     for f in &w.link_map.failures {
+        // The sentence as the model wrote it (`loader::bind`): a key to find, not output.
         let sentence = format!(
             "{} (needed by {}) cannot be loaded: {}",
             f.needed,
-            crate::text::shown(&f.needed_by),
+            f.needed_by.display(),
             f.reason
         );
         if !text.contains(&sentence) {

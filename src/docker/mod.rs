@@ -1325,31 +1325,27 @@ pub fn prepare(
     let found = check_toolchain(&toolchain.tag, docker)?;
     let volumes = match docker.toolchain_files {
         crate::nccl::plan::ToolchainFiles::Volumes => {
-            let volumes = match toolchain_volumes(engine, &toolchain, &found.dirs, progress)? {
-                Ok(v) => v,
-                Err(why) => {
-                    progress.note(&format!(
-                        "warning: {why}; this build reads the toolchain from the image instead (as with --toolchain-volumes never)"
-                    ));
-                    Vec::new()
+            let (volumes, said) = match toolchain_volumes(engine, &toolchain, &found.dirs, progress)? {
+                Ok(v) if v.is_empty() => (
+                    v,
+                    format!(
+                        "==> toolchain read from the image: {} has none of /{}",
+                        toolchain.tag,
+                        VOLUME_DIRS.join(", /")
+                    ),
+                ),
+                Ok(v) => {
+                    let named: Vec<String> = v.iter().map(|(v, d)| format!("{v} ({d})")).collect();
+                    (v, format!("==> toolchain read from volumes {}", named.join(", ")))
                 }
+                Err(why) => (
+                    Vec::new(),
+                    format!(
+                        "warning: {why}; this build reads the toolchain from the image instead (as with --toolchain-volumes never)"
+                    ),
+                ),
             };
-            progress.note(&if volumes.is_empty() {
-                format!(
-                    "==> toolchain read from the image: {} has none of /{}",
-                    toolchain.tag,
-                    VOLUME_DIRS.join(", /")
-                )
-            } else {
-                format!(
-                    "==> toolchain read from volumes {}",
-                    volumes
-                        .iter()
-                        .map(|(v, d)| format!("{v} ({d})"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            });
+            progress.note(&said);
             volumes
         }
         crate::nccl::plan::ToolchainFiles::Image => Vec::new(),
@@ -1393,6 +1389,12 @@ fn store_identity(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arch::Arch;
+    use crate::nccl::plan::{
+        ArchOrigin, BackendInputs, BackendPlan, BuildPlan, PlanInputs, TagOrigin,
+    };
+    use crate::nccl::tag::Tag;
+    use std::collections::BTreeMap;
 
     #[test]
     fn a_quoted_question_is_not_followed_by_a_stop() {
@@ -1403,12 +1405,6 @@ mod tests {
         let e = DockerError::DaemonUnreachable("no answer".into());
         assert!(e.to_string().contains("no answer. Start it"), "{e}");
     }
-    use crate::arch::Arch;
-    use crate::nccl::plan::{
-        ArchOrigin, BackendInputs, BackendPlan, BuildPlan, PlanInputs, TagOrigin,
-    };
-    use crate::nccl::tag::Tag;
-    use std::collections::BTreeMap;
 
     /// The embedded Dockerfile's `ARG`s: name → whether it has a default.
     fn declared() -> BTreeMap<String, bool> {

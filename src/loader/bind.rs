@@ -128,7 +128,7 @@ impl Conditional {
     /// Whether the pip pin names the same release as the library found; `None` without one.
     pub fn pin_agrees(&self) -> Option<bool> {
         let (a, b) = (&self.pin.as_ref()?.version, &self.detection.version);
-        Some((a.major, a.minor, a.patch) == (b.major, b.minor, b.patch))
+        Some(a.same_release(b))
     }
 
     /// The pin, said as corroboration or as disagreement; `None` without one.

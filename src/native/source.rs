@@ -73,10 +73,6 @@ pub fn tree_version(dir: &Path) -> Result<NcclVersion, String> {
     Ok(version)
 }
 
-fn same_release(a: &NcclVersion, b: &NcclVersion) -> bool {
-    (a.major, a.minor, a.patch) == (b.major, b.minor, b.patch)
-}
-
 /// The source for `tag`: `source_dir` checked to be an NCCL tree of the tag's version,
 /// or where the clone of the tag lives in `cache_root`. Cheap: it clones nothing.
 pub fn source_for(source_dir: Option<&Path>, tag: &Tag, cache_root: &Path) -> Result<NativeSource> {
@@ -150,7 +146,7 @@ pub fn check_source_dir(dir: &Path, tag: &Tag) -> Result<(PathBuf, NcclVersion)>
         )
     })?;
     if let Some(want) = tag.version() {
-        if !same_release(&want, &version) {
+        if !want.same_release(&version) {
             bail!(
                 "--source {} is NCCL {version} (makefiles/version.mk), but tag {tag} is NCCL {want}. Pass --tag {} to build that tree, or point --source at an NCCL {want} tree",
                 dir.display(),
@@ -174,7 +170,7 @@ fn cache_entry_problem(dir: &Path, repo: &str, tag: &Tag, git: &Path) -> Option<
         Err(why) => return Some(format!("it is not a complete NCCL tree: {why}")),
     };
     if let Some(want) = tag.version() {
-        if !same_release(&want, &version) {
+        if !want.same_release(&version) {
             return Some(format!("its version.mk says NCCL {version}, not {want}"));
         }
     }

@@ -250,10 +250,7 @@ fn default_build(
     });
     let (matching, nccl_words): (Vec<&(String, Manifest)>, String) = match &wanted {
         Some((variant, version)) => {
-            let same = |m: &Manifest| {
-                let h = &m.checked.header_version;
-                (h.major, h.minor, h.patch) == (version.major, version.minor, version.patch)
-            };
+            let same = |m: &Manifest| m.checked.header_version.same_release(version);
             let matching: Vec<_> = builds.iter().filter(|(_, m)| same(m)).collect();
             if matching.is_empty() {
                 if builds.is_empty() {

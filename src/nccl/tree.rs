@@ -128,9 +128,7 @@ pub fn check_tree(dir: &Path, plan: &BuildPlan, stage: Stage) -> Result<CheckedT
             anyhow!("lib/{real} carries no NCCL self-id string: it is not an NCCL library")
         })?
         .nccl;
-    let same = |a: &NcclVersion, b: &NcclVersion| {
-        (a.major, a.minor, a.patch) == (b.major, b.minor, b.patch)
-    };
+    let same = |a: &NcclVersion, b: &NcclVersion| a.same_release(b);
     if !same(&embedded, &header) {
         bail!("lib/{real} identifies as NCCL {embedded} but nccl.h says {header}");
     }

@@ -198,21 +198,14 @@ fn tag_against_libtorch(project: &Project, tag: &Tag) -> Option<String> {
     };
     let want = tag.version()?;
     let have = &found.version;
-    if (want.major, want.minor, want.patch) == (have.major, have.minor, have.patch) {
+    if want.same_release(have) {
         return None;
     }
+    let release = |v: &crate::version::NcclVersion| format!("{}.{}.{}", v.major, v.minor, v.patch);
+    let (want_r, have_r) = (release(&want), release(have));
     Some(format!(
-        "--tag {tag} is NCCL {}.{}.{}, but the active libtorch ({}) runs NCCL {}.{}.{}: preloaded into it, this build replaces that NCCL in every process, NCCL refuses a communicator whose ranks run different versions (patch included), and the libtorch may call functions NCCL {}.{}.{} lacks. To match it, build --tag {}",
-        want.major,
-        want.minor,
-        want.patch,
+        "--tag {tag} is NCCL {want_r}, but the active libtorch ({}) runs NCCL {have_r}: preloaded into it, this build replaces that NCCL in every process, NCCL refuses a communicator whose ranks run different versions (patch included), and the libtorch may call functions NCCL {want_r} lacks. To match it, build --tag {}",
         crate::text::clean(&variant.name),
-        have.major,
-        have.minor,
-        have.patch,
-        want.major,
-        want.minor,
-        want.patch,
         Tag::for_release(have)
     ))
 }

@@ -218,11 +218,7 @@ fn tag_check(plan: &BuildPlan) -> TagCheck {
     if std::fs::symlink_metadata(&cache_dir).is_ok() {
         let want = plan.tag.version();
         return match native::tree_version(&cache_dir) {
-            Ok(v)
-                if want
-                    .as_ref()
-                    .is_some_and(|w| (w.major, w.minor, w.patch) != (v.major, v.minor, v.patch)) =>
-            {
+            Ok(v) if want.as_ref().is_some_and(|w| !w.same_release(&v)) => {
                 TagCheck::Mismatch(format!(
                     "fdl's clone of {} in {} is NCCL {v}: remove that directory, and the build clones the tag again",
                     plan.tag,

@@ -481,6 +481,23 @@ pub fn toolchain_volumes() -> std::collections::BTreeSet<String> {
     volumes_labelled("fdl.toolchain.image")
 }
 
+/// fdl's toolchain volumes made for the fdl cache under `xdg_cache` (the test's
+/// `XDG_CACHE_HOME`): their names carry the id that cache keeps, so another cache's
+/// volumes on the same engine (another job's) are never counted.
+pub fn toolchain_volumes_of(xdg_cache: &Path) -> std::collections::BTreeSet<String> {
+    let id = std::fs::read_to_string(xdg_cache.join("fdl/docker-volumes/.cache-id"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    if id.is_empty() {
+        return Default::default();
+    }
+    let prefix = format!("flodl-nccl-toolchain-{id}-");
+    toolchain_volumes()
+        .into_iter()
+        .filter(|v| v.starts_with(&prefix))
+        .collect()
+}
+
 /// The label a test puts on a volume it makes itself, so that [`EngineGuard`] removes it.
 pub const TEST_VOLUME_LABEL: &str = "fdl-test-volume";
 
