@@ -633,29 +633,7 @@ fn detect_witness_prints_both_answers() {
     assert!(schema["properties"]["witness"]["properties"]["verdict"].is_object());
 }
 
-/// An audit library that leaves a marker when glibc loads it (`la_version`) or runs its
-/// constructor: proof that code of the file's choosing ran.
-const AUDIT_C: &str = r#"#include <stdio.h>
-#include <stdlib.h>
-static void mark(const char *what) {
-  const char *m = getenv("FDL_TEST_MARK");
-  FILE *f = fopen(m ? m : MARK_PATH, "a");
-  if (f) { fputs(what, f); fclose(f); }
-}
-unsigned int la_version(unsigned int v) { mark("la_version\n"); return v; }
-__attribute__((constructor)) static void ctor(void) { mark("constructor\n"); }
-"#;
-
-/// Compiles the audit library at `dir/libaudit.so`, marking `marker`.
-fn audit_library(dir: &Path, marker: &Path) -> PathBuf {
-    let lib = dir.join("libaudit.so");
-    let src = AUDIT_C.replace("MARK_PATH", &format!("{:?}", marker.display().to_string()));
-    common::compile_shared(&src, &lib, &[]);
-    lib
-}
-
-/// `cc` of a program (or, with `-pie` and `-Wl,-E`, a PIE that is also a library) that
-/// calls `ncclGetVersion` from `nccl`, with `extra` flags.
+/// `cc` of a program that calls `ncclGetVersion` from `nccl`, with `extra` flags.
 fn compile_caller(out: &Path, nccl: &Path, extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("main.c");
@@ -686,15 +664,21 @@ fn an_audit_library_named_by_the_file_never_runs() {
     let lab = Lab::new();
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("MARK");
-    let audit = audit_library(dir.path(), &marker);
+    // The audit library (it marks `marker` when it runs) and a libtorch linked as a PIE
+    // that names it.
+    let audit_at = dir.path().join("libaudit.so");
+    let (pie_torch, audit) = common::audited_pie_libtorch(
+        dir.path(),
+        audit_at.to_str().unwrap(),
+        marker.to_str().unwrap(),
+    );
     let nccl = lab.nccl("audited/libnccl.so.2", V1);
     let detect = |root: &Path, target: Option<&Path>, json: bool| {
         let mut cmd = common::fdl_in(root);
         cmd.args(["nccl", "detect", "--witness"])
             .env_remove("LD_PRELOAD")
             .env_remove("LD_LIBRARY_PATH")
-            .env_remove("LD_AUDIT")
-            .env("FDL_TEST_MARK", &marker);
+            .env_remove("LD_AUDIT");
         if let Some(t) = target {
             cmd.arg(t);
         }
@@ -710,15 +694,10 @@ fn an_audit_library_named_by_the_file_never_runs() {
         &nccl,
         &[&format!("-Wl,--audit={}", audit.display())],
     );
-    let traced = Command::new("ldd")
-        .arg("-r")
-        .arg(&proof)
-        .env("FDL_TEST_MARK", &marker)
-        .output()
-        .unwrap();
+    let traced = Command::new("ldd").arg("-r").arg(&proof).output().unwrap();
     assert!(traced.status.success());
     assert!(
-        std::fs::read_to_string(&marker).is_ok_and(|m| m.contains("la_version")),
+        std::fs::read_to_string(&marker).is_ok_and(|m| m.contains("ran")),
         "the audit library did not run under ldd: the test proves nothing"
     );
     std::fs::remove_file(&marker).unwrap();
@@ -753,20 +732,9 @@ fn an_audit_library_named_by_the_file_never_runs() {
     // links, so fdl's stand-in is traced (glibc reads no audit tag but the main map's),
     // and both sides say why no program can link it: glibc refuses a PIE (DF_1_PIE)
     // anywhere but as the main program.
-    let project = common::ProjectFixture::empty();
-    let lib = project.variant_lib("precompiled/cu128");
-    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
-    compile_caller(
-        &lib,
-        &nccl,
-        &[
-            "-pie",
-            "-fPIE",
-            "-Wl,-E",
-            &format!("-Wl,--audit={}", audit.display()),
-        ],
-    );
-    let project = project.activate("precompiled/cu128");
+    let project = common::ProjectFixture::empty()
+        .with_raw_variant("precompiled/cu128", &std::fs::read(&pie_torch).unwrap())
+        .activate("precompiled/cu128");
     let out = detect(project.root(), None, true);
     assert!(!marker.exists(), "the active libtorch's audit library ran");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

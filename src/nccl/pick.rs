@@ -138,6 +138,9 @@ fn judge(name: &str, manifest: &Manifest, code: &Result<GpuCode>, hosts: &[Host]
         notes: Vec::new(),
     };
     for h in hosts {
+        // The GPUs and the driver unreadable for one reason (no nvidia-smi): one sentence
+        // says both, and the driver's own check below is left unsaid.
+        let said = matches!((&h.gpus, &h.driver), (Err(g), Err(d)) if g == d);
         match (&h.gpus, code) {
             (Ok(archs), Ok(code)) => {
                 for &a in archs {
@@ -157,9 +160,7 @@ fn judge(name: &str, manifest: &Manifest, code: &Result<GpuCode>, hosts: &[Host]
                     }
                 }
             }
-            // One sentence when the driver could not be read for the same reason (no
-            // nvidia-smi): the driver's own check below is then left unsaid.
-            (Err(why), _) if h.driver.as_ref().err() == Some(why) => j.notes.push(format!(
+            (Err(why), _) if said => j.notes.push(format!(
                 "whether {name} has code for {host}'s GPUs, and whether {host}'s driver runs its CUDA {}, were not checked: {why}",
                 manifest.plan.cuda,
                 host = h.name
@@ -171,7 +172,6 @@ fn judge(name: &str, manifest: &Manifest, code: &Result<GpuCode>, hosts: &[Host]
             (_, Err(e)) => j.lacks.push(format!("a readable library ({e:#})")),
         }
         let built = manifest.plan.cuda;
-        let said = matches!((&h.gpus, &h.driver), (Err(g), Err(d)) if g == d);
         match DriverCheck::of(&h.name, &h.driver, built, &format!("build {name}")) {
             DriverCheck::Runs(_) => {}
             DriverCheck::Unknown(_) if said => {}
