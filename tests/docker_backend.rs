@@ -99,10 +99,17 @@ fn toolchain_images() -> BTreeSet<String> {
 
 impl Engine {
     fn new() -> Engine {
+        let mut guard = EngineGuard::new();
+        guard.base(DEBIAN_IMAGE);
         Engine {
-            guard: EngineGuard::new(),
+            guard,
             toolchains_before: toolchain_images(),
         }
+    }
+
+    /// A new `XDG_CACHE_HOME` whose toolchain volumes the guard removes.
+    fn cache(&mut self) -> GuardedCache {
+        self.guard.cache()
     }
 
     /// Names the toolchain images made since the start to the guard; returns them.
@@ -228,7 +235,7 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     let root = project.root();
     let builds = root.join("libtorch/nccl/builds");
     let good = user_dockerfile(work.path(), "good.Dockerfile", &base, "");
-    let cache = tempfile::tempdir().unwrap();
+    let cache = engine.cache();
     let build = |dockerfile: &Path, archs: &str, extra: &[&str]| {
         let mut cmd = build_cmd(root, cache.path(), dockerfile, Some(&source), archs);
         cmd.args(extra);
@@ -359,7 +366,7 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
 
     // Another cache on the same engine (another user of the build box, a CI job, a new
     // XDG_CACHE_HOME) builds too, from volumes of its own: their names never meet.
-    let other_cache = tempfile::tempdir().unwrap();
+    let other_cache = engine.cache();
     let other = ProjectFixture::empty();
     let out = build_cmd(
         other.root(),
@@ -398,7 +405,7 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
     // removed: the build says so and reads the toolchain from the image instead.
     let opt = made.iter().find(|v| v.ends_with("-opt")).unwrap();
     assert!(docker(&["volume", "rm", opt]).status.success());
-    let test_label = format!("{TEST_VOLUME_LABEL}=1");
+    let test_label = test_volume_label();
     assert!(docker(&["volume", "create", "--label", &test_label, opt])
         .status
         .success());
@@ -713,7 +720,7 @@ fn a_tag_without_source_is_fetched_on_the_host() {
     let repo = native_fixture::tagged_repo(&work.path().join("repo"), (2, 27, 5), "v2.27.5-1");
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
     let project = ProjectFixture::empty();
-    let cache = tempfile::tempdir().unwrap();
+    let cache = engine.cache();
     let out = build_cmd(project.root(), cache.path(), &dockerfile, None, "8.6")
         .env("FDL_NCCL_REPO", &repo)
         .arg("--json")
@@ -761,7 +768,7 @@ fn a_build_whose_output_fails_the_check_is_not_installed() {
     let project = ProjectFixture::empty();
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
     let before = snapshot(project.root());
-    let cache = tempfile::tempdir().unwrap();
+    let cache = engine.cache();
     build_cmd(
         project.root(),
         cache.path(),
@@ -814,7 +821,7 @@ fn the_compile_writes_only_the_host_and_an_interrupt_leaves_nothing() {
     let before = snapshot(project.root());
 
     let stderr_path = work.path().join("stderr");
-    let cache = tempfile::tempdir().unwrap();
+    let cache = engine.cache();
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("fdl"))
         .env("XDG_CACHE_HOME", cache.path())
         .arg("--root")
@@ -967,7 +974,7 @@ fn a_killed_fdl_leaves_no_container_running() {
     });
     let project = ProjectFixture::empty();
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
-    let cache = tempfile::tempdir().unwrap();
+    let cache = engine.cache();
     let stderr_path = work.path().join("stderr");
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("fdl"))
         .env("XDG_CACHE_HOME", cache.path())
@@ -1105,7 +1112,7 @@ fn a_toolchain_image_without_nvcc_is_refused_with_what_it_lacks() {
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", debian_image(), "");
     let project = ProjectFixture::empty();
     let before = snapshot(project.root());
-    let cache = tempfile::tempdir().unwrap();
+    let cache = engine.cache();
     let out = build_cmd(
         project.root(),
         cache.path(),
@@ -1153,7 +1160,7 @@ fn planted_links_in_the_installed_tree_write_nothing_outside() {
     let dockerfile = user_dockerfile(work.path(), "Dockerfile", &base, "");
     // One user's cache for every attempt: the toolchain volumes the first makes are
     // fdl's by the token kept there, and the next attempts use them.
-    let cache = tempfile::tempdir().unwrap();
+    let cache = engine.cache();
     for (plant, victim_name) in [
         ("lib/pkgconfig/nccl.pc", "victim.pc"),
         ("build.log", "victim.log"),
@@ -1202,9 +1209,11 @@ fn planted_links_in_the_installed_tree_write_nothing_outside() {
     assert!(fdl_containers(project.root()).is_empty());
 }
 
-/// The guard every Docker test holds removes what the test made — the images it names
-/// and the `<none>` layer a failed classic build leaves — and keeps a tagged image it
-/// did not name (the cached base images of tests/support).
+/// The guard every Docker test holds removes what the test made — the images it names,
+/// the `<none>` layers its failed classic builds leave, its volumes — and nothing of
+/// another job on the same engine: a tagged image it did not name (the cached base
+/// images of tests/support), an untagged layer of another build, another run's volume,
+/// another job's container.
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
 fn the_engine_guard_removes_what_a_test_made_and_keeps_cached_images() {
@@ -1229,28 +1238,88 @@ fn the_engine_guard_removes_what_a_test_made_and_keeps_cached_images() {
     let images = || {
         String::from_utf8_lossy(&docker(&["images", "-a", "-q", "--no-trunc"]).stdout).into_owned()
     };
-    let guard = EngineGuard::new();
-    // Made while the guard lives, but tagged and not named: like a cached base image.
+    let mut guard = EngineGuard::new();
+    // Made while the guard lives, but tagged and not named: like a cached base image, or
+    // another job's image.
     assert!(build(Some(&kept), "FROM scratch\nCOPY a /kept\n")
         .status
         .success());
-    let mut guard = guard;
+    let base = format!("fdl-test-base:{unique}");
+    assert!(build(Some(&base), "FROM scratch\nCOPY a /base\n")
+        .status
+        .success());
+    guard.base(&base);
     assert!(build(Some(&named), "FROM scratch\nCOPY a /named\n")
         .status
         .success());
     guard.name(&named);
-    // A classic build that fails after one step leaves that step's image, untagged.
-    let failed = build(None, "FROM scratch\nCOPY a /left\nCOPY missing /nowhere\n");
-    assert!(!failed.status.success());
+    // A classic build that fails after one step leaves that step's image, untagged: from
+    // this test's base and from its named image (ours), and from the kept image (another
+    // job's build, made while this test ran).
+    let failed = |from: &str, what: &str| {
+        let out = build(
+            None,
+            &format!("FROM {from}\nCOPY a /left-{what}\nCOPY missing /nowhere\n"),
+        );
+        assert!(!out.status.success());
+    };
+    let before_theirs = images();
+    failed(&kept, "theirs");
+    let theirs: Vec<String> = images()
+        .lines()
+        .filter(|id| !before_theirs.contains(id))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(theirs.len(), 1, "{theirs:?}");
+    failed(&base, "base");
+    failed(&named, "named");
+    // Another job's container and volumes, beside this test's own volume.
+    let their_container = format!("fdl-test-theirs-{unique}");
+    assert!(docker(&["create", "--name", &their_container, &kept, "/x"])
+        .status
+        .success());
+    let their_volume = format!("fdl-test-theirs-{unique}");
+    assert!(docker(&[
+        "volume",
+        "create",
+        "--label",
+        &format!("{TEST_VOLUME_LABEL}=another-run"),
+        &their_volume
+    ])
+    .status
+    .success());
+    let our_volume = format!("fdl-test-ours-{unique}");
+    assert!(docker(&[
+        "volume",
+        "create",
+        "--label",
+        &test_volume_label(),
+        &our_volume
+    ])
+    .status
+    .success());
     let (_, leftovers) = guard.leftovers();
-    assert!(leftovers.len() >= 2, "{leftovers:?}");
+    assert!(leftovers.len() >= 3, "{leftovers:?}");
+    assert!(!leftovers.contains(&theirs[0]), "{leftovers:?}");
+    assert!(guard.volumes().contains(&our_volume));
     drop(guard);
     let after = images();
     for id in &leftovers {
         assert!(!after.contains(id.as_str()), "{id} is still there");
     }
-    assert!(docker(&["image", "inspect", &kept]).status.success());
-    let _ = docker(&["rmi", "--force", &kept]);
+    let exists = |what: &[&str]| docker(what).status.success();
+    assert!(exists(&["image", "inspect", &kept]));
+    assert!(exists(&["image", "inspect", &base]));
+    assert!(
+        exists(&["image", "inspect", &theirs[0]]),
+        "another job's layer went"
+    );
+    assert!(exists(&["container", "inspect", &their_container]));
+    assert!(exists(&["volume", "inspect", &their_volume]));
+    assert!(!exists(&["volume", "inspect", &our_volume]));
+    let _ = docker(&["rm", "--force", &their_container]);
+    let _ = docker(&["volume", "rm", &their_volume]);
+    let _ = docker(&["rmi", "--force", &theirs[0], &kept, &base]);
 }
 
 /// A hostile Docker engine for the real `docker` client: an API endpoint on a Unix

@@ -64,15 +64,16 @@ fn toolchain_images() -> Vec<String> {
 
 struct Env {
     project: ProjectFixture,
-    cache: tempfile::TempDir,
+    cache: GuardedCache,
     work: tempfile::TempDir,
 }
 
 impl Env {
-    fn new() -> Env {
+    /// A project and an fdl cache whose toolchain volumes `engine` removes.
+    fn new(engine: &mut EngineGuard) -> Env {
         Env {
             project: ProjectFixture::empty(),
-            cache: tempfile::tempdir().unwrap(),
+            cache: engine.cache(),
             work: tempfile::tempdir().unwrap(),
         }
     }
@@ -123,8 +124,9 @@ fn offline_build_through_the_embedded_dockerfile() {
     // The CUDA image stays (made once, reused); what this test builds goes, also on
     // failure.
     let mut engine = EngineGuard::new();
+    engine.base(image);
     let cuobjdump = oracle_input("FDL_TEST_CUOBJDUMP");
-    let env = Env::new();
+    let env = Env::new(&mut engine);
     let tree = env.work.path().join("nccl-2.27.5");
     native_fixture::nvcc_tree(&tree, (2, 27, 5));
     // What must not reach the image: history, and objects of an earlier build that make
@@ -299,8 +301,10 @@ fn offline_build_through_the_embedded_dockerfile() {
 fn base_images_that_cannot_build_are_refused_before_the_build() {
     let _engine = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
     cuda_image();
-    let _engine_guard = EngineGuard::new();
-    let env = Env::new();
+    let mut engine = EngineGuard::new();
+    engine.base(CUDA_IMAGE);
+    engine.base(DEBIAN_IMAGE);
+    let env = Env::new(&mut engine);
     let tree = env.work.path().join("nccl");
     native_fixture::nvcc_tree(&tree, (2, 27, 5));
     let tree_arg = tree.display().to_string();

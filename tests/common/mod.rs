@@ -461,19 +461,25 @@ pub fn stubs_for_missing(lib: &Path) -> tempfile::TempDir {
 }
 
 /// What one test makes in the Docker engine, removed when the guard drops — also when the
-/// test fails: the images it names (`fdl nccl build`'s, its own bases) and the containers
-/// made from them, then every untagged image that appeared while it lived (a failed
-/// classic build leaves its last layer as a `<none>` image; a rebuild under the same tag
-/// leaves the old one) and the containers made from those. Tagged images it did not name
-/// stay: the cached base images the support scripts make (tests/support/*.sh) are made
-/// once and reused. Take it while holding the engine lock of the test file, so that what
-/// appears is this test's own; containers of images it did not make are never touched (an
-/// engine shared with other work keeps its containers).
+/// test fails — and nothing else, whatever other work shares the engine:
+/// - the images it names (`fdl nccl build`'s, its own bases) and the containers made
+///   from them;
+/// - the untagged images that appeared while it lived *and descend from an image it
+///   named or declared as a base* ([`EngineGuard::base`]): a failed classic build leaves
+///   its last layer as a `<none>` image, a rebuild under the same tag the old one;
+/// - fdl's toolchain volumes of the caches it handed out ([`EngineGuard::cache`]: their
+///   names carry the cache's id), and the volumes labelled with this run's
+///   [`test_volume_label`].
+///
+/// Tagged images it did not name stay (the cached base images of tests/support), and so
+/// does every container, image and volume of another job: an untagged image from another
+/// base, another cache's volumes, another run's labelled volumes.
 pub struct EngineGuard {
     images_before: std::collections::BTreeSet<String>,
     containers_before: std::collections::BTreeSet<String>,
-    volumes_before: std::collections::BTreeSet<String>,
     named: Vec<String>,
+    bases: Vec<String>,
+    caches: Vec<tempfile::TempDir>,
 }
 
 /// fdl's toolchain volumes in the engine (`--toolchain-volumes`), by name.
@@ -498,21 +504,29 @@ pub fn toolchain_volumes_of(xdg_cache: &Path) -> std::collections::BTreeSet<Stri
         .collect()
 }
 
-/// The label a test puts on a volume it makes itself, so that [`EngineGuard`] removes it.
+/// The label key a test puts on a volume it makes itself; [`test_volume_label`] gives it
+/// this run's value.
 pub const TEST_VOLUME_LABEL: &str = "fdl-test-volume";
+
+/// `fdl-test-volume=<run>`: the label of the volumes this test process makes, so that its
+/// [`EngineGuard`] removes them and never another run's.
+pub fn test_volume_label() -> String {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let run = RUN.get_or_init(|| {
+        let mut bytes = [0u8; 8];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+            .expect("/dev/urandom");
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    });
+    format!("{TEST_VOLUME_LABEL}={run}")
+}
 
 fn volumes_labelled(label: &str) -> std::collections::BTreeSet<String> {
     let filter = format!("label={label}");
     docker_lines(&["volume", "ls", "-q", "--filter", &filter])
         .into_iter()
         .collect()
-}
-
-/// The volumes an [`EngineGuard`] answers for: fdl's toolchain volumes and the tests' own.
-fn guarded_volumes() -> std::collections::BTreeSet<String> {
-    let mut all = toolchain_volumes();
-    all.extend(volumes_labelled(TEST_VOLUME_LABEL));
-    all
 }
 
 fn docker_lines(args: &[&str]) -> Vec<String> {
@@ -528,6 +542,14 @@ fn docker_lines(args: &[&str]) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The ID of `image` (a tag or an ID), when the engine has it.
+fn image_id(image: &str) -> Option<String> {
+    docker_lines(&["image", "inspect", "--format", "{{.Id}}", image])
+        .into_iter()
+        .next()
+        .filter(|id| !id.is_empty())
+}
+
 impl EngineGuard {
     pub fn new() -> EngineGuard {
         EngineGuard {
@@ -537,8 +559,9 @@ impl EngineGuard {
             containers_before: docker_lines(&["ps", "-a", "-q", "--no-trunc"])
                 .into_iter()
                 .collect(),
-            volumes_before: guarded_volumes(),
             named: Vec::new(),
+            bases: Vec::new(),
+            caches: Vec::new(),
         }
     }
 
@@ -547,8 +570,23 @@ impl EngineGuard {
         self.named.push(image.to_string());
     }
 
+    /// An image this test builds from but keeps (a cached base of tests/support): the
+    /// untagged layers a build of this test leaves on it are removed, the base stays.
+    pub fn base(&mut self, image: &str) {
+        self.bases.push(image.to_string());
+    }
+
+    /// A new directory for the test's `XDG_CACHE_HOME`, kept until the guard drops, so
+    /// that the toolchain volumes fdl makes for that cache are known to be this test's.
+    pub fn cache(&mut self) -> GuardedCache {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        self.caches.push(dir);
+        GuardedCache(path)
+    }
+
     /// What the guard would remove now: the new containers made from its images, and its
-    /// images (named, or untagged and new).
+    /// images (named, or untagged, new and descended from a named image or a base).
     pub fn leftovers(&self) -> (Vec<String>, Vec<String>) {
         let images = self.images();
         let mut containers = Vec::new();
@@ -563,22 +601,67 @@ impl EngineGuard {
         (containers, images)
     }
 
+    /// The volumes the guard answers for.
+    pub fn volumes(&self) -> std::collections::BTreeSet<String> {
+        let mut all = volumes_labelled(&test_volume_label());
+        for cache in &self.caches {
+            all.extend(toolchain_volumes_of(cache.path()));
+        }
+        all
+    }
+
     fn images(&self) -> Vec<String> {
-        docker_lines(&[
+        let roots: std::collections::BTreeSet<String> = self
+            .named
+            .iter()
+            .chain(&self.bases)
+            .filter_map(|i| image_id(i))
+            .collect();
+        let mut ours = Vec::new();
+        for line in docker_lines(&[
             "images",
             "-a",
             "--no-trunc",
             "--format",
             "{{.ID}} {{.Repository}}:{{.Tag}}",
-        ])
-        .into_iter()
-        .filter_map(|l| {
-            let (id, tag) = l.split_once(' ')?;
-            let ours = self.named.iter().any(|n| n == tag)
-                || (tag == "<none>:<none>" && !self.images_before.contains(id));
-            ours.then(|| id.to_string())
-        })
-        .collect()
+        ]) {
+            let Some((id, tag)) = line.split_once(' ') else {
+                continue;
+            };
+            if self.named.iter().any(|n| n == tag) {
+                ours.push(id.to_string());
+                continue;
+            }
+            if tag != "<none>:<none>" || self.images_before.contains(id) {
+                continue;
+            }
+            // Up the parent chain (classic builds record it) to an image of this test.
+            let mut at = id.to_string();
+            for _ in 0..128 {
+                let parent = docker_lines(&["image", "inspect", "--format", "{{.Parent}}", &at])
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default();
+                if parent.is_empty() {
+                    break;
+                }
+                if roots.contains(&parent) {
+                    ours.push(id.to_string());
+                    break;
+                }
+                at = parent;
+            }
+        }
+        ours
+    }
+}
+
+/// A cache directory an [`EngineGuard`] handed out (and removes when it drops).
+pub struct GuardedCache(PathBuf);
+
+impl GuardedCache {
+    pub fn path(&self) -> &Path {
+        &self.0
     }
 }
 
@@ -590,7 +673,7 @@ impl Default for EngineGuard {
 
 impl Drop for EngineGuard {
     fn drop(&mut self) {
-        let (containers, _) = self.leftovers();
+        let (containers, untagged) = self.leftovers();
         for c in &containers {
             let _ = std::process::Command::new("docker")
                 .args(["rm", "--force", c])
@@ -601,27 +684,26 @@ impl Drop for EngineGuard {
                 .args(["rmi", "--force", image])
                 .output();
         }
-        // Untagged images go child first: without --force the engine refuses a parent
-        // of a kept image, or one a container still uses, so nothing else is touched.
+        // The untagged ones, as found before the named went, children before parents:
+        // without --force the engine refuses a parent of a kept image, or one a container
+        // still uses, so nothing else is touched.
+        let mut left = untagged;
         for _ in 0..32 {
-            let (_, images) = self.leftovers();
-            let removed = images
-                .iter()
-                .filter(|id| {
-                    std::process::Command::new("docker")
-                        .args(["rmi", id.as_str()])
-                        .output()
-                        .is_ok_and(|o| o.status.success())
-                })
-                .count();
-            if removed == 0 {
+            let before = left.len();
+            left.retain(|id| {
+                !std::process::Command::new("docker")
+                    .args(["rmi", id.as_str()])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            });
+            if left.is_empty() || left.len() == before {
                 break;
             }
         }
-        // The toolchain volumes fdl made for the images just removed, and the tests' own.
-        for volume in guarded_volumes().difference(&self.volumes_before) {
+        // The toolchain volumes of this test's caches, and its own labelled ones.
+        for volume in self.volumes() {
             let _ = std::process::Command::new("docker")
-                .args(["volume", "rm", volume])
+                .args(["volume", "rm", &volume])
                 .output();
         }
     }
