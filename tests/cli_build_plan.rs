@@ -1280,7 +1280,7 @@ fn a_tag_other_than_the_libtorchs_nccl_is_warned_of() {
     let w = warned("v2.28.9-1");
     assert_eq!(w.len(), 1, "{w:?}");
     assert!(
-        w[0].contains("runs NCCL 2.27.5")
+        w[0].contains("(precompiled/cu128: NCCL 2.27.5)")
             && w[0].contains("refuses a communicator")
             && w[0].ends_with("build --tag v2.27.5-1"),
         "{}",

@@ -6,6 +6,9 @@ mod common;
 use common::*;
 use predicates::prelude::*;
 use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
 
 /// A project whose active libtorch carries NCCL 2.27.5, with builds of 2.27.5 (two arch
 /// sets, built one after the other) and 2.26.2.
@@ -706,4 +709,112 @@ fn two_store_gcs_at_once_both_succeed() {
         }
         assert_eq!(entries(), 0, "round {round}");
     }
+}
+
+/// The names `nm` (binutils) lists of `lib`'s dynamic symbols, `defined` or undefined,
+/// without their versions: the oracle for what a library imports and exports.
+fn nm_names(lib: &Path, defined: bool) -> BTreeSet<String> {
+    let out = Command::new("nm")
+        .arg("-D")
+        .arg(if defined {
+            "--defined-only"
+        } else {
+            "--undefined-only"
+        })
+        .arg(lib)
+        .output()
+        .expect("nm (binutils) is needed for this test");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .map(|n| n.split('@').next().unwrap().to_string())
+        .collect()
+}
+
+/// A build of another NCCL release than the active libtorch's (issue 43: torch 2.15
+/// with NCCL 2.30.7, a build of the real NCCL 2.27.5) is wired when named, with a
+/// warning that names the functions the libtorch calls and the build lacks — the ones
+/// `nm` finds, ncclCommResume among them, on which `import torch` fails — and the tag
+/// that matches; in `--json` too. A build of the libtorch's own release gets none.
+#[test]
+#[ignore = "needs the real wheels of `source .ci/setup` (torch 2.15, NCCL 2.27.5): `cargo test -- --include-ignored`"]
+fn a_named_build_of_another_release_than_the_libtorchs_is_warned_of_with_what_it_lacks() {
+    let torch_lib = oracle_input("FDL_TEST_TORCH_LIB_CU13");
+    let real_2275 = std::fs::canonicalize(oracle_input("FDL_TEST_NCCL_LIB")).unwrap();
+    let torch = torch_lib.parent().unwrap().parent().unwrap();
+    let fx = BuildsFixture::new(ProjectFixture::empty());
+    let out = fx
+        .fdl()
+        .args(["libtorch", "add", "torch215"])
+        .arg(torch)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The real 2.27.5 library in a tree of its release.
+    let old = fx.tree("nccl-2.27.5", (2, 27, 5), &[86]);
+    std::fs::copy(&real_2275, old.join("lib/libnccl.so.2.27.5")).unwrap();
+    let name = fx.install(&old, "v2.27.5-1", "8.6").unwrap();
+    let same = fx.tree("nccl-2.30.7", (2, 30, 7), &[86]);
+    let same_name = fx.install(&same, "v2.30.7-1", "8.6").unwrap();
+
+    let want: Vec<String> = nm_names(&torch_lib, false)
+        .into_iter()
+        .filter(|n| n.starts_with("nccl"))
+        .filter(|n| !nm_names(&real_2275, true).contains(n))
+        .collect();
+    assert!(want.contains(&"ncclCommResume".to_string()), "{want:?}");
+
+    let out = fx.fdl().args(["nccl", "env", &name]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("export LD_PRELOAD="));
+    let warning: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("warning:"))
+        .collect();
+    assert_eq!(warning.len(), 1, "{stderr}");
+    assert!(
+        warning[0].contains(
+            "NCCL 2.27.5 is not the active libtorch's (precompiled/torch215: NCCL 2.30.7)",
+        ) && warning[0].contains(&format!("it lacks {} function(s)", want.len()))
+            && warning[0].contains("undefined symbol")
+            && warning[0].ends_with("To match it, build --tag v2.30.7-1"),
+        "{stderr}"
+    );
+
+    let out = fx
+        .fdl()
+        .args(["nccl", "env", &name, "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let other = &v["choice"]["other_release"];
+    let lacking: Vec<String> = other["lacking"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(lacking, want, "{v}");
+    assert_eq!(other["matching_tag"], "v2.30.7-1", "{v}");
+
+    let out = fx.fdl().args(["nccl", "env", &same_name]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("warning:"),
+        "{stderr}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(
+        &fx.fdl()
+            .args(["nccl", "env", &same_name, "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(v["choice"]["other_release"].is_null(), "{v}");
 }

@@ -187,6 +187,53 @@ fn manifest_of(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("fdl-build.json")).unwrap()).unwrap()
 }
 
+/// A build of another NCCL release than the active libtorch's is warned of in the plan,
+/// after the build (beside the line to wire it) and in `--json`, with the tag that
+/// matches (issue 43); a build of the libtorch's release is not.
+#[test]
+fn a_build_of_another_release_than_the_libtorchs_is_warned_of_when_made() {
+    let mut env = Env::new();
+    env.project = ProjectFixture::empty()
+        .with_compiled_variant("precompiled/cu128", &nccl_like_source((2, 30, 7), "12.8"))
+        .activate("precompiled/cu128\n");
+    let tree = env.tree("nccl", (2, 27, 5));
+    let out = env.build("8.6", &["--source"]).arg(&tree).output().unwrap();
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert!(out.status.success(), "{stderr}");
+    let said = "NCCL 2.27.5 is not the active libtorch's (precompiled/cu128: NCCL 2.30.7)";
+    // Once in the plan's header (for the --tag), once for the build made.
+    assert_eq!(stderr.matches(said).count(), 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("warning: build v2.27.5-sm86: {said}"))
+            && stderr.contains("To match it, build --tag v2.30.7-1"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("Wire it with"), "{stdout}");
+
+    let out = env
+        .build("8.6", &["--json", "--force", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    let v = json_of(&out);
+    assert_eq!(v["other_release"]["libtorch_nccl"], "2.30.7", "{v}");
+    assert_eq!(v["other_release"]["nccl"], "2.27.5", "{v}");
+    // The libtorch has its NCCL compiled in: it imports no nccl* function to lack.
+    assert_eq!(v["other_release"]["lacking"], serde_json::json!([]), "{v}");
+
+    env.project = ProjectFixture::empty()
+        .with_compiled_variant("precompiled/cu128", &nccl_like_source((2, 27, 5), "12.8"))
+        .activate("precompiled/cu128\n");
+    let out = env
+        .build("8.6", &["--json", "--source"])
+        .arg(&tree)
+        .output()
+        .unwrap();
+    let v = json_of(&out);
+    assert!(v.get("other_release").is_none(), "{v}");
+    assert!(!stderr_of(&out).contains("not the active libtorch's"));
+}
+
 #[test]
 fn builds_from_a_source_tree_without_touching_it() {
     let env = Env::new();

@@ -261,6 +261,9 @@ fn report(report: &pipeline::Report, json_out: bool, quiet: bool) {
         if let Outcome::Built { timings, .. } = outcome {
             v["timings"] = json!(timings);
         }
+        if let Some(other) = &report.other_release {
+            v["other_release"] = json!(other);
+        }
         print_json(&v);
         return;
     }
@@ -297,6 +300,9 @@ fn report(report: &pipeline::Report, json_out: bool, quiet: bool) {
             ),
             crate::text::shown(&dir)
         ),
+    }
+    if let Some(other) = &report.other_release {
+        crate::eprintln_safe!("warning: build {}: {other}", crate::text::clean(name));
     }
     match &preload {
         Ok(p) => outln!(

@@ -393,16 +393,18 @@ pub(super) fn pick_build(
 /// A default choice and its reason on stderr (stdout is `eval`ed or pasted), with any
 /// check that could not be made.
 pub(super) fn announce(choice: &Choice) {
-    if choice.by == "named" {
-        return;
+    if choice.by != "named" {
+        crate::eprintln_safe!(
+            "fdl: chose build {}: {}",
+            clean(&choice.build),
+            clean(&choice.reason)
+        );
     }
-    crate::eprintln_safe!(
-        "fdl: chose build {}: {}",
-        clean(&choice.build),
-        clean(&choice.reason)
-    );
     for w in &choice.warnings {
         crate::eprintln_safe!("warning: {}", clean(w));
+    }
+    if let Some(other) = &choice.other_release {
+        crate::eprintln_safe!("warning: build {}: {other}", clean(&choice.build));
     }
 }
 

@@ -53,6 +53,8 @@ pub struct Choice {
     pub reason: String,
     /// Checks that could not be made (no GPUs or driver readable), and PTX-only GPUs.
     pub warnings: Vec<String>,
+    /// A named build of another NCCL release than the active libtorch's.
+    pub other_release: Option<OtherRelease>,
     #[serde(skip)]
     pub manifest: Manifest,
 }
@@ -75,6 +77,11 @@ pub fn pick(
                     by: "named",
                     reason: "named".into(),
                     warnings: Vec::new(),
+                    other_release: other_release(
+                        project,
+                        Some(&store.path_of(name).join("lib").join(&m.checked.library)),
+                        &m.checked.header_version,
+                    ),
                     manifest: *m,
                 }),
                 Some(Existing::Unreadable(why)) => bail!(
@@ -90,6 +97,95 @@ pub fn pick(
         }
         None => default_build(project, store, wiring, &hosts()),
     }
+}
+
+/// An NCCL of another release than the active libtorch's: preloaded into the libtorch's
+/// processes, it replaces that NCCL in every one of them, and NCCL refuses a
+/// communicator whose ranks run different versions (patch included).
+#[derive(Debug, Clone, Serialize)]
+pub struct OtherRelease {
+    /// The active libtorch variant.
+    pub libtorch: String,
+    /// The NCCL it brings.
+    pub libtorch_nccl: NcclVersion,
+    /// The build's (or the `--tag`'s) NCCL.
+    pub nccl: NcclVersion,
+    /// The `nccl*` functions the libtorch imports that the build does not export
+    /// (loading the libtorch with it preloaded fails on the first: `undefined symbol`);
+    /// `None` when there is no library to read yet (a plan).
+    pub lacking: Option<Vec<String>>,
+    /// The tag that builds the libtorch's release.
+    pub matching_tag: String,
+}
+
+impl std::fmt::Display for OtherRelease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let release = |v: &NcclVersion| format!("{}.{}.{}", v.major, v.minor, v.patch);
+        let (nccl, theirs) = (release(&self.nccl), release(&self.libtorch_nccl));
+        write!(
+            f,
+            "NCCL {nccl} is not the active libtorch's ({}: NCCL {theirs}): preloaded, it replaces that NCCL in every process, and NCCL refuses a communicator whose ranks run different versions (patch included)",
+            crate::text::clean(&self.libtorch)
+        )?;
+        match self.lacking.as_deref() {
+            Some([]) => {}
+            Some(names) => {
+                const SHOWN: usize = 4;
+                let mut list = names[..names.len().min(SHOWN)].join(", ");
+                if names.len() > SHOWN {
+                    list.push_str(&format!(" and {} more", names.len() - SHOWN));
+                }
+                write!(
+                    f,
+                    "; it lacks {} function(s) the libtorch calls ({list}): loading the libtorch with it fails (`undefined symbol`)",
+                    names.len()
+                )?;
+            }
+            None => write!(f, "; the libtorch may call functions NCCL {nccl} lacks")?,
+        }
+        write!(f, ". To match it, build --tag {}", self.matching_tag)
+    }
+}
+
+/// [`OtherRelease`] when `nccl` is another release than the active libtorch's NCCL;
+/// `lib` is the build's library, read for the functions it lacks. `None` when they match,
+/// or when there is no active libtorch or its NCCL is not known (nothing to compare).
+pub fn other_release(
+    project: &Project,
+    lib: Option<&std::path::Path>,
+    nccl: &NcclVersion,
+) -> Option<OtherRelease> {
+    let variant = Libtorch::new(project.libtorch_dir()).active().ok()?;
+    let caller = variant.libtorch_cuda();
+    let theirs = crate::loader::bundled_nccl(&caller)
+        .ok()?
+        .version()?
+        .clone();
+    if nccl.same_release(&theirs) {
+        return None;
+    }
+    // Unread (either file) is not known, never "lacks every function".
+    let lacking = lib.and_then(|lib| {
+        let imported = inspect::interpose::imported_nccl(&caller).ok()?;
+        let names: Vec<&str> = imported.iter().map(String::as_str).collect();
+        let exported = inspect::interpose::exported_among(lib, &names).ok()?;
+        Some(
+            imported
+                .into_iter()
+                .filter(|n| !exported.contains(n))
+                .map(|n| crate::text::clean(&n))
+                .collect(),
+        )
+    });
+    Some(OtherRelease {
+        libtorch: variant.name,
+        matching_tag: crate::nccl::tag::Tag::for_release(&theirs)
+            .as_str()
+            .to_string(),
+        libtorch_nccl: theirs,
+        nccl: nccl.clone(),
+        lacking,
+    })
 }
 
 /// The builds there are, as `name (NCCL x.y.z)`.
@@ -325,6 +421,8 @@ fn default_build(
             by: "default",
             reason: format!("{newest_words}{covers}"),
             warnings: best.notes.clone(),
+            // Chosen for matching it.
+            other_release: None,
             manifest: best.manifest.clone(),
         });
     }

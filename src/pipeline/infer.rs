@@ -191,23 +191,8 @@ pub fn left_out(gpus: &[gpu::Gpu], plan: &BuildPlan) -> Vec<String> {
 /// call functions the other release lacks. Said, with the tag that matches; nothing is
 /// said where the libtorch's NCCL is not known for certain.
 fn tag_against_libtorch(project: &Project, tag: &Tag) -> Option<String> {
-    let variant = Libtorch::new(project.libtorch_dir()).active().ok()?;
-    let lib = variant.libtorch_cuda();
-    let crate::loader::Bundled::Nccl(found) = crate::loader::bundled_nccl(&lib).ok()? else {
-        return None;
-    };
-    let want = tag.version()?;
-    let have = &found.version;
-    if want.same_release(have) {
-        return None;
-    }
-    let release = |v: &crate::version::NcclVersion| format!("{}.{}.{}", v.major, v.minor, v.patch);
-    let (want_r, have_r) = (release(&want), release(have));
-    Some(format!(
-        "--tag {tag} is NCCL {want_r}, but the active libtorch ({}) runs NCCL {have_r}: preloaded into it, this build replaces that NCCL in every process, NCCL refuses a communicator whose ranks run different versions (patch included), and the libtorch may call functions NCCL {want_r} lacks. To match it, build --tag {}",
-        crate::text::clean(&variant.name),
-        Tag::for_release(have)
-    ))
+    let other = crate::nccl::pick::other_release(project, None, &tag.version()?)?;
+    Some(format!("--tag {tag}: {other}"))
 }
 
 /// A new NCCL does not make training run on a GPU the libtorch itself has no code for

@@ -67,6 +67,8 @@ pub struct Prepared {
     key: Option<KeyAnswer>,
     request: Request,
     builds_dir: PathBuf,
+    /// Whose active libtorch the build is judged against once made.
+    project: Project,
 }
 
 /// `inferred` the plan's inputs (from this host, or from a whole cluster's reports),
@@ -179,6 +181,7 @@ pub fn prepare(
         key,
         request: req.clone(),
         builds_dir: project.nccl_builds_dir(),
+        project: project.clone(),
     })
 }
 
@@ -269,6 +272,8 @@ pub struct Report {
     /// The `LD_PRELOAD` value the loader honours for it (a cache link where its path
     /// holds a space or a colon), or why there is none.
     pub preload: std::result::Result<PathBuf, String>,
+    /// The build is another NCCL release than the active libtorch's.
+    pub other_release: Option<crate::nccl::pick::OtherRelease>,
 }
 
 impl Report {
@@ -353,10 +358,17 @@ impl Prepared {
             .unwrap_or_default();
         let lib = dir.join("lib").join("libnccl.so.2");
         let preload = crate::nccl::preload::preload_path(&lib, &name).map_err(|e| format!("{e:#}"));
+        let version = match &outcome {
+            Outcome::Built { manifest, .. } | Outcome::AlreadyBuilt { manifest, .. } => {
+                &manifest.checked.header_version
+            }
+        };
+        let other_release = crate::nccl::pick::other_release(&self.project, Some(&lib), version);
         Ok(Report {
             outcome,
             name,
             preload,
+            other_release,
         })
     }
 }
