@@ -671,3 +671,51 @@ fn inspect_judges_the_split_build_by_the_code_it_loads() {
         .unwrap();
     assert_eq!(json_of(&out)["coverage"][0]["verdict"], "not_covered");
 }
+
+/// A build for a GPU the split torch 1.13.1 has no kernels for (sm_120) is warned of in
+/// the plan, by the same rule `fdl inspect` judges the split build by (issue 43: the plan
+/// said nothing while `inspect` said NOT COVERED); one it has kernels for (sm_80) is not.
+#[test]
+#[ignore = "needs the real wheels: source .ci/setup"]
+fn a_plan_for_a_gpu_the_split_build_cannot_run_is_warned_of() {
+    let (lib, _) = inputs();
+    let cuobjdump = oracle_input("FDL_TEST_CUOBJDUMP");
+    let p = ProjectFixture::empty();
+    let out = fdl_clean()
+        .arg("--root")
+        .arg(p.root())
+        .args(["libtorch", "add", "pip"])
+        .arg(lib.parent().unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let warned = |archs: &str| -> Vec<String> {
+        let out = fdl_clean()
+            .arg("--root")
+            .arg(p.root())
+            .args(["nccl", "build", "--archs", archs, "--backend", "docker"])
+            .args(["--dry-run", "--json"])
+            .output()
+            .unwrap();
+        json_of(&out)["plan"]["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|w| w.as_str())
+            .filter(|w| w.contains("has no GPU code for"))
+            .map(String::from)
+            .collect()
+    };
+    // The oracle: cuobjdump finds sm_80 code in torch/lib's GPU libraries, sm_120 none.
+    let cu = lib.join("libtorch_cuda_cu.so");
+    assert!(cuobjdump_count(&cuobjdump, &cu, "sm_80").unwrap_or(0) > 0);
+    assert_eq!(cuobjdump_count(&cuobjdump, &cu, "sm_120").unwrap_or(0), 0);
+    let w = warned("12.0");
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("has no GPU code for sm_120"), "{}", w[0]);
+    assert_eq!(warned("8.0"), Vec::<String>::new());
+}

@@ -204,12 +204,23 @@ fn libtorch_gaps(project: &Project, archs: &[Arch]) -> Vec<String> {
     let Ok(ins) = inspect::inspect(&variant.libtorch_cuda()) else {
         return Vec::new();
     };
-    if ins.gpu_code.is_empty() {
+    // A split build (torch ≤ 1.13) keeps its kernels in the libraries beside
+    // libtorch_cuda.so: judged by them, as `fdl inspect` judges it.
+    let followed = inspect::split::follow(&ins, &crate::loader::LoaderEnv::from_process())
+        .filter(|f| f.found());
+    let not_covered = |a: Arch| match &followed {
+        Some(f) => matches!(f.coverage(a), Some(inspect::Verdict::NotCovered)),
+        None => matches!(
+            inspect::coverage(&ins.gpu_code, a),
+            inspect::Verdict::NotCovered
+        ),
+    };
+    if followed.is_none() && ins.gpu_code.is_empty() {
         return Vec::new(); // not a CUDA build of libtorch at all; nothing to judge by
     }
     archs
         .iter()
-        .filter(|&&a| matches!(inspect::coverage(&ins.gpu_code, a), inspect::Verdict::NotCovered))
+        .filter(|&&a| not_covered(a))
         .map(|a| {
             format!(
                 "the active libtorch ({}) has no GPU code for {a}: an NCCL built for {a} will not make training run there. Use a libtorch built for {a} (from source with TORCH_CUDA_ARCH_LIST including {}), and register it with `fdl libtorch add`",
