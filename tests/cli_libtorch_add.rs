@@ -796,3 +796,51 @@ fn the_lib_directory_itself_suggests_its_parent_as_a_pasteable_command() {
     let arch = std::fs::read_to_string(p.root().join("libtorch/precompiled/pip/.arch")).unwrap();
     assert!(arch.contains("nccl=2.28.9"), "{arch}");
 }
+
+/// `libtorch add` of a torch tree without `version.py` (the setup's torch 2.8.0+cu128
+/// keeps only `libtorch_cuda.so`, whose NCCL 2.27.5 wheel was built with CUDA 12.9)
+/// records torch's own CUDA as far as its libraries say it: the major version of the
+/// libcudart it links (`readelf`'s NEEDED), never its NCCL's CUDA (issue 43).
+#[test]
+#[ignore = "needs the real wheels of `source .ci/setup` (torch 2.8.0): `cargo test -- --include-ignored`"]
+fn a_torch_without_its_version_records_its_own_cuda_not_its_nccls() {
+    let lib = oracle_input("FDL_TEST_TORCH_LIB");
+    let torch = lib.parent().unwrap().parent().unwrap();
+    assert!(!torch.join("version.py").exists(), "{}", torch.display());
+    let needed = std::process::Command::new("readelf")
+        .arg("-d")
+        .arg(&lib)
+        .output()
+        .expect("readelf (binutils) is needed for this test");
+    let needed = String::from_utf8_lossy(&needed.stdout);
+    let major = needed
+        .lines()
+        .find_map(|l| l.split("[libcudart.so.").nth(1))
+        .and_then(|rest| rest.split(']').next())
+        .unwrap_or_else(|| panic!("no libcudart in NEEDED: {needed}"))
+        .to_string();
+    let p = ProjectFixture::empty();
+    let out = fdl()
+        .arg("--root")
+        .arg(p.root())
+        .args(["libtorch", "add", "t28", "--json"])
+        .arg(torch)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["arch"]["cuda"], major.as_str(), "{v}");
+    // Its NCCL's CUDA is another: what was recorded before.
+    let nccl = fdl()
+        .args(["inspect", "--json"])
+        .arg(v["arch"]["nccl_library"].as_str().unwrap())
+        .output()
+        .unwrap();
+    let nccl: serde_json::Value = serde_json::from_slice(&nccl.stdout).unwrap();
+    assert_eq!(nccl["inspection"]["nccl"]["cuda"], "12.9", "{nccl}");
+    assert_ne!(major, "12.9");
+}

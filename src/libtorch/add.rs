@@ -122,7 +122,7 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 /// `.arch` from the files themselves: the torch version (pip's `version.py` or the
-/// archive's `build-version`), CUDA (the version's `+cuXYZ`, else NCCL's self-id, else
+/// archive's `build-version`), CUDA (the version's `+cuXYZ`, else the major version of
 /// the libcudart it needs), SASS/PTX archs and NCCL with its linkage.
 pub fn describe(source: &Path, lib: &Path) -> Result<ArchFile> {
     describe_in(source, lib, &loader::LoaderEnv::bundled())
@@ -145,10 +145,12 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
         _ => None,
     };
     let torch = torch_version(source)?;
+    // Torch's own CUDA, never its NCCL's (a pip NCCL is built with a CUDA of its own:
+    // torch 2.8.0+cu128 brings an NCCL of CUDA 12.9). Without the local version, the
+    // libcudart it links gives the major version, and nothing is guessed past it.
     let cuda = torch
         .as_deref()
         .and_then(cuda_from_local_version)
-        .or_else(|| nccl.as_ref().map(|n| n.cuda.to_string()))
         .or_else(|| {
             ins.needed.iter().find_map(|n| {
                 n.strip_prefix("libcudart.so.")
