@@ -8,6 +8,8 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // `COMPLETE=bash fdl …`: the shell asking for completions (see docs/manage.md).
+    fdl::cli::complete_from_env();
     let cli = fdl::cli::parse();
     fdl::process::install_interrupt_handler();
     let result = fdl::cli::run(cli);

@@ -386,6 +386,100 @@ fn completions_for_each_shell() {
     fdl().args(["completions", "tcsh"]).assert().failure();
 }
 
+/// What bash's registration script (`source <(COMPLETE=bash fdl)`) asks at a TAB: the
+/// words of the line after `--`, the index of the one under the cursor, candidates back
+/// separated by `$_CLAP_IFS`.
+fn complete_bash(cmd: &mut assert_cmd::Command, words: &[&str]) -> Vec<String> {
+    let out = cmd
+        .env("COMPLETE", "bash")
+        .env("_CLAP_COMPLETE_INDEX", (words.len() - 1).to_string())
+        .env("_CLAP_IFS", "\x0b")
+        .arg("--")
+        .args(words)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    // Every byte the shell would put on its line is printable: nothing from the disk raw.
+    assert!(
+        !text.chars().any(|c| c.is_control() && c != '\x0b'),
+        "{text:?}"
+    );
+    text.split('\x0b')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// `fdl libtorch activate <TAB>` offers the project's variants and `fdl nccl env <TAB>`
+/// (and the other commands taking a build) its builds, for the project the line, $FDL_ROOT
+/// or the working directory names; a name with control characters, a leftover or a
+/// directory that is no build is never offered, nor fdl's hidden commands.
+#[test]
+fn dynamic_completion_offers_the_projects_variants_and_builds() {
+    let f = fixture();
+    let lt = f.project.root().join("libtorch");
+    std::fs::create_dir_all(lt.join("builds/mine")).unwrap();
+    for hostile in ["precompiled/evil\x1b[31m", "precompiled/two\nlines"] {
+        std::fs::create_dir_all(lt.join(hostile)).unwrap();
+    }
+    let builds = f.builds();
+    for odd in ["v2.27.5-sm90\x1b]0;x\x07", ".staging-v2.27.5-sm90-AbC123"] {
+        std::fs::create_dir_all(builds.join(odd)).unwrap();
+        std::fs::write(builds.join(odd).join("fdl-build.json"), "{}").unwrap();
+    }
+    std::fs::create_dir_all(builds.join("handmade")).unwrap();
+    let sub = f.project.root().join("libtorch/precompiled");
+
+    // From a subdirectory of the project, as fdl finds its root.
+    let got = complete_bash(
+        fdl().current_dir(&sub),
+        &["fdl", "libtorch", "activate", ""],
+    );
+    let variants: Vec<&String> = got.iter().filter(|c| !c.starts_with('-')).collect();
+    assert_eq!(variants, ["builds/mine", "precompiled/cu128"], "{got:?}");
+    let got = complete_bash(fdl().current_dir(&sub), &["fdl", "libtorch", "info", "pre"]);
+    assert_eq!(got, ["precompiled/cu128"]);
+
+    // The project the line's --root names, wherever fdl runs.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let root = f.project.root().display().to_string();
+    let mut sorted = f.names.clone();
+    sorted.sort();
+    for line in [
+        vec!["fdl", "--root", &root, "nccl", "env", ""],
+        vec!["fdl", "nccl", "verify", "--root", &root, ""],
+        vec!["fdl", "nccl", "remove", "--root", &root, &f.names[0], ""],
+    ] {
+        let got = complete_bash(fdl().current_dir(elsewhere.path()), &line);
+        let offered: Vec<&String> = got.iter().filter(|c| !c.starts_with('-')).collect();
+        assert_eq!(offered, sorted.iter().collect::<Vec<_>>(), "{line:?}");
+    }
+    // And $FDL_ROOT, with the typed prefix.
+    let got = complete_bash(
+        fdl()
+            .current_dir(elsewhere.path())
+            .env("FDL_ROOT", f.project.root()),
+        &["fdl", "cluster", "env", "v2.26"],
+    );
+    assert_eq!(got, [f.names[2].as_str()]);
+
+    // No project: nothing to offer, and no error.
+    let got = complete_bash(
+        fdl().current_dir(elsewhere.path()),
+        &["fdl", "nccl", "env", "v"],
+    );
+    assert!(got.is_empty(), "{got:?}");
+    // fdl's own plumbing stays out, as in the static script.
+    assert!(complete_bash(&mut fdl(), &["fdl", "__"]).is_empty());
+    let got = complete_bash(&mut fdl(), &["fdl", "cluster", "r"]);
+    assert!(!got.iter().any(|c| c == "receive"), "{got:?}");
+}
+
 /// `eval "$(fdl nccl env)"` in sh and bash, for project roots holding spaces, quotes,
 /// `$(…)`, backticks and a newline: LD_PRELOAD equals the path (appended to what was
 /// there), and nothing in the path runs. The YAML form parses back to the same path.

@@ -71,7 +71,8 @@ pub enum ClusterCommand {
     #[command(after_help = "Example:\n  fdl cluster env v2.27.5-sm61-sm120")]
     Env {
         /// A build of this project (default: as `fdl nccl env` picks)
-        #[arg(value_parser = super::common::build_name_arg)]
+        #[arg(value_parser = super::common::build_name_arg,
+              add = clap_complete::ArgValueCandidates::new(super::complete::builds))]
         build: Option<String>,
         #[command(flatten)]
         common: Common,
@@ -89,7 +90,8 @@ pub enum ClusterCommand {
     )]
     Ship {
         /// A build of this project (default: as `fdl nccl env` picks)
-        #[arg(value_parser = super::common::build_name_arg)]
+        #[arg(value_parser = super::common::build_name_arg,
+              add = clap_complete::ArgValueCandidates::new(super::complete::builds))]
         build: Option<String>,
         /// Only these workers (their `host:` names, comma-separated)
         #[arg(long, value_delimiter = ',', value_name = "A,B")]

@@ -7,6 +7,7 @@ use crate::libtorch::Libtorch;
 use crate::project::Project;
 use anyhow::Result;
 use clap::Subcommand;
+use clap_complete::ArgValueCandidates;
 use serde_json::json;
 
 #[derive(Debug, Subcommand)]
@@ -23,6 +24,7 @@ pub enum LibtorchCommand {
     #[command(after_help = "Example:\n  fdl libtorch activate precompiled/cu128")]
     Activate {
         /// precompiled/<name>, builds/<name>, or a bare name
+        #[arg(add = ArgValueCandidates::new(super::complete::variants))]
         variant: String,
     },
     /// Register an existing libtorch (unpacked archive or pip torch/) as precompiled/NAME
@@ -45,6 +47,7 @@ as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch
     #[command(after_help = "Example:\n  fdl libtorch remove pip-cu128 --yes")]
     Remove {
         /// precompiled/<name>, builds/<name>, or a bare name
+        #[arg(add = ArgValueCandidates::new(super::complete::variants))]
         variant: String,
         /// Do not ask
         #[arg(long, short)]
@@ -54,6 +57,7 @@ as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch
     #[command(after_help = "Example:\n  fdl libtorch info precompiled/cu128")]
     Info {
         /// Default: the active variant
+        #[arg(add = ArgValueCandidates::new(super::complete::variants))]
         variant: Option<String>,
         /// Judge coverage for these archs instead of the local GPUs
         #[arg(long)]

@@ -24,6 +24,7 @@ macro_rules! outln {
 mod build;
 mod cluster;
 pub mod common;
+mod complete;
 mod gpus;
 mod inspect;
 mod libtorch;
@@ -37,6 +38,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 pub use build::BuildArgs;
+use clap_complete::ArgValueCandidates;
 use common::{build_name_arg, print_json};
 pub use common::{
     finish_stdout, JsonReported, ModelWrong, Undecided, EXIT_MODEL_WRONG, EXIT_UNKNOWN, JSON_SCHEMA,
@@ -99,9 +101,9 @@ pub enum Command {
         after_help = "Examples:\n  fdl cluster status\n  fdl cluster env v2.27.5-sm61-sm120\n  salloc -N3 fdl cluster status --slurm"
     )]
     Cluster(cluster::ClusterCommand),
-    /// Print shell completions
+    /// Print a static shell completion script (commands and flags)
     #[command(
-        after_help = "Example:\n  fdl completions bash > ~/.local/share/bash-completion/completions/fdl"
+        after_help = "Example:\n  fdl completions bash > ~/.local/share/bash-completion/completions/fdl\n\nTo complete this project's variant and build names too, use the dynamic script instead:\n  source <(COMPLETE=bash fdl)      # in ~/.bashrc; zsh alike, fish: COMPLETE=fish fdl | source"
     )]
     Completions {
         /// The shell to complete for
@@ -179,7 +181,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
     )]
     Verify {
         /// Default: every build
-        #[arg(value_parser = build_name_arg)]
+        #[arg(value_parser = build_name_arg, add = ArgValueCandidates::new(complete::builds))]
         build: Option<String>,
         /// Print one JSON object (the exit status still says whether all passed)
         #[arg(long)]
@@ -196,7 +198,8 @@ Without --tag the version is read from the active libtorch; without --archs the 
     #[command(after_help = "Example:\n  fdl nccl remove v2.27.5-sm61-sm120 --yes")]
     Remove {
         /// Build names as `fdl nccl list` shows them, or leftovers of interrupted builds
-        #[arg(required = true, value_parser = common::build_or_leftover_arg)]
+        #[arg(required = true, value_parser = common::build_or_leftover_arg,
+              add = ArgValueCandidates::new(complete::builds))]
         builds: Vec<String>,
         /// Do not ask
         #[arg(long, short)]
@@ -212,7 +215,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
     Env {
         /// A build as `fdl nccl list` names it (default: the newest matching the active
         /// libtorch's NCCL)
-        #[arg(value_parser = build_name_arg)]
+        #[arg(value_parser = build_name_arg, add = ArgValueCandidates::new(complete::builds))]
         build: Option<String>,
         /// How to print it: shell `export` lines, a YAML env: block, or JSON
         #[arg(long, value_enum, default_value_t = manage::EnvFormat::Shell)]
@@ -290,6 +293,15 @@ pub fn parse() -> Cli {
             e.exit()
         }
     }
+}
+
+/// Answers a shell's completion request and exits when `$COMPLETE` names a shell (the
+/// script `source <(COMPLETE=bash fdl)` registers sets it); otherwise returns, and fdl
+/// runs as usual. Variant and build names come from [`complete`].
+pub fn complete_from_env() {
+    // What the static script offers: fdl's own plumbing stays out of completions.
+    clap_complete::CompleteEnv::with_factory(|| visible(&<Cli as clap::CommandFactory>::command()))
+        .complete();
 }
 
 pub fn run(cli: Cli) -> Result<()> {

@@ -415,14 +415,14 @@ impl BuildsFixture {
 }
 
 /// The path in `var`, an input `.ci/fetch-oracles` provides (a real NVIDIA library or
-/// tool). The tests that need one are `#[ignore]`d, so a plain `cargo test` counts them
-/// as ignored; run with `--include-ignored`, a missing input fails the test — a check
-/// that did not run never reads as passed.
+/// tool, or maturin). The tests that need one are `#[ignore]`d, so a plain `cargo test`
+/// counts them as ignored; run with `--include-ignored`, a missing input fails the test —
+/// a check that did not run never reads as passed.
 pub fn oracle_input(var: &str) -> PathBuf {
     match std::env::var_os(var) {
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => panic!(
-            "{var} is not set: this oracle test needs the real NVIDIA inputs that `source .ci/setup` provides (it is #[ignore]d unless asked for with --include-ignored)"
+            "{var} is not set: this test needs an input that `source .ci/setup` provides (a real NVIDIA library or tool, or maturin); it is #[ignore]d unless asked for with --include-ignored"
         ),
     }
 }
