@@ -648,6 +648,7 @@ fn dry_run_without_docker_shows_the_plan_then_the_warning_and_writes_nothing() {
             "--archs",
             "6.1;12.0",
             "--dry-run",
+            "-v",
         ])
         .output()
         .unwrap();
@@ -673,11 +674,29 @@ fn dry_run_without_docker_shows_the_plan_then_the_warning_and_writes_nothing() {
         assert!(stdout.contains(needle), "no {needle:?} in:\n{stdout}");
     }
     assert!(!stdout.contains("Problems"), "{stdout}");
-    // The plan comes first, then the warning.
+    // The warning comes first, then the plan (issue 43: it came after ~40 lines).
     assert!(
-        stdout.find("Commands:") < stdout.find("this host cannot run"),
+        stdout.find("this host cannot run") < stdout.find("NCCL build plan"),
         "{stdout}"
     );
+    // Without -v the commands are one line: how many, and which.
+    let out = fdl_in(p.root())
+        .env("PATH", no_tools.path())
+        .args(["nccl", "build", "--tag", "v2.27.5-1", "--archs", "6.1;12.0"])
+        .arg("--dry-run")
+        .output()
+        .unwrap();
+    let short = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{short}");
+    assert!(
+        short.contains("Commands:  4 (docker build, docker run ×3); shown in full with -v"),
+        "{short}"
+    );
+    assert!(
+        !short.contains("--mount") && !short.contains("fdl-run.sh is this script"),
+        "{short}"
+    );
+    assert!(short.lines().count() < 30, "{short}");
     assert_eq!(before, snapshot(p.root()));
     assert!(!p.root().join("libtorch").exists());
 }
@@ -766,8 +785,10 @@ fn a_cuda_that_cannot_compile_an_arch_still_shows_the_plan() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{stdout}");
-    assert!(stdout.starts_with("NCCL build plan"), "{stdout}");
-    let problems = &stdout[stdout.find("Problems").expect("a Problems section")..];
+    // The problems first, then the plan.
+    assert!(stdout.starts_with("Problems"), "{stdout}");
+    assert!(stdout.contains("\nNCCL build plan\n"), "{stdout}");
+    let problems = &stdout[..stdout.find("NCCL build plan").unwrap()];
     assert!(
         problems.contains("CUDA 13.0 cannot compile sm_61"),
         "{stdout}"

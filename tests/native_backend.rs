@@ -1257,7 +1257,7 @@ fn the_steps_a_dry_run_shows_are_the_steps_that_run() {
     let env = Env::new();
     let tree = env.tree("nccl", (2, 27, 5));
     let dry = env
-        .build("8.6", &["--dry-run", "--source"])
+        .build("8.6", &["--dry-run", "-v", "--source"])
         .arg(&tree)
         .output()
         .unwrap();

@@ -190,7 +190,7 @@ fn run_with(
         crate::eprintln_safe!("project root: {}", project.describe());
     }
     let prepared = pipeline::prepare(project, &args.request(), infer)?;
-    // One rule for every dry run: the plan, then every problem, then a status that is 0
+    // One rule for every dry run: every problem and warning, the plan, then a status that is 0
     // only when a real run would start.
     if args.dry_run {
         shown(false);
@@ -204,7 +204,12 @@ fn run_with(
         } else {
             out!(
                 "{}",
-                render::plan(&prepared.plan, &prepared.commands, &prepared.store)
+                render::plan(
+                    &prepared.plan,
+                    &prepared.commands,
+                    &prepared.store,
+                    args.verbose
+                )
             );
             outln!("Dry run: nothing was built, written or started.");
         }
@@ -230,7 +235,12 @@ fn run_with(
         // The whole plan (its commands, the run script) with -v; else what is built,
         // where and how, in a few lines (the log's path follows when the build starts).
         let text = if args.verbose {
-            render::plan(&prepared.plan, &prepared.commands, &prepared.store)
+            render::plan(
+                &prepared.plan,
+                &prepared.commands,
+                &prepared.store,
+                args.verbose,
+            )
         } else {
             render::header(&prepared.plan, &prepared.store)
         };

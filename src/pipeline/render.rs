@@ -58,7 +58,9 @@ fn host_values(v: &[crate::nccl::plan::HostValue]) -> String {
 /// `-v`'s): what is built, where, with which backend, CUDA and archs, then its warnings.
 /// The build adds the path of its log when it opens it.
 pub fn header(plan: &BuildPlan, store: &StoreView) -> String {
-    let mut s = format!("Building NCCL {}\n", clean(&plan.name));
+    // Warnings first: the build appends its log's row below the rows when it opens it.
+    let mut s = warnings(plan);
+    s.push_str(&format!("Building NCCL {}\n", clean(&plan.name)));
     let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<11}{}\n", clean(&v)));
     row(
         "tag",
@@ -77,10 +79,35 @@ pub fn header(plan: &BuildPlan, store: &StoreView) -> String {
             "installed from the build store's entry: nothing is compiled".into(),
         );
     }
-    if !plan.warnings.is_empty() {
-        s.push_str(&paint("Warnings:\n", Color::Yellow));
-        for w in &plan.warnings {
-            s.push_str(&format!("  {}\n", clean(w)));
+    s
+}
+
+/// The plan's problems, then its warnings, each under its title; empty when none. The
+/// whole plan shows them as made, their lists on lines of their own.
+fn problems_and_warnings(plan: &BuildPlan) -> String {
+    let mut s = titled(
+        "Problems (the build will not start until they are solved):",
+        Color::Red,
+        &plan.problems,
+        |p| p.to_string(),
+    );
+    s.push_str(&titled("Warnings:", Color::Yellow, &plan.warnings, |w| {
+        w.to_string()
+    }));
+    s
+}
+
+/// The warnings of a real build's header, each on one line ([`clean`]).
+fn warnings(plan: &BuildPlan) -> String {
+    titled("Warnings:", Color::Yellow, &plan.warnings, clean)
+}
+
+fn titled(title: &str, color: Color, items: &[String], show: impl Fn(&str) -> String) -> String {
+    let mut s = String::new();
+    if !items.is_empty() {
+        s.push_str(&paint(&format!("{title}\n"), color));
+        for item in items {
+            s.push_str(&format!("  {}\n", show(item)));
         }
     }
     s
@@ -128,7 +155,10 @@ fn default_cuda_reason(plan: &BuildPlan) -> String {
     }
 }
 
-pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
+/// The whole plan as `--dry-run` shows it: its problems and warnings first, then its
+/// rows, then the commands it runs: each in full with `verbose` (and the run script
+/// the containers run), else one line that says how many and which.
+pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView, verbose: bool) -> String {
     let tag_from = match &plan.tag_origin {
         TagOrigin::Flag => "from --tag".to_string(),
         TagOrigin::Libtorch { variant, .. } => format!("from the active libtorch, {variant}"),
@@ -150,7 +180,8 @@ pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
         }
     };
     let archs = crate::arch::archs_text(&plan.archs);
-    let mut s = String::from("NCCL build plan\n");
+    let mut s = problems_and_warnings(plan);
+    s.push_str("NCCL build plan\n");
     // Every value is cleaned: it may quote a path, a library or an engine's answer, and a
     // newline there would forge a row. A value of two lines is two rows.
     let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<11}{}\n", clean(&v)));
@@ -334,40 +365,83 @@ pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView) -> String {
             ),
         ),
     }
-    s.push_str("Commands:\n");
-    for c in cmds {
-        s.push_str(&format!("  {c}\n"));
-    }
-    if let BackendPlan::Docker(_) = &plan.backend {
+    if verbose {
+        s.push_str("Commands:\n");
+        for c in cmds {
+            s.push_str(&format!("  {c}\n"));
+        }
+        if let BackendPlan::Docker(_) = &plan.backend {
+            s.push_str(&format!(
+                "  where {} is this script, which fdl writes into <work>:\n",
+                crate::nccl::plan::RUN_SCRIPT_PATH
+            ));
+            for line in crate::nccl::plan::RUN_SCRIPT.lines() {
+                s.push_str(&format!("    {line}\n"));
+            }
+        }
+    } else if !cmds.is_empty() {
         s.push_str(&format!(
-            "  where {} is this script, which fdl writes into <work>:\n",
-            crate::nccl::plan::RUN_SCRIPT_PATH
+            "Commands:  {} ({}); shown in full with -v (or --json)\n",
+            cmds.len(),
+            command_kinds(cmds)
         ));
-        for line in crate::nccl::plan::RUN_SCRIPT.lines() {
-            s.push_str(&format!("    {line}\n"));
-        }
-    }
-    if !plan.warnings.is_empty() {
-        s.push_str(&paint("Warnings:\n", Color::Yellow));
-        for w in &plan.warnings {
-            s.push_str(&format!("  {w}\n"));
-        }
-    }
-    if !plan.problems.is_empty() {
-        s.push_str(&paint(
-            "Problems (the build will not start until they are solved):\n",
-            Color::Red,
-        ));
-        for p in &plan.problems {
-            s.push_str(&format!("  {p}\n"));
-        }
     }
     s
+}
+
+/// `docker build, docker run ×3`: the programs of `cmds` (past `env` and its options and
+/// assignments), with a Docker subcommand, counted.
+fn command_kinds(cmds: &[String]) -> String {
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for c in cmds {
+        let mut words = c.split_whitespace();
+        let mut program = "";
+        while let Some(w) = words.next() {
+            if w == "-u" {
+                words.next(); // env's `-u NAME`
+            } else if w != "env" && !w.starts_with('-') && !w.contains('=') {
+                program = w;
+                break;
+            }
+        }
+        let program = program.rsplit('/').next().unwrap_or(program);
+        let kind = match words.next() {
+            Some(sub) if program == "docker" && !sub.starts_with('-') => format!("docker {sub}"),
+            _ => program.to_string(),
+        };
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => kinds.push((kind, 1)),
+        }
+    }
+    kinds
+        .iter()
+        .map(|(k, n)| {
+            if *n == 1 {
+                k.clone()
+            } else {
+                format!("{k} ×{n}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn folded_commands_name_their_programs() {
+        let cmds = [
+            "docker build --tag '<toolchain>' .".to_string(),
+            "docker run --rm x".to_string(),
+            "docker run --rm y".to_string(),
+            "env -u MAKEFLAGS PATH=/x:\"$PATH\" CXX=/usr/bin/g++ /usr/bin/make -C '<source>' -n"
+                .to_string(),
+        ];
+        assert_eq!(command_kinds(&cmds), "docker build, docker run ×2, make");
+    }
     use crate::arch::Arch;
     use crate::nccl::plan::{BackendInputs, PlanInputs, Toolkit};
     use crate::nccl::tag::Tag;
@@ -429,7 +503,7 @@ mod tests {
             head.lines().count() <= 7 && !head.contains("Commands"),
             "{head}"
         );
-        let full = plan(&built, &["make …".into()], &store);
+        let full = plan(&built, &["make …".into()], &store, true);
         assert!(
             full.contains("fdl's default: it compiles every arch of this plan (sm_86)")
                 && !full.contains("Pascal"),
@@ -479,7 +553,7 @@ mod tests {
             inputs: None,
             why: Some("\x1b]0;title\x07".into()),
         };
-        let text = plan(&built, &[], &store);
+        let text = plan(&built, &[], &store, true);
         assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text}");
         assert!(
             !text.lines().any(|l| l.starts_with("  archs      sm_90")),
