@@ -264,7 +264,8 @@ const ANSWER: usize = 80;
 
 /// An unknown or split answer in a few words, from its typed parts: the NCCL an unknown
 /// answer reaches if what fdl cannot see defines no `nccl*`, the objects with NCCL that a
-/// split's calls reach; else the start of its reason. Whether anything was left out.
+/// split's calls reach; else its reason, shortened by [`short_reason`]. Whether anything
+/// was left out.
 fn answer_short(w: &Which) -> (String, bool) {
     if let (Answer::Unknown { .. }, Some(c)) = (&w.answer, &w.conditional) {
         let d = &c.detection;
@@ -300,10 +301,9 @@ fn answer_short(w: &Which) -> (String, bool) {
             return (text, true);
         }
     }
-    let reason = w.answer.reason().unwrap_or_default();
-    let (text, listed) = short_reason(w, reason, true);
-    let (text, cut) = crate::text::fit(&text, ANSWER);
-    (text, cut || listed)
+    // No typed short form: the reason as `short_reason` shortens it, wrapped where it is
+    // printed, never cut before its point.
+    short_reason(w, w.answer.reason().unwrap_or_default(), true)
 }
 
 /// A file of the link map as a summary names it: by file name where no other object of
@@ -604,6 +604,8 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
     Ok(())
 }
 
+/// The indent of a continuation line of `detect`'s rows (`  library   …`).
+const DETECT_INDENT: &str = "            ";
 /// The indent of a row's continuation lines: under its value.
 const ROW_INDENT: &str = "           ";
 /// Where a shortened answer of `inspect` (and `libtorch info`) is said whole.
@@ -987,17 +989,17 @@ fn print_witness(
             ),
         );
     }
-    say("  loader    ", ROW_INDENT, &clean(&x.summary()));
+    say("  loader    ", DETECT_INDENT, &clean(&x.summary()));
     match verdict {
         Some(loader::witness::Verdict::Agree { why }) => say(
             "  verdict   ",
-            ROW_INDENT,
+            DETECT_INDENT,
             &format!("{}: {}", paint("agrees", Color::Green), clean(why)),
         ),
         // The loader's answer is on the line above; the model's is said here.
         Some(loader::witness::Verdict::Disagree { model, .. }) => say(
             "  verdict   ",
-            ROW_INDENT,
+            DETECT_INDENT,
             &format!(
                 "{}: it says {}; the loader's answer above stands.",
                 paint("fdl's model is wrong here", Color::Red),
@@ -1008,7 +1010,7 @@ fn print_witness(
         // exit status: 0 where it is a process's that starts with one NCCL, else 3.
         Some(loader::witness::Verdict::ModelUnknown { .. }) => say(
             "  verdict   ",
-            ROW_INDENT,
+            DETECT_INDENT,
             match loader_settles(x) {
                 Settles::Yes => "the model could not say; the loader's answer above stands",
                 Settles::Split => {
@@ -1021,13 +1023,13 @@ fn print_witness(
         ),
         Some(loader::witness::Verdict::Inconclusive { why }) => say(
             "  verdict   ",
-            ROW_INDENT,
+            DETECT_INDENT,
             &format!("no witness: {}; the model answers alone", clean(why)),
         ),
         None => {}
     }
     for warn in &x.warnings {
-        say("  note      ", ROW_INDENT, &clean(warn));
+        say("  note      ", DETECT_INDENT, &clean(warn));
     }
 }
 
@@ -1062,9 +1064,9 @@ fn print_which(lib: &Path, w: &Which, verbose: bool) {
     match &w.answer {
         Answer::Nccl { detection: d } => {
             outln!("NCCL {} (built with CUDA {})", d.version, d.cuda);
-            say("  library   ", ROW_INDENT, &path(lib));
-            say("  found in  ", ROW_INDENT, &path(&d.file));
-            say("  linkage   ", ROW_INDENT, &clean(&linkage_text(d)));
+            say("  library   ", DETECT_INDENT, &path(lib));
+            say("  found in  ", DETECT_INDENT, &path(&d.file));
+            say("  linkage   ", DETECT_INDENT, &clean(&linkage_text(d)));
         }
         Answer::None { reason } => say(
             "",
@@ -1094,7 +1096,7 @@ fn print_which(lib: &Path, w: &Which, verbose: bool) {
                 left |= cut;
                 say(&format!("{head} "), "  ", &clean(&text));
             }
-            say("  library   ", ROW_INDENT, &path(lib));
+            say("  library   ", DETECT_INDENT, &path(lib));
         }
     }
     if !w.calls.is_empty() {
