@@ -106,10 +106,10 @@ fn the_root_is_named_only_where_it_matters() {
         &[
             "nccl",
             "build",
-            "--tag",
-            "2.27",
             "--archs",
             "6.1",
+            "--cuda",
+            "twelve",
             "--dry-run",
         ],
         &["nccl", "detect", "/nonexistent/libnccl.so.2"],
