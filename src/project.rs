@@ -11,6 +11,20 @@
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 
+/// An error about what the command line itself says (a flag's value, such as a
+/// malformed `--archs`), not about the project: the CLI names no project root beside it,
+/// since no root would change it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:#}")]
+pub struct CommandLineError(pub anyhow::Error);
+
+impl CommandLineError {
+    /// Whether `e` is, or wraps, one.
+    pub fn is_in(e: &anyhow::Error) -> bool {
+        e.chain().any(|c| c.is::<CommandLineError>())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RootSource {
     Flag,

@@ -144,6 +144,88 @@ fn paint_if(enabled: bool, text: &str, color: Color) -> String {
     format!("{mark}{text}{MARK_RESET}")
 }
 
+/// The widest line fdl prints to a terminal, in characters: prose is wrapped to it
+/// ([`wrap`]); only a path or a command to copy, which is never broken, runs past it.
+pub const WIDTH: usize = 100;
+
+/// How many columns `text` takes: fdl's colour marks take none.
+pub fn columns(text: &str) -> usize {
+    text.chars().filter(|&c| !is_mark(c)).count()
+}
+
+/// `text` as lines of at most [`WIDTH`] columns, the first starting with `first`, the
+/// others with `rest` (an indent). Lines break at spaces only: a word longer than a line
+/// (a path, a command to copy) stays whole, on a line of its own.
+pub fn wrap(first: &str, rest: &str, text: &str) -> String {
+    // Each word with the spaces before it, so that a double space stays one where no line
+    // breaks.
+    let mut parts: Vec<(&str, &str)> = Vec::new();
+    let mut rest_of = text;
+    while !rest_of.is_empty() {
+        let word_at = rest_of.len() - rest_of.trim_start_matches(' ').len();
+        let end = rest_of[word_at..]
+            .find(' ')
+            .map_or(rest_of.len(), |i| word_at + i);
+        if word_at < end {
+            parts.push((&rest_of[..word_at], &rest_of[word_at..end]));
+        }
+        rest_of = &rest_of[end..];
+    }
+    pack(first, rest, &parts)
+}
+
+/// `items` joined by `sep` as [`wrap`] lays out text, breaking only between items (after
+/// `sep`, less its trailing spaces): `sm_90 ×393` of a list stays on one line.
+pub fn wrap_items(first: &str, rest: &str, items: &[String], sep: &str) -> String {
+    let parts: Vec<(&str, &str)> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| (if i == 0 { "" } else { sep }, item.as_str()))
+        .collect();
+    pack(first, rest, &parts)
+}
+
+/// Lays out `(joiner, word)` pairs: a line breaks before a word that would pass
+/// [`WIDTH`], ending with its joiner less trailing spaces; the next starts with `rest`.
+fn pack(first: &str, rest: &str, parts: &[(&str, &str)]) -> String {
+    let mut out = String::new();
+    let mut line = first.to_string();
+    let mut empty = true;
+    for (joiner, word) in parts {
+        if !empty && columns(&line) + columns(joiner) + columns(word) > WIDTH {
+            out.push_str(line.trim_end());
+            out.push_str(joiner.trim_end());
+            out.push('\n');
+            line = rest.to_string();
+            empty = true;
+        }
+        if !empty {
+            line.push_str(joiner);
+        }
+        line.push_str(word);
+        empty = false;
+    }
+    out.push_str(line.trim_end());
+    out
+}
+
+/// `text` cut to at most `max` columns at a space, with `…` where it was cut; the second
+/// value says whether it was.
+pub fn fit(text: &str, max: usize) -> (String, bool) {
+    if columns(text) <= max {
+        return (text.to_string(), false);
+    }
+    let head: String = text.chars().take(max.saturating_sub(1)).collect();
+    let head = match head.rfind(' ') {
+        Some(i) if i > max / 2 => &head[..i],
+        _ => head.as_str(),
+    };
+    (
+        format!("{}…", head.trim_end_matches([' ', ',', ';', ':', '('])),
+        true,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,5 +251,31 @@ mod tests {
         let line = format!("{} {}", ours, clean("\u{F8F1}evil"));
         assert_eq!(terminal_safe(&line), "\x1b[32mok\x1b[0m \\u{f8f1}evil");
         assert_eq!(terminal_safe("plain\ttext\n"), "plain\ttext\n");
+    }
+
+    /// Prose wraps at spaces within WIDTH; a word longer than a line (a path) stays whole.
+    #[test]
+    fn wrap_breaks_prose_never_a_path() {
+        let long_path = format!("/{}", "d/".repeat(70));
+        let text = format!("{} {long_path} and after", "word ".repeat(40));
+        let wrapped = wrap("  head ", "       ", &text);
+        for l in wrapped.lines() {
+            assert!(columns(l) <= WIDTH || l.trim() == long_path, "{l:?}");
+        }
+        assert!(wrapped.starts_with("  head word"));
+        assert!(wrapped.lines().any(|l| l.trim() == long_path));
+        assert_eq!(wrap("a ", "  ", "short  text"), "a short  text");
+        let items: Vec<String> = (0..30).map(|i| format!("sm_{i} ×393")).collect();
+        let listed = wrap_items("  SASS ", "       ", &items, ", ");
+        assert!(listed.lines().count() > 1, "{listed}");
+        for l in listed.lines() {
+            assert!(
+                columns(l) <= WIDTH && l.trim_end().ends_with(['3', ',']),
+                "{l:?}"
+            );
+        }
+        assert_eq!(fit("short", 10), ("short".to_string(), false));
+        let (cut, was) = fit("one two three four five six", 14);
+        assert!(was && columns(&cut) <= 14 && cut.ends_with('…'), "{cut}");
     }
 }

@@ -82,3 +82,41 @@ fn a_root_taken_from_the_working_directory_is_named() {
     let out = fdl_in(cwd.path()).args(["nccl", "list"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&out.stdout).contains("working directory"));
 }
+
+/// The root is named beside an error only where it matters to it: an error about the
+/// project's variants keeps it; a malformed flag value, a file named on the command line
+/// and a clap usage error do not name it.
+#[test]
+fn the_root_is_named_only_where_it_matters() {
+    let t = tempfile::tempdir().unwrap();
+    let err = |args: &[&str]| {
+        let out = fdl().current_dir(t.path()).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = err(&["libtorch", "activate", "nosuch"]);
+    assert!(
+        e.contains("no libtorch variant") && e.contains("(project root: "),
+        "{e}"
+    );
+    let e = err(&["nccl", "detect"]);
+    assert!(e.contains("(project root: "), "{e}");
+    for args in [
+        &["nccl", "build", "--archs", "6.x", "--dry-run"][..],
+        &[
+            "nccl",
+            "build",
+            "--archs",
+            "6.1",
+            "--cuda",
+            "twelve",
+            "--dry-run",
+        ],
+        &["nccl", "detect", "/nonexistent/libnccl.so.2"],
+        &["nccl", "plugins", "/nonexistent/libnccl.so.2"],
+        &["nccl", "detect", "--jsn"],
+    ] {
+        let e = err(args);
+        assert!(!e.contains("project root"), "{args:?}: {e}");
+    }
+}

@@ -851,3 +851,36 @@ fn a_signal_during_the_trace_leaves_no_directory_and_the_directory_is_private() 
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// `detect --witness` where the model cannot say and the loader's trace is of a process
+/// that cannot start (the real torch 2.8.0 `libtorch_cuda.so` of the oracle cache, whose
+/// CUDA libraries are not there): the loader's answer is said once, the verdict is one
+/// sentence that says the answer stays unknown, and the exit status is 3, as it says.
+#[test]
+#[ignore = "needs the real NVIDIA inputs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn a_loader_answer_that_settles_nothing_is_said_once_and_exits_unknown() {
+    let torch = common::oracle_input("FDL_TEST_TORCH_LIB");
+    let out = common::fdl()
+        .args(["nccl", "detect", "--witness"])
+        .arg(&torch)
+        .env_remove("LD_PRELOAD")
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let all = format!("{stdout}{stderr}");
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    // The loader's answer (its summary) once: on its `loader` line, not again in the
+    // verdict or on stderr.
+    assert_eq!(all.matches("references bind to").count(), 1, "{all}");
+    assert!(!all.contains("the loader's answer stands:"), "{all}");
+    let verdict: Vec<&str> = stdout.lines().filter(|l| l.contains("verdict")).collect();
+    assert_eq!(verdict.len(), 1, "{stdout}");
+    assert!(verdict[0].contains("still unknown"), "{stdout}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("unknown: ") && stderr.contains("exit status 3"),
+        "{stderr}"
+    );
+}

@@ -171,8 +171,13 @@ pub(super) fn coverage_json(rows: &[CoverageRow]) -> serde_json::Value {
 
 /// PTX is named by its virtual architecture.
 fn code_list(entries: &[inspect::CodeEntry], ptx: bool) -> String {
+    code_items(entries, ptx).join(", ")
+}
+
+/// Each entry as `sm_90 ×393` (`none` for no entry), for [`crate::text::wrap_items`].
+fn code_items(entries: &[inspect::CodeEntry], ptx: bool) -> Vec<String> {
     if entries.is_empty() {
-        return "none".into();
+        return vec!["none".into()];
     }
     entries
         .iter()
@@ -184,8 +189,7 @@ fn code_list(entries: &[inspect::CodeEntry], ptx: bool) -> String {
             };
             format!("{name} ×{}", e.count)
         })
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect()
 }
 
 /// Which NCCL a process that links the inspected library runs, in this process's
@@ -210,10 +214,13 @@ pub(super) fn linkage_text(d: &NcclDetection) -> String {
     }
 }
 
-/// The answer in one line, its reason shortened ([`short_reason`]). NCCL compiled into
-/// another file than the one asked about (a split build's bridge calls the NCCL in
-/// libtorch_cuda_cpp.so) names that file.
-pub(super) fn answer_line(w: &Which) -> String {
+/// The answer in one line, short enough for a terminal row: what is known first (the
+/// NCCL and its linkage; the NCCL an unknown answer reaches under its condition; the two
+/// NCCLs of a split), rendered from the typed answer. The second value says whether
+/// anything was left out (`--json` has the whole reason, `detect -v` says it). NCCL
+/// compiled into another file than the one asked about (a split build's bridge calls the
+/// NCCL in libtorch_cuda_cpp.so) names that file.
+pub(super) fn answer_line(w: &Which) -> (String, bool) {
     match &w.answer {
         Answer::Nccl { detection: d } => {
             let asked = w.link_map.objects.iter().find(|o| {
@@ -234,20 +241,90 @@ pub(super) fn answer_line(w: &Which) -> String {
                 ),
                 _ => linkage_text(d),
             };
-            format!("{} (CUDA {}), {linkage}", d.version, d.cuda)
+            (format!("{} (CUDA {}), {linkage}", d.version, d.cuda), false)
         }
-        Answer::None { reason } => format!("none: {reason}"),
-        Answer::Unknown { reason } => format!("unknown: {}", short_with_pointer(w, reason)),
-        Answer::Split { reason } => format!("TWO NCCLs: {}", short_with_pointer(w, reason)),
+        Answer::None { reason } => {
+            let (text, cut) = crate::text::fit(reason, ANSWER);
+            (format!("none: {text}"), cut)
+        }
+        Answer::Unknown { .. } | Answer::Split { .. } => {
+            let (text, cut) = answer_short(w);
+            let head = if matches!(w.answer, Answer::Split { .. }) {
+                "TWO NCCLs"
+            } else {
+                "unknown"
+            };
+            (format!("{head}: {text}"), cut)
+        }
     }
 }
 
-/// [`short_reason`] on one line, saying where the whole reason is when it was shortened.
-fn short_with_pointer(w: &Which, reason: &str) -> String {
-    match short_reason(w, reason, false) {
-        (text, true) => format!("{text} (shortened: `--json` has the whole reason)"),
-        (text, false) => text,
+/// At most this many characters of an answer's reason on its one line.
+const ANSWER: usize = 80;
+
+/// An unknown or split answer in a few words, from its typed parts: the NCCL an unknown
+/// answer reaches if what fdl cannot see defines no `nccl*`, the objects with NCCL that a
+/// split's calls reach; else its reason, shortened by [`short_reason`]. Whether anything
+/// was left out.
+fn answer_short(w: &Which) -> (String, bool) {
+    if let (Answer::Unknown { .. }, Some(c)) = (&w.answer, &w.conditional) {
+        let d = &c.detection;
+        let condition = match (c.only_missing, c.missing.as_slice()) {
+            (true, [one]) => format!("if {} (missing here) defines no nccl*", clean(one)),
+            (true, many) => format!(
+                "if none of the {} libraries missing here defines nccl*",
+                many.len()
+            ),
+            (false, _) => format!(
+                "if none of the {} things fdl cannot see defines nccl*",
+                c.unknowns.len()
+            ),
+        };
+        // Its file is among the evidence (`Loaded by`).
+        return (
+            format!("NCCL {} (CUDA {}) {condition}", d.version, d.cuda),
+            true,
+        );
     }
+    if let Answer::Split { .. } = &w.answer {
+        let mut reached: Vec<String> = Vec::new();
+        for c in &w.calls {
+            if let (Some(o), Some(id)) = (&c.object, &c.nccl) {
+                let one = format!("{} (NCCL {})", brief(w, o), id.nccl);
+                if !reached.contains(&one) {
+                    reached.push(one);
+                }
+            }
+        }
+        if reached.len() > 1 {
+            let (text, _) = crate::text::fit(&and_list(&reached), ANSWER);
+            return (text, true);
+        }
+    }
+    // No typed short form: the reason as `short_reason` shortens it, wrapped where it is
+    // printed, never cut before its point.
+    short_reason(w, w.answer.reason().unwrap_or_default(), true)
+}
+
+/// A file of the link map as a summary names it: by file name where no other object of
+/// the map has that name (the full paths are listed with the evidence), else whole.
+fn brief(w: &Which, p: &Path) -> String {
+    let name = file_name(p);
+    let others = w
+        .link_map
+        .objects
+        .iter()
+        .filter(|o| !o.is_stand_in() && o.path != p && file_name(&o.path) == name)
+        .count();
+    if others == 0 {
+        clean(&name)
+    } else {
+        crate::text::shown(p)
+    }
+}
+
+fn clean(text: &str) -> String {
+    crate::text::clean(text)
 }
 
 /// A reason as text output says it, once: a library that cannot be loaded is named by
@@ -449,12 +526,26 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
         if ins.elf { ", ELF" } else { ", not ELF" }
     );
     // SONAME, needs, paths and warnings are the library's own strings: shown escaped.
-    let row = |k: &str, v: String| outln!("  {k:<9}{}", crate::text::clean(&v));
+    // A row wraps under its value; a path (or RPATH) longer than a line stays whole.
+    let row = |k: &str, v: String| {
+        outln!(
+            "{}",
+            crate::text::wrap(&format!("  {k:<9}"), ROW_INDENT, &crate::text::clean(&v))
+        )
+    };
     if let Some(s) = &ins.soname {
         row("soname", s.clone());
     }
+    // A list breaks between its items only.
+    let items = |k: &str, items: Vec<String>, sep: &str| {
+        let items: Vec<String> = items.iter().map(|i| crate::text::clean(i)).collect();
+        outln!(
+            "{}",
+            crate::text::wrap_items(&format!("  {k:<9}"), ROW_INDENT, &items, sep)
+        )
+    };
     if !ins.needed.is_empty() {
-        row("needed", ins.needed.join(" "));
+        items("needed", ins.needed.clone(), " ");
     }
     if !ins.runpath.is_empty() {
         row("runpath", ins.runpath.join(":"));
@@ -462,33 +553,43 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
     if !ins.rpath.is_empty() {
         row("rpath", ins.rpath.join(":"));
     }
-    row(
-        "nccl",
-        match &nccl {
-            Ok(Some(w)) => answer_line(w),
-            Ok(None) => static_line(&ins),
-            Err(e) => format!(
+    let (answer, cut) = match &nccl {
+        Ok(Some(w)) => answer_line(w),
+        Ok(None) => (static_line(&ins), false),
+        Err(e) => (
+            format!(
                 "{}; as a process would load it: cannot tell ({e})",
                 static_line(&ins)
             ),
-        },
-    );
+            false,
+        ),
+    };
+    row("nccl", answer);
+    if cut {
+        outln!("{ROW_INDENT}{WHY_INSPECT}");
+    }
     let code = &ins.gpu_code;
-    row(
+    let with_total = |mut list: Vec<String>, total: String| {
+        if let Some(last) = list.last_mut() {
+            last.push_str(&format!("  ({total})"));
+        }
+        list
+    };
+    items(
         "SASS",
-        format!(
-            "{}  ({} cubins)",
-            code_list(&code.sass, false),
-            code.sass_total()
+        with_total(
+            code_items(&code.sass, false),
+            format!("{} cubins", code.sass_total()),
         ),
+        ", ",
     );
-    row(
+    items(
         "PTX",
-        format!(
-            "{}  ({} entries)",
-            code_list(&code.ptx, true),
-            code.ptx_total()
+        with_total(
+            code_items(&code.ptx, true),
+            format!("{} entries", code.ptx_total()),
         ),
+        ", ",
     );
     for w in ins.warnings.iter().chain(code.warnings.iter()) {
         row("warning", w.clone());
@@ -502,6 +603,13 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
     }
     Ok(())
 }
+
+/// The indent of a continuation line of `detect`'s rows (`  library   …`).
+const DETECT_INDENT: &str = "            ";
+/// The indent of a row's continuation lines: under its value.
+const ROW_INDENT: &str = "           ";
+/// Where a shortened answer of `inspect` (and `libtorch info`) is said whole.
+pub(super) const WHY_INSPECT: &str = "(`fdl nccl detect -v PATH` says why; `--json` has it whole)";
 
 /// `a`, `a and b`, `a, b and c`.
 fn and_list(names: &[String]) -> String {
@@ -560,7 +668,10 @@ pub(super) fn print_coverage(rows: &[CoverageRow], targets: &Targets) {
 /// [`print_coverage`] under `title` (which ends with a colon).
 pub(super) fn print_coverage_titled(rows: &[CoverageRow], targets: &Targets, title: &str) {
     match targets {
-        Targets::None(why) => outln!("{} not judged — {why}", title),
+        Targets::None(why) => outln!(
+            "{}",
+            crate::text::wrap(&format!("{title} "), "  ", &format!("not judged — {why}"))
+        ),
         _ => {
             outln!("{title}");
             let width = rows.iter().map(|r| r.label.len()).max().unwrap_or(0);
@@ -605,6 +716,7 @@ pub(super) fn detect_cmd(
     library_path: Option<&str>,
     json_out: bool,
     witness: bool,
+    verbose: bool,
 ) -> Result<()> {
     let (lib, kind) = detect_target(project, path)?;
     let mut env = LoaderEnv::from_process();
@@ -641,27 +753,36 @@ pub(super) fn detect_cmd(
         }
         print_json(&v);
     } else {
-        print_which(&lib, &w);
+        print_which(&lib, &w, verbose);
         if let Some((a, verdict)) = &asked {
             print_witness(a, verdict.as_ref());
         }
     }
     if let Some((Ok(x), Some(verdict))) = &asked {
         match verdict {
+            // Both answers are above (or in the JSON): the last line only says what the
+            // exit status means, once.
             loader::witness::Verdict::Disagree { model, loader } => {
-                return Err(super::common::ModelWrong(format!(
-                    "fdl's model of the loader is wrong here: it says {}, but this host's loader says {}. The loader's answer stands; please report this",
-                    crate::text::clean(model),
-                    crate::text::clean(loader)
-                ))
+                return Err(super::common::ModelWrong(if json_out {
+                    format!(
+                        "fdl's model of the loader is wrong here: it says {}, but this host's loader says {}. The loader's answer stands; please report this",
+                        crate::text::clean(model),
+                        crate::text::clean(loader)
+                    )
+                } else {
+                    "fdl's model of the loader is wrong here (exit status 4); the loader's answer above stands. Please report this".to_string()
+                })
                 .into());
             }
             loader::witness::Verdict::ModelUnknown { .. } => {
-                return match x.kind() {
-                    loader::witness::Kind::Nccl | loader::witness::Kind::Local if x.starts() => {
-                        Ok(())
-                    }
-                    _ => Err(super::common::Undecided(x.summary()).into()),
+                return match loader_settles(x) {
+                    Settles::Yes => Ok(()),
+                    _ if json_out => Err(super::common::Undecided(x.summary()).into()),
+                    _ => Err(super::common::Undecided(
+                        "fdl cannot say which NCCL the process runs (exit status 3); the reason is above"
+                            .to_string(),
+                    )
+                    .into()),
                 };
             }
             _ => {}
@@ -802,6 +923,25 @@ pub(super) fn witness_json(
     }
 }
 
+/// What the loader's answer settles when the model could not say.
+enum Settles {
+    /// One NCCL (or none) in a process that starts: the answer stands, exit 0.
+    Yes,
+    /// Two NCCLs in a process that starts: the answer stands, exit 3 as a split's.
+    Split,
+    /// The process cannot start here, or a call binds nowhere: still unknown, exit 3.
+    No,
+}
+
+fn loader_settles(x: &loader::witness::Witness) -> Settles {
+    use loader::witness::Kind;
+    match x.kind() {
+        Kind::Nccl | Kind::Local if x.starts() => Settles::Yes,
+        Kind::Split if x.starts() => Settles::Split,
+        _ => Settles::No,
+    }
+}
+
 /// The loader's side of `detect --witness`, as text.
 fn print_witness(
     a: &Result<loader::witness::Witness, loader::witness::NoWitness>,
@@ -810,128 +950,221 @@ fn print_witness(
     let clean = crate::text::clean;
     let x = match a {
         Err(n) if n.refused => {
-            outln!(
-                "Witness: {} {}",
-                paint("refused:", Color::Yellow),
-                clean(&n.reason)
+            say(
+                "Witness: ",
+                "  ",
+                &format!("{} {}", paint("refused:", Color::Yellow), clean(&n.reason)),
             );
             return;
         }
         Err(n) => {
-            outln!("Witness: none on this host: {}", clean(&n.reason));
+            say(
+                "Witness: ",
+                "  ",
+                &format!("none on this host: {}", clean(&n.reason)),
+            );
             return;
         }
         Ok(x) => x,
     };
-    outln!(
-        "Witness: {} traced {} (nothing run)",
-        clean(&x.interpreter.display().to_string()),
-        clean(&x.traced.display().to_string())
+    say(
+        "Witness: ",
+        "  ",
+        &format!(
+            "{} traced {} (nothing run)",
+            clean(&x.interpreter.display().to_string()),
+            clean(&x.traced.display().to_string())
+        ),
     );
     for r in &x.reached {
-        let what = if r.symbols.len() <= 3 {
-            r.symbols.join(", ")
-        } else {
-            format!(
-                "{} and {} more nccl* functions",
-                r.symbols[..2].join(", "),
-                r.symbols.len() - 2
-            )
-        };
         let callers: Vec<String> = r.callers.iter().map(|c| crate::text::shown(&c)).collect();
-        outln!(
-            "  {} of {} → {}",
-            clean(&what),
-            clean(&callers.join(", ")),
-            clean(&r.object.display().to_string())
+        say(
+            "  ",
+            "    ",
+            &format!(
+                "{} of {} → {}",
+                clean(&functions(&r.symbols)),
+                clean(&callers.join(", ")),
+                clean(&r.object.display().to_string())
+            ),
         );
     }
-    outln!("  loader    {}", clean(&x.summary()));
+    say("  loader    ", DETECT_INDENT, &clean(&x.summary()));
     match verdict {
-        Some(loader::witness::Verdict::Agree { why }) => {
-            outln!(
-                "  verdict   {}: {}",
-                paint("agrees", Color::Green),
-                clean(why)
-            )
-        }
-        Some(loader::witness::Verdict::Disagree { model, loader }) => outln!(
-            "  verdict   {}: fdl's model says {}; the loader says {}. The loader's answer stands.",
-            paint("fdl's model is wrong here", Color::Red),
-            clean(model),
-            clean(loader)
+        Some(loader::witness::Verdict::Agree { why }) => say(
+            "  verdict   ",
+            DETECT_INDENT,
+            &format!("{}: {}", paint("agrees", Color::Green), clean(why)),
         ),
-        Some(loader::witness::Verdict::ModelUnknown { loader }) => outln!(
-            "  verdict   the model could not say; the loader's answer stands: {}",
-            clean(loader)
+        // The loader's answer is on the line above; the model's is said here.
+        Some(loader::witness::Verdict::Disagree { model, .. }) => say(
+            "  verdict   ",
+            DETECT_INDENT,
+            &format!(
+                "{}: it says {}; the loader's answer above stands.",
+                paint("fdl's model is wrong here", Color::Red),
+                clean(model)
+            ),
         ),
-        Some(loader::witness::Verdict::Inconclusive { why }) => {
-            outln!(
-                "  verdict   no witness: {}; the model answers alone",
-                clean(why)
-            )
-        }
+        // The loader's answer is on the line above: said once. Whether it stands is the
+        // exit status: 0 where it is a process's that starts with one NCCL, else 3.
+        Some(loader::witness::Verdict::ModelUnknown { .. }) => say(
+            "  verdict   ",
+            DETECT_INDENT,
+            match loader_settles(x) {
+                Settles::Yes => "the model could not say; the loader's answer above stands",
+                Settles::Split => {
+                    "the model could not say; the loader's answer above stands: two NCCLs"
+                }
+                Settles::No => {
+                    "still unknown: the model could not say, and the process traced here cannot start or fails at a nccl* call"
+                }
+            },
+        ),
+        Some(loader::witness::Verdict::Inconclusive { why }) => say(
+            "  verdict   ",
+            DETECT_INDENT,
+            &format!("no witness: {}; the model answers alone", clean(why)),
+        ),
         None => {}
     }
     for warn in &x.warnings {
-        outln!("  note      {}", clean(warn));
+        say("  note      ", DETECT_INDENT, &clean(warn));
+    }
+}
+
+/// Prints `text` wrapped to the terminal's width ([`crate::text::wrap`]): the first line
+/// starts with `first`, the others with `rest`.
+fn say(first: &str, rest: &str, text: &str) {
+    outln!("{}", crate::text::wrap(first, rest, text));
+}
+
+/// `ncclA, ncclB`, or `ncclA, ncclB and 12 more nccl* functions`.
+fn functions(symbols: &[String]) -> String {
+    if symbols.len() <= 3 {
+        symbols.join(", ")
+    } else {
+        format!(
+            "{} and {} more nccl* functions",
+            symbols[..2].join(", "),
+            symbols.len() - 2
+        )
     }
 }
 
 /// The answer, then the evidence: the calls, the objects that provide or could provide
-/// NCCL, what the loader skipped or could not load.
-fn print_which(lib: &Path, w: &Which) {
+/// NCCL, what the loader skipped or could not load. Without `verbose`, the answer is one
+/// short line and each caller's calls one line (how each binds, and each library that is
+/// not on this host, are said with `-v`; `--json` has everything).
+fn print_which(lib: &Path, w: &Which, verbose: bool) {
     let clean = crate::text::clean;
+    let path = |p: &Path| clean(&p.display().to_string());
+    // What the short form leaves to -v.
+    let mut left = false;
     match &w.answer {
         Answer::Nccl { detection: d } => {
             outln!("NCCL {} (built with CUDA {})", d.version, d.cuda);
-            outln!("  library   {}", clean(&lib.display().to_string()));
-            outln!("  found in  {}", clean(&d.file.display().to_string()));
-            outln!("  linkage   {}", clean(&linkage_text(d)));
+            say("  library   ", DETECT_INDENT, &path(lib));
+            say("  found in  ", DETECT_INDENT, &path(&d.file));
+            say("  linkage   ", DETECT_INDENT, &clean(&linkage_text(d)));
         }
-        Answer::None { reason } => {
-            outln!(
-                "No NCCL in a process that loads {}: {reason}.",
-                clean(&lib.display().to_string())
-            )
-        }
-        Answer::Unknown { reason } => outln!(
-            "{} which NCCL a process that loads {} runs: {}",
-            paint("Unknown", Color::Yellow),
-            clean(&lib.display().to_string()),
-            clean(&short_reason(w, reason, true).0)
+        Answer::None { reason } => say(
+            "",
+            "  ",
+            &format!("No NCCL in a process that loads {}: {reason}.", path(lib)),
         ),
-        Answer::Split { reason } => {
-            outln!(
-                "{} {}",
-                paint("Two NCCLs:", Color::Red),
-                clean(&short_reason(w, reason, true).0)
-            )
+        Answer::Unknown { reason } | Answer::Split { reason } => {
+            let split = matches!(w.answer, Answer::Split { .. });
+            let head = if split {
+                paint("Two NCCLs:", Color::Red)
+            } else {
+                paint("Unknown:", Color::Yellow)
+            };
+            if verbose {
+                let what = if split {
+                    "a process that loads it would run two NCCLs".to_string()
+                } else {
+                    "which NCCL a process that loads it runs".to_string()
+                };
+                say(
+                    &format!("{head} "),
+                    "  ",
+                    &format!("{what}: {}", clean(&short_reason(w, reason, true).0)),
+                );
+            } else {
+                let (text, cut) = answer_short(w);
+                left |= cut;
+                say(&format!("{head} "), "  ", &clean(&text));
+            }
+            say("  library   ", DETECT_INDENT, &path(lib));
         }
     }
     if !w.calls.is_empty() {
         outln!("Calls:");
+    }
+    if verbose {
         for c in &w.calls {
             let what = if c.symbols.is_empty() {
                 "its calls".to_string()
-            } else if c.symbols.len() <= 3 {
-                c.symbols.join(", ")
             } else {
-                format!(
-                    "{} and {} more nccl* functions",
-                    c.symbols[..2].join(", "),
-                    c.symbols.len() - 2
-                )
+                functions(&c.symbols)
             };
             let to = match &c.object {
                 Some(o) => format!("→ {}", crate::text::shown(&o)),
                 None => "→ nothing defines them".into(),
             };
-            outln!(
-                "  {} of {} {to}  ({})",
-                clean(&what),
-                clean(&c.caller.display().to_string()),
-                clean(&c.how)
+            say(
+                "  ",
+                "    ",
+                &format!(
+                    "{} of {} {to}  ({})",
+                    clean(&what),
+                    path(&c.caller),
+                    clean(&c.how)
+                ),
+            );
+        }
+    } else {
+        // One line per caller and place: how many functions, and how they bind in words.
+        let mut pairs: Vec<(&Path, Option<&Path>)> = Vec::new();
+        for c in &w.calls {
+            let pair = (c.caller.as_path(), c.object.as_deref());
+            if !pairs.contains(&pair) {
+                pairs.push(pair);
+            }
+        }
+        for (caller, object) in pairs {
+            let groups: Vec<&loader::CallGroup> = w
+                .calls
+                .iter()
+                .filter(|c| c.caller == caller && c.object.as_deref() == object)
+                .collect();
+            let symbols: Vec<String> = groups.iter().flat_map(|c| c.symbols.clone()).collect();
+            let what = if symbols.is_empty() {
+                "its calls".to_string()
+            } else {
+                functions(&symbols)
+            };
+            let mut bound: Vec<&str> = Vec::new();
+            for g in &groups {
+                if !bound.contains(&g.bound.words()) {
+                    bound.push(g.bound.words());
+                }
+            }
+            left |= groups.len() > 1 || groups.iter().any(|g| g.bound != loader::Bound::Global);
+            let to = match object {
+                Some(o) => brief(w, o),
+                None => "nothing defines them".into(),
+            };
+            say(
+                "  ",
+                "    ",
+                &format!(
+                    "{} of {} → {to}  ({})",
+                    clean(&what),
+                    brief(w, caller),
+                    bound.join(", ")
+                ),
             );
         }
     }
@@ -949,37 +1182,72 @@ fn print_which(lib: &Path, w: &Which) {
     if !providers.is_empty() {
         outln!("Loaded by:");
         for o in providers {
-            outln!(
-                "  {}  ({})",
-                clean(&o.path.display().to_string()),
-                clean(&o.found_by.to_string())
+            say(
+                "  ",
+                "    ",
+                &format!("{}  ({})", path(&o.path), clean(&o.found_by.to_string())),
             );
         }
     }
     for s in &w.link_map.skipped_preloads {
-        outln!(
-            "  {} {} element '{}': {}",
-            paint("skipped", Color::Yellow),
-            s.source,
-            clean(&s.entry),
-            clean(&s.reason)
+        say(
+            "  ",
+            "    ",
+            &format!(
+                "{} {} element '{}': {}",
+                paint("skipped", Color::Yellow),
+                s.source,
+                clean(&s.entry),
+                clean(&s.reason)
+            ),
+        );
+    }
+    // Without -v, the libraries that are simply not on this host are named on one line.
+    let absent: Vec<&loader::LoadFailure> = w
+        .link_map
+        .failures
+        .iter()
+        .filter(|f| !verbose && f.is_absent() && !f.needed.starts_with("libnccl"))
+        .collect();
+    if absent.len() > 1 {
+        left = true;
+        let names: Vec<String> = absent.iter().map(|f| clean(&f.needed)).collect();
+        let shown = if names.len() > 3 {
+            format!("{} and {} more", names[..2].join(", "), names.len() - 2)
+        } else {
+            and_list(&names)
+        };
+        say(
+            "  ",
+            "    ",
+            &format!(
+                "{} {shown}: not found on this host",
+                paint("cannot load", Color::Red)
+            ),
         );
     }
     for f in &w.link_map.failures {
-        outln!(
-            "  {} {} (needed by {}): {}",
-            paint("cannot load", Color::Red),
-            clean(&f.needed),
-            clean(&f.needed_by.display().to_string()),
-            clean(&f.reason)
+        if absent.len() > 1 && absent.iter().any(|a| std::ptr::eq(*a, f)) {
+            continue;
+        }
+        say(
+            "  ",
+            "    ",
+            &format!(
+                "{} {} (needed by {}): {}",
+                paint("cannot load", Color::Red),
+                clean(&f.needed),
+                path(&f.needed_by),
+                clean(&f.reason)
+            ),
         );
         if f.needed.starts_with("libnccl") && !f.searched.is_empty() {
             let dirs: Vec<String> = f
                 .searched
                 .iter()
-                .map(|p| clean(&p.parent().unwrap_or(p).display().to_string()))
+                .map(|p| path(p.parent().unwrap_or(p)))
                 .collect();
-            outln!("    searched: {}", dirs.join(", "));
+            say("    ", "      ", &format!("searched: {}", dirs.join(", ")));
         }
     }
     if w.link_map.failures_omitted > 0 {
@@ -990,7 +1258,7 @@ fn print_which(lib: &Path, w: &Which) {
         );
     }
     if let Some(p) = &w.pin {
-        outln!("  pinned: {}", clean(&p.to_string()));
+        say("  ", "    ", &format!("pinned: {}", clean(&p.to_string())));
     }
     outln!(
         "  ({} objects in the link map)",
@@ -1000,10 +1268,16 @@ fn print_which(lib: &Path, w: &Which) {
             .filter(|o| !o.is_stand_in())
             .count()
     );
-    if let Some(reason) = w.answer.reason() {
-        if short_reason(w, reason, true).1 {
-            outln!("  (the reason is shortened here; `--json` has it whole, every function named)");
+    if verbose {
+        if let Some(reason) = w.answer.reason() {
+            if short_reason(w, reason, true).1 {
+                outln!(
+                    "  (the reason is shortened here; `--json` has it whole, every function named)"
+                );
+            }
         }
+    } else if left {
+        outln!("  (-v says how each call binds and why; `--json` has it all)");
     }
 }
 
@@ -1016,7 +1290,7 @@ pub(super) fn undecided_line(w: &Which, json_out: bool) -> String {
         _ => "fdl cannot say which NCCL the process runs",
     };
     match w.answer.reason() {
-        Some(reason) if json_out => format!("{what}: {}", short_reason(w, reason, false).0),
+        Some(_) if json_out => format!("{what}: {}", answer_short(w).0),
         _ => format!("{what} (exit status 3); the reason is above"),
     }
 }

@@ -213,12 +213,25 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                     let val = if val.is_empty() { "none" } else { val.as_str() };
                     // .arch is a file in the project: its text is shown escaped.
                     let (k, val) = (crate::text::clean(k), crate::text::clean(val));
-                    outln!("    {k:<width$}  {val}");
+                    let first = format!("    {k:<width$}  ");
+                    let indent = " ".repeat(first.len());
+                    outln!("{}", crate::text::wrap(&first, &indent, &val));
                 }
             }
             match &nccl {
                 Some(Ok(Some(w))) => {
-                    outln!("  NCCL now: {}", crate::text::clean(&ins::answer_line(w)))
+                    let (answer, cut) = ins::answer_line(w);
+                    outln!(
+                        "{}",
+                        crate::text::wrap(
+                            "  NCCL now: ",
+                            "            ",
+                            &crate::text::clean(&answer)
+                        )
+                    );
+                    if cut {
+                        outln!("            {}", ins::WHY_INSPECT);
+                    }
                 }
                 Some(Ok(None)) => {
                     outln!(

@@ -161,6 +161,10 @@ Without --tag the version is read from the active libtorch; without --archs the 
         /// exit 4 when they differ
         #[arg(long)]
         witness: bool,
+        /// Say how each call binds, why, and every library that cannot be loaded (the
+        /// answer is otherwise one short line, the calls one line per caller)
+        #[arg(long, short)]
+        verbose: bool,
     },
     /// Which plugins (net, tuner, profiler, env, gin, rma) the process's NCCL would dlopen,
     /// where the loader finds them, and whether their entry versions fit this NCCL
@@ -236,6 +240,22 @@ pub struct InProject {
 }
 
 impl Command {
+    /// Whether the command reads the project (its libtorch/ variants, its builds,
+    /// fdl.yml): then an error says which root was taken ([`InProject`]). `nccl detect`
+    /// and `nccl plugins` given a PATH read that file and nothing of the project.
+    fn reads_project(&self) -> bool {
+        match self {
+            Command::Nccl(NcclCommand::Detect { path, .. })
+            | Command::Nccl(NcclCommand::Plugins { path, .. }) => path.is_none(),
+            Command::Nccl(_) | Command::Libtorch(_) | Command::Cluster(_) => true,
+            Command::Inspect { .. }
+            | Command::ProbeNccl { .. }
+            | Command::Completions { .. }
+            | Command::Store(_)
+            | Command::Gpus { .. } => false,
+        }
+    }
+
     /// Whether the user asked for one JSON object: then an error is one too.
     fn wants_json(&self) -> bool {
         match self {
@@ -311,6 +331,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Nccl(_) | Command::Libtorch(_) | Command::Cluster(_)
     );
     let json_errors = cli.command.wants_json();
+    let reads_project = cli.command.reads_project();
     let result = if uses_project {
         project
             .check_exists()
@@ -329,8 +350,11 @@ pub fn run(cli: Cli) -> Result<()> {
         }
     }
     match result {
+        // The root is named where it is part of the error: a command that reads the
+        // project, and an error that is not the command line's own (a malformed flag).
         Err(cause)
-            if uses_project
+            if reads_project
+                && !crate::project::CommandLineError::is_in(&cause)
                 && cause
                     .downcast_ref::<crate::process::Interrupted>()
                     .is_none()
@@ -361,6 +385,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             library_path,
             json,
             witness,
+            verbose,
         }) => inspect::detect_cmd(
             project,
             path.as_deref(),
@@ -368,6 +393,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             library_path.as_deref(),
             json,
             witness,
+            verbose,
         ),
         Command::Nccl(NcclCommand::Plugins { path, json }) => {
             inspect::plugins_cmd(project, path.as_deref(), json)

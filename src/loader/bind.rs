@@ -75,9 +75,41 @@ pub struct CallGroup {
     pub symbols: Vec<String>,
     /// How they bind: "the first definition in the global scope", or why locally.
     pub how: String,
+    /// [`CallGroup::how`] as a kind, for a short rendering (`how` says it whole).
+    #[serde(skip)]
+    pub bound: Bound,
     /// The NCCL of `object`, when it carries a self-id.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nccl: Option<SelfId>,
+}
+
+/// How one group of calls binds, as a kind: what a one-line summary names, where
+/// [`CallGroup::how`] has the whole sentence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Bound {
+    /// By lookup: the first definition in the global scope.
+    #[default]
+    Global,
+    /// Inside the calling object, whatever is preloaded ([`Binding::BoundLocally`]).
+    Locally,
+    /// Perhaps called directly, inside the object; fdl could not confirm it
+    /// ([`Binding::Uncertain`]).
+    Perhaps,
+    /// NCCL compiled into the object, which names none of its functions: its calls stay
+    /// there.
+    Carried,
+}
+
+impl Bound {
+    /// A few words for a summary line.
+    pub fn words(self) -> &'static str {
+        match self {
+            Bound::Global => "global scope",
+            Bound::Locally => "bound inside it",
+            Bound::Perhaps => "perhaps direct calls",
+            Bound::Carried => "compiled in",
+        }
+    }
 }
 
 /// The answer the model gives if what it cannot see defines no `nccl*` function: kept
@@ -471,7 +503,7 @@ pub fn which_nccl_as(
         })
         .collect();
 
-    // (caller, target, names, how, whether the calls are only perhaps calls)
+    // (caller, target, names, how, how as a kind: Perhaps when only perhaps calls)
     let mut groups: Vec<Group> = Vec::new();
     let mut doubts: Vec<String> = Vec::new();
     // Targets that something unknown lies before: the answer if that defines nothing.
@@ -480,9 +512,9 @@ pub fn which_nccl_as(
     for (c, called) in &callers {
         let c = *c;
         for (name, binding) in called {
-            let (target, how, perhaps) = match binding {
-                Binding::BoundLocally { why } => (Some(c), why.clone(), false),
-                Binding::Uncertain { why } => (Some(c), why.clone(), true),
+            let (target, how, bound) = match binding {
+                Binding::BoundLocally { why } => (Some(c), why.clone(), Bound::Locally),
+                Binding::Uncertain { why } => (Some(c), why.clone(), Bound::Perhaps),
                 Binding::NeverCalled => continue,
                 Binding::Imported | Binding::Interposable => {
                     let t = (0..exports.len())
@@ -496,15 +528,15 @@ pub fn which_nccl_as(
                     if let Some(t) = t.filter(|&t| hidden.iter().any(|(p, _)| *p <= t)) {
                         provisional.push(t);
                     }
-                    (t, global.clone(), false)
+                    (t, global.clone(), Bound::Global)
                 }
             };
             match groups
                 .iter_mut()
-                .find(|g| g.0 == c && g.1 == target && g.3 == how && g.4 == perhaps)
+                .find(|g| g.0 == c && g.1 == target && g.3 == how && g.4 == bound)
             {
                 Some(g) => g.2.push(name.clone()),
-                None => groups.push((c, target, vec![name.clone()], how, perhaps)),
+                None => groups.push((c, target, vec![name.clone()], how, bound)),
             }
         }
     }
@@ -512,16 +544,17 @@ pub fn which_nccl_as(
     // NCCL compiled in with hidden symbols names no function a lookup could reach: its
     // self-id is the trace, and its calls can only stay in its object.
     for &(i, how) in &carriers {
-        groups.push((i, Some(i), Vec::new(), how.into(), false));
+        groups.push((i, Some(i), Vec::new(), how.into(), Bound::Carried));
     }
 
     let calls: Vec<CallGroup> = groups
         .iter()
-        .map(|(c, t, syms, how, _)| CallGroup {
+        .map(|(c, t, syms, how, bound)| CallGroup {
             caller: shown(&map, *c),
             object: t.map(|t| shown(&map, t)),
             symbols: syms.clone(),
             how: how.clone(),
+            bound: *bound,
             nccl: t.and_then(|t| id_of(t).ok().flatten()),
         })
         .collect();
@@ -535,11 +568,15 @@ pub fn which_nccl_as(
     let certain: Vec<usize> = targets
         .iter()
         .copied()
-        .filter(|&t| groups.iter().any(|g| g.1 == Some(t) && !g.4))
+        .filter(|&t| {
+            groups
+                .iter()
+                .any(|g| g.1 == Some(t) && g.4 != Bound::Perhaps)
+        })
         .collect();
     let perhaps: Vec<&Group> = groups
         .iter()
-        .filter(|g| g.4 && g.1.is_some_and(|t| !certain.contains(&t)))
+        .filter(|g| g.4 == Bound::Perhaps && g.1.is_some_and(|t| !certain.contains(&t)))
         .collect();
     let undefined: Vec<&String> = groups
         .iter()
@@ -799,9 +836,8 @@ fn detection_of(map: &LinkMap, groups: &[Group], t: usize, id: SelfId) -> NcclDe
     }
 }
 
-/// Calls of one object that reach one place: (caller, target, names, how, whether only
-/// perhaps calls — [`Binding::Uncertain`]).
-type Group = (usize, Option<usize>, Vec<String>, String, bool);
+/// Calls of one object that reach one place: (caller, target, names, how, how as a kind).
+type Group = (usize, Option<usize>, Vec<String>, String, Bound);
 
 const HIDDEN_CARRIER: &str =
     "NCCL is compiled in with hidden symbols: its calls stay in the object";

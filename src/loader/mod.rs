@@ -21,7 +21,7 @@ pub mod search;
 pub mod witness;
 
 pub use bind::{
-    which_nccl, which_nccl_as, which_nccl_knowing, Answer, CallGroup, Conditional, Which,
+    which_nccl, which_nccl_as, which_nccl_knowing, Answer, Bound, CallGroup, Conditional, Which,
 };
 pub use map::{FoundBy, LinkMap, LoadFailure, Object, SkippedPreload, TargetKind};
 pub use search::LoaderEnv;

@@ -79,7 +79,8 @@ pub fn prepare(
     req: &Request,
     infer: &dyn Fn(CheckedFlags) -> Result<Inferred>,
 ) -> Result<Prepared> {
-    let flags = check_flags(&req.build)?;
+    // A malformed flag is the command line's error, whatever the project holds.
+    let flags = check_flags(&req.build).map_err(crate::project::CommandLineError)?;
     // `+PTX` in --archs is --ptx: the plan sees one request, whichever way it was said.
     let build = BuildRequest {
         ptx: flags.ptx,
