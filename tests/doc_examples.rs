@@ -13,7 +13,6 @@
 //! the only exceptions are [`TRANSCRIPTS`], named one by one with what they need.
 
 mod common;
-mod native_fixture;
 use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -237,8 +236,9 @@ fn unwrapped(lines: &[String]) -> Vec<String> {
 ///   link map is whole as on a real install and the answer is the same;
 /// * `~/.cache/fdl-wheels`: the oracle cache (`$FDL_ORACLE_CACHE`), its real path shown
 ///   as this one;
-/// * `~/src/nccl-2.30.7-1` and `~/src/nccl-2.27.5-1`: stand-in NCCL trees
-///   (tests/native_fixture) that build in a second where NVIDIA's take tens of minutes;
+/// * `~/src/nccl-2.30.7-1` and `~/src/nccl-2.27.5-1`: stand-in NCCL trees made by the
+///   README's command (`cargo run --example standin-nccl`, tests/native_fixture) that
+///   build in a second where NVIDIA's take tens of minutes;
 /// * on PATH first: a stand-in `nvidia-smi` reporting [`GPUS`] (its banner: driver
 ///   580.95.05, CUDA 13.0), and the built `fdl`.
 struct Fixture {
@@ -269,8 +269,10 @@ impl Fixture {
         std::os::unix::fs::symlink(&oracle_cache, home.join(".cache/fdl-wheels")).unwrap();
         pip_layout(&torch13, &home.join("site-packages"));
         pip_layout(&torch12, &home.join("torch-2.8/site-packages"));
-        standin_nccl(&home.join("src/nccl-2.30.7-1"), (2, 30, 7), &torch13);
-        standin_nccl(&home.join("src/nccl-2.27.5-1"), (2, 27, 5), &torch12);
+        // As the README says a user makes one: the example program.
+        std::fs::create_dir_all(home.join("src")).unwrap();
+        standin_example(&home.join("src/nccl-2.30.7-1"), "2.30.7", &torch13);
+        standin_example(&home.join("src/nccl-2.27.5-1"), "2.27.5", &torch12);
         let bin = home.join("bin");
         std::fs::create_dir_all(&bin).unwrap();
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_fdl"), bin.join("fdl")).unwrap();
@@ -326,28 +328,33 @@ impl Fixture {
     }
 }
 
-/// The stand-in NCCL tree of tests/native_fixture, defining every `nccl*` function the
-/// torch library `torch_lib` imports (each returning 0), as a real NCCL exports them, so
-/// that a preload of its build answers for all of torch's calls.
-fn standin_nccl(dir: &Path, version: (u32, u32, u32), torch_lib: &Path) {
-    native_fixture::standin_tree(dir, version);
-    let out = std::process::Command::new("nm")
-        .args(["-D", "--undefined-only"])
+/// `cargo run --example standin-nccl -- DIR VERSION TORCH_LIB`, the README's command for
+/// the tour's NCCL tree, run as cargo built it for this test run (`cargo test` builds the
+/// examples before it runs any test).
+fn standin_example(dir: &Path, version: &str, torch_lib: &Path) {
+    let me = std::env::current_exe().unwrap();
+    let example = me
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("examples/standin-nccl");
+    assert!(
+        example.is_file(),
+        "{} is missing: build the examples (`cargo test` does; `cargo build --examples`)",
+        example.display()
+    );
+    let out = std::process::Command::new(&example)
+        .arg(dir)
+        .arg(version)
         .arg(torch_lib)
         .output()
-        .expect("nm (binutils) is needed for this test");
-    assert!(out.status.success(), "nm {}", torch_lib.display());
-    let mut source = String::new();
-    for name in String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().last())
-        .filter(|n| n.starts_with("nccl") && *n != "ncclGetVersion")
-    {
-        let name = name.split('@').next().unwrap();
-        source.push_str(&format!("extern \"C\" int {name}() {{ return 0; }}\n"));
-    }
-    assert!(source.contains("ncclAllReduce"), "{source}");
-    std::fs::write(dir.join("src/collectives.cc"), source).unwrap();
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        example.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Lays out `site` as pip installs torch: `torch/lib/libtorch_cuda.so`, `torch/version.py`,

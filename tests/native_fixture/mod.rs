@@ -147,6 +147,48 @@ pub fn standin_tree(dir: &Path, version: (u32, u32, u32)) {
     }
 }
 
+/// [`standin_tree`], defining every `nccl*` function the
+/// torch library `torch_lib` imports (each returning 0), as a real NCCL exports them, so
+/// that a preload of its build answers for all of torch's calls.
+pub fn standin_tree_for(
+    dir: &Path,
+    version: (u32, u32, u32),
+    torch_lib: &Path,
+) -> Result<(), String> {
+    let out = std::process::Command::new("nm")
+        .args(["-D", "--undefined-only"])
+        .arg(torch_lib)
+        .output()
+        .map_err(|e| format!("cannot run nm (binutils): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nm cannot read {}: {}",
+            torch_lib.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let mut source = String::new();
+    for name in String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .map(|n| n.split('@').next().unwrap_or_default())
+        .filter(|n| n.starts_with("nccl") && *n != "ncclGetVersion")
+    {
+        // A name from the library goes into C source: a plain identifier, or nothing.
+        if name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            source.push_str(&format!("extern \"C\" int {name}() {{ return 0; }}\n"));
+        }
+    }
+    if !source.contains("ncclAllReduce") {
+        return Err(format!(
+            "{} imports no ncclAllReduce: not a libtorch_cuda.so that links NCCL",
+            torch_lib.display()
+        ));
+    }
+    standin_tree(dir, version);
+    std::fs::write(dir.join("src/collectives.cc"), source).map_err(|e| e.to_string())
+}
+
 /// Writes a stand-in NCCL tree of `version` at `dir` whose GPU code a real nvcc compiles
 /// (`$(CUDA_HOME)/bin/nvcc $(NVCC_GENCODE)`): its library carries a real `.nv_fatbin`.
 pub fn nvcc_tree(dir: &Path, version: (u32, u32, u32)) {
