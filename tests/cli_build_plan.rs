@@ -1309,3 +1309,43 @@ fn a_tag_other_than_the_libtorchs_nccl_is_warned_of() {
     );
     assert!(warned("v2.27.5-1").is_empty());
 }
+
+/// On a terminal (a pty from util-linux `script`) the dry run's prose is wrapped to 100
+/// columns: problems, warnings and rows; the gencode (a value to copy) stays whole, and
+/// piped output keeps one line per item (issue 43: rows and warnings of 300 characters).
+#[test]
+fn a_dry_run_on_a_terminal_fits_100_columns() {
+    let p = ProjectFixture::empty();
+    let fdl = assert_cmd::cargo::cargo_bin("fdl");
+    let line = format!(
+        "{} --root {} nccl build --tag v2.27.5-1 --archs '6.1;12.0' --backend docker --dry-run",
+        fdl::paste::shell(&fdl.to_string_lossy()),
+        fdl::paste::shell(&p.root().to_string_lossy())
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("NO_COLOR", "1")
+        .env("COLUMNS", "200")
+        .output()
+        .expect("script (util-linux) is needed for this test");
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    assert!(text.contains("NCCL build plan"), "{text}");
+    let long: Vec<&str> = text
+        .lines()
+        .filter(|l| l.chars().count() > 100 && !l.trim_start().starts_with("gencode"))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "lines past 100 columns on a terminal: {long:#?}"
+    );
+    // Wrapped, not cut: the default CUDA's reason goes on below its row.
+    assert!(text.contains("\n             "), "{text}");
+    // Piped, a warning is one line.
+    let piped = fdl_in(p.root())
+        .args(["nccl", "build", "--tag", "v2.27.5-1", "--archs", "6.1;12.0"])
+        .args(["--backend", "docker", "--dry-run"])
+        .output()
+        .unwrap();
+    let piped = String::from_utf8_lossy(&piped.stdout);
+    assert!(piped.lines().any(|l| l.chars().count() > 100), "{piped}");
+}

@@ -11,6 +11,7 @@ use crate::text::{paint, Color};
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 /// `--jobs`, checked as it is parsed with the words the build's own check uses
@@ -208,7 +209,8 @@ fn run_with(
                     &prepared.plan,
                     &prepared.commands,
                     &prepared.store,
-                    args.verbose
+                    args.verbose,
+                    std::io::stdout().is_terminal(),
                 )
             );
             outln!("Dry run: nothing was built, written or started.");
@@ -240,9 +242,14 @@ fn run_with(
                 &prepared.commands,
                 &prepared.store,
                 args.verbose,
+                std::io::stderr().is_terminal(),
             )
         } else {
-            render::header(&prepared.plan, &prepared.store)
+            render::header(
+                &prepared.plan,
+                &prepared.store,
+                std::io::stderr().is_terminal(),
+            )
         };
         crate::eprint_safe!("{text}");
     }

@@ -9,7 +9,7 @@ use crate::nccl::plan::{
     NativeSource, TagOrigin, ToolchainFiles,
 };
 use crate::step::{Paths, Step};
-use crate::text::{clean, paint, Color};
+use crate::text::{self, clean, paint, Color};
 
 /// The steps the plan will run, with placeholders for the private paths a run makes
 /// (`<staging>`): the same values a run executes, rendered.
@@ -57,11 +57,11 @@ fn host_values(v: &[crate::nccl::plan::HostValue]) -> String {
 /// What a real build shows before it starts (the whole plan is `--dry-run`'s and
 /// `-v`'s): what is built, where, with which backend, CUDA and archs, then its warnings.
 /// The build adds the path of its log when it opens it.
-pub fn header(plan: &BuildPlan, store: &StoreView) -> String {
+pub fn header(plan: &BuildPlan, store: &StoreView, wrap: bool) -> String {
     // Warnings first: the build appends its log's row below the rows when it opens it.
-    let mut s = warnings(plan);
+    let mut s = warnings(plan, wrap);
     s.push_str(&format!("Building NCCL {}\n", clean(&plan.name)));
-    let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<11}{}\n", clean(&v)));
+    let mut row = |k: &str, v: String| s.push_str(&row_text(k, &v, wrap));
     row(
         "tag",
         match &plan.nccl_version {
@@ -84,33 +84,69 @@ pub fn header(plan: &BuildPlan, store: &StoreView) -> String {
 
 /// The plan's problems, then its warnings, each under its title; empty when none. The
 /// whole plan shows them as made, their lists on lines of their own.
-fn problems_and_warnings(plan: &BuildPlan) -> String {
+fn problems_and_warnings(plan: &BuildPlan, wrap: bool) -> String {
     let mut s = titled(
         "Problems (the build will not start until they are solved):",
         Color::Red,
         &plan.problems,
         |p| p.to_string(),
+        wrap,
     );
-    s.push_str(&titled("Warnings:", Color::Yellow, &plan.warnings, |w| {
-        w.to_string()
-    }));
+    s.push_str(&titled(
+        "Warnings:",
+        Color::Yellow,
+        &plan.warnings,
+        |w| w.to_string(),
+        wrap,
+    ));
     s
 }
 
 /// The warnings of a real build's header, each on one line ([`clean`]).
-fn warnings(plan: &BuildPlan) -> String {
-    titled("Warnings:", Color::Yellow, &plan.warnings, clean)
+fn warnings(plan: &BuildPlan, wrap: bool) -> String {
+    titled("Warnings:", Color::Yellow, &plan.warnings, clean, wrap)
 }
 
-fn titled(title: &str, color: Color, items: &[String], show: impl Fn(&str) -> String) -> String {
+/// `items` under `title`, each line wrapped to [`text::WIDTH`] when `wrap` (for a
+/// terminal: piped output keeps one line per item, for `grep`).
+fn titled(
+    title: &str,
+    color: Color,
+    items: &[String],
+    show: impl Fn(&str) -> String,
+    wrap: bool,
+) -> String {
     let mut s = String::new();
     if !items.is_empty() {
         s.push_str(&paint(&format!("{title}\n"), color));
         for item in items {
-            s.push_str(&format!("  {}\n", show(item)));
+            // Each line of an item (a list under it keeps its own indent) wrapped to
+            // the terminal's width, its continuation indented under it.
+            for line in show(item).lines() {
+                let body = line.trim_start_matches(' ');
+                let indent = format!("  {}", &line[..line.len() - body.len()]);
+                if wrap {
+                    s.push_str(&text::wrap(&indent, &format!("{indent}  "), body));
+                } else {
+                    s.push_str(&format!("{indent}{body}"));
+                }
+                s.push('\n');
+            }
         }
     }
     s
+}
+
+/// One row of a plan: `  key        value`, the value [`clean`]ed and, with `wrap`,
+/// wrapped under itself (the gencode, a value to copy, stays whole).
+fn row_text(key: &str, value: &str, wrap: bool) -> String {
+    let first = format!("  {key:<11}");
+    let value = clean(value);
+    if !wrap || key == "gencode" {
+        return format!("{first}{value}\n");
+    }
+    let rest = " ".repeat(first.len());
+    format!("{}\n", text::wrap(&first, &rest, &value))
 }
 
 /// Why the plan's CUDA is the one it is, when neither `--cuda` nor the libtorch named
@@ -157,8 +193,15 @@ fn default_cuda_reason(plan: &BuildPlan) -> String {
 
 /// The whole plan as `--dry-run` shows it: its problems and warnings first, then its
 /// rows, then the commands it runs: each in full with `verbose` (and the run script
-/// the containers run), else one line that says how many and which.
-pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView, verbose: bool) -> String {
+/// the containers run), else one line that says how many and which. With `wrap` (a
+/// terminal) prose is wrapped to [`text::WIDTH`]; commands never are.
+pub fn plan(
+    plan: &BuildPlan,
+    cmds: &[String],
+    store: &StoreView,
+    verbose: bool,
+    wrap: bool,
+) -> String {
     let tag_from = match &plan.tag_origin {
         TagOrigin::Flag => "from --tag".to_string(),
         TagOrigin::Libtorch { variant, .. } => format!("from the active libtorch, {variant}"),
@@ -180,11 +223,11 @@ pub fn plan(plan: &BuildPlan, cmds: &[String], store: &StoreView, verbose: bool)
         }
     };
     let archs = crate::arch::archs_text(&plan.archs);
-    let mut s = problems_and_warnings(plan);
+    let mut s = problems_and_warnings(plan, wrap);
     s.push_str("NCCL build plan\n");
     // Every value is cleaned: it may quote a path, a library or an engine's answer, and a
     // newline there would forge a row. A value of two lines is two rows.
-    let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<11}{}\n", clean(&v)));
+    let mut row = |k: &str, v: String| s.push_str(&row_text(k, &v, wrap));
     row("tag", format!("{}  ({tag_from})", plan.tag));
     if let TagOrigin::Libtorch {
         library, linkage, ..
@@ -489,7 +532,7 @@ mod tests {
             inputs: None,
             why: None,
         };
-        let head = header(&built, &store);
+        let head = header(&built, &store, false);
         for want in [
             "Building NCCL v2.27.5-sm86",
             "output     /p/builds/v2.27.5-sm86",
@@ -503,7 +546,7 @@ mod tests {
             head.lines().count() <= 7 && !head.contains("Commands"),
             "{head}"
         );
-        let full = plan(&built, &["make …".into()], &store, true);
+        let full = plan(&built, &["make …".into()], &store, true, false);
         assert!(
             full.contains("fdl's default: it compiles every arch of this plan (sm_86)")
                 && !full.contains("Pascal"),
@@ -553,7 +596,7 @@ mod tests {
             inputs: None,
             why: Some("\x1b]0;title\x07".into()),
         };
-        let text = plan(&built, &[], &store, true);
+        let text = plan(&built, &[], &store, true, false);
         assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text}");
         assert!(
             !text.lines().any(|l| l.starts_with("  archs      sm_90")),
