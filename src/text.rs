@@ -78,8 +78,30 @@ macro_rules! eprint_safe {
 /// `eprint!`'s would panic instead.
 pub fn write_err(args: std::fmt::Arguments) {
     use std::io::Write;
-    let text = terminal_safe(&std::fmt::format(args));
+    let mut text = std::fmt::format(args);
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        text = wrap_message(&text);
+    }
+    let text = terminal_safe(&text);
     let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// A message for a terminal: each prose line past [`WIDTH`] wrapped ([`wrap`]), going on
+/// two spaces in. An indented line (a command to copy, a list under the message) and a
+/// progress line (`\r`) keep their lines.
+pub fn wrap_message(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, line) in text.split('\n').enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        if line.starts_with([' ', '\t']) || line.contains('\r') || columns(line) <= WIDTH {
+            out.push_str(line);
+        } else {
+            out.push_str(&wrap("", "  ", line));
+        }
+    }
+    out
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -154,8 +176,9 @@ pub fn columns(text: &str) -> usize {
 }
 
 /// `text` as lines of at most [`WIDTH`] columns, the first starting with `first`, the
-/// others with `rest` (an indent). Lines break at spaces only: a word longer than a line
-/// (a path, a command to copy) stays whole, on a line of its own.
+/// others with `rest` (an indent). Lines break at spaces only, never inside a `span in
+/// backticks` (a command to copy): a word or span longer than a line (a path, a command)
+/// stays whole, on a line of its own.
 pub fn wrap(first: &str, rest: &str, text: &str) -> String {
     // Each word with the spaces before it, so that a double space stays one where no line
     // breaks.
@@ -163,9 +186,18 @@ pub fn wrap(first: &str, rest: &str, text: &str) -> String {
     let mut rest_of = text;
     while !rest_of.is_empty() {
         let word_at = rest_of.len() - rest_of.trim_start_matches(' ').len();
-        let end = rest_of[word_at..]
+        let mut end = rest_of[word_at..]
             .find(' ')
             .map_or(rest_of.len(), |i| word_at + i);
+        // A word that opens a backtick span runs to the word that closes it, when one does.
+        if rest_of[word_at..end].matches('`').count() % 2 == 1 {
+            if let Some(close) = rest_of[end..].find('`') {
+                let after = end + close + 1;
+                end = rest_of[after..]
+                    .find(' ')
+                    .map_or(rest_of.len(), |i| after + i);
+            }
+        }
         if word_at < end {
             parts.push((&rest_of[..word_at], &rest_of[word_at..end]));
         }
@@ -251,6 +283,31 @@ mod tests {
         let line = format!("{} {}", ours, clean("\u{F8F1}evil"));
         assert_eq!(terminal_safe(&line), "\x1b[32mok\x1b[0m \\u{f8f1}evil");
         assert_eq!(terminal_safe("plain\ttext\n"), "plain\ttext\n");
+    }
+
+    /// A message on a terminal: its prose lines wrap two spaces in, a command in backticks
+    /// stays whole, an indented line (a command to copy) and a progress line are kept.
+    #[test]
+    fn messages_wrap_their_prose_only() {
+        let cmd = "`fdl nccl build --archs \"6.1;8.6;12.0\" --cuda 12.9 --backend native`";
+        let prose = format!("error: {} use {cmd} to fix it", "word ".repeat(18));
+        let indented = format!("  sudo apt-get install -y {}", "pkg ".repeat(30));
+        let text = format!("{prose}\n{indented}\n");
+        let out = wrap_message(&text);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines.len() >= 3, "{out}");
+        assert!(out.contains(cmd), "the command was broken: {out}");
+        assert!(lines.iter().any(|l| *l == indented), "{out}");
+        for l in &lines {
+            assert!(
+                columns(l) <= WIDTH || *l == indented || l.contains(cmd),
+                "{l}"
+            );
+        }
+        assert!(lines[1].starts_with("  "), "{out}");
+        assert!(out.ends_with('\n'));
+        let progress = format!("\r{}", "x ".repeat(80));
+        assert_eq!(wrap_message(&progress), progress);
     }
 
     /// Prose wraps at spaces within WIDTH; a word longer than a line (a path) stays whole.

@@ -1340,6 +1340,29 @@ fn a_dry_run_on_a_terminal_fits_100_columns() {
     );
     // Wrapped, not cut: the default CUDA's reason goes on below its row.
     assert!(text.contains("\n             "), "{text}");
+    // An error on a terminal too: its prose wraps, the command it names stays whole.
+    let no_smi = tempfile::tempdir().unwrap();
+    let line = format!(
+        "env PATH={} {} --root {} nccl build --tag v2.27.5-1 --backend docker --dry-run",
+        fdl::paste::shell(&no_smi.path().to_string_lossy()),
+        fdl::paste::shell(&fdl.to_string_lossy()),
+        fdl::paste::shell(&p.root().to_string_lossy())
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    assert!(
+        text.contains("error: nvidia-smi was not found on PATH"),
+        "{text}"
+    );
+    assert!(text.contains("--archs \"6.1;12.0\""), "{text}");
+    assert!(
+        text.lines().all(|l| l.chars().count() <= 100),
+        "an error line past 100 columns on a terminal: {text}"
+    );
     // Piped, a warning is one line.
     let piped = fdl_in(p.root())
         .args(["nccl", "build", "--tag", "v2.27.5-1", "--archs", "6.1;12.0"])

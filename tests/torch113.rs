@@ -511,7 +511,7 @@ fn libtorch_info_says_the_preload_takes_over() {
     let out = info(Some(&nccl), false);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains(&format!("  NCCL now: {preloaded} (CUDA")) && text.contains("preloaded: "),
+        text.contains(&format!("  NCCL now: {preloaded} (CUDA")) && text.contains("preloaded:"),
         "{text}"
     );
 }

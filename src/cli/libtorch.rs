@@ -105,7 +105,12 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 let width = width.max(13);
                 for (k, val) in shown {
                     let val = if val.is_empty() { "none" } else { val.as_str() };
-                    outln!("  {k:<width$}{}", crate::text::clean(val));
+                    let first = format!("  {k:<width$}");
+                    let indent = " ".repeat(first.len());
+                    outln!(
+                        "{}",
+                        crate::text::wrap(&first, &indent, &crate::text::clean(val))
+                    );
                 }
                 if first_variant {
                     outln!("Active libtorch: {} (the first variant)", v.name);
