@@ -912,3 +912,42 @@ fn a_named_build_of_another_release_than_the_libtorchs_is_warned_of_with_what_it
     .unwrap();
     assert!(v["choice"]["other_release"].is_null(), "{v}");
 }
+
+/// On a terminal (a pty from util-linux `script`) `nccl verify`'s rows wrap under
+/// themselves within 100 columns (issue 43: rows of ~150); piped, each stays one line.
+#[test]
+fn verify_rows_fit_a_terminal() {
+    let fx = BuildsFixture::new(ProjectFixture::empty());
+    let tree = fx.tree("nccl", (2, 27, 5), &[86]);
+    fx.install(&tree, "v2.27.5-1", "8.6").unwrap();
+    let fdl = assert_cmd::cargo::cargo_bin("fdl");
+    let line = format!(
+        "{} --root {} nccl verify",
+        fdl::paste::shell(&fdl.to_string_lossy()),
+        fdl::paste::shell(&fx.project.root().to_string_lossy())
+    );
+    let out = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("NO_COLOR", "1")
+        .env("XDG_CACHE_HOME", fx.cache.path())
+        .output()
+        .expect("script (util-linux) is needed for this test");
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    assert!(text.contains("v2.27.5-sm86"), "{text}");
+    let root = fx.project.root().display().to_string();
+    for l in text.lines() {
+        let shown = l.replace(&root, "~");
+        assert!(
+            shown.chars().count() <= 100,
+            "past 100 columns: {l}\n{text}"
+        );
+    }
+    let piped = fx.fdl().args(["nccl", "verify"]).output().unwrap();
+    let piped = String::from_utf8_lossy(&piped.stdout);
+    assert!(
+        piped
+            .lines()
+            .any(|l| l.replace(&root, "~").chars().count() > 100),
+        "{piped}"
+    );
+}

@@ -323,7 +323,14 @@ fn report(report: &pipeline::Report, json_out: bool, quiet: bool) {
     }
     match &preload {
         Ok(p) => outln!(
-            "\nWire it with `eval \"$(fdl nccl env {name})\"`, or in a worker's env: block in fdl.cluster.yml:\n  LD_PRELOAD: {}",
+            "\n{}\n  LD_PRELOAD: {}",
+            super::common::stdout_row(
+                "",
+                "",
+                &format!(
+                    "Wire it with `eval \"$(fdl nccl env {name})\"`, or in a worker's env: block in fdl.cluster.yml:"
+                )
+            ),
             super::manage::yaml_quote(&p.to_string_lossy())
         ),
         Err(why) => outln!("\nNo LD_PRELOAD value for it: {why}"),

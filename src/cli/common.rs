@@ -116,6 +116,17 @@ pub(crate) fn write_out(args: std::fmt::Arguments) {
     }
 }
 
+/// `text` as a row for stdout: `first`, then `text`, wrapped under itself ([`crate::text::wrap`],
+/// `rest` the indent of its continuation lines) when stdout is a terminal; one line when
+/// piped, for `grep`.
+pub(crate) fn stdout_row(first: &str, rest: &str, text: &str) -> String {
+    if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        crate::text::wrap(first, rest, text)
+    } else {
+        format!("{first}{text}")
+    }
+}
+
 /// Flushes stdout and says whether all command output was written. A closed pipe never
 /// gets here (SIGPIPE ends fdl quietly, as any Unix tool); a full disk or a device that
 /// refuses writes does, as an error for `main` to report.

@@ -1383,10 +1383,13 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
                     Status::Fail => paint(fail, Color::Red),
                     Status::Skipped => paint("skipped", Color::Yellow),
                 };
+                // Padded by the columns it shows: its colour marks take none.
+                let pad = " ".repeat(7usize.saturating_sub(crate::text::columns(&status)));
+                let first = format!("  {:<width$}  {status}{pad} ", c.check);
+                let rest = " ".repeat(crate::text::columns(&first));
                 outln!(
-                    "  {:<width$}  {status:<7} {}",
-                    c.check,
-                    crate::text::clean(&c.detail)
+                    "{}",
+                    super::common::stdout_row(&first, &rest, &crate::text::clean(&c.detail))
                 );
             };
             for c in &r.checks {
