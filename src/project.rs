@@ -11,17 +11,17 @@
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 
-/// An error about what the command line itself says (a flag's value, such as a
-/// malformed `--archs`), not about the project: the CLI names no project root beside it,
-/// since no root would change it.
+/// An error that no project root would change, so the CLI names none beside it: what the
+/// command line itself says (a flag's value, such as a malformed `--archs`; a file it
+/// names, such as `--source`), or the problems of a plan, which name their own paths.
 #[derive(Debug, thiserror::Error)]
 #[error("{0:#}")]
-pub struct CommandLineError(pub anyhow::Error);
+pub struct RootIrrelevant(pub anyhow::Error);
 
-impl CommandLineError {
+impl RootIrrelevant {
     /// Whether `e` is, or wraps, one.
     pub fn is_in(e: &anyhow::Error) -> bool {
-        e.chain().any(|c| c.is::<CommandLineError>())
+        e.chain().any(|c| c.is::<RootIrrelevant>())
     }
 }
 

@@ -216,10 +216,11 @@ fn run_with(
             outln!("Dry run: nothing was built, written or started.");
         }
         if !prepared.plan.problems.is_empty() {
-            let e = anyhow::anyhow!(
+            let e: anyhow::Error = crate::project::RootIrrelevant(anyhow::anyhow!(
                 "the plan cannot run: {} problem(s), listed with the plan",
                 prepared.plan.problems.len()
-            );
+            ))
+            .into();
             return Err(if args.json {
                 super::common::JsonReported(e).into()
             } else {

@@ -354,7 +354,7 @@ pub fn run(cli: Cli) -> Result<()> {
         // project, and an error that is not the command line's own (a malformed flag).
         Err(cause)
             if reads_project
-                && !crate::project::CommandLineError::is_in(&cause)
+                && !crate::project::RootIrrelevant::is_in(&cause)
                 && cause
                     .downcast_ref::<crate::process::Interrupted>()
                     .is_none()

@@ -78,7 +78,8 @@ pub fn tree_version(dir: &Path) -> Result<NcclVersion, String> {
 pub fn source_for(source_dir: Option<&Path>, tag: &Tag, cache_root: &Path) -> Result<NativeSource> {
     match source_dir {
         Some(dir) => {
-            let (path, version) = check_source_dir(dir, tag)?;
+            let (path, version) =
+                check_source_dir(dir, tag).map_err(crate::project::RootIrrelevant)?;
             Ok(NativeSource::Dir { path, version })
         }
         None => {

@@ -6,6 +6,7 @@ use crate::docker::{self, Engine};
 use crate::native;
 use crate::nccl::plan::{BackendInputs, DockerSource, VolumesFlag};
 use crate::nccl::tag::Tag;
+use crate::project::RootIrrelevant;
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 
@@ -68,48 +69,51 @@ pub(crate) fn choose(req: &BackendRequest, tag: &Tag) -> Result<(BackendInputs, 
         bail!("{dflag} is for the Docker backend and {flag} for the native one: give one of them");
     }
     if let Some(img) = &req.base_image {
-        docker::check_image_reference(img)?;
+        docker::check_image_reference(img).map_err(RootIrrelevant)?;
     }
-    let docker =
-        |engine: Option<Engine>, reason: String| -> Result<(BackendInputs, String, Chosen)> {
-            let (spec, text) = docker::dockerfile_spec(req.dockerfile.as_deref())?;
-            let source = match &req.source {
-                Some(dir) => {
-                    let (path, version) = native::check_source_dir(dir, tag)?;
-                    DockerSource::Context { path, version }
-                }
-                None => DockerSource::Clone,
-            };
-            // The image is looked into before anything is built, where an engine answers
-            // (a dry run on a machine without one still shows the plan).
-            let engine = match engine {
-                None if req.base_image.is_some() => Engine::probe().ok(),
-                e => e,
-            };
-            let probe = match (&req.base_image, &engine) {
-                (Some(image), Some(_)) => Some(docker::probe_image(image)?),
-                _ => None,
-            };
-            let storage_driver = match (&engine, req.toolchain_volumes) {
-                (Some(e), VolumesFlag::Auto) => e.storage_driver(),
-                _ => None,
-            };
-            Ok((
-                BackendInputs::Docker {
-                    dockerfile: spec,
-                    base_image: req.base_image.clone(),
-                    source,
-                    probe,
-                    volumes: req.toolchain_volumes,
-                    storage_driver,
-                },
-                reason,
-                Chosen::Docker {
-                    engine,
-                    dockerfile: text,
-                },
-            ))
+    let docker = |engine: Option<Engine>,
+                  reason: String|
+     -> Result<(BackendInputs, String, Chosen)> {
+        // What is wrong with a file the command line names is the command line's.
+        let (spec, text) =
+            docker::dockerfile_spec(req.dockerfile.as_deref()).map_err(RootIrrelevant)?;
+        let source = match &req.source {
+            Some(dir) => {
+                let (path, version) = native::check_source_dir(dir, tag).map_err(RootIrrelevant)?;
+                DockerSource::Context { path, version }
+            }
+            None => DockerSource::Clone,
         };
+        // The image is looked into before anything is built, where an engine answers
+        // (a dry run on a machine without one still shows the plan).
+        let engine = match engine {
+            None if req.base_image.is_some() => Engine::probe().ok(),
+            e => e,
+        };
+        let probe = match (&req.base_image, &engine) {
+            (Some(image), Some(_)) => Some(docker::probe_image(image)?),
+            _ => None,
+        };
+        let storage_driver = match (&engine, req.toolchain_volumes) {
+            (Some(e), VolumesFlag::Auto) => e.storage_driver(),
+            _ => None,
+        };
+        Ok((
+            BackendInputs::Docker {
+                dockerfile: spec,
+                base_image: req.base_image.clone(),
+                source,
+                probe,
+                volumes: req.toolchain_volumes,
+                storage_driver,
+            },
+            reason,
+            Chosen::Docker {
+                engine,
+                dockerfile: text,
+            },
+        ))
+    };
     let native = |report: native::ToolchainReport,
                   reason: String|
      -> Result<(BackendInputs, String, Chosen)> {
@@ -118,10 +122,12 @@ pub(crate) fn choose(req: &BackendRequest, tag: &Tag) -> Result<(BackendInputs, 
         // (see `run_with`).
         let (Some(toolkit), true) = (report.toolkit.clone(), report.tools.contains_key("c++"))
         else {
-            bail!(
+            // About this host's toolkit, not the project.
+            return Err(RootIrrelevant(anyhow::anyhow!(
                 "the native backend cannot build here:\n  {}",
                 report.missing.join("\n  ")
-            );
+            ))
+            .into());
         };
         let source = native::source_for(req.source.as_deref(), tag, &crate::cache::cache_dir()?)?;
         let inputs = BackendInputs::Native {
@@ -150,7 +156,10 @@ pub(crate) fn choose(req: &BackendRequest, tag: &Tag) -> Result<(BackendInputs, 
         }
         BackendFlag::Native => {
             if let Some(flag) = docker_flag {
-                bail!("{flag} is for the Docker backend, but --backend native was given");
+                return Err(RootIrrelevant(anyhow::anyhow!(
+                    "{flag} is for the Docker backend, but --backend native was given"
+                ))
+                .into());
             }
             native(discover(), "--backend native".into())
         }

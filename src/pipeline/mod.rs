@@ -80,7 +80,7 @@ pub fn prepare(
     infer: &dyn Fn(CheckedFlags) -> Result<Inferred>,
 ) -> Result<Prepared> {
     // A malformed flag is the command line's error, whatever the project holds.
-    let flags = check_flags(&req.build).map_err(crate::project::CommandLineError)?;
+    let flags = check_flags(&req.build).map_err(crate::project::RootIrrelevant)?;
     // `+PTX` in --archs is --ptx: the plan sees one request, whichever way it was said.
     let build = BuildRequest {
         ptx: flags.ptx,
@@ -301,10 +301,11 @@ impl Prepared {
     /// The plan's problems as one error, for a run that must not start.
     pub fn refusal(&self) -> Option<anyhow::Error> {
         (!self.plan.problems.is_empty()).then(|| {
-            anyhow::anyhow!(
+            crate::project::RootIrrelevant(anyhow::anyhow!(
                 "the plan cannot run (see it with --dry-run):\n  {}",
                 self.plan.problems.join("\n  ")
-            )
+            ))
+            .into()
         })
     }
 
