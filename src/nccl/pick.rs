@@ -6,7 +6,10 @@
 //! lacks and the build command that would fit. Coverage is read from each build's
 //! library (its fatbin), never from its name or plan; drivers by [`DriverCheck`], the
 //! rule of every NCCL choice. What cannot be read (no `nvidia-smi`, a silent worker) is
-//! a warning that the check was not made, never a reason to refuse.
+//! a warning that the check was not made, never a reason to refuse. A build *named* of
+//! another release than the active libtorch's is taken as asked, with [`OtherRelease`]:
+//! the functions the libtorch imports that it lacks (what `nccl build` also says of a
+//! build it made).
 //!
 //! The facts are handed in ([`Host`]): the CLI reads this host's, `cluster` its workers'.
 
