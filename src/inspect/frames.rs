@@ -44,6 +44,12 @@ pub const MAX_ENTRIES: usize = 1 << 22;
 /// How many FDEs before the nearest one a lookup also looks at, for one that overlaps
 /// (compilers emit none; a nested range would otherwise be taken for a gap).
 const LOOK_BACK: u64 = 8;
+/// The most CIEs a walk keeps parsed (a linked library has a handful: ld merges equal
+/// ones); past it each further FDE's CIE is parsed again, so memory stays bounded.
+const MAX_CACHED_CIES: usize = 1024;
+/// The fewest bytes one row of the search table takes (two 2-byte values): the most rows
+/// a table of `n` bytes can hold is `n / 4`, whatever count its header claims.
+const MIN_ROW: u64 = 4;
 
 /// Where an address lies among the FDEs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +66,9 @@ pub struct Frames<'a> {
     /// Address of `.eh_frame`, for turning the table's FDE addresses into offsets.
     eh_frame_addr: u64,
     bases: BaseAddresses,
-    /// `.eh_frame_hdr` with a non-empty search table.
+    /// `.eh_frame_hdr` with a non-empty search table, and its size in bytes.
     hdr: Option<ParsedEhFrameHdr<R<'a>>>,
+    hdr_len: u64,
     /// The walk's FDE ranges, sorted by start: done on the first question when there is
     /// no table.
     walked: OnceCell<Result<Vec<(u64, u64)>, String>>,
@@ -79,6 +86,7 @@ impl<'a> Frames<'a> {
         let mut bases = BaseAddresses::default().set_eh_frame(eh_frame_addr);
         let mut section = EhFrame::new(eh_frame, endian);
         section.set_address_size(8);
+        let hdr_len = hdr.map_or(0, |(bytes, _)| bytes.len() as u64);
         let hdr = hdr.and_then(|(bytes, addr)| {
             bases = bases.clone().set_eh_frame_hdr(addr);
             let parsed = EhFrameHdr::new(bytes, endian).parse(&bases, 8).ok()?;
@@ -91,6 +99,7 @@ impl<'a> Frames<'a> {
             eh_frame_addr,
             bases,
             hdr,
+            hdr_len,
             walked: OnceCell::new(),
         }
     }
@@ -99,6 +108,9 @@ impl<'a> Frames<'a> {
     /// stripped of those, its program headers. None when it has no `.eh_frame` fdl can
     /// read.
     pub fn find(info: &ElfInfo, src: &'a Source<'_>) -> Option<Frames<'a>> {
+        if !info.is_64 {
+            return None;
+        }
         let endian = if src.bytes(5, 1).ok()?[0] == elf::ELFDATA2MSB {
             RunTimeEndian::Big
         } else {
@@ -208,8 +220,9 @@ impl<'a> Frames<'a> {
                 Err(e) => Err(format!("unreadable search table: {e}")),
             }
         };
-        // The row count the header claims; rows past the section's end fail to read.
-        let (mut lo, mut hi) = (0u64, count(&table, &self.bases));
+        // The row count the header claims, no more than the section can hold (rows past
+        // its end fail to read; the bound keeps row offsets far from overflowing).
+        let (mut lo, mut hi) = (0u64, count(&table, &self.bases).min(self.hdr_len / MIN_ROW));
         if hi == 0 {
             return Err("an empty search table".into());
         }
@@ -258,7 +271,9 @@ impl<'a> Frames<'a> {
                             return Ok(Clone::clone(cie));
                         }
                         let cie = section.cie_from_offset(bases, off)?;
-                        cies.insert(off.0, cie.clone());
+                        if cies.len() < MAX_CACHED_CIES {
+                            cies.insert(off.0, cie.clone());
+                        }
                         Ok(cie)
                     })
                     .map_err(|e| format!("unreadable FDE in .eh_frame: {e}"))?;
@@ -478,6 +493,14 @@ mod tests {
         let mut many = hdr.clone();
         many[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
         probe(&Frames::new(&frame, 0x5000, Some((&many, 0x4000)), LE));
+        // A row count of 2^62 (udata8): row offsets would overflow if trusted.
+        let mut huge_count = hdr[..8].to_vec();
+        huge_count[2] = 0x04;
+        huge_count.extend((1u64 << 62).to_le_bytes());
+        huge_count.extend(&hdr[12..]);
+        let f = Frames::new(&frame, 0x5000, Some((&huge_count, 0x4000)), LE);
+        assert!(f.has_search_table());
+        probe(&f);
         // A row pointing before .eh_frame, an unsorted table, an indirect encoding.
         let mut before = hdr.clone();
         before[16..20].copy_from_slice(&(-0x10_0000i32).to_le_bytes());
