@@ -676,15 +676,28 @@ fn real_libnccl_fdes_and_direct_calls_match_binutils() {
             .collect();
         want.sort_unstable();
         assert!(want.len() > 1000, "{var}: {} FDEs", want.len());
-        let got = Source::with_file(&lib, |src| {
+        // Through the search table, and by the walk of .eh_frame alone.
+        let (got, walked) = Source::with_file(&lib, |src| {
             let info = elf::parse(src)?;
             let frames = Frames::find(&info, src).expect("unwind tables");
             assert!(frames.has_search_table(), "{var}");
-            frames.all().map_err(anyhow::Error::msg)
+            let s = info
+                .sections
+                .iter()
+                .find(|s| s.name == ".eh_frame")
+                .unwrap();
+            let bytes = src.bytes(s.offset, s.size)?;
+            let walk = Frames::new(bytes, s.addr, None, gimli::RunTimeEndian::Little);
+            assert!(!walk.has_search_table());
+            Ok((
+                frames.all().map_err(anyhow::Error::msg)?,
+                walk.all().map_err(anyhow::Error::msg)?,
+            ))
         })
         .unwrap();
         assert_eq!(got.len(), want.len(), "{var}: FDE count");
         assert_eq!(got, want, "{var}: FDE ranges");
+        assert_eq!(walked, want, "{var}: FDE ranges by the walk");
 
         let answer = analyze(&lib).unwrap();
         let uncertain: Vec<_> = answer
