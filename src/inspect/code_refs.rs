@@ -10,17 +10,41 @@
 //!   `add` of the low 12 bits. Candidates are found by one arithmetic pass over the
 //!   executable bytes (the x86-64 filter: `address + 4 + rel32 == entry` at each byte) and
 //!   each is **confirmed** by decoding the function that holds it from that function's
-//!   start (a function symbol of `.symtab` or `.dynsym` whose range covers it), so that
-//!   bytes that only look like a reference (inside another instruction, in data) are not
-//!   taken for one;
+//!   start, so that bytes that only look like a reference (inside another instruction,
+//!   in data, in padding) are not taken for one;
 //! - **data**: a RELATIVE (or IRELATIVE) relocation whose addend is the entry: its address
 //!   is stored, and a call through it reaches this definition whatever is preloaded.
 //!
-//! A candidate that cannot be confirmed (no function symbol covers it, decoding fails, a
-//! cap is reached) is reported as [`Reached::Unconfirmed`], never dropped: the caller
-//! treats it as "perhaps called". All work is bounded by caps, whatever sizes the file
-//! claims.
+//! Where a function starts comes first from the unwind tables ([`super::frames`]): an
+//! FDE's range `[pc_begin, pc_begin + pc_range)` is exactly one function's code (or one
+//! `.cold` part of it), and compilers give every function one on x86-64 and aarch64,
+//! stripped or not. A candidate in an FDE's range is decoded from `pc_begin`, even where a
+//! symbol covers it too (a symbol may start elsewhere: an alias inside the function, a
+//! size that takes in padding). Outside every FDE, a function symbol of `.symtab` or
+//! `.dynsym` covering it gives the start, as it did before fdl read FDEs.
+//!
+//! Covered by neither, the candidate lies in a gap between functions: alignment padding
+//! (gas fills it with multi-byte NOPs, whose zero displacement before a 16-byte-aligned
+//! entry reads as `rel32 == 0`, a "reference" to the next function: libnccl.so.2 has
+//! several), or code without CFI — crtstuff's `frame_dummy` and friends, `_init`,
+//! hand-written assembly. On x86-64 the gap is decoded from its start, the end of the
+//! FDE below it (or the start of the executable section), which is an instruction
+//! boundary: padding then decodes as the NOPs it is, and a real call from CFI-less code
+//! is still found, so the candidate is confirmed or dismissed like one in a function.
+//! What would defeat this is data in the gap (a literal pool in hand-written code): it
+//! shows as undecodable bytes (unconfirmed), or could put decoding out of step — the same
+//! assumption decoding a function from its symbol makes. Where the gap has no known
+//! start (no FDE below it in a load segment read without section headers), and on
+//! aarch64 (a word shaped like `bl` in a gap may be data; its padding is `nop` words,
+//! never a candidate), the candidate stays unconfirmed. An object without `.eh_frame`
+//! keeps the symbol rule alone.
+//!
+//! A candidate that cannot be confirmed (nothing gives its function's start, decoding
+//! fails, a cap is reached) is reported as [`Reached::Unconfirmed`], never dropped: the
+//! caller treats it as "perhaps called". All work is bounded by caps, whatever sizes the
+//! file claims.
 
+use super::frames::{Frames, Place};
 use object::elf;
 use std::collections::BTreeSet;
 
@@ -80,6 +104,11 @@ pub struct Image<'a> {
     pub data_refs: BTreeSet<u64>,
     /// Why relative relocations could not all be read (e.g. a packed DT_RELR table), if so.
     pub data_unknown: Option<String>,
+    /// The object's unwind tables, if it has any: where functions start and end.
+    pub frames: Option<Frames<'a>>,
+    /// Whether each region of `code` is an executable section, whose start is an
+    /// instruction boundary (a load segment's start may be the ELF header).
+    pub code_is_sections: bool,
 }
 
 /// For each of `targets` (function entries), what refers to it.
@@ -107,6 +136,11 @@ pub fn references(image: &Image<'_>, targets: &[u64], limits: Limits) -> Vec<Rea
     sorted.sort_unstable();
     sorted.dedup();
     let functions = Functions::new(&image.functions);
+    let bounds = Bounds {
+        symbols: &functions,
+        frames: image.frames.as_ref(),
+        sections: image.code_is_sections,
+    };
     let mut state = Scan {
         limits,
         decoded: 0,
@@ -127,8 +161,8 @@ pub fn references(image: &Image<'_>, targets: &[u64], limits: Limits) -> Vec<Rea
         }
         scanned += len;
         match image.machine {
-            elf::EM_X86_64 => scan_x86_64(base, bytes, &sorted, &functions, &mut state),
-            elf::EM_AARCH64 => scan_aarch64(base, bytes, &sorted, &functions, &mut state),
+            elf::EM_X86_64 => scan_x86_64(base, bytes, &sorted, &bounds, &mut state),
+            elf::EM_AARCH64 => scan_aarch64(base, bytes, &sorted, &bounds, &mut state),
             _ => {
                 state.capped = Some(format!(
                     "fdl does not read the code of ELF machine {}",
@@ -224,7 +258,48 @@ impl Functions {
     }
 }
 
-fn scan_x86_64(base: u64, bytes: &[u8], targets: &[u64], f: &Functions, s: &mut Scan) {
+/// What tells where the code holding an address starts: the FDEs, the function symbols.
+struct Bounds<'f, 'a> {
+    symbols: &'f Functions,
+    frames: Option<&'f Frames<'a>>,
+    sections: bool,
+}
+
+/// Where decoding toward a candidate starts.
+enum Start {
+    /// A function's (or function part's) `[start, end)`, from an FDE or a symbol.
+    Function { start: u64, end: u64 },
+    /// A gap no FDE or symbol covers, from its start: the end of the FDE below, or the
+    /// start of the executable section.
+    Gap { start: u64 },
+    /// Nothing gives a start: why, for the message.
+    Unknown(&'static str),
+}
+
+impl Bounds<'_, '_> {
+    /// Where decoding toward `at`, in the region `[base, region_end)`, starts.
+    fn start(&self, at: u64, base: u64) -> Start {
+        let symbol = || {
+            self.symbols
+                .holding(at)
+                .map(|(start, end)| Start::Function { start, end })
+        };
+        // Unreadable unwind tables count as none: the symbols alone answer.
+        match self.frames.map(|f| f.place(at)) {
+            Some(Ok(Place::Function { start, end })) => Start::Function { start, end },
+            Some(Ok(Place::Gap { after })) => symbol().unwrap_or(match after {
+                Some(end) if end >= base => Start::Gap { start: end },
+                _ if self.sections => Start::Gap { start: base },
+                _ => Start::Unknown("no function symbol or unwind entry (FDE) covers that place, and no FDE below it in its code gives an instruction boundary to decode from"),
+            }),
+            _ => symbol().unwrap_or(Start::Unknown(
+                "no function symbol covers that place, so it cannot be decoded from a function's start",
+            )),
+        }
+    }
+}
+
+fn scan_x86_64(base: u64, bytes: &[u8], targets: &[u64], f: &Bounds<'_, '_>, s: &mut Scan) {
     let (Some(&lo), Some(&hi)) = (targets.first(), targets.last()) else {
         return;
     };
@@ -244,28 +319,30 @@ fn scan_x86_64(base: u64, bytes: &[u8], targets: &[u64], f: &Functions, s: &mut 
     }
 }
 
-/// Decodes the function holding the candidate displacement at `at` from its start and
-/// looks for the instruction that holds it and refers to `t`.
-fn confirm_x86_64(base: u64, bytes: &[u8], at: u64, t: u64, f: &Functions, s: &mut Scan) {
-    use iced_x86::{Decoder, DecoderOptions, Instruction};
-    let Some((start, end)) = f.holding(at) else {
-        s.unconfirmed(
-            t,
-            format!("code at {at:#x} may refer to it, but no function symbol covers that place, so it cannot be decoded from a function's start"),
-        );
-        return;
+/// Decodes the code holding the candidate displacement at `at` from its start (a
+/// function's, or a gap's) and looks for the instruction that holds it and refers to
+/// `t`. No such instruction: the bytes are part of another one (an immediate, a NOP's
+/// displacement), a coincidence, and nothing is recorded.
+fn confirm_x86_64(base: u64, bytes: &[u8], at: u64, t: u64, f: &Bounds<'_, '_>, s: &mut Scan) {
+    use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic};
+    let region_end = base.saturating_add(bytes.len() as u64);
+    let (start, end, what) = match f.start(at, base) {
+        Start::Function { start, end } => (start, end, "the function holding it"),
+        Start::Gap { start } => (start, region_end, "the gap between functions holding it"),
+        Start::Unknown(why) => {
+            s.unconfirmed(t, format!("code at {at:#x} may refer to it, but {why}"));
+            return;
+        }
     };
-    if start < base || at - start > s.limits.decode_one {
+    if start < base || start > at || at - start > s.limits.decode_one {
         s.unconfirmed(
             t,
-            format!("code at {at:#x} may refer to it, but the function holding it (at {start:#x}) starts outside the code or too far before it to decode"),
+            format!("code at {at:#x} may refer to it, but {what} (at {start:#x}) starts outside the code or too far before it to decode"),
         );
         return;
     }
     // Up to the end of the instruction holding the displacement: at most 15 bytes past.
-    let stop = end
-        .min(at.saturating_add(16))
-        .min(base + bytes.len() as u64);
+    let stop = end.min(at.saturating_add(16)).min(region_end);
     let (from, to) = ((start - base) as usize, (stop - base) as usize);
     let Some(window) = bytes.get(from..to) else {
         s.unconfirmed(
@@ -292,14 +369,17 @@ fn confirm_x86_64(base: u64, bytes: &[u8], at: u64, t: u64, f: &Functions, s: &m
         if ins.is_invalid() {
             s.unconfirmed(
                 t,
-                format!("code at {at:#x} may refer to it, but its function (at {start:#x}) does not decode at {ip:#x}"),
+                format!("code at {at:#x} may refer to it, but {what} (at {start:#x}) does not decode at {ip:#x}"),
             );
             return;
         }
         let next = ip.wrapping_add(ins.len() as u64);
         if ip <= at && at < next {
-            let refers = ins.near_branch_target() == t
-                || (ins.is_ip_rel_memory_operand() && ins.ip_rel_memory_address() == t);
+            // A NOP's memory operand is never accessed (`nopl 0x0(%rip)` refers to
+            // nothing).
+            let refers = ins.mnemonic() != Mnemonic::Nop
+                && (ins.near_branch_target() == t
+                    || (ins.is_ip_rel_memory_operand() && ins.ip_rel_memory_address() == t));
             if refers {
                 s.found.push((t, ip));
             }
@@ -312,7 +392,7 @@ fn confirm_x86_64(base: u64, bytes: &[u8], at: u64, t: u64, f: &Functions, s: &m
     }
 }
 
-fn scan_aarch64(base: u64, bytes: &[u8], targets: &[u64], f: &Functions, s: &mut Scan) {
+fn scan_aarch64(base: u64, bytes: &[u8], targets: &[u64], f: &Bounds<'_, '_>, s: &mut Scan) {
     let word = |i: usize| -> Option<u32> {
         let b = bytes.get(i..i + 4)?;
         Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -333,15 +413,20 @@ fn scan_aarch64(base: u64, bytes: &[u8], targets: &[u64], f: &Functions, s: &mut
         }
         // Fixed-width: the instruction is the word; what needs confirming is that a
         // function holds it, aligned from that function's start (not data in the code).
-        match f.holding(pc) {
-            Some((start, _)) if (pc - start).is_multiple_of(4) => s.found.push((t, pc)),
-            Some((start, _)) => s.unconfirmed(
+        match f.start(pc, base) {
+            Start::Function { start, .. } if (pc - start).is_multiple_of(4) => s.found.push((t, pc)),
+            Start::Function { start, .. } => s.unconfirmed(
                 t,
                 format!("code at {pc:#x} may refer to it, but it is not aligned from its function's start ({start:#x})"),
             ),
-            None => s.unconfirmed(
+            // A branch-shaped word between functions: code without CFI, or data.
+            Start::Gap { .. } => s.unconfirmed(
                 t,
-                format!("code at {pc:#x} may refer to it, but no function symbol covers that place"),
+                format!("code at {pc:#x} may refer to it, but no function symbol or unwind entry (FDE) covers that place, so it may be data between functions"),
+            ),
+            Start::Unknown(why) => s.unconfirmed(
+                t,
+                format!("code at {pc:#x} may refer to it, but {why}"),
             ),
         }
     }
@@ -388,6 +473,8 @@ mod tests {
             functions,
             data_refs: BTreeSet::new(),
             data_unknown: None,
+            frames: None,
+            code_is_sections: true,
         }
     }
 
@@ -560,6 +647,159 @@ mod tests {
             matches!(&got[0], Reached::Unconfirmed(w) if w.contains("does not decode")),
             "{got:?}"
         );
+    }
+
+    /// An image whose unwind tables hold one FDE per `(start, len)`.
+    fn with_fdes<'a>(
+        machine: u16,
+        code: Vec<(u64, &'a [u8])>,
+        frame: &'a [u8],
+        sections: bool,
+    ) -> Image<'a> {
+        Image {
+            frames: Some(Frames::new(
+                frame,
+                0x8000,
+                None,
+                gimli::RunTimeEndian::Little,
+            )),
+            code_is_sections: sections,
+            ..image(machine, code, vec![])
+        }
+    }
+
+    #[test]
+    fn an_fde_gives_the_start_where_no_symbol_does() {
+        let code = x86_code();
+        let (frame, _) = crate::inspect::frames::synth::eh_frame(0x8000, &[(0x1000, 14)]);
+        let img = with_fdes(elf::EM_X86_64, vec![(0x1000, &code)], &frame, true);
+        let got = references(&img, &[0x2000, 0x3000], Limits::default());
+        assert_eq!(
+            got,
+            [Reached::Code { at: 0x1001 }, Reached::Code { at: 0x1006 }]
+        );
+
+        // The lookalike inside `mov eax, imm32`, and a NOP whose RIP-relative operand
+        // names the target (never accessed): no reference.
+        let target = 0x1000u64 + 5 + 0x10;
+        let mut code = vec![0xB8];
+        code.extend(((target - (0x1000 + 5)) as i32).to_le_bytes());
+        code.extend([0x0F, 0x1F, 0x05]); // nopl [rip+d] at 0x1005, end 0x100c
+        code.extend(((target - 0x100c) as i32).to_le_bytes());
+        code.push(0xC3);
+        let (frame, _) = crate::inspect::frames::synth::eh_frame(0x8000, &[(0x1000, 13)]);
+        let img = with_fdes(elf::EM_X86_64, vec![(0x1000, &code)], &frame, true);
+        assert_eq!(
+            references(&img, &[target], Limits::default()),
+            [Reached::Nothing]
+        );
+
+        // A symbol starting inside the instruction (an alias, a wrong size) is
+        // overruled by the FDE: decoded from the symbol, the immediate's bytes would be
+        // read as instructions.
+        let img = Image {
+            functions: vec![(0x1001, 12)],
+            ..with_fdes(elf::EM_X86_64, vec![(0x1000, &code)], &frame, true)
+        };
+        assert_eq!(
+            references(&img, &[target], Limits::default()),
+            [Reached::Nothing]
+        );
+    }
+
+    /// `ret` (an FDE), then the padding gas writes before an aligned entry, then the
+    /// entry (another FDE): the padding's zero displacement is a `rel32 == 0` lookalike.
+    fn padded() -> Vec<u8> {
+        let mut code = vec![0xC3];
+        code.extend([0x0F, 0x1F, 0x80, 0, 0, 0, 0]); // nopl 0x0(%rax), 0x1001..0x1008
+        code.push(0xC3); // the entry, 0x1008
+        code
+    }
+
+    #[test]
+    fn padding_between_fdes_is_no_reference() {
+        let code = padded();
+        let (frame, _) =
+            crate::inspect::frames::synth::eh_frame(0x8000, &[(0x1000, 1), (0x1008, 1)]);
+        for sections in [true, false] {
+            let img = with_fdes(elf::EM_X86_64, vec![(0x1000, &code)], &frame, sections);
+            assert_eq!(
+                references(&img, &[0x1008], Limits::default()),
+                [Reached::Nothing],
+                "{sections}"
+            );
+        }
+        // Without unwind tables, as before: nothing gives a start.
+        let img = image(elf::EM_X86_64, vec![(0x1000, &code)], vec![]);
+        assert!(matches!(
+            &references(&img, &[0x1008], Limits::default())[0],
+            Reached::Unconfirmed(w) if w.contains("no function symbol covers")
+        ));
+        // Unreadable unwind tables count as none.
+        let img = with_fdes(elf::EM_X86_64, vec![(0x1000, &code)], &[0xff; 64], true);
+        assert!(matches!(
+            &references(&img, &[0x1008], Limits::default())[0],
+            Reached::Unconfirmed(w) if w.contains("no function symbol covers")
+        ));
+    }
+
+    #[test]
+    fn code_without_cfi_is_decoded_from_the_gaps_start() {
+        // `ret` (an FDE), then CFI-less `call 0x2000; ret` at 0x1001.
+        let mut code = vec![0xC3, 0xE8];
+        code.extend((0x2000i32 - 0x1006).to_le_bytes());
+        code.push(0xC3);
+        let (frame, _) = crate::inspect::frames::synth::eh_frame(0x8000, &[(0x1000, 1)]);
+        let img = with_fdes(elf::EM_X86_64, vec![(0x1000, &code)], &frame, true);
+        assert_eq!(
+            references(&img, &[0x2000], Limits::default()),
+            [Reached::Code { at: 0x1001 }]
+        );
+        // No FDE below it: from the section's start, which is an instruction boundary;
+        // a load segment's start (the ELF header, perhaps) is not.
+        let (frame, _) = crate::inspect::frames::synth::eh_frame(0x8000, &[(0x3000, 1)]);
+        let code = &code[1..];
+        let img = with_fdes(elf::EM_X86_64, vec![(0x1001, code)], &frame, true);
+        assert_eq!(
+            references(&img, &[0x2000], Limits::default()),
+            [Reached::Code { at: 0x1001 }]
+        );
+        let img = with_fdes(elf::EM_X86_64, vec![(0x1001, code)], &frame, false);
+        assert!(matches!(
+            &references(&img, &[0x2000], Limits::default())[0],
+            Reached::Unconfirmed(w) if w.contains("instruction boundary")
+        ));
+        // A gap too long to decode, by the per-candidate cap.
+        let short = Limits {
+            decode_one: 0,
+            ..Limits::default()
+        };
+        let mut late = vec![0x90];
+        late.extend_from_slice(code);
+        let img = with_fdes(elf::EM_X86_64, vec![(0x1000, &late)], &frame, true);
+        assert!(matches!(
+            &references(&img, &[0x2000], short)[0],
+            Reached::Unconfirmed(w) if w.contains("gap")
+        ));
+    }
+
+    #[test]
+    fn aarch64_words_in_an_fde_are_code_and_between_fdes_perhaps_data() {
+        let mut code = Vec::new();
+        code.extend(0xD503_201Fu32.to_le_bytes()); // nop
+        code.extend(0x9400_0040u32.to_le_bytes()); // bl pc+0x100 at 0x1004 → 0x1104
+        let (frame, _) = crate::inspect::frames::synth::eh_frame(0x8000, &[(0x1000, 8)]);
+        let img = with_fdes(elf::EM_AARCH64, vec![(0x1000, &code)], &frame, true);
+        assert_eq!(
+            references(&img, &[0x1104], Limits::default()),
+            [Reached::Code { at: 0x1004 }]
+        );
+        let (frame, _) = crate::inspect::frames::synth::eh_frame(0x8000, &[(0x1000, 4)]);
+        let img = with_fdes(elf::EM_AARCH64, vec![(0x1000, &code)], &frame, true);
+        assert!(matches!(
+            &references(&img, &[0x1104], Limits::default())[0],
+            Reached::Unconfirmed(w) if w.contains("data")
+        ));
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 use super::code_refs::{self, Reached};
 use super::elf::{self as fdl_elf, ElfInfo};
+use super::frames::Frames;
 use super::selfid;
 use super::source::Source;
 use super::symver;
@@ -1308,6 +1309,7 @@ impl<'a> Tables<'a> {
             .filter(|s| s.flags & u64::from(elf::SHF_EXECINSTR) != 0 && s.has_file_bytes())
             .map(|s| (s.addr, s.offset, s.size))
             .collect();
+        let code_is_sections = !exec_sections.is_empty();
         let regions: Vec<(u64, u64, u64)> = if exec_sections.is_empty() {
             self.info
                 .segments
@@ -1362,6 +1364,9 @@ impl<'a> Tables<'a> {
             functions,
             data_refs,
             data_unknown,
+            // Read only when a candidate needs a function's start.
+            frames: Frames::find(&self.info, self.src),
+            code_is_sections,
         };
         let found = code_refs::references(&image, targets, code_refs::Limits::default());
         Ok(targets.iter().copied().zip(found).collect())

@@ -12,6 +12,7 @@
 pub mod code_refs;
 pub mod elf;
 pub mod fatbin;
+pub mod frames;
 pub mod interpose;
 pub mod selfid;
 pub mod source;
