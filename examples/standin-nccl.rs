@@ -21,13 +21,14 @@ fn main() -> ExitCode {
         Ok(dir) => {
             println!(
                 "A stand-in NCCL tree at {}: build it with `fdl nccl build --backend native --source {}`",
-                dir.display(),
-                dir.display()
+                fdl::text::shown(&dir),
+                fdl::text::shown(&dir)
             );
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            // The fixture quotes the library and nm: shown with their controls escaped.
+            eprintln!("error: {}", fdl::text::terminal_safe(&e));
             ExitCode::FAILURE
         }
     }
@@ -50,20 +51,26 @@ fn run(args: Vec<std::ffi::OsString>) -> Result<PathBuf, String> {
     if dir.symlink_metadata().is_ok() {
         return Err(format!(
             "{} exists: give a new directory (nothing was written)",
-            dir.display()
+            fdl::text::shown(&dir)
         ));
     }
     let lib = PathBuf::from(lib);
     if !lib.is_file() {
-        return Err(format!("{} is not a file\n{USAGE}", lib.display()));
+        return Err(format!("{} is not a file\n{USAGE}", fdl::text::shown(&lib)));
     }
-    std::fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+    std::fs::create_dir(&dir)
+        .map_err(|e| format!("cannot make {}: {e}", fdl::text::shown(&dir)))?;
     // The fixture's writes panic on an I/O error (disk full): said as an error, and the
     // half-written tree removed.
     std::panic::set_hook(Box::new(|_| {}));
     let version = (*x, *y, *z);
     let made = std::panic::catch_unwind(|| native_fixture::standin_tree_for(&dir, version, &lib))
-        .unwrap_or_else(|_| Err(format!("could not write the tree into {}", dir.display())));
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "could not write the tree into {}",
+                fdl::text::shown(&dir)
+            ))
+        });
     if let Err(e) = made {
         let _ = std::fs::remove_dir_all(&dir);
         return Err(e);

@@ -3,12 +3,13 @@
 //! build complete to the project's own, which the static `fdl completions SHELL` script
 //! cannot know.
 //!
-//! The candidates are read, never written: a few directory listings of the project that
-//! `--root`, `$FDL_ROOT` or the working directory names, at most [`MAX_ENTRIES`] entries
-//! each. Only plain names (letters, digits, `.`, `_`, `-`, `+`) are offered, so no byte
+//! The candidates are read, never written: the directory listings of the project that
+//! `--root`, `$FDL_ROOT` or the working directory names (`libtorch list`'s for variants;
+//! at most [`MAX_ENTRIES`] build directories). Only plain names (letters, digits, `.`,
+//! `_`, `-`, `+`) are offered, so no byte
 //! from the disk reaches the shell's command line raw; any error offers nothing.
 
-use crate::libtorch::{Libtorch, VARIANT_KINDS};
+use crate::libtorch::Libtorch;
 use crate::nccl::store::{leftover_of, BuildName, MANIFEST};
 use crate::project::Project;
 use clap_complete::engine::CompletionCandidate;
@@ -27,38 +28,15 @@ pub(super) fn variants() -> Vec<CompletionCandidate> {
     };
     let lt = Libtorch::new(project.libtorch_dir());
     let active = lt.active_name().ok().flatten();
-    let mut names = Vec::new();
-    for kind in VARIANT_KINDS {
-        let Ok(rd) = std::fs::read_dir(lt.dir.join(kind)) else {
-            continue;
-        };
-        for entry in rd.take(MAX_ENTRIES).flatten() {
-            let Some(name) = entry
-                .file_name()
-                .to_str()
-                .filter(|n| plain(n))
-                .map(String::from)
-            else {
-                continue;
-            };
-            // A registered pip torch is a link to its directory: follow links, as
-            // `fdl libtorch list` does.
-            let is_dir = match entry.file_type() {
-                Ok(t) if t.is_dir() => true,
-                Ok(t) if t.is_symlink() => entry.path().is_dir(),
-                _ => false,
-            };
-            if is_dir {
-                names.push(format!("{kind}/{name}"));
-            }
-        }
-    }
-    names.sort();
-    names
+    // The listing `fdl libtorch list` reads (links followed: a registered pip torch is
+    // a link to its directory), offered by plain names only.
+    lt.variants()
+        .unwrap_or_default()
         .into_iter()
-        .map(|n| {
-            let help = (active.as_deref() == Some(n.as_str())).then(|| "active".into());
-            CompletionCandidate::new(n).help(help)
+        .filter(|v| v.name.split_once('/').is_some_and(|(_, n)| plain(n)))
+        .map(|v| {
+            let help = (active.as_deref() == Some(v.name.as_str())).then(|| "active".into());
+            CompletionCandidate::new(v.name).help(help)
         })
         .collect()
 }

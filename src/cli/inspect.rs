@@ -11,7 +11,7 @@ use crate::loader::{self, Answer, LoaderEnv, Which};
 use crate::nccl::store::{BuildStore, Entry};
 use crate::nccl::verify::{self, Against, LocalGpus, Report, Status};
 use crate::project::Project;
-use crate::text::{paint, Color};
+use crate::text::{clean, paint, Color};
 use anyhow::{bail, Result};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -323,10 +323,6 @@ fn brief(w: &Which, p: &Path) -> String {
     }
 }
 
-fn clean(text: &str) -> String {
-    crate::text::clean(text)
-}
-
 /// A reason as text output says it, once: a library that cannot be loaded is named by
 /// its DT_NEEDED name when `failures_below` (the lines below say why), a list of more
 /// than [`LISTED`] function names keeps its first two and counts the rest, and each
@@ -623,7 +619,6 @@ fn and_list(names: &[String]) -> String {
 /// Where a file without GPU code has it: each library of its directory it loads, with
 /// its code, or that there is none there either.
 fn print_followed(f: &Followed) {
-    let clean = crate::text::clean;
     if !f.found() {
         outln!("  gpu code none in this file, nor in the libraries it loads from its directory");
     } else {
@@ -824,7 +819,6 @@ pub(super) fn plugins_cmd(project: &Project, path: Option<&Path>, json_out: bool
         print_json(&v);
         return Ok(());
     }
-    let clean = crate::text::clean;
     outln!("NCCL      {}", clean(&p.nccl.display().to_string()));
     for k in &p.kinds {
         let value = match &k.value {
@@ -947,7 +941,6 @@ fn print_witness(
     a: &Result<loader::witness::Witness, loader::witness::NoWitness>,
     verdict: Option<&loader::witness::Verdict>,
 ) {
-    let clean = crate::text::clean;
     let x = match a {
         Err(n) if n.refused => {
             say(
@@ -1057,7 +1050,6 @@ fn functions(symbols: &[String]) -> String {
 /// short line and each caller's calls one line (how each binds, and each library that is
 /// not on this host, are said with `-v`; `--json` has everything).
 fn print_which(lib: &Path, w: &Which, verbose: bool) {
-    let clean = crate::text::clean;
     let path = |p: &Path| clean(&p.display().to_string());
     // What the short form leaves to -v.
     let mut left = false;

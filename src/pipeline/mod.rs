@@ -66,8 +66,7 @@ pub struct Prepared {
     chosen: Chosen,
     key: Option<KeyAnswer>,
     request: Request,
-    builds_dir: PathBuf,
-    /// Whose active libtorch the build is judged against once made.
+    /// Where the build goes, and whose active libtorch it is judged against once made.
     project: Project,
 }
 
@@ -181,7 +180,6 @@ pub fn prepare(
         chosen,
         key,
         request: req.clone(),
-        builds_dir: project.nccl_builds_dir(),
         project: project.clone(),
     })
 }
@@ -324,7 +322,7 @@ impl Prepared {
             }),
             (None, Chosen::Native { .. }) => Box::new(native::NativeBackend),
         };
-        let builds = BuildStore::new(self.builds_dir);
+        let builds = BuildStore::new(self.project.nccl_builds_dir());
         let exe = std::env::current_exe()?;
         let probe = |lib: &Path| verify::probe_in_child(&exe, lib);
         let opts = ExecOptions {
