@@ -344,17 +344,18 @@ impl AnotherJob {
         self.volumes.push(name);
     }
 
-    /// A classic build that fails after one step, leaving that step's image untagged.
+    /// A classic build that fails after two steps, leaving those steps' images untagged.
+    /// They are found by the job's label, not by what appeared on the engine meanwhile:
+    /// the sibling suite makes images of its own at the same time.
     fn failed_build(&mut self, image: &str) {
         let ctx = tempfile::tempdir().unwrap();
         std::fs::write(ctx.path().join("a"), &self.tag).unwrap();
+        let label = format!("fdl-test-another-job={}", self.tag);
         std::fs::write(
             ctx.path().join("Dockerfile"),
-            format!("FROM {image}\nCOPY a /another-job\nCOPY missing /nowhere\n"),
+            format!("FROM {image}\nLABEL {label}\nCOPY a /another-job\nCOPY missing /nowhere\n"),
         )
         .unwrap();
-        let before = Self::docker(&["images", "-a", "-q", "--no-trunc"]).stdout;
-        let before = String::from_utf8_lossy(&before).into_owned();
         let out = Command::new("docker")
             .env("DOCKER_BUILDKIT", "0")
             .args(["build", "-q"])
@@ -362,13 +363,13 @@ impl AnotherJob {
             .output()
             .unwrap();
         assert!(!out.status.success());
-        let after = Self::docker(&["images", "-a", "-q", "--no-trunc"]).stdout;
-        for id in String::from_utf8_lossy(&after).lines() {
-            if !before.contains(id) {
-                self.images.push(id.to_string());
-            }
-        }
-        assert_eq!(self.images.len(), 1, "{:?}", self.images);
+        let filter = format!("label={label}");
+        let ours = Self::docker(&["images", "-a", "-q", "--no-trunc", "--filter", &filter]);
+        self.images = String::from_utf8_lossy(&ours.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(self.images.len(), 2, "{:?}", self.images);
     }
 
     /// What of the job is gone.
