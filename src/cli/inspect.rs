@@ -211,6 +211,10 @@ pub(super) fn linkage_text(d: &NcclDetection) -> String {
             )
         }
         Linkage::Preload { entry } => format!("preloaded: {entry}"),
+        Linkage::Opened { needed, by } => format!(
+            "dynamic: {needed} = {}, already open ({by})",
+            crate::text::shown(&d.file)
+        ),
     }
 }
 
@@ -690,30 +694,151 @@ pub(super) fn print_coverage_titled(rows: &[CoverageRow], targets: &Targets, tit
     }
 }
 
+/// Which kind of process an answer is for (`--process`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProcessArg {
+    /// `python` importing torch: torch's own `__init__.py` opens libraries first
+    Python,
+    /// A program that links libtorch (floDl, C++)
+    Program,
+}
+
+/// The process options of `detect` and `plugins`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct ProcessOpts<'a> {
+    pub process: Option<ProcessArg>,
+    pub cwd: Option<&'a Path>,
+}
+
+/// What `detect` and `plugins` answer for: the file, what it is to the process, and the
+/// Python process around it when a Python process is the one asked about.
+struct Target {
+    lib: PathBuf,
+    kind: loader::TargetKind,
+    python: Option<loader::python::PythonProcess>,
+    /// A pip torch answered for a program: the other kind is possible.
+    pip_as_program: bool,
+}
+
+impl Target {
+    /// The loader's environment of the process: `env`, with torch's own loads for Python.
+    fn env(&self, env: &LoaderEnv) -> LoaderEnv {
+        match &self.python {
+            Some(p) => p.loader_env(env),
+            None => env.clone(),
+        }
+    }
+
+    /// One short line saying which process the answer is for, when two kinds could run it.
+    fn process_line(&self) -> Option<String> {
+        match &self.python {
+            Some(p) => Some(format!(
+                "{}; --process program for a program linking it",
+                p.summary()
+            )),
+            None if self.pip_as_program => Some(
+                "For a program that links libtorch_cuda.so; --process python for a Python process"
+                    .into(),
+            ),
+            None => None,
+        }
+    }
+
+    fn process_json(&self) -> serde_json::Value {
+        match &self.python {
+            Some(p) => json!({ "kind": "python", "python": p }),
+            None => json!({ "kind": "program" }),
+        }
+    }
+
+    /// What the Python model leaves unknown, or the import's failure: the answer then.
+    fn python_unknown(&self) -> Option<String> {
+        let p = self.python.as_ref()?;
+        if let Some(f) = &p.import_fails {
+            return Some(f.clone());
+        }
+        (!p.unknown.is_empty()).then(|| p.unknown.join("; "))
+    }
+}
+
 /// `PATH` (a program or a library, as its headers say), else the active libtorch's
-/// `libtorch_cuda.so` (a library a program links, whatever its headers say).
-fn detect_target(project: &Project, path: Option<&Path>) -> Result<(PathBuf, loader::TargetKind)> {
-    Ok(match path {
-        Some(p) => (p.to_path_buf(), loader::TargetKind::FromHeaders),
-        None => (
-            Libtorch::new(project.libtorch_dir())
-                .active()?
-                .libtorch_cuda(),
-            loader::TargetKind::Library,
+/// `libtorch_cuda.so` (a library a program links, whatever its headers say). A pip torch's
+/// library is answered for a Python process importing it unless `--process program`.
+fn detect_target(
+    project: &Project,
+    path: Option<&Path>,
+    opts: ProcessOpts,
+    env: &LoaderEnv,
+) -> Result<Target> {
+    let (lib, kind, torch) = match path {
+        Some(p) => {
+            let torch = p
+                .parent()
+                .and_then(Path::parent)
+                .and_then(|t| t.canonicalize().ok())
+                .filter(|t| crate::libtorch::is_pip_torch(t));
+            (p.to_path_buf(), loader::TargetKind::FromHeaders, torch)
+        }
+        None => {
+            let v = Libtorch::new(project.libtorch_dir()).active()?;
+            (
+                v.libtorch_cuda(),
+                loader::TargetKind::Library,
+                v.pip_torch(),
+            )
+        }
+    };
+    let python = match (opts.process, &torch) {
+        (Some(ProcessArg::Program), _) | (None, None) => None,
+        (Some(ProcessArg::Python) | None, Some(t)) => {
+            let launch = loader::python::Launch::from_env(opts.cwd.map(Path::to_path_buf));
+            loader::python::PythonProcess::model(t, launch, env)?
+        }
+        (Some(ProcessArg::Python), None) => bail!(
+            "{} is not a pip torch's library (site-packages/torch/lib/libtorch_cuda.so beside torch/__init__.py), so no Python process imports it as torch: leave out --process python to answer for a program that links it",
+            crate::text::shown(&lib)
         ),
+    };
+    if opts.cwd.is_some() && python.is_none() {
+        bail!("--cwd sets the directory a Python process starts in, and this answer is for a program that links the library: give --process python with a pip torch, or leave out --cwd");
+    }
+    let lib = match (&python, &torch) {
+        // The library as Python opens it: under the torch directory sys.path names.
+        (Some(_), Some(t)) => t.join("lib").join("libtorch_cuda.so"),
+        _ => lib,
+    };
+    let kind = if python.is_some() {
+        loader::TargetKind::Library
+    } else {
+        kind
+    };
+    Ok(Target {
+        lib,
+        kind,
+        pip_as_program: python.is_none() && torch.is_some(),
+        python,
     })
 }
 
-pub(super) fn detect_cmd(
-    project: &Project,
-    path: Option<&Path>,
-    preload: Option<&str>,
-    library_path: Option<&str>,
-    json_out: bool,
-    witness: bool,
-    verbose: bool,
-) -> Result<()> {
-    let (lib, kind) = detect_target(project, path)?;
+/// The flags of `nccl detect` besides the path.
+pub(super) struct DetectOpts<'a> {
+    pub preload: Option<&'a str>,
+    pub library_path: Option<&'a str>,
+    pub json: bool,
+    pub witness: bool,
+    pub verbose: bool,
+    pub process: ProcessOpts<'a>,
+}
+
+pub(super) fn detect_cmd(project: &Project, path: Option<&Path>, o: DetectOpts) -> Result<()> {
+    let DetectOpts {
+        preload,
+        library_path,
+        json: json_out,
+        witness,
+        verbose,
+        process: opts,
+    } = o;
     let mut env = LoaderEnv::from_process();
     if let Some(p) = preload {
         env.preload = p.to_string();
@@ -721,7 +846,13 @@ pub(super) fn detect_cmd(
     if let Some(l) = library_path {
         env.ld_library_path = loader::search::split_path_list(l);
     }
-    let w = loader::which_nccl_as(&lib, &env, None, kind)?;
+    let target = detect_target(project, path, opts, &env)?;
+    let env = target.env(&env);
+    let lib = target.lib.clone();
+    let mut w = loader::which_nccl_as(&lib, &env, None, target.kind)?;
+    if let Some(why) = target.python_unknown() {
+        w.answer = Answer::Unknown { reason: why };
+    }
     let asked = witness.then(|| {
         let a = loader::witness::ask(&w, &env);
         let v = a.as_ref().ok().map(|x| loader::witness::compare(&w, x));
@@ -734,6 +865,7 @@ pub(super) fn detect_cmd(
     if json_out {
         let mut v = which_json(&w);
         v["library"] = json!(lib);
+        v["process"] = target.process_json();
         // The object scripts of fdl 0.1 read, kept: `nccl.found`, `nccl.detection`.
         v["nccl"] = json!({ "found": v["found"], "detection": v["detection"] });
         v["environment"] = json!({
@@ -748,6 +880,12 @@ pub(super) fn detect_cmd(
         }
         print_json(&v);
     } else {
+        if let Some(line) = target.process_line() {
+            say("", "  ", &clean(&line));
+        }
+        if let (true, Some(p)) = (verbose, &target.python) {
+            print_python(p);
+        }
         print_which(&lib, &w, verbose);
         if let Some((a, verdict)) = &asked {
             print_witness(a, verdict.as_ref());
@@ -793,10 +931,20 @@ pub(super) fn detect_cmd(
 
 /// `nccl plugins`: for the NCCL the process runs, each plugin kind's names, where the
 /// loader finds them (modelled: the witness traces startup, not a dlopen) and the verdict.
-pub(super) fn plugins_cmd(project: &Project, path: Option<&Path>, json_out: bool) -> Result<()> {
-    let (lib, kind) = detect_target(project, path)?;
+pub(super) fn plugins_cmd(
+    project: &Project,
+    path: Option<&Path>,
+    json_out: bool,
+    opts: ProcessOpts,
+) -> Result<()> {
     let env = LoaderEnv::from_process();
-    let w = loader::which_nccl_as(&lib, &env, None, kind)?;
+    let target = detect_target(project, path, opts, &env)?;
+    let env = target.env(&env);
+    let lib = target.lib.clone();
+    let mut w = loader::which_nccl_as(&lib, &env, None, target.kind)?;
+    if let Some(why) = target.python_unknown() {
+        w.answer = Answer::Unknown { reason: why };
+    }
     let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
     let witness = json!({
         "asked": false,
@@ -807,7 +955,9 @@ pub(super) fn plugins_cmd(project: &Project, path: Option<&Path>, json_out: bool
         Err(why) => {
             // `--json` is one object on stdout whatever the answer: the unknown one too.
             if json_out {
-                print_json(&json!({ "library": lib, "unknown": why, "witness": witness }));
+                print_json(
+                    &json!({ "library": lib, "process": target.process_json(), "unknown": why, "witness": witness }),
+                );
             }
             return Err(super::common::Undecided(why).into());
         }
@@ -815,9 +965,13 @@ pub(super) fn plugins_cmd(project: &Project, path: Option<&Path>, json_out: bool
     if json_out {
         let mut v = serde_json::to_value(&p).unwrap_or_default();
         v["library"] = json!(lib);
+        v["process"] = target.process_json();
         v["witness"] = witness;
         print_json(&v);
         return Ok(());
+    }
+    if let Some(line) = target.process_line() {
+        say("", "  ", &clean(&line));
     }
     outln!("NCCL      {}", clean(&p.nccl.display().to_string()));
     for k in &p.kinds {
@@ -1049,6 +1203,45 @@ fn functions(symbols: &[String]) -> String {
 /// NCCL, what the loader skipped or could not load. Without `verbose`, the answer is one
 /// short line and each caller's calls one line (how each binds, and each library that is
 /// not on this host, are said with `-v`; `--json` has everything).
+/// `detect -v` for a Python process: what torch's import does, and the `sys.path` it walks.
+fn print_python(p: &loader::python::PythonProcess) {
+    say("  torch     ", DETECT_INDENT, &clean(&p.loading.summary()));
+    if let Some(o) = p.nccl() {
+        say(
+            "  opens     ",
+            DETECT_INDENT,
+            &clean(&format!(
+                "{} from sys.path entry {} ({})",
+                o.path.display(),
+                o.entry.path.display(),
+                o.entry.from
+            )),
+        );
+    }
+    for (i, e) in p.sys_path.entries.iter().enumerate() {
+        let head = if i == 0 {
+            "  sys.path  "
+        } else {
+            "            "
+        };
+        say(
+            head,
+            DETECT_INDENT,
+            &clean(&format!("{} ({})", e.path.display(), e.from)),
+        );
+    }
+    for f in &p.sys_path.pth_imports {
+        say(
+            "  not run   ",
+            DETECT_INDENT,
+            &clean(&format!(
+                "{}: its import lines run code, which may change sys.path",
+                f.display()
+            )),
+        );
+    }
+}
+
 fn print_which(lib: &Path, w: &Which, verbose: bool) {
     let path = |p: &Path| clean(&p.display().to_string());
     // What the short form leaves to -v.

@@ -124,6 +124,29 @@ pub enum Command {
     },
 }
 
+/// Which process `detect` and `plugins` answer for.
+#[derive(Debug, clap::Args)]
+pub struct ProcessFlags {
+    /// Answer for this kind of process. Default: python for a pip torch (its
+    /// site-packages/torch), program for any other libtorch
+    #[arg(long, value_enum)]
+    process: Option<inspect::ProcessArg>,
+    /// The directory a Python process starts in (`python -c`/`-m`: its working directory,
+    /// the first sys.path entry; `python script.py`: the script's). Default: this one,
+    /// said as an assumption
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+}
+
+impl ProcessFlags {
+    fn opts(&self) -> inspect::ProcessOpts<'_> {
+        inspect::ProcessOpts {
+            process: self.process,
+            cwd: self.cwd.as_deref(),
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum NcclCommand {
     /// Build libnccl.so.2 from NVIDIA's source for exactly the GPUs of this rig
@@ -165,6 +188,8 @@ Without --tag the version is read from the active libtorch; without --archs the 
         /// answer is otherwise one short line, the calls one line per caller)
         #[arg(long, short)]
         verbose: bool,
+        #[command(flatten)]
+        process: ProcessFlags,
     },
     /// Which plugins (net, tuner, profiler, env, gin, rma) the process's NCCL would dlopen,
     /// where the loader finds them, and whether their entry versions fit this NCCL
@@ -178,6 +203,8 @@ Without --tag the version is read from the active libtorch; without --archs the 
         /// Print one JSON object
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        process: ProcessFlags,
     },
     /// Check builds: layout, versions, manifest, SASS per arch and GPU, and that it loads
     #[command(
@@ -386,18 +413,24 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             json,
             witness,
             verbose,
+            process,
         }) => inspect::detect_cmd(
             project,
             path.as_deref(),
-            preload.as_deref(),
-            library_path.as_deref(),
-            json,
-            witness,
-            verbose,
+            inspect::DetectOpts {
+                preload: preload.as_deref(),
+                library_path: library_path.as_deref(),
+                json,
+                witness,
+                verbose,
+                process: process.opts(),
+            },
         ),
-        Command::Nccl(NcclCommand::Plugins { path, json }) => {
-            inspect::plugins_cmd(project, path.as_deref(), json)
-        }
+        Command::Nccl(NcclCommand::Plugins {
+            path,
+            json,
+            process,
+        }) => inspect::plugins_cmd(project, path.as_deref(), json, process.opts()),
         Command::Nccl(NcclCommand::Verify { build, json }) => {
             inspect::verify_cmd(project, build.as_deref(), json)
         }

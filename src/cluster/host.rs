@@ -347,7 +347,7 @@ fn answer_facts(w: loader::Which) -> anyhow::Result<NcclFacts> {
         Answer::Nccl { detection } => {
             let linkage = match detection.linkage {
                 Linkage::Static => "static",
-                Linkage::Dynamic { .. } => "dynamic",
+                Linkage::Dynamic { .. } | Linkage::Opened { .. } => "dynamic",
                 Linkage::Preload { .. } => "preload",
             };
             facts_of(&detection.file, linkage)

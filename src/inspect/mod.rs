@@ -114,6 +114,9 @@ pub enum Linkage {
     Dynamic { needed: String, via: ResolveRule },
     /// Preloaded: `entry` of `LD_PRELOAD` or `/etc/ld.so.preload`.
     Preload { entry: String },
+    /// The file's DT_NEEDED names `needed`, answered by a library the process had opened
+    /// by path before (`by`: torch's `__init__.py` with ctypes, in a Python process).
+    Opened { needed: String, by: String },
 }
 
 /// Which loader rule found a library.

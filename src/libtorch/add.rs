@@ -199,7 +199,7 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
                 "nccl_linkage",
                 match &n.linkage {
                     Linkage::Static => "static".to_string(),
-                    Linkage::Dynamic { .. } => "dynamic".to_string(),
+                    Linkage::Dynamic { .. } | Linkage::Opened { .. } => "dynamic".to_string(),
                     Linkage::Preload { .. } => "preload".to_string(),
                 },
             ));

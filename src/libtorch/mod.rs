@@ -86,12 +86,30 @@ impl Variant {
     }
 
     /// `.arch`: `key=value` lines (torch=, cuda=, archs=, source=). Missing file → empty.
+    /// The pip torch this variant was registered from (`.arch`'s `source`), when it is
+    /// one a Python interpreter imports: a `torch/` directory with its `__init__.py` in a
+    /// `site-packages` or `dist-packages` directory. A job of such a variant is run by
+    /// Python; any other libtorch is linked by a program.
+    pub fn pip_torch(&self) -> Option<PathBuf> {
+        let source = PathBuf::from(self.arch_metadata().ok()?.get("source")?);
+        is_pip_torch(&source).then_some(source)
+    }
+
     pub fn arch_metadata(&self) -> Result<BTreeMap<String, String>> {
         let path = self.dir.join(".arch");
         Ok(crate::fsread::read_text_if_present(&path, ARCH_MAX)?
             .map(|text| parse_key_values(&text))
             .unwrap_or_default())
     }
+}
+
+/// Whether `dir` is a torch a Python interpreter imports: `…/site-packages/torch` (or
+/// `dist-packages`) holding `__init__.py`.
+pub fn is_pip_torch(dir: &Path) -> bool {
+    let site = dir.parent().and_then(Path::file_name);
+    dir.file_name().is_some_and(|n| n == "torch")
+        && site.is_some_and(|s| s == "site-packages" || s == "dist-packages")
+        && dir.join("__init__.py").is_file()
 }
 
 /// The `.arch` keys that hold the fingerprint ([`fingerprint`]) of a file `libtorch add`

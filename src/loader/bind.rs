@@ -821,6 +821,10 @@ fn detection_of(map: &LinkMap, groups: &[Group], t: usize, id: SelfId) -> NcclDe
             needed: name.clone(),
             via: *rule,
         },
+        FoundBy::OpenedFirst { name, by, .. } => Linkage::Opened {
+            needed: name.clone(),
+            by: by.clone(),
+        },
         FoundBy::Asked => Linkage::Dynamic {
             needed: map.objects[t].path.to_string_lossy().into_owned(),
             via: super::search::ResolveRule::Path,

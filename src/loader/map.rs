@@ -44,6 +44,13 @@ pub enum FoundBy {
         needed_by: PathBuf,
         rule: ResolveRule,
     },
+    /// Opened by path before the closure reached its name, which its soname answers
+    /// ([`LoaderEnv::opened`]).
+    OpenedFirst {
+        name: String,
+        needed_by: PathBuf,
+        by: String,
+    },
 }
 
 impl std::fmt::Display for FoundBy {
@@ -60,6 +67,15 @@ impl std::fmt::Display for FoundBy {
             } => write!(
                 f,
                 "{name}, needed by {}, found via {rule}",
+                needed_by.display()
+            ),
+            FoundBy::OpenedFirst {
+                name,
+                needed_by,
+                by,
+            } => write!(
+                f,
+                "{name}, needed by {}, already open: {by}",
                 needed_by.display()
             ),
         }
@@ -544,7 +560,31 @@ impl LinkMap {
         {
             return Ok(i);
         }
-        let (path, rule, id) = self.search(loader, name, env)?;
+        // A library the process opened by path before (torch's ctypes loads): its
+        // soname answers the name, wherever the closure asks for it.
+        let opened = match preload {
+            None if !name.contains('/') => env
+                .opened
+                .iter()
+                .find(|o| o.soname.as_deref() == Some(name))
+                .and_then(|o| {
+                    self.probes += 1;
+                    match search::probe(&absolute(env, &o.path), self.host) {
+                        Probe::Take { dev, ino } => {
+                            Some((o.path.clone(), o.by.clone(), (dev, ino)))
+                        }
+                        _ => None,
+                    }
+                }),
+            _ => None,
+        };
+        let (path, rule, id, opened_by) = match opened {
+            Some((path, by, id)) => (path, ResolveRule::Path, id, Some(by)),
+            None => {
+                let (path, rule, id) = self.search(loader, name, env)?;
+                (path, rule, id, None)
+            }
+        };
         if let Some(i) = self.objects.iter().position(|o| o.id == Some(id)) {
             self.objects[i].names.push(name.to_string());
             return Ok(i);
@@ -580,14 +620,25 @@ impl LinkMap {
                 searched: vec![path],
             });
         }
-        let found_by = match preload {
-            Some(p) => p,
-            None if self.objects[loader].is_stand_in() => FoundBy::Asked,
-            None => FoundBy::Needed {
+        let found_by = match (preload, opened_by) {
+            (Some(p), _) => p,
+            (None, Some(by)) => FoundBy::OpenedFirst {
+                name: name.to_string(),
+                needed_by: self.display_path(loader),
+                by,
+            },
+            (None, None) if self.objects[loader].is_stand_in() => FoundBy::Asked,
+            (None, None) => FoundBy::Needed {
                 name: name.to_string(),
                 needed_by: self.display_path(loader),
                 rule,
             },
+        };
+        // What ctypes opened, the interpreter opened: its DT_RPATH chain is the program's.
+        let loader = if matches!(found_by, FoundBy::OpenedFirst { .. }) {
+            0
+        } else {
+            loader
         };
         let origin = Some(
             absolute(env, &path)

@@ -43,6 +43,22 @@ pub struct LoaderEnv {
     /// a real `cc prog.c lib.so` program NEEDs the library, then `libc.so.6`
     /// ([`LoaderEnv::bare`] and those built on it). Empty in a closed environment.
     pub program_needs: Vec<String>,
+    /// Libraries the process opens by path before the library asked about, in order (a
+    /// Python process: what torch's `__init__.py` opens with ctypes). Not in the global
+    /// scope; a DT_NEEDED name equal to one's soname is answered by it, where the
+    /// closure reaches that name (`_dl_map_object` matches loaded objects by soname).
+    pub opened: Vec<OpenedFirst>,
+}
+
+/// A library the process opened by path before the closure asked about
+/// ([`LoaderEnv::opened`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenedFirst {
+    /// As opened: relative paths are the working directory's.
+    pub path: PathBuf,
+    pub soname: Option<String>,
+    /// Who opened it, for reports.
+    pub by: String,
 }
 
 /// The system directories used when the loader cannot be asked: the common ones of

@@ -326,6 +326,9 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>, 
             format!("dynamic: {needed} = {} via {via}", found.file.display())
         }
         inspect::Linkage::Preload { entry } => format!("preload: {entry}"),
+        inspect::Linkage::Opened { needed, by } => {
+            format!("dynamic: {needed} = {}, {by}", found.file.display())
+        }
     };
     let mut said = Vec::new();
     let (version, cuda, linkage) = match bundled {
