@@ -48,7 +48,14 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    match run(&lib) {
+    let python = match std::env::var_os("FDL_TEST_TORCH_VENV") {
+        Some(v) if !v.is_empty() => python_process(Path::new(&v)),
+        _ => {
+            println!("the Python answer's benchmark skipped: FDL_TEST_TORCH_VENV is not set (source .ci/fetch-oracles)");
+            Ok(())
+        }
+    };
+    match run(&lib).and(python) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("loader benchmark failed: {e}");
@@ -157,6 +164,57 @@ fn run(real_torch: &Path) -> Res<()> {
     println!(
         "fdl --witness peak RSS: {:.1} MiB (the loader's own is its child's)",
         rss_kib as f64 / 1024.0
+    );
+    Ok(())
+}
+
+/// The Python answer (torch's `__init__.py` read, `sys.path` made, its preloads found)
+/// against today's answer for a program linking the same library, on the real torch 2.15
+/// venv: `detect --process python` against `detect --process program`, side by side.
+fn python_process(venv: &Path) -> Res<()> {
+    let site = std::fs::read_dir(venv.join("lib"))
+        .map_err(|e| format!("{}: {e}", venv.display()))?
+        .flatten()
+        .map(|e| e.path().join("site-packages"))
+        .find(|p| p.is_dir())
+        .ok_or_else(|| format!("no site-packages under {}", venv.display()))?;
+    let lib = site.join("torch/lib/libtorch_cuda.so");
+    let fdl = PathBuf::from(env!("CARGO_BIN_EXE_fdl"));
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let detect = |kind: &'static str| {
+        let lib = lib.clone();
+        let fdl = fdl.clone();
+        let root = dir.path().to_path_buf();
+        move || {
+            let mut c = Command::new(&fdl);
+            c.arg("--root")
+                .arg(&root)
+                .args(["nccl", "detect"])
+                .arg(&lib)
+                .args(["--json", "--process", kind])
+                .current_dir(&root)
+                .env_remove("LD_PRELOAD")
+                .env_remove("LD_LIBRARY_PATH")
+                .env_remove("PYTHONPATH")
+                .env_remove("FDL_ROOT");
+            c
+        }
+    };
+    for kind in ["python", "program"] {
+        let json = output(&mut detect(kind)())?;
+        let v: serde_json::Value = serde_json::from_str(&json)
+            .map_err(|e| format!("fdl's output is not JSON ({e}): {json}"))?;
+        if v["nccl"]["detection"]["file"].as_str().is_none() {
+            return Err(format!("fdl found no NCCL for a {kind} process: {json}"));
+        }
+    }
+    let (python_ms, python_kib) = time(detect("python"))?;
+    let (program_ms, program_kib) = time(detect("program"))?;
+    println!(
+        "torch 2.15 venv: detect for a Python process {python_ms:.2} ms ({:.1} MiB), for a program {program_ms:.2} ms ({:.1} MiB), ratio {:.2} (median of {RUNS}, after {WARM} warm-up runs)",
+        python_kib as f64 / 1024.0,
+        program_kib as f64 / 1024.0,
+        python_ms / program_ms
     );
     Ok(())
 }

@@ -575,7 +575,12 @@ fn join_places(text: &str, params: &[String]) -> Vec<Vec<Segment>> {
         if !text[..at].trim_end().ends_with("glob.glob(") {
             continue;
         }
-        let args = split_args(&args);
+        let mut args = split_args(&args);
+        // torch 2.0: `nvidia_path = os.path.join(path, 'nvidia')`, then
+        // `os.path.join(nvidia_path, lib_folder, 'lib', lib_name)`.
+        if let Some(base) = args.first().and_then(|a| joined_variable(text, a)) {
+            args.splice(0..1, base);
+        }
         if args.len() < 3 || Some(&args[args.len() - 1]) != pattern {
             continue;
         }
@@ -609,6 +614,18 @@ fn join_places(text: &str, params: &[String]) -> Vec<Vec<Segment>> {
         }
     }
     out
+}
+
+/// The arguments of `NAME = os.path.join(…)` in `text`, when `name` is assigned so.
+fn joined_variable(text: &str, name: &str) -> Option<Vec<String>> {
+    if !name.chars().all(|c| c.is_alphanumeric() || c == '_') {
+        return None;
+    }
+    let head = format!("{name} = os.path.join(");
+    let line = text.lines().find(|l| l.trim_start().starts_with(&head))?;
+    let rest = line.trim_start().strip_prefix(&head)?;
+    let inner = rest.trim_end().strip_suffix(')')?;
+    Some(split_args(inner))
 }
 
 /// Whether `name` matches the glob `pattern` (`*`, `?`, `[…]` with ranges), as Python's
