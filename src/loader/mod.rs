@@ -17,6 +17,7 @@ pub mod map;
 pub mod pin;
 pub mod plugins;
 pub mod preload;
+pub mod pywitness;
 pub mod search;
 pub mod witness;
 
