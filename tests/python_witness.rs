@@ -313,3 +313,25 @@ fn a_hang_is_killed_and_nothing_is_left() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A child that passes the address-space bound fails with a typed answer, not a hang.
+#[test]
+#[ignore = "needs the torch venv: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn the_memory_bound_stops_the_import() {
+    let v = venv();
+    let cwd = tempfile::tempdir().unwrap();
+    let launch = v.launch(cwd.path(), &[]);
+    let limits = Limits {
+        memory: 512 << 20,
+        ..Limits::default()
+    };
+    let e = ask_python(&launch, &limits).unwrap_err();
+    eprintln!("{e}");
+    assert!(
+        matches!(
+            e,
+            NoPythonWitness::ImportFailed { .. } | NoPythonWitness::Died { .. }
+        ),
+        "{e:?}"
+    );
+}
