@@ -424,6 +424,75 @@ pub fn reference_versions(
     })
 }
 
+/// One 8-byte word the dynamic linker fills with the address of a `nccl*` symbol it looks
+/// up by name: a GOT entry (`GLOB_DAT`), a PLT slot (`JUMP_SLOT`) or an absolute address
+/// (`R_X86_64_64`, `R_AARCH64_ABS64`). What a running process holds there says where its
+/// calls go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NcclSlot {
+    pub name: String,
+    /// The slot's link-time virtual address (`r_offset`): add the load base.
+    pub vaddr: u64,
+    /// `GLOB_DAT`, `JUMP_SLOT` or `ABS64`.
+    pub kind: &'static str,
+}
+
+/// The `nccl*` slots of one library, and what places them in a process.
+#[derive(Debug, Clone)]
+pub struct NcclSlots {
+    /// In the relocation tables' order, at most [`MAX_NAMES`] × 4.
+    pub slots: Vec<NcclSlot>,
+    /// `(p_offset, p_vaddr)` of the first `PT_LOAD`: the mapping of the page holding
+    /// `p_offset` starts at the load base plus `p_vaddr`'s page.
+    pub first_load: Option<(u64, u64)>,
+    /// `(st_dev, st_ino)` of the file read, from its open descriptor.
+    pub file_id: Option<(u64, u64)>,
+}
+
+/// The slots in the library at `path` that the dynamic linker fills with a `nccl*`
+/// symbol's address ([`NcclSlot`]), read from its dynamic relocation tables. A file
+/// without dynamic symbols has none.
+pub fn nccl_slots(path: &Path) -> Result<NcclSlots> {
+    Source::with_file(path, |src| {
+        let file_id = src.file_id();
+        let Some(t) = tables_if_dynamic(src)? else {
+            return Ok(NcclSlots {
+                slots: Vec::new(),
+                first_load: None,
+                file_id,
+            });
+        };
+        let out = t.nccl_slots()?;
+        src.check_len()?;
+        Ok(NcclSlots {
+            slots: out,
+            first_load: t
+                .info
+                .segments
+                .iter()
+                .find(|s| s.p_type == elf::PT_LOAD)
+                .map(|s| (s.offset, s.vaddr)),
+            file_id,
+        })
+    })
+}
+
+/// The 8-byte slot kinds of [`NcclSlot`], by machine.
+fn slot_kind(machine: u16, r_type: u32) -> Option<&'static str> {
+    match (machine, r_type) {
+        (elf::EM_X86_64, elf::R_X86_64_GLOB_DAT) | (elf::EM_AARCH64, elf::R_AARCH64_GLOB_DAT) => {
+            Some("GLOB_DAT")
+        }
+        (elf::EM_X86_64, elf::R_X86_64_JUMP_SLOT) | (elf::EM_AARCH64, elf::R_AARCH64_JUMP_SLOT) => {
+            Some("JUMP_SLOT")
+        }
+        (elf::EM_X86_64, elf::R_X86_64_64) | (elf::EM_AARCH64, elf::R_AARCH64_ABS64) => {
+            Some("ABS64")
+        }
+        _ => None,
+    }
+}
+
 /// Whether the object at `path` imports the function `name` (an undefined `.dynsym`
 /// entry), e.g. `dlopen`: what says it can load code no file names.
 pub fn imports(path: &Path, name: &str) -> Result<bool> {
@@ -1248,6 +1317,60 @@ impl<'a> Tables<'a> {
                 .map(|&(off, len, _)| (off, len))
                 .collect();
             out.extend(merged(ranges).into_iter().map(|(o, l)| (o, l, rela)));
+        }
+        Ok(out)
+    }
+
+    /// The [`NcclSlot`]s of the dynamic relocation tables, at most [`MAX_NAMES`] × 4.
+    fn nccl_slots(&self) -> Result<Vec<NcclSlot>> {
+        let e = self.endian;
+        let mut out = Vec::new();
+        for (off, len, rela) in self.relocation_tables()? {
+            let bytes = self.src.bytes(off, len).with_context(|| {
+                format!(
+                    "{}: a dynamic relocation table lies past the end of the file",
+                    self.name()
+                )
+            })?;
+            let mut add = |sym: u32, ty: u32, vaddr: u64| -> Result<()> {
+                let Some(kind) = slot_kind(self.machine, ty) else {
+                    return Ok(());
+                };
+                let Some(s) = usize::try_from(sym).ok().and_then(|i| self.dynsym.get(i)) else {
+                    return Ok(());
+                };
+                let Some(name) = nccl_name(self.dynstr, s.st_name(e)) else {
+                    return Ok(());
+                };
+                if out.len() >= MAX_NAMES * 4 {
+                    bail!(
+                        "{}: more than {} nccl* relocations; the file is corrupt",
+                        self.name(),
+                        MAX_NAMES * 4
+                    );
+                }
+                out.push(NcclSlot {
+                    name: name.to_string(),
+                    vaddr,
+                    kind,
+                });
+                Ok(())
+            };
+            if rela {
+                let n = bytes.len() / std::mem::size_of::<Rela>();
+                let (relocs, _) = object::pod::slice_from_bytes::<Rela>(bytes, n)
+                    .map_err(|()| anyhow!("{}: unreadable RELA table", self.name()))?;
+                for r in relocs {
+                    add(r.r_sym(e, false), r.r_type(e, false), r.r_offset.get(e))?;
+                }
+            } else {
+                let n = bytes.len() / std::mem::size_of::<Rel>();
+                let (relocs, _) = object::pod::slice_from_bytes::<Rel>(bytes, n)
+                    .map_err(|()| anyhow!("{}: unreadable REL table", self.name()))?;
+                for r in relocs {
+                    add(r.r_sym(e), r.r_type(e), r.r_offset.get(e))?;
+                }
+            }
         }
         Ok(out)
     }

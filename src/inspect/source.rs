@@ -309,6 +309,17 @@ fn check_kind(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
 }
 
 impl<'a> Source<'a> {
+    /// `(st_dev, st_ino)` of the file these bytes were read from, taken on the open
+    /// descriptor (what a caller compares with another view of the same file, such as a
+    /// process's `/proc/PID/maps`); `None` for bytes in memory or an empty file.
+    pub fn file_id(&self) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        match &self.backing {
+            Backing::Mapped { file, .. } => file.metadata().ok().map(|m| (m.dev(), m.ino())),
+            Backing::Empty | Backing::Memory(_) => None,
+        }
+    }
+
     /// Wraps bytes already in memory (fuzzing and tests).
     pub fn from_bytes(data: &'a [u8]) -> Source<'a> {
         Source {

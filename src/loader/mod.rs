@@ -18,6 +18,7 @@ pub mod pin;
 pub mod plugins;
 pub mod preload;
 pub mod python;
+pub mod pywitness;
 pub mod search;
 pub mod witness;
 
