@@ -2,10 +2,11 @@
 //! by pip (torch 2.15.0 with its nvidia-nccl-cu13 2.30.7 wheel; torch 2.8.0 with
 //! nvidia-nccl-cu12 2.27.3), seen from inside the process by tests/support/torch_probe.py:
 //! the libnccl.so files mapped, and the file each `nccl*` GOT slot of libtorch_cuda.so
-//! points into. torch's `__init__` preloads `nvidia/nccl/lib/libnccl.so.*` with ctypes
-//! from the first sys.path entry holding it, before libtorch_cuda.so loads, so
-//! PYTHONPATH and the cwd of `python -c` take part; then the loader's own rules
-//! (LD_PRELOAD, LD_LIBRARY_PATH, RUNPATH). No GPU is needed: `import torch` runs on the
+//! points into. torch 2.15's `__init__` preloads `nvidia/nccl/lib/libnccl.so.*` with
+//! ctypes from the first sys.path entry holding it, before libtorch_cuda.so loads, so
+//! PYTHONPATH and the cwd of `python -c` take part (torch 2.8 does so only when its
+//! libtorch_global_deps.so fails to load); then the loader's own rules (LD_PRELOAD,
+//! libtorch_cuda's DT_RPATH, LD_LIBRARY_PATH). No GPU is needed: `import torch` runs on the
 //! CPU and `torch.cuda.nccl.unique_id()` runs NCCL's bootstrap, which loads the env
 //! plugin. These are the oracle facts fdl's answers are held to.
 //!
@@ -170,7 +171,9 @@ fn ld_preload_path_with_a_space_or_colon_is_split_and_ignored() {
 
 /// LD_LIBRARY_PATH holding another libnccl.so.2 changes nothing: torch preloads the
 /// venv's copy by its path, and libtorch_cuda's NEEDED libnccl.so.2 is that object
-/// (the soname is taken) before any directory is searched.
+/// (the soname is taken) before any directory is searched; were it not, libtorch_cuda's
+/// DT_RPATH (not RUNPATH) names the venv's nvidia/nccl/lib, searched before
+/// LD_LIBRARY_PATH (see the torch 2.8 test, which does not preload).
 #[test]
 #[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
 fn ld_library_path_nccl_loses_to_torchs_preload() {
@@ -187,8 +190,8 @@ fn ld_library_path_nccl_loses_to_torchs_preload() {
     assert_eq!(truth.mapped_nccl, [own], "{truth}");
 }
 
-/// torch without its NCCL wheel: nothing to preload, and libtorch_cuda.so's RUNPATH
-/// holds no libnccl.so.2, so `import torch` fails; with an NCCL on LD_LIBRARY_PATH it
+/// torch without its NCCL wheel: nothing to preload, and the directory
+/// libtorch_cuda.so's DT_RPATH names for NCCL is gone, so `import torch` fails; with an NCCL on LD_LIBRARY_PATH it
 /// imports and runs that one.
 #[test]
 #[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
@@ -255,4 +258,38 @@ fn env_plugin_beside_pip_nccl_is_not_loaded_but_on_ld_library_path_is() {
         truth.log.contains("ENV/Plugin: Using fdl-test-env"),
         "{truth}"
     );
+}
+
+/// torch 2.8.0 preloads nothing from sys.path while its libtorch_global_deps.so loads
+/// (the preload is its fallback there): an NCCL wheel directory on PYTHONPATH or in the
+/// cwd is not even mapped. Nor does LD_LIBRARY_PATH win: libtorch_cuda.so names
+/// `$ORIGIN/../../nvidia/nccl/lib` in a DT_RPATH (not RUNPATH), which glibc searches
+/// before LD_LIBRARY_PATH. The venv's own NCCL runs in all three.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn torch28_runs_its_own_nccl_over_sys_path_and_ld_library_path() {
+    let venv = oracle_input("FDL_TEST_TORCH_VENV_28");
+    // NCCL 2.27.5 (CUDA 12), newer than the 2.27.3 torch 2.8.0 requires.
+    let cu12 = oracle_input("FDL_TEST_NCCL_LIB");
+    let own = venv_nccl(&venv);
+    let dir = tempfile::tempdir().unwrap();
+    let wheel = nccl_wheel_dir(dir.path(), &cu12);
+    let cwd = tempfile::tempdir().unwrap();
+    for (case, launch) in [
+        (
+            "torch 2.8 PYTHONPATH",
+            Launch::new(&venv, cwd.path()).set("PYTHONPATH", &wheel),
+        ),
+        ("torch 2.8 cwd", Launch::new(&venv, &wheel)),
+        (
+            "torch 2.8 LD_LIBRARY_PATH",
+            Launch::new(&venv, cwd.path()).set("LD_LIBRARY_PATH", cu12.parent().unwrap()),
+        ),
+    ] {
+        let truth = probe(case, launch);
+        assert_healthy(&truth, "2.8.0+cu128");
+        assert_eq!(truth.reached(), own, "{truth}");
+        assert_eq!(truth.mapped_nccl, [own.as_str()], "{truth}");
+        assert_eq!(truth.nccl_versions.get(&own), Some(&22703), "{truth}");
+    }
 }
