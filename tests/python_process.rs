@@ -214,6 +214,9 @@ fn venv_without_the_nccl_wheel() {
         Launch::new(&bare, cwd.path()).set("LD_LIBRARY_PATH", other.parent().unwrap()),
     );
     assert_healthy(&truth, "2.15.0+cu132");
+    // The hard-linked copy runs as a venv of its own: its torch, not the cached one's.
+    let torch_cuda = truth.libtorch_cuda.as_deref().unwrap_or_default();
+    assert!(torch_cuda.starts_with(&s(&bare)), "{truth}");
     assert_eq!(truth.reached(), s(&other), "{truth}");
     assert_eq!(truth.mapped_nccl, [s(&other)], "{truth}");
 }
