@@ -5,6 +5,7 @@
 
 pub mod oracle;
 pub mod schema;
+pub mod torch_process;
 
 use assert_cmd::Command;
 use fdl::arch::parse_arch_list;

@@ -1,0 +1,298 @@
+//! Which NCCL a real Python process runs: `python -c` with `import torch` in venvs made
+//! by pip (torch 2.15.0 with its nvidia-nccl-cu13 2.30.7 wheel; torch 2.8.0 with
+//! nvidia-nccl-cu12 2.27.3), seen from inside the process by tests/support/torch_probe.py:
+//! the libnccl.so files mapped, and the file each `nccl*` GOT slot of libtorch_cuda.so
+//! points into. torch 2.15's `__init__` preloads `nvidia/nccl/lib/libnccl.so.*` with
+//! ctypes from the first sys.path entry holding it, before libtorch_cuda.so loads, so
+//! PYTHONPATH and the cwd of `python -c` take part (torch 2.8 does so only when its
+//! libtorch_global_deps.so fails to load); then the loader's own rules (LD_PRELOAD,
+//! libtorch_cuda's DT_RPATH, LD_LIBRARY_PATH). No GPU is needed: `import torch` runs on the
+//! CPU and `torch.cuda.nccl.unique_id()` runs NCCL's bootstrap, which loads the env
+//! plugin. These are the oracle facts fdl's answers are held to.
+//!
+//! They need the venvs of `.ci/fetch-oracles` (FDL_TEST_TORCH_VENV,
+//! FDL_TEST_TORCH_VENV_28, and FDL_TEST_NCCL_LIB_CU13_NEWEST, a real NCCL 2.32.3) and are
+//! `#[ignore]`d; with `--include-ignored` they fail when an input is missing.
+
+mod common;
+use common::oracle_input;
+use common::torch_process::*;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The venv's own NCCL, as pip installed it.
+fn venv_nccl(venv: &Path) -> String {
+    let lib = site_packages(venv).join("nvidia/nccl/lib/libnccl.so.2");
+    assert!(lib.is_file(), "{} is missing", lib.display());
+    lib.to_str().unwrap().to_string()
+}
+
+fn torch215() -> PathBuf {
+    oracle_input("FDL_TEST_TORCH_VENV")
+}
+
+/// NCCL 2.32.3 (CUDA 13), newer than the 2.30.7 torch 2.15.0 requires.
+fn nccl2323() -> PathBuf {
+    oracle_input("FDL_TEST_NCCL_LIB_CU13_NEWEST")
+}
+
+fn s(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+/// torch imported, every `nccl*` call of libtorch_cuda.so bound, NCCL's bootstrap run.
+fn assert_healthy(truth: &ProcessTruth, version: &str) {
+    assert_eq!(truth.import_error, None, "{truth}");
+    assert_eq!(truth.torch_version.as_deref(), Some(version), "{truth}");
+    assert!(
+        truth.calls_reach.len() > 30 && truth.unbound.is_empty(),
+        "{truth}"
+    );
+    assert!(truth.unique_id_ok, "{truth}");
+}
+
+/// Runs the probe in `launch`, printing what it saw (the table of the report).
+fn probe(case: &str, launch: Launch) -> ProcessTruth {
+    let truth = run_probe(&launch);
+    eprintln!("=== {case}: {launch:?}\n{truth}");
+    truth
+}
+
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn plain_venv_runs_its_own_nccl_wheel() {
+    for (venv, version, nccl) in [
+        (torch215(), "2.15.0+cu132", 23007),
+        (oracle_input("FDL_TEST_TORCH_VENV_28"), "2.8.0+cu128", 22703),
+    ] {
+        let cwd = tempfile::tempdir().unwrap();
+        let truth = probe("plain", Launch::new(&venv, cwd.path()));
+        assert_healthy(&truth, version);
+        let own = venv_nccl(&venv);
+        assert_eq!(truth.reached(), own, "{truth}");
+        assert_eq!(truth.mapped_nccl, [own.as_str()], "{truth}");
+        assert_eq!(truth.nccl_versions.get(&own), Some(&nccl), "{truth}");
+        assert_eq!(truth.sys_path0.as_deref(), Some(""), "{truth}");
+        assert_eq!(
+            (&truth.env_plugin, &truth.net_plugin),
+            (&None, &None),
+            "{truth}"
+        );
+    }
+}
+
+/// An NCCL wheel's directory on PYTHONPATH comes before site-packages on sys.path:
+/// torch preloads that copy, and libtorch_cuda's NEEDED libnccl.so.2 is it.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn nccl_on_pythonpath_wins_over_the_venvs() {
+    let venv = torch215();
+    let (dir, cwd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let wheel = nccl_wheel_dir(dir.path(), &nccl2323());
+    let copy = s(&wheel.join("nvidia/nccl/lib/libnccl.so.2"));
+    let truth = probe(
+        "PYTHONPATH",
+        Launch::new(&venv, cwd.path()).set("PYTHONPATH", &wheel),
+    );
+    assert_healthy(&truth, "2.15.0+cu132");
+    assert_eq!(truth.reached(), copy, "{truth}");
+    assert_eq!(truth.mapped_nccl, [copy.as_str()], "{truth}");
+    assert_eq!(truth.nccl_versions.get(&copy), Some(&23203), "{truth}");
+}
+
+/// `python -c` puts the cwd first on sys.path: an nvidia/nccl/lib there is preloaded.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn nccl_in_the_cwd_of_python_c_wins_over_the_venvs() {
+    let venv = torch215();
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = nccl_wheel_dir(dir.path(), &nccl2323());
+    let copy = s(&cwd.join("nvidia/nccl/lib/libnccl.so.2"));
+    let truth = probe("cwd", Launch::new(&venv, &cwd));
+    assert_healthy(&truth, "2.15.0+cu132");
+    assert_eq!(truth.reached(), copy, "{truth}");
+    assert_eq!(truth.mapped_nccl, [copy], "{truth}");
+}
+
+/// LD_PRELOAD loads another NCCL before anything: the calls reach it; torch's preload
+/// still maps the venv's copy by its path, beside it (a dlopen by path matches no
+/// loaded soname). /proc/self/maps lists by address, not load order: compared as sets.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn ld_preload_of_another_nccl_takes_the_calls() {
+    let venv = torch215();
+    let cwd = tempfile::tempdir().unwrap();
+    let other = s(&nccl2323());
+    let truth = probe(
+        "LD_PRELOAD",
+        Launch::new(&venv, cwd.path()).set("LD_PRELOAD", &other),
+    );
+    assert_healthy(&truth, "2.15.0+cu132");
+    assert_eq!(truth.reached(), other, "{truth}");
+    assert_eq!(
+        truth.mapped_set(),
+        BTreeSet::from([other.clone(), venv_nccl(&venv)]),
+        "{truth}"
+    );
+    assert_eq!(truth.nccl_versions.get(&other), Some(&23203), "{truth}");
+}
+
+/// glibc splits LD_PRELOAD at spaces and colons both: a path with either in a directory
+/// name is two names, neither a file, each skipped with ld.so's message; the process
+/// runs the venv's NCCL as if nothing were preloaded.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn ld_preload_path_with_a_space_or_colon_is_split_and_ignored() {
+    let venv = torch215();
+    let cwd = tempfile::tempdir().unwrap();
+    for sep in [" ", ":"] {
+        let dir = tempfile::tempdir().unwrap();
+        let odd = dir.path().join(format!("my{sep}nccl"));
+        std::fs::create_dir(&odd).unwrap();
+        let lib = odd.join("libnccl.so.2");
+        std::fs::copy(nccl2323(), &lib).unwrap();
+        let truth = probe(
+            &format!("LD_PRELOAD with {sep:?} in a directory name"),
+            Launch::new(&venv, cwd.path()).set("LD_PRELOAD", &lib),
+        );
+        assert_healthy(&truth, "2.15.0+cu132");
+        let own = venv_nccl(&venv);
+        assert_eq!(truth.reached(), own, "{truth}");
+        assert_eq!(truth.mapped_nccl, [own], "{truth}");
+        let head = s(&dir.path().join("my"));
+        assert!(
+            truth.log.contains(&format!(
+                "object '{head}' from LD_PRELOAD cannot be preloaded"
+            )),
+            "{truth}"
+        );
+    }
+}
+
+/// LD_LIBRARY_PATH holding another libnccl.so.2 changes nothing: torch preloads the
+/// venv's copy by its path, and libtorch_cuda's NEEDED libnccl.so.2 is that object
+/// (the soname is taken) before any directory is searched; were it not, libtorch_cuda's
+/// DT_RPATH (not RUNPATH) names the venv's nvidia/nccl/lib, searched before
+/// LD_LIBRARY_PATH (see the torch 2.8 test, which does not preload).
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn ld_library_path_nccl_loses_to_torchs_preload() {
+    let venv = torch215();
+    let cwd = tempfile::tempdir().unwrap();
+    let other = nccl2323();
+    let truth = probe(
+        "LD_LIBRARY_PATH",
+        Launch::new(&venv, cwd.path()).set("LD_LIBRARY_PATH", other.parent().unwrap()),
+    );
+    assert_healthy(&truth, "2.15.0+cu132");
+    let own = venv_nccl(&venv);
+    assert_eq!(truth.reached(), own, "{truth}");
+    assert_eq!(truth.mapped_nccl, [own], "{truth}");
+}
+
+/// torch without its NCCL wheel: nothing to preload, and the directory
+/// libtorch_cuda.so's DT_RPATH names for NCCL is gone, so `import torch` fails; with an NCCL on LD_LIBRARY_PATH it
+/// imports and runs that one.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn venv_without_the_nccl_wheel() {
+    let venv = torch215();
+    let beside = dir_beside(&venv);
+    let bare = venv_without_nccl(&venv, beside.path());
+    let cwd = tempfile::tempdir().unwrap();
+    let truth = probe("NCCL wheel missing", Launch::new(&bare, cwd.path()));
+    let error = truth.import_error.as_deref().unwrap_or_default();
+    assert!(error.contains("libnccl.so.2"), "{truth}");
+    assert!(
+        truth.mapped_nccl.is_empty() && truth.libtorch_cuda.is_none(),
+        "{truth}"
+    );
+
+    let other = nccl2323();
+    let truth = probe(
+        "NCCL wheel missing, LD_LIBRARY_PATH",
+        Launch::new(&bare, cwd.path()).set("LD_LIBRARY_PATH", other.parent().unwrap()),
+    );
+    assert_healthy(&truth, "2.15.0+cu132");
+    // The hard-linked copy runs as a venv of its own: its torch, not the cached one's.
+    let torch_cuda = truth.libtorch_cuda.as_deref().unwrap_or_default();
+    assert!(torch_cuda.starts_with(&s(&bare)), "{truth}");
+    assert_eq!(truth.reached(), s(&other), "{truth}");
+    assert_eq!(truth.mapped_nccl, [s(&other)], "{truth}");
+}
+
+/// An env plugin beside the pip NCCL (site-packages/nvidia/nccl/lib) is not found: the
+/// NCCL torch loaded with ctypes has no RPATH pointing there. In a directory on
+/// LD_LIBRARY_PATH it is loaded by NCCL's bootstrap.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn env_plugin_beside_pip_nccl_is_not_loaded_but_on_ld_library_path_is() {
+    let venv = torch215();
+    let beside = dir_beside(&venv);
+    let copy = venv_copy(&venv, beside.path());
+    let plugin = env_plugin(&site_packages(&copy).join("nvidia/nccl/lib"));
+    let cwd = tempfile::tempdir().unwrap();
+    let truth = probe(
+        "env plugin beside the pip NCCL",
+        Launch::new(&copy, cwd.path()).set("NCCL_DEBUG", "INFO"),
+    );
+    assert_healthy(&truth, "2.15.0+cu132");
+    assert_eq!(truth.reached(), venv_nccl(&copy), "{truth}");
+    assert_eq!(truth.env_plugin, None, "{} {truth}", plugin.display());
+    assert!(
+        truth
+            .log
+            .contains("ENV/Plugin: Could not find: libnccl-env.so"),
+        "{truth}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = env_plugin(dir.path());
+    let truth = probe(
+        "env plugin on LD_LIBRARY_PATH",
+        Launch::new(&venv, cwd.path())
+            .set("LD_LIBRARY_PATH", dir.path())
+            .set("NCCL_DEBUG", "INFO"),
+    );
+    assert_healthy(&truth, "2.15.0+cu132");
+    assert_eq!(truth.reached(), venv_nccl(&venv), "{truth}");
+    assert_eq!(truth.env_plugin, Some(s(&plugin)), "{truth}");
+    assert!(
+        truth.log.contains("ENV/Plugin: Using fdl-test-env"),
+        "{truth}"
+    );
+}
+
+/// torch 2.8.0 preloads nothing from sys.path while its libtorch_global_deps.so loads
+/// (the preload is its fallback there): an NCCL wheel directory on PYTHONPATH or in the
+/// cwd is not even mapped. Nor does LD_LIBRARY_PATH win: libtorch_cuda.so names
+/// `$ORIGIN/../../nvidia/nccl/lib` in a DT_RPATH (not RUNPATH), which glibc searches
+/// before LD_LIBRARY_PATH. The venv's own NCCL runs in all three.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn torch28_runs_its_own_nccl_over_sys_path_and_ld_library_path() {
+    let venv = oracle_input("FDL_TEST_TORCH_VENV_28");
+    // NCCL 2.27.5 (CUDA 12), newer than the 2.27.3 torch 2.8.0 requires.
+    let cu12 = oracle_input("FDL_TEST_NCCL_LIB");
+    let own = venv_nccl(&venv);
+    let dir = tempfile::tempdir().unwrap();
+    let wheel = nccl_wheel_dir(dir.path(), &cu12);
+    let cwd = tempfile::tempdir().unwrap();
+    for (case, launch) in [
+        (
+            "torch 2.8 PYTHONPATH",
+            Launch::new(&venv, cwd.path()).set("PYTHONPATH", &wheel),
+        ),
+        ("torch 2.8 cwd", Launch::new(&venv, &wheel)),
+        (
+            "torch 2.8 LD_LIBRARY_PATH",
+            Launch::new(&venv, cwd.path()).set("LD_LIBRARY_PATH", cu12.parent().unwrap()),
+        ),
+    ] {
+        let truth = probe(case, launch);
+        assert_healthy(&truth, "2.8.0+cu128");
+        assert_eq!(truth.reached(), own, "{truth}");
+        assert_eq!(truth.mapped_nccl, [own.as_str()], "{truth}");
+        assert_eq!(truth.nccl_versions.get(&own), Some(&22703), "{truth}");
+    }
+}
