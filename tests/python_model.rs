@@ -33,7 +33,11 @@ fn torch_init(version: &str, into: &Path) -> PathBuf {
         .arg(into)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     into.join("torch")
 }
 

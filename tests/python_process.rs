@@ -51,11 +51,101 @@ fn assert_healthy(truth: &ProcessTruth, version: &str) {
     assert!(truth.unique_id_ok, "{truth}");
 }
 
-/// Runs the probe in `launch`, printing what it saw (the table of the report).
+/// Runs the probe in `launch`, printing what it saw (the table of the report), and holds
+/// fdl to it: `fdl nccl detect` (the Python model, no witness) names the file the calls
+/// reach, or is unknown when the import fails; `detect --witness` (the Python witness)
+/// names the same; `fdl nccl plugins` finds the env plugin the process loaded, or none.
 fn probe(case: &str, launch: Launch) -> ProcessTruth {
     let truth = run_probe(&launch);
     eprintln!("=== {case}: {launch:?}\n{truth}");
+    fdl_agrees(case, &launch, &truth);
     truth
+}
+
+fn fdl_json(launch: &Launch, args: &[&str]) -> (bool, serde_json::Value) {
+    let venv = launch.python.parent().unwrap().parent().unwrap();
+    let lib = site_packages(venv).join("torch/lib/libtorch_cuda.so");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fdl"));
+    cmd.args(["nccl", args[0]])
+        .arg(&lib)
+        .args(&args[1..])
+        .args(["--json", "--cwd"])
+        .arg(&launch.cwd)
+        .current_dir(&launch.cwd);
+    launch.environ(&mut cmd);
+    let out = cmd.output().unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "fdl nccl {args:?} printed no JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.success(), v)
+}
+
+fn canon(p: &str) -> PathBuf {
+    Path::new(p)
+        .canonicalize()
+        .unwrap_or_else(|_| PathBuf::from(p))
+}
+
+fn fdl_agrees(case: &str, launch: &Launch, truth: &ProcessTruth) {
+    let (ok, v) = fdl_json(launch, &["detect"]);
+    assert_eq!(v["process"]["kind"], "python", "{case}: {v}");
+    match &truth.import_error {
+        None => {
+            let file = v["nccl"]["detection"]["file"].as_str().unwrap_or_else(|| {
+                panic!(
+                    "{case}: fdl names no NCCL, the process runs {}: {v}",
+                    truth.reached()
+                )
+            });
+            assert!(ok, "{case}: {v}");
+            assert_eq!(
+                canon(file),
+                canon(truth.reached()),
+                "{case}: fdl's model: {v}"
+            );
+        }
+        Some(e) => {
+            assert!(
+                !ok && v["found"] != "nccl",
+                "{case}: the import fails ({e}), fdl answers: {v}"
+            );
+        }
+    }
+    let (_, w) = fdl_json(launch, &["detect", "--witness"]);
+    match &truth.import_error {
+        None => {
+            let reached = w["witness"]["most_reached"]["file"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{case}: the Python witness names no file: {w}"));
+            assert_eq!(
+                canon(reached),
+                canon(truth.reached()),
+                "{case}: the witness: {w}"
+            );
+            assert_eq!(w["witness"]["verdict"], "agree", "{case}: {w}");
+        }
+        Some(_) => assert!(w["witness"]["refused"].is_string(), "{case}: {w}"),
+    }
+    if truth.import_error.is_none() {
+        let (_, p) = fdl_json(launch, &["plugins"]);
+        // An NCCL without env plugins (before 2.28) has no such kind: nothing loaded.
+        let env = p["kinds"]
+            .as_array()
+            .and_then(|k| k.iter().find(|k| k["kind"] == "env"));
+        let loaded = env
+            .filter(|k| k["verdict"] == "loaded")
+            .and_then(|k| k["path"].as_str())
+            .map(canon);
+        assert_eq!(
+            loaded,
+            truth.env_plugin.as_deref().map(canon),
+            "{case}: fdl's env plugin: {p}"
+        );
+    }
 }
 
 #[test]

@@ -853,6 +853,9 @@ pub(super) fn detect_cmd(project: &Project, path: Option<&Path>, o: DetectOpts) 
     if let Some(why) = target.python_unknown() {
         w.answer = Answer::Unknown { reason: why };
     }
+    if let (true, Some(p)) = (witness, &target.python) {
+        return python_witness(&target, p, &w, &env, json_out, verbose);
+    }
     let asked = witness.then(|| {
         let a = loader::witness::ask(&w, &env);
         let v = a.as_ref().ok().map(|x| loader::witness::compare(&w, x));
@@ -925,6 +928,113 @@ pub(super) fn detect_cmd(project: &Project, path: Option<&Path>, o: DetectOpts) 
         Answer::Nccl { .. } | Answer::None { .. } => Ok(()),
         Answer::Unknown { .. } | Answer::Split { .. } => {
             Err(super::common::Undecided(undecided_line(&w, json_out)).into())
+        }
+    }
+}
+
+/// `detect --witness` for a Python process: the model's answer, then the job's own
+/// interpreter importing torch, read from outside (`loader::pywitness`), and whether the
+/// two name the same file. Exit 4 when they differ (the process's answer stands).
+fn python_witness(
+    target: &Target,
+    p: &loader::python::PythonProcess,
+    w: &Which,
+    env: &LoaderEnv,
+    json_out: bool,
+    verbose: bool,
+) -> Result<()> {
+    use loader::pywitness;
+    // The job's environment is this one, with the loader flags as asked.
+    let mut vars: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os()
+        .filter(|(k, _)| k != "LD_PRELOAD" && k != "LD_LIBRARY_PATH")
+        .collect();
+    if !env.preload.is_empty() {
+        vars.push(("LD_PRELOAD".into(), env.preload.clone().into()));
+    }
+    if !env.ld_library_path.is_empty() {
+        let joined = std::env::join_paths(&env.ld_library_path).unwrap_or_default();
+        vars.push(("LD_LIBRARY_PATH".into(), joined));
+    }
+    let launch = pywitness::PythonLaunch {
+        interpreter: p.interpreter.program.clone(),
+        torch_dir: p.interpreter.site.join("torch"),
+        cwd: p.launch.start.clone(),
+        env: vars,
+    };
+    let asked = pywitness::ask_python(&launch, &pywitness::Limits::default());
+    if crate::process::interrupted() {
+        return Err(crate::process::Interrupted.into());
+    }
+    let canon = |f: &Path| f.canonicalize().unwrap_or_else(|_| f.to_path_buf());
+    let model = match &w.answer {
+        Answer::Nccl { detection } => Some(canon(&detection.file)),
+        _ => None,
+    };
+    // (verdict, the file the process's calls reach)
+    let verdict = match &asked {
+        Ok(x) => match x.most_reached() {
+            Some(m) if m.unanimous() => {
+                let reached = canon(m.file);
+                match &model {
+                    Some(f) if *f == reached => Some(("agree", reached)),
+                    Some(_) => Some(("disagree", reached)),
+                    None => Some(("model_unknown", reached)),
+                }
+            }
+            _ => None,
+        },
+        Err(_) => None,
+    };
+    if json_out {
+        let mut v = which_json(w);
+        v["library"] = json!(target.lib);
+        v["nccl"] = json!({ "found": v["found"], "detection": v["detection"] });
+        v["process"] = target.process_json();
+        v["witness"] = match &asked {
+            Ok(x) => {
+                let m = x.most_reached();
+                json!({
+                    "kind": "python",
+                    "summary": clean(&x.summary()),
+                    "verdict": verdict.as_ref().map_or("undecided", |v| v.0),
+                    "most_reached": m.map(|m| json!({ "file": m.file, "calls": m.calls, "total": m.total })),
+                    "process": x,
+                })
+            }
+            Err(e) => json!({ "kind": "python", "refused": clean(&e.to_string()) }),
+        };
+        print_json(&v);
+    } else {
+        if let Some(line) = target.process_line() {
+            say("", "  ", &clean(&line));
+        }
+        if verbose {
+            print_python(p);
+        }
+        print_which(&target.lib, w, verbose);
+        match &asked {
+            Ok(x) => {
+                say("Witness:  ", "  ", &clean(&x.summary()));
+                if verbose {
+                    for line in x.detail() {
+                        say("  ", "    ", &clean(&line));
+                    }
+                }
+            }
+            Err(e) => say("Witness:  ", "  ", &clean(&format!("none: {e}"))),
+        }
+    }
+    match (verdict, &w.answer) {
+        (Some(("disagree", reached)), _) => Err(super::common::ModelWrong(format!(
+            "fdl's model of this Python process is wrong here: it says {}, but the process's calls reach {}. The process's answer stands; please report this",
+            model.map(|m| crate::text::shown(&m)).unwrap_or_default(),
+            crate::text::shown(&reached)
+        ))
+        .into()),
+        (Some(("model_unknown", _)), _) => Ok(()),
+        (_, Answer::Nccl { .. } | Answer::None { .. }) => Ok(()),
+        (_, Answer::Unknown { .. } | Answer::Split { .. }) => {
+            Err(super::common::Undecided(undecided_line(w, json_out)).into())
         }
     }
 }

@@ -43,6 +43,24 @@ impl Launch {
         }
     }
 
+    /// Gives `cmd` the launch's environment: the test's own PYTHON*, LD_* and NCCL_*
+    /// cleared, then the launch's variables (fdl is asked in the same environment).
+    pub fn environ(&self, cmd: &mut Command) {
+        for (key, _) in std::env::vars_os() {
+            if let Some(key) = key.to_str() {
+                if inherited_knob(key) {
+                    cmd.env_remove(key);
+                }
+            }
+        }
+        for key in &self.remove {
+            cmd.env_remove(key);
+        }
+        for (key, value) in &self.env {
+            cmd.env(key, value);
+        }
+    }
+
     pub fn set(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Launch {
         let value = value
             .as_ref()
@@ -152,19 +170,7 @@ pub fn run_probe(launch: &Launch) -> ProcessTruth {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for (key, _) in std::env::vars_os() {
-        if let Some(key) = key.to_str() {
-            if inherited_knob(key) {
-                cmd.env_remove(key);
-            }
-        }
-    }
-    for key in &launch.remove {
-        cmd.env_remove(key);
-    }
-    for (key, value) in &launch.env {
-        cmd.env(key, value);
-    }
+    launch.environ(&mut cmd);
     cmd.env("FDL_PROBE_OUT", &out);
     let mut child = cmd
         .spawn()
