@@ -91,7 +91,17 @@ fn canon(p: &str) -> PathBuf {
 }
 
 fn fdl_agrees(case: &str, launch: &Launch, truth: &ProcessTruth) {
+    let schema = |name: &str| -> serde_json::Value {
+        let p =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("docs/schemas/{name}.schema.json"));
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let conforms = |name: &str, v: &serde_json::Value| {
+        let errors = common::schema::validate(&schema(name), v);
+        assert!(errors.is_empty(), "{case}: {name}: {errors:?}\n{v}");
+    };
     let (ok, v) = fdl_json(launch, &["detect"]);
+    conforms("nccl-detect", &v);
     assert_eq!(v["process"]["kind"], "python", "{case}: {v}");
     match &truth.import_error {
         None => {
@@ -116,22 +126,32 @@ fn fdl_agrees(case: &str, launch: &Launch, truth: &ProcessTruth) {
         }
     }
     let (_, w) = fdl_json(launch, &["detect", "--witness"]);
+    conforms("nccl-detect", &w);
     match &truth.import_error {
         None => {
-            let reached = w["witness"]["most_reached"]["file"]
+            let reached = w["witness"]["reached"][0]["object"]
                 .as_str()
                 .unwrap_or_else(|| panic!("{case}: the Python witness names no file: {w}"));
+            assert_eq!(
+                w["witness"]["reached"].as_array().map(Vec::len),
+                Some(1),
+                "{case}: {w}"
+            );
             assert_eq!(
                 canon(reached),
                 canon(truth.reached()),
                 "{case}: the witness: {w}"
             );
-            assert_eq!(w["witness"]["verdict"], "agree", "{case}: {w}");
+            assert_eq!(w["witness"]["verdict"]["verdict"], "agree", "{case}: {w}");
         }
-        Some(_) => assert!(w["witness"]["refused"].is_string(), "{case}: {w}"),
+        Some(_) => assert!(
+            w["witness"]["asked"] == false && w["witness"]["none"].is_string(),
+            "{case}: {w}"
+        ),
     }
     if truth.import_error.is_none() {
         let (_, p) = fdl_json(launch, &["plugins"]);
+        conforms("nccl-plugins", &p);
         // An NCCL without env plugins (before 2.28) has no such kind: nothing loaded.
         let env = p["kinds"]
             .as_array()

@@ -871,13 +871,7 @@ pub(super) fn detect_cmd(project: &Project, path: Option<&Path>, o: DetectOpts) 
         v["process"] = target.process_json();
         // The object scripts of fdl 0.1 read, kept: `nccl.found`, `nccl.detection`.
         v["nccl"] = json!({ "found": v["found"], "detection": v["detection"] });
-        v["environment"] = json!({
-            "ld_preload": env.preload,
-            "ld_so_preload": env.ld_so_preload,
-            "ld_library_path": env.ld_library_path,
-            "system_dirs": env.default_dirs,
-            "system_dirs_from": env.system_dirs_from,
-        });
+        v["environment"] = environment_json(&env);
         if let Some((a, verdict)) = &asked {
             v["witness"] = witness_json(a, verdict.as_ref());
         }
@@ -930,6 +924,17 @@ pub(super) fn detect_cmd(project: &Project, path: Option<&Path>, o: DetectOpts) 
             Err(super::common::Undecided(undecided_line(&w, json_out)).into())
         }
     }
+}
+
+/// The loader environment an answer is for, as `detect --json` says it.
+fn environment_json(env: &LoaderEnv) -> serde_json::Value {
+    json!({
+        "ld_preload": env.preload,
+        "ld_so_preload": env.ld_so_preload,
+        "ld_library_path": env.ld_library_path,
+        "system_dirs": env.default_dirs,
+        "system_dirs_from": env.system_dirs_from,
+    })
 }
 
 /// `detect --witness` for a Python process: the model's answer, then the job's own
@@ -990,18 +995,49 @@ fn python_witness(
         v["library"] = json!(target.lib);
         v["nccl"] = json!({ "found": v["found"], "detection": v["detection"] });
         v["process"] = target.process_json();
+        v["environment"] = environment_json(env);
         v["witness"] = match &asked {
             Ok(x) => {
-                let m = x.most_reached();
+                // The loader witness's shape: the files the calls reach, with their
+                // symbols, and the verdict; `python` is the process as read.
+                let mut reached: Vec<(PathBuf, Vec<String>)> = Vec::new();
+                for c in &x.calls {
+                    if let pywitness::Reach::File { path } = &c.reach {
+                        match reached.iter_mut().find(|(f, _)| f == path) {
+                            Some((_, s)) => s.push(c.symbol.clone()),
+                            None => reached.push((path.clone(), vec![c.symbol.clone()])),
+                        }
+                    }
+                }
+                let callers: Vec<&PathBuf> = x.libtorch_cuda.iter().collect();
                 json!({
+                    "asked": true,
                     "kind": "python",
+                    "interpreter": x.interpreter,
                     "summary": clean(&x.summary()),
-                    "verdict": verdict.as_ref().map_or("undecided", |v| v.0),
-                    "most_reached": m.map(|m| json!({ "file": m.file, "calls": m.calls, "total": m.total })),
-                    "process": x,
+                    "reached": reached.iter().map(|(f, s)| json!({
+                        "object": f, "callers": callers, "symbols": s,
+                    })).collect::<Vec<_>>(),
+                    "verdict": match &verdict {
+                        Some((v, reached)) => json!({
+                            "verdict": v,
+                            "model": model.as_ref().map(|m| m.display().to_string()),
+                            "process": reached,
+                        }),
+                        None => json!({
+                            "verdict": "inconclusive",
+                            "why": "the process's nccl* slots do not all point into one file",
+                        }),
+                    },
+                    "python": x,
                 })
             }
-            Err(e) => json!({ "kind": "python", "refused": clean(&e.to_string()) }),
+            Err(e) => json!({
+                "asked": false,
+                "kind": "python",
+                "refused": e.refused(),
+                "none": clean(&e.to_string()),
+            }),
         };
         print_json(&v);
     } else {
