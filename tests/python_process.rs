@@ -406,3 +406,140 @@ fn torch28_runs_its_own_nccl_over_sys_path_and_ld_library_path() {
         assert_eq!(truth.nccl_versions.get(&own), Some(&22703), "{truth}");
     }
 }
+
+/// A pip torch registered as a variant is answered for Python everywhere: `libtorch add`
+/// records who runs it and the NCCL its own import opens; `libtorch info`, `nccl detect`
+/// and `nccl plugins` say which process they answer for and follow PYTHONPATH as the
+/// process does; `--process program` answers for a program linking it; the build's tag
+/// is the torch's own NCCL whatever the caller's PYTHONPATH holds.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn a_pip_variant_is_answered_for_the_python_process() {
+    let venv = torch215();
+    let torch = site_packages(&venv).join("torch");
+    let (proj, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    std::fs::write(proj.path().join("fdl.yml"), "").unwrap();
+    let wheel = nccl_wheel_dir(dir.path(), &nccl2323());
+    let copy = s(&wheel.join("nvidia/nccl/lib/libnccl.so.2"));
+    let fdl = |pythonpath: Option<&Path>, args: &[&str]| {
+        let launch = Launch::new(&venv, proj.path());
+        let launch = match pythonpath {
+            Some(p) => launch.set("PYTHONPATH", p),
+            None => launch,
+        };
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fdl"));
+        cmd.args(args).current_dir(proj.path());
+        launch.environ(&mut cmd);
+        cmd.env_remove("FDL_ROOT");
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        (
+            out.status.success(),
+            stdout,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let schema = |name: &str| -> serde_json::Value {
+        let p =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("docs/schemas/{name}.schema.json"));
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let json = |name: &str, out: &str| -> serde_json::Value {
+        let v: serde_json::Value = serde_json::from_str(out).unwrap();
+        let errors = common::schema::validate(&schema(name), &v);
+        assert!(errors.is_empty(), "{name}: {errors:?}\n{v}");
+        v
+    };
+
+    let (ok, out, err) = fdl(
+        None,
+        &["libtorch", "add", "pip", torch.to_str().unwrap(), "--json"],
+    );
+    assert!(ok, "{out}{err}");
+    let add = json("libtorch-add", &out);
+    assert_eq!(add["arch"]["process"], "python", "{add}");
+    assert_eq!(add["arch"]["nccl"], "2.30.7", "{add}");
+    let interpreter = add["arch"]["python"].as_str().unwrap();
+    assert_eq!(
+        canon(interpreter),
+        canon(venv.join("bin/python").to_str().unwrap()),
+        "{add}"
+    );
+
+    // The process's NCCL, as PYTHONPATH makes it.
+    for (pythonpath, nccl) in [
+        (None, venv_nccl(&venv)),
+        (Some(wheel.as_path()), copy.clone()),
+    ] {
+        let (ok, out, err) = fdl(pythonpath, &["libtorch", "info", "--json"]);
+        assert!(ok, "{out}{err}");
+        let info = json("libtorch-info", &out);
+        assert_eq!(info["process"]["kind"], "python", "{info}");
+        assert_eq!(
+            canon(info["nccl"]["detection"]["file"].as_str().unwrap()),
+            canon(&nccl),
+            "{info}"
+        );
+        let (ok, out, err) = fdl(pythonpath, &["nccl", "detect"]);
+        assert!(ok, "{out}{err}");
+        assert!(
+            out.lines()
+                .next()
+                .unwrap()
+                .starts_with("For a Python process: "),
+            "{out}"
+        );
+        let (ok, out, err) = fdl(pythonpath, &["nccl", "detect", "--json"]);
+        assert!(ok, "{out}{err}");
+        let v = json("nccl-detect", &out);
+        assert_eq!(
+            canon(v["detection"]["file"].as_str().unwrap()),
+            canon(&nccl),
+            "{v}"
+        );
+        // A build is of the torch's own NCCL, whatever this shell's PYTHONPATH holds.
+        let cuda_home = oracle_input("FDL_TEST_CUDA_HOME_NEWEST");
+        let (_, out, err) = fdl(
+            pythonpath,
+            &[
+                "nccl",
+                "build",
+                "--dry-run",
+                "--json",
+                "--archs",
+                "8.6",
+                "--backend",
+                "native",
+                "--cuda-home",
+                cuda_home.to_str().unwrap(),
+            ],
+        );
+        let plan: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("no plan ({e}): {out}{err}"));
+        assert_eq!(plan["plan"]["tag"], "v2.30.7-1", "{plan}");
+    }
+    // A program linking the same library: its DT_RPATH finds the venv's, PYTHONPATH or not.
+    let (ok, out, err) = fdl(
+        Some(&wheel),
+        &["nccl", "detect", "--json", "--process", "program"],
+    );
+    assert!(ok, "{out}{err}");
+    let v = json("nccl-detect", &out);
+    assert_eq!(v["process"]["kind"], "program", "{v}");
+    assert_eq!(
+        canon(v["detection"]["file"].as_str().unwrap()),
+        canon(&venv_nccl(&venv)),
+        "{v}"
+    );
+    let (ok, out, _) = fdl(None, &["nccl", "detect", "--process", "program"]);
+    assert!(
+        ok && out.starts_with("For a program that links libtorch_cuda.so"),
+        "{out}"
+    );
+    // --cwd is for a Python process only, said before anything is answered.
+    let (ok, out, err) = fdl(
+        None,
+        &["nccl", "detect", "--process", "program", "--cwd", "/"],
+    );
+    assert!(!ok && out.is_empty() && err.contains("--cwd"), "{out}{err}");
+}

@@ -201,6 +201,30 @@ pub(super) fn nccl_in(ins: &inspect::Inspection) -> Result<Option<Which>> {
     loader::which_nccl_knowing(&ins.path, &LoaderEnv::from_process(), Some(&ins.self_ids)).map(Some)
 }
 
+/// [`nccl_in`] for the process `target` says (a Python process importing a pip torch).
+pub(super) fn nccl_in_for(
+    ins: &inspect::Inspection,
+    target: &Target,
+    env: &LoaderEnv,
+) -> Result<Option<Which>> {
+    if target.python.is_none() {
+        return nccl_in(ins);
+    }
+    if !ins.elf {
+        return Ok(None);
+    }
+    let mut w = loader::which_nccl_as(
+        &target.lib,
+        &target.env(env),
+        Some(&ins.self_ids),
+        target.kind,
+    )?;
+    if let Some(why) = target.python_unknown() {
+        w.answer = Answer::Unknown { reason: why };
+    }
+    Ok(Some(w))
+}
+
 pub(super) fn linkage_text(d: &NcclDetection) -> String {
     match &d.linkage {
         Linkage::Static => "static (compiled into the library)".into(),
@@ -712,8 +736,8 @@ pub(super) struct ProcessOpts<'a> {
 
 /// What `detect` and `plugins` answer for: the file, what it is to the process, and the
 /// Python process around it when a Python process is the one asked about.
-struct Target {
-    lib: PathBuf,
+pub(super) struct Target {
+    pub lib: PathBuf,
     kind: loader::TargetKind,
     python: Option<loader::python::PythonProcess>,
     /// A pip torch answered for a program: the other kind is possible.
@@ -722,7 +746,7 @@ struct Target {
 
 impl Target {
     /// The loader's environment of the process: `env`, with torch's own loads for Python.
-    fn env(&self, env: &LoaderEnv) -> LoaderEnv {
+    pub fn env(&self, env: &LoaderEnv) -> LoaderEnv {
         match &self.python {
             Some(p) => p.loader_env(env),
             None => env.clone(),
@@ -730,7 +754,7 @@ impl Target {
     }
 
     /// One short line saying which process the answer is for, when two kinds could run it.
-    fn process_line(&self) -> Option<String> {
+    pub fn process_line(&self) -> Option<String> {
         match &self.python {
             Some(p) => Some(format!(
                 "{}; --process program for a program linking it",
@@ -744,7 +768,7 @@ impl Target {
         }
     }
 
-    fn process_json(&self) -> serde_json::Value {
+    pub fn process_json(&self) -> serde_json::Value {
         match &self.python {
             Some(p) => json!({ "kind": "python", "python": p }),
             None => json!({ "kind": "program" }),
@@ -752,7 +776,7 @@ impl Target {
     }
 
     /// What the Python model leaves unknown, or the import's failure: the answer then.
-    fn python_unknown(&self) -> Option<String> {
+    pub fn python_unknown(&self) -> Option<String> {
         let p = self.python.as_ref()?;
         if let Some(f) = &p.import_fails {
             return Some(f.clone());
@@ -770,24 +794,51 @@ fn detect_target(
     opts: ProcessOpts,
     env: &LoaderEnv,
 ) -> Result<Target> {
-    let (lib, kind, torch) = match path {
+    match path {
         Some(p) => {
             let torch = p
                 .parent()
                 .and_then(Path::parent)
                 .and_then(|t| t.canonicalize().ok())
                 .filter(|t| crate::libtorch::is_pip_torch(t));
-            (p.to_path_buf(), loader::TargetKind::FromHeaders, torch)
+            target_for(
+                p.to_path_buf(),
+                loader::TargetKind::FromHeaders,
+                torch,
+                opts,
+                env,
+            )
         }
         None => {
             let v = Libtorch::new(project.libtorch_dir()).active()?;
-            (
-                v.libtorch_cuda(),
-                loader::TargetKind::Library,
-                v.pip_torch(),
-            )
+            variant_target(&v, opts, env)
         }
-    };
+    }
+}
+
+/// What a variant's answers are for: its `libtorch_cuda.so` linked by a program, or, for a
+/// pip torch, imported by Python (unless `--process program`).
+pub(super) fn variant_target(
+    v: &crate::libtorch::Variant,
+    opts: ProcessOpts,
+    env: &LoaderEnv,
+) -> Result<Target> {
+    target_for(
+        v.libtorch_cuda(),
+        loader::TargetKind::Library,
+        v.pip_torch(),
+        opts,
+        env,
+    )
+}
+
+fn target_for(
+    lib: PathBuf,
+    kind: loader::TargetKind,
+    torch: Option<PathBuf>,
+    opts: ProcessOpts,
+    env: &LoaderEnv,
+) -> Result<Target> {
     let python = match (opts.process, &torch) {
         (Some(ProcessArg::Program), _) | (None, None) => None,
         (Some(ProcessArg::Python) | None, Some(t)) => {

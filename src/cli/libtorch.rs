@@ -65,6 +65,8 @@ as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch
         /// Print one JSON object
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        process: super::ProcessFlags,
     },
 }
 
@@ -144,6 +146,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             variant,
             archs,
             json,
+            process,
         } => {
             let v = match variant {
                 Some(name) => lt.variant(&name)?,
@@ -151,6 +154,9 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             };
             let meta = v.arch_metadata()?;
             let lib = v.libtorch_cuda();
+            // "NCCL now" is the answer for the process that runs the variant.
+            let env = crate::loader::LoaderEnv::from_process();
+            let target = ins::variant_target(&v, process.opts(), &env)?;
             // Each part answers on its own: a damaged library still shows its metadata.
             let targets = ins::targets(archs.as_deref())?;
             let (nccl, code, judged) = if lib.is_file() {
@@ -159,7 +165,10 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                     Ok(found) => {
                         let judged = ins::judged_rows(&found, &targets);
                         (
-                            Some(ins::nccl_in(&found).map_err(|e| format!("{e:#}"))),
+                            Some(
+                                ins::nccl_in_for(&found, &target, &env)
+                                    .map_err(|e| format!("{e:#}")),
+                            ),
                             Some(Ok(found.gpu_code)),
                             Some(judged),
                         )
@@ -176,6 +185,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             if json {
                 print_json(&json!({
                     "variant": v.name,
+                    "process": target.process_json(),
                     "dir": v.dir,
                     "arch": meta,
                     "libtorch_cuda": lib,
@@ -204,6 +214,12 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
                 crate::text::clean(&v.name),
                 crate::text::clean(&v.dir.display().to_string())
             );
+            if let Some(line) = target.process_line() {
+                outln!(
+                    "{}",
+                    crate::text::wrap("  ", "    ", &crate::text::clean(&line))
+                );
+            }
             if !meta.is_empty() {
                 match v.record(&meta) {
                     crate::libtorch::Record::Stale { why } => outln!(

@@ -139,7 +139,7 @@ pub struct ProcessFlags {
 }
 
 impl ProcessFlags {
-    fn opts(&self) -> inspect::ProcessOpts<'_> {
+    pub(in crate::cli) fn opts(&self) -> inspect::ProcessOpts<'_> {
         inspect::ProcessOpts {
             process: self.process,
             cwd: self.cwd.as_deref(),

@@ -134,7 +134,10 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
     let ins = inspect::inspect(lib)?;
     // The same answer as `fdl nccl detect` without a preload: found, pinned by the wheel's
     // metadata, or none.
-    let bundled = loader::bundled_nccl_in(lib, env)?;
+    // For the process that runs it: a pip torch is imported by Python, whose torch may
+    // open an NCCL itself before libtorch_cuda.so.
+    let pip = crate::libtorch::is_pip_torch(source).then_some(source);
+    let bundled = loader::bundled_nccl_for(lib, pip, env)?;
     // A conditional answer whose one doubt is libraries missing on this host is recorded
     // as the version, with its condition beside it; any other is unknown.
     let nccl = match &bundled {
@@ -227,6 +230,11 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
         (None, _) => out.push(("nccl", "none".into())),
     }
     out.push(("source", source.display().to_string()));
+    // A pip torch is run by Python: its NCCL above is that process's.
+    if let Some(i) = pip.and_then(loader::python::Interpreter::of_torch) {
+        out.push(("process", "python".into()));
+        out.push(("python", i.program.display().to_string()));
+    }
     // What was read, as it was: `libtorch list` says when a file changed since.
     if let Some(f) = crate::libtorch::fingerprint(lib) {
         out.push(("libtorch_cuda_stat", f));

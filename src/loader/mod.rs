@@ -71,6 +71,35 @@ pub fn bundled_nccl(lib: &Path) -> anyhow::Result<Bundled> {
     bundled_nccl_in(lib, &LoaderEnv::bundled())
 }
 
+/// [`bundled_nccl_in`] for the process that runs `lib`: a Python process importing the pip
+/// torch `pip_torch` (its own `sys.path` only: [`python::Launch::bundled`]), else a program
+/// linking `lib`.
+pub fn bundled_nccl_for(
+    lib: &Path,
+    pip_torch: Option<&Path>,
+    env: &LoaderEnv,
+) -> anyhow::Result<Bundled> {
+    let Some(torch) = pip_torch else {
+        return bundled_nccl_in(lib, env);
+    };
+    match python::PythonProcess::model(torch, python::Launch::bundled(), env)? {
+        Some(p) => {
+            if let Some(why) = p
+                .import_fails
+                .clone()
+                .or_else(|| (!p.unknown.is_empty()).then(|| p.unknown.join("; ")))
+            {
+                return Ok(Bundled::Unknown(why));
+            }
+            bundled_nccl_in(
+                &torch.join("lib").join("libtorch_cuda.so"),
+                &p.loader_env(env),
+            )
+        }
+        None => bundled_nccl_in(lib, env),
+    }
+}
+
 /// [`bundled_nccl`] in `env` (its preloads are ignored).
 pub fn bundled_nccl_in(lib: &Path, env: &LoaderEnv) -> anyhow::Result<Bundled> {
     let mut env = env.clone();

@@ -744,6 +744,25 @@ impl Launch {
     }
 }
 
+impl Launch {
+    /// What the torch brings by itself: no start directory, no `PYTHONPATH`, no user
+    /// site; only the interpreter's own `sys.path` (what `libtorch add` records and a
+    /// build's tag is inferred from).
+    pub fn bundled() -> Launch {
+        Launch {
+            start: PathBuf::from("/"),
+            start_assumed: false,
+            pythonpath: None,
+            pythonhome: None,
+            no_user_site: true,
+            safe_path: true,
+            home: None,
+            user_base: None,
+            torch_rtld_global: false,
+        }
+    }
+}
+
 /// The interpreter a pip torch belongs to, from the files around its site directory.
 #[derive(Debug, Clone, Serialize)]
 pub struct Interpreter {

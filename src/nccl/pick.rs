@@ -160,10 +160,14 @@ pub fn other_release(
 ) -> Option<OtherRelease> {
     let variant = Libtorch::new(project.libtorch_dir()).active().ok()?;
     let caller = variant.libtorch_cuda();
-    let theirs = crate::loader::bundled_nccl(&caller)
-        .ok()?
-        .version()?
-        .clone();
+    let theirs = crate::loader::bundled_nccl_for(
+        &caller,
+        variant.pip_torch().as_deref(),
+        &crate::loader::LoaderEnv::bundled(),
+    )
+    .ok()?
+    .version()?
+    .clone();
     if nccl.same_release(&theirs) {
         return None;
     }
@@ -342,10 +346,14 @@ fn default_build(
         let lib = v.libtorch_cuda();
         // The NCCL it brings (static, pip-style, or pinned): the same answer as `fdl nccl
         // detect` without a preload.
-        crate::loader::bundled_nccl(&lib)
-            .ok()
-            .and_then(|b| b.version().cloned())
-            .map(|version| (v.name, version))
+        crate::loader::bundled_nccl_for(
+            &lib,
+            v.pip_torch().as_deref(),
+            &crate::loader::LoaderEnv::bundled(),
+        )
+        .ok()
+        .and_then(|b| b.version().cloned())
+        .map(|version| (v.name, version))
     });
     let (matching, nccl_words): (Vec<&(String, Manifest)>, String) = match &wanted {
         Some((variant, version)) => {

@@ -314,7 +314,14 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>, 
     }
     // The same answer as `fdl nccl detect` without a preload: static, pip-style through
     // libnccl.so.2, or the version the wheel's metadata pins when that is not installed.
-    let bundled = crate::loader::bundled_nccl(&lib).with_context(|| {
+    // For the process that runs it: a pip torch's is Python's, whose torch may open an
+    // NCCL itself first.
+    let bundled = crate::loader::bundled_nccl_for(
+        &lib,
+        variant.pip_torch().as_deref(),
+        &crate::loader::LoaderEnv::bundled(),
+    )
+    .with_context(|| {
         format!(
             "cannot read the NCCL version from {}; pass --tag to name it yourself",
             lib.display()
