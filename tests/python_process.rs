@@ -543,3 +543,64 @@ fn a_pip_variant_is_answered_for_the_python_process() {
     );
     assert!(!ok && out.is_empty() && err.contains("--cwd"), "{out}{err}");
 }
+
+/// A worker whose variant is a pip torch reports its ranks' NCCL as a Python process's,
+/// with the env: block's PYTHONPATH; the loader's trace (status's default witness) is not
+/// taken for Python; `--python-witness` imports torch there and agrees with the process.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn a_workers_report_answers_for_its_python_ranks() {
+    let venv = torch215();
+    let torch = site_packages(&venv).join("torch");
+    let (proj, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    std::fs::write(proj.path().join("fdl.yml"), "").unwrap();
+    let wheel = nccl_wheel_dir(dir.path(), &nccl2323());
+    let copy = s(&wheel.join("nvidia/nccl/lib/libnccl.so.2"));
+    let fdl = |args: &[&str]| -> serde_json::Value {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fdl"));
+        cmd.args(args).current_dir(proj.path());
+        Launch::new(&venv, proj.path()).environ(&mut cmd);
+        cmd.env_remove("FDL_ROOT");
+        let out = cmd.output().unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "fdl {args:?}: no JSON ({e}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    };
+    fdl(&["libtorch", "add", "pip", torch.to_str().unwrap(), "--json"]);
+    let env = format!("PYTHONPATH={}", wheel.display());
+    for (args, nccl) in [
+        (vec![], venv_nccl(&venv)),
+        (vec!["--env", env.as_str()], copy.clone()),
+    ] {
+        // The process itself, started in the checkout as the report assumes.
+        let mut launch = Launch::new(&venv, proj.path());
+        if !args.is_empty() {
+            launch = launch.set("PYTHONPATH", &wheel);
+        }
+        let truth = run_probe(&launch);
+        assert_eq!(canon(truth.reached()), canon(&nccl), "{truth}");
+
+        let mut plain = vec!["cluster", "self", "--json"];
+        plain.extend(&args);
+        let r = fdl(&plain);
+        assert_eq!(
+            canon(r["effective"]["known"]["file"].as_str().unwrap()),
+            canon(&nccl),
+            "{r}"
+        );
+        assert_eq!(r["witness"]["verdict"], "none", "{r}");
+        let mut asked = plain.clone();
+        asked.push("--python-witness");
+        let r = fdl(&asked);
+        assert_eq!(r["witness"]["verdict"], "agree", "{r}");
+        assert_eq!(
+            canon(r["effective"]["known"]["file"].as_str().unwrap()),
+            canon(&nccl),
+            "{r}"
+        );
+    }
+}

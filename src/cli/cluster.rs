@@ -35,6 +35,10 @@ pub enum ClusterCommand {
         /// answers there)
         #[arg(long)]
         no_witness: bool,
+        /// On a worker whose libtorch is a pip torch, run its interpreter importing torch
+        /// and read which NCCL the calls reach (seconds and ~0.5 GB per worker)
+        #[arg(long, conflicts_with = "no_witness")]
+        python_witness: bool,
     },
     /// The one NCCL build for the whole cluster (the tag of the highest libtorch NCCL, the
     /// union of every worker's GPUs, a CUDA every driver runs), printed as `nccl build
@@ -159,8 +163,12 @@ pub enum ClusterCommand {
         /// Do not ask this host's own loader
         #[arg(long)]
         no_witness: bool,
-        /// NAME=VALUE: a variable the worker's env: block sets that the loader or NCCL's
-        /// plugin search reads (LD_LIBRARY_PATH, NCCL_<KIND>_PLUGIN); repeatable
+        /// For a pip torch, also run its interpreter importing torch
+        #[arg(long)]
+        python_witness: bool,
+        /// NAME=VALUE: a variable the worker's env: block sets that the loader, NCCL's
+        /// plugin search or a Python rank's sys.path reads (LD_LIBRARY_PATH,
+        /// NCCL_<KIND>_PLUGIN, PYTHONPATH, …); repeatable
         #[arg(long = "env", value_parser = env_arg)]
         env: Vec<(String, String)>,
         /// Print one JSON object (the only form the controller reads)
@@ -174,7 +182,7 @@ fn env_arg(s: &str) -> std::result::Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if host::reported_variable(k) => Ok((k.to_string(), v.to_string())),
         Some((k, _)) => Err(format!(
-            "'{}' is not a variable the report reads (LD_LIBRARY_PATH, NCCL_<KIND>_PLUGIN)",
+            "'{}' is not a variable the report reads (LD_LIBRARY_PATH, NCCL_<KIND>_PLUGIN, PYTHONPATH, PYTHONHOME, PYTHONNOUSERSITE, PYTHONSAFEPATH, TORCH_USE_RTLD_GLOBAL)",
             crate::text::clean(k)
         )),
         None => Err("expected NAME=VALUE".into()),
@@ -316,6 +324,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             arch,
             ld_preload,
             no_witness,
+            python_witness,
             env,
             json: _,
         } => {
@@ -324,6 +333,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
                 arch,
                 ld_preload,
                 witness: !no_witness,
+                python_witness,
                 env,
             });
             // The report's own schema, which the controller checks.
@@ -349,7 +359,15 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             common,
             json,
             no_witness,
-        } => status_cmd(project, &common, json, !no_witness),
+            python_witness,
+        } => {
+            let witness = match (no_witness, python_witness) {
+                (true, _) => status::Witnesses::None,
+                (false, false) => status::Witnesses::Loader,
+                (false, true) => status::Witnesses::LoaderAndPython,
+            };
+            status_cmd(project, &common, json, witness)
+        }
         ClusterCommand::Ship {
             build,
             workers,
@@ -417,7 +435,12 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
 
 /// Every worker's report, one progress line per host as each answers (on a terminal).
 /// Every worker's report; `witness`: each asks its own loader too (status's default).
-fn reports(reach: &Reach, common: &Common, quiet: bool, witness: bool) -> Vec<WorkerStatus> {
+fn reports(
+    reach: &Reach,
+    common: &Common,
+    quiet: bool,
+    witness: status::Witnesses,
+) -> Vec<WorkerStatus> {
     let live = !quiet && std::io::stderr().is_terminal();
     let done = |w: &WorkerStatus| {
         if live {
@@ -442,12 +465,22 @@ fn reports(reach: &Reach, common: &Common, quiet: bool, witness: bool) -> Vec<Wo
 
 fn build_cmd(project: &Project, common: &Common, build: super::build::BuildArgs) -> Result<()> {
     let reach = common.reach(project)?;
-    let workers = reports(&reach, common, build.json || build.quiet, false);
+    let workers = reports(
+        &reach,
+        common,
+        build.json || build.quiet,
+        status::Witnesses::None,
+    );
     let infer = |flags| crate::cluster::plan::infer(&workers, flags);
     super::build::run_inferred(project, build, &infer)
 }
 
-fn status_cmd(project: &Project, common: &Common, json: bool, witness: bool) -> Result<()> {
+fn status_cmd(
+    project: &Project,
+    common: &Common,
+    json: bool,
+    witness: status::Witnesses,
+) -> Result<()> {
     let reach = common.reach(project)?;
     let workers = reports(&reach, common, json, witness);
     let verdicts = status::verdicts(&workers);
@@ -684,7 +717,7 @@ fn env_cmd(
             &reach,
             common,
             matches!(format, EnvFormat::Json),
-            false,
+            status::Witnesses::None,
         ))
     };
     let choice = super::manage::pick_build(project, &store, build, &wiring, &hosts)?;
@@ -851,7 +884,7 @@ fn ship_cmd(
         make: "fdl cluster build",
         this: "fdl cluster ship",
     };
-    let hosts = || status::pick_hosts(&reports(&reach, common, json, false));
+    let hosts = || status::pick_hosts(&reports(&reach, common, json, status::Witnesses::None));
     let choice = super::manage::pick_build(project, &store, build, &wiring, &hosts)?;
     super::manage::announce(&choice);
     let name = choice.build.clone();

@@ -234,6 +234,8 @@ pub struct SelfQuery {
     pub ld_preload: Option<String>,
     /// Ask this host's own loader too (`loader::witness`).
     pub witness: bool,
+    /// For a pip torch: run its interpreter importing torch (`--python-witness`).
+    pub python_witness: bool,
     /// What the worker's env: block sets of the variables the loader and NCCL's plugin
     /// search read (`LD_LIBRARY_PATH`, `NCCL_<KIND>_PLUGIN`): the ranks see these, over
     /// what this process inherited.
@@ -241,13 +243,24 @@ pub struct SelfQuery {
 }
 
 /// The variables of a worker's env: block that its report must see: the loader's search
-/// path and NCCL's plugin names.
+/// path, NCCL's plugin names, and what decides a Python rank's `sys.path`.
 pub fn reported_variable(name: &str) -> bool {
     name == "LD_LIBRARY_PATH"
+        || PYTHON_VARIABLES.contains(&name)
         || loader::plugins::Kind::ALL
             .iter()
             .any(|k| k.variable() == name)
 }
+
+/// What a pip torch's Python ranks read that changes which NCCL they open
+/// (`loader::python`).
+pub const PYTHON_VARIABLES: &[&str] = &[
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONNOUSERSITE",
+    "PYTHONSAFEPATH",
+    "TORCH_USE_RTLD_GLOBAL",
+];
 
 pub fn report(q: &SelfQuery) -> HostReport {
     // The two nvidia-smi calls and the libtorch's side (its inspection, the effective
@@ -446,11 +459,33 @@ fn effective_nccl(
     if let Some(llp) = set("LD_LIBRARY_PATH") {
         env.ld_library_path = loader::search::split_path_list(&llp);
     }
-    let w = match loader::which_nccl_as(&lt.libtorch_cuda, &env, None, loader::TargetKind::Library)
-    {
+    // A pip torch's ranks are Python processes: torch's own import may open an NCCL
+    // first, from the sys.path of a job started in the checkout (the model's assumption).
+    let python = match python_process(q, lt, &set) {
+        Ok(p) => p,
+        Err(e) => return (Err(e), None, unknown("the Python model failed")),
+    };
+    let (lib, env) = match &python {
+        Some(p) => (
+            p.interpreter.site.join("torch/lib/libtorch_cuda.so"),
+            p.loader_env(&env),
+        ),
+        None => (lt.libtorch_cuda.clone(), env),
+    };
+    let w = match loader::which_nccl_as(&lib, &env, None, loader::TargetKind::Library) {
         Ok(w) => w,
         Err(e) => return (Err(e), None, unknown("the loader model failed")),
     };
+    let mut w = w;
+    if let Some(p) = &python {
+        if let Some(why) = p
+            .import_fails
+            .clone()
+            .or_else(|| (!p.unknown.is_empty()).then(|| p.unknown.join("; ")))
+        {
+            w.answer = Answer::Unknown { reason: why };
+        }
+    }
     // NCCL reads its plugin variables from the ranks' environment: the env: block's,
     // else what this process inherited, as a rank started the same way would.
     let var = |name: &str| {
@@ -471,7 +506,20 @@ fn effective_nccl(
         .objects
         .iter()
         .any(|o| matches!(o.found_by, loader::FoundBy::Preload { .. }));
-    let witness = q.witness.then(|| witnessed(&w, &env));
+    let witness = match &python {
+        Some(p) if q.python_witness => Some(witnessed_python(&w, p, q)),
+        // The loader's trace answers for a program linking the library, not for Python.
+        Some(_) if q.witness => Some((
+            WitnessReport {
+                verdict: "none".into(),
+                loader: "a pip torch's ranks are Python processes, whose torch opens libraries itself; the loader's trace answers for a program. `fdl cluster status --python-witness` imports torch on each worker".into(),
+                model: None,
+            },
+            None,
+        )),
+        Some(_) => None,
+        None => q.witness.then(|| witnessed(&w, &env)),
+    };
     if q.ld_preload.is_some() && !preloaded {
         // Not one element loads: the ranks run the bundled NCCL, and the env is wrong.
         return (
@@ -532,6 +580,123 @@ fn effective_nccl(
             let plugins = plugins();
             (answer_facts(w), other.map(|(r, _)| r), plugins)
         }
+    }
+}
+
+/// The Python process a rank of this worker's variant is, when the variant is a pip torch:
+/// started in the checkout, with the env: block's `PYTHONPATH` (else this process's).
+fn python_process(
+    q: &SelfQuery,
+    lt: &LibtorchFacts,
+    set: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<loader::python::PythonProcess>> {
+    let Some(dir) = lt.libtorch_cuda.parent().and_then(Path::parent) else {
+        return Ok(None);
+    };
+    let variant = crate::libtorch::Variant {
+        name: lt.variant.clone(),
+        dir: dir.to_path_buf(),
+    };
+    let Some(torch) = variant.pip_torch() else {
+        return Ok(None);
+    };
+    let mut launch = loader::python::Launch::from_env(Some(q.root.clone()));
+    launch.start_assumed = true;
+    for (name, value) in [
+        ("PYTHONPATH", &mut launch.pythonpath),
+        ("PYTHONHOME", &mut launch.pythonhome),
+    ] {
+        if let Some(v) = set(name) {
+            *value = Some(v).filter(|v| !v.is_empty());
+        }
+    }
+    if let Some(v) = set("PYTHONNOUSERSITE") {
+        launch.no_user_site = !v.is_empty();
+    }
+    if let Some(v) = set("PYTHONSAFEPATH") {
+        launch.safe_path = !v.is_empty();
+    }
+    if let Some(v) = set("TORCH_USE_RTLD_GLOBAL") {
+        launch.torch_rtld_global = !v.is_empty();
+    }
+    loader::python::PythonProcess::model(&torch, launch, &LoaderEnv::from_process())
+}
+
+/// The Python witness for a pip torch's rank (asked only with `--witness`: it imports
+/// torch, seconds and half a gigabyte on every worker): the interpreter run in the
+/// checkout with the ranks' environment, and the file its nccl* slots reach.
+fn witnessed_python(
+    w: &loader::Which,
+    p: &loader::python::PythonProcess,
+    q: &SelfQuery,
+) -> (WitnessReport, Option<PathBuf>) {
+    use loader::pywitness;
+    let mut vars: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os()
+        .filter(|(k, _)| k != "LD_PRELOAD" && !q.env.iter().any(|(n, _)| k == n.as_str()))
+        .collect();
+    vars.extend(q.env.iter().map(|(k, v)| (k.into(), v.into())));
+    if let Some(pre) = &q.ld_preload {
+        vars.push(("LD_PRELOAD".into(), pre.into()));
+    }
+    let launch = pywitness::PythonLaunch {
+        interpreter: p.interpreter.program.clone(),
+        torch_dir: p.interpreter.site.join("torch"),
+        cwd: q.root.clone(),
+        env: vars,
+    };
+    let x = match pywitness::ask_python(&launch, &pywitness::Limits::default()) {
+        Ok(x) => x,
+        Err(n) => {
+            return (
+                WitnessReport {
+                    verdict: if n.refused() { "refused" } else { "none" }.into(),
+                    loader: crate::text::clean(&n.to_string()),
+                    model: None,
+                },
+                None,
+            )
+        }
+    };
+    let summary = crate::text::clean(&x.summary());
+    let reached = match x.most_reached() {
+        Some(m) if m.unanimous() => m.file.to_path_buf(),
+        _ => {
+            return (
+                WitnessReport {
+                    verdict: "inconclusive".into(),
+                    loader: summary,
+                    model: None,
+                },
+                None,
+            )
+        }
+    };
+    let canon = |f: &Path| f.canonicalize().unwrap_or_else(|_| f.to_path_buf());
+    match &w.answer {
+        Answer::Nccl { detection } if canon(&detection.file) == canon(&reached) => (
+            WitnessReport {
+                verdict: "agree".into(),
+                loader: summary,
+                model: None,
+            },
+            None,
+        ),
+        Answer::Nccl { detection } => (
+            WitnessReport {
+                verdict: "disagree".into(),
+                loader: summary,
+                model: Some(detection.file.display().to_string()),
+            },
+            Some(reached),
+        ),
+        _ => (
+            WitnessReport {
+                verdict: "model_unknown".into(),
+                loader: summary,
+                model: None,
+            },
+            Some(reached),
+        ),
     }
 }
 

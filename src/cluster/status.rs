@@ -358,10 +358,12 @@ fn blank_status(w: &Worker) -> WorkerStatus {
     }
 }
 
-fn self_script_args(w: &Worker, witness: bool) -> Vec<String> {
+fn self_script_args(w: &Worker, witness: Witnesses) -> Vec<String> {
     let mut args: Vec<String> = vec!["cluster".into(), "self".into(), "--json".into()];
-    if !witness {
-        args.push("--no-witness".into());
+    match witness {
+        Witnesses::None => args.push("--no-witness".into()),
+        Witnesses::Loader => {}
+        Witnesses::LoaderAndPython => args.push("--python-witness".into()),
     }
     if let Some(arch) = &w.arch {
         args.extend(["--arch".into(), arch.clone()]);
@@ -590,13 +592,24 @@ fn version_at_least(have: &str, need: &str) -> bool {
     parse(have) >= parse(need)
 }
 
+/// Which witnesses each worker asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Witnesses {
+    None,
+    /// Its own loader (status's default: milliseconds).
+    Loader,
+    /// And, for a pip torch, its interpreter importing torch (`--python-witness`: seconds
+    /// and half a gigabyte on every worker, so only when asked).
+    LoaderAndPython,
+}
+
 /// Every worker's report, the workers reached all at once; the order is the workers'.
 pub fn query_all(
     workers: &[&Worker],
     t: &dyn Transport,
     own: &OwnBinary,
     timeout: Duration,
-    witness: bool,
+    witness: Witnesses,
     on_done: &(dyn Fn(&WorkerStatus) + Sync),
 ) -> Vec<WorkerStatus> {
     let parse = |out: &std::process::Output| {
