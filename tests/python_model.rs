@@ -1,6 +1,6 @@
 //! What fdl reads from real torch wheels' `__init__.py` about the libraries torch opens
 //! before libtorch (`loader::python`), checked against what each file's code says (read
-//! by eye once, recorded here): torch 1.13.1, 2.0.1's shape as 2.8.0's, 2.8.0 and 2.15.0.
+//! by eye once, recorded here): torch 1.13.1, 2.0.1, 2.8.0 and 2.15.0.
 
 mod common;
 use common::oracle_input;
@@ -167,4 +167,52 @@ fn torch_2_15_preloads_nccl_on_every_import_with_cudart() {
     assert_eq!(fallback.wanted.len(), 16);
     assert!(fallback.wanted[..15].iter().all(|w| w.required));
     assert!(!fallback.wanted[15].required);
+}
+
+#[test]
+#[ignore = "needs the torch wheels: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn torch_2_0_preloads_nccl_only_when_its_global_deps_fail() {
+    // `nvidia_path = os.path.join(path, 'nvidia')`, then a glob under it: one place.
+    let torch = oracle_input("FDL_TEST_TORCH20_INIT");
+    let loading = TorchLoading::read(&torch).unwrap();
+    assert_eq!(loading.nccl_on_import(), None);
+    let TorchLoading::Preloads {
+        places,
+        normal,
+        fallback,
+        ..
+    } = loading
+    else {
+        panic!("torch 2.0.1's preloads were not read");
+    };
+    assert_eq!(
+        places,
+        vec![vec![lit("nvidia"), Segment::Folder, lit("lib")]]
+    );
+    assert!(
+        normal.wanted.is_empty() && normal.if_mapped.is_none(),
+        "{normal:?}"
+    );
+    let folders: Vec<&str> = fallback.wanted.iter().map(|w| w.folder.as_str()).collect();
+    assert_eq!(
+        folders,
+        [
+            "cublas",
+            "cudnn",
+            "cuda_nvrtc",
+            "cuda_runtime",
+            "cuda_cupti",
+            "cufft",
+            "curand",
+            "cusolver",
+            "cusparse",
+            "nccl",
+            "nvtx"
+        ]
+    );
+    assert_eq!(
+        fallback.wanted[9],
+        wanted("nccl", "libnccl.so.*[0-9]", true)
+    );
+    assert_eq!(fallback.wanted[2].pattern, "libnvrtc.so.*[0-9].*[0-9]");
 }
