@@ -254,6 +254,8 @@ impl Fixture {
         // The toolkit the native examples build with, in the same cache (the nvcc-only
         // home above is the one the plan refuses).
         oracle_input("FDL_TEST_CUDA_HOME_NEWEST");
+        // The venv docs/inspect.md's Python example asks about, under the same cache.
+        oracle_input("FDL_TEST_TORCH_VENV");
         // <cache>/unpacked/nvcc-13.0.88/nvidia/cu13
         let oracle_cache = cuda_home.ancestors().nth(4).unwrap().to_path_buf();
         assert!(
