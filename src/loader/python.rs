@@ -628,46 +628,72 @@ fn joined_variable(text: &str, name: &str) -> Option<Vec<String>> {
     Some(split_args(inner))
 }
 
-/// Whether `name` matches the glob `pattern` (`*`, `?`, `[…]` with ranges), as Python's
-/// `fnmatch` does for a file name (names starting with `.` never match `*`).
+/// Whether `name` matches the glob `pattern` (`*`, `?`, `[…]` with ranges and `!`), as
+/// Python's `fnmatch` does for a file name (names starting with `.` never match `*`).
+/// Greedy with one backtrack point, so a hostile pattern costs at most
+/// `pattern × name` steps.
 pub fn glob_match(pattern: &str, name: &str) -> bool {
     if name.starts_with('.') && !pattern.starts_with('.') {
         return false;
     }
-    fn go(p: &[char], n: &[char]) -> bool {
-        match p.first() {
-            None => n.is_empty(),
-            Some('*') => (0..=n.len()).any(|k| go(&p[1..], &n[k..])),
-            Some('?') => !n.is_empty() && go(&p[1..], &n[1..]),
-            Some('[') => {
-                let Some(close) = p.iter().skip(2).position(|c| *c == ']').map(|i| i + 2) else {
-                    return n.first() == Some(&'[') && go(&p[1..], &n[1..]);
+    let p: Vec<char> = pattern.chars().collect();
+    let n: Vec<char> = name.chars().collect();
+    // One element of the pattern at `i`: whether it takes `c`, and its length.
+    let one = |i: usize, c: char| -> Option<(bool, usize)> {
+        match p[i] {
+            '?' => Some((true, 1)),
+            '[' => {
+                let close = (i + 2..p.len()).find(|&k| p[k] == ']');
+                let Some(close) = close else {
+                    return Some((c == '[', 1));
                 };
-                let Some(&c) = n.first() else { return false };
-                let set = &p[1..close];
+                let set = &p[i + 1..close];
                 let (neg, set) = match set.first() {
                     Some('!') => (true, &set[1..]),
                     _ => (false, set),
                 };
                 let mut hit = false;
-                let mut i = 0;
-                while i < set.len() {
-                    if i + 2 < set.len() && set[i + 1] == '-' {
-                        hit |= set[i] <= c && c <= set[i + 2];
-                        i += 3;
+                let mut k = 0;
+                while k < set.len() {
+                    if k + 2 < set.len() && set[k + 1] == '-' {
+                        hit |= set[k] <= c && c <= set[k + 2];
+                        k += 3;
                     } else {
-                        hit |= set[i] == c;
-                        i += 1;
+                        hit |= set[k] == c;
+                        k += 1;
                     }
                 }
-                hit != neg && go(&p[close + 1..], &n[1..])
+                Some((hit != neg, close + 1 - i))
             }
-            Some(c) => n.first() == Some(c) && go(&p[1..], &n[1..]),
+            '*' => None,
+            lit => Some((lit == c, 1)),
+        }
+    };
+    let (mut pi, mut ni) = (0, 0);
+    let mut back: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && p[pi] == '*' {
+            back = Some((pi + 1, ni));
+            pi += 1;
+            continue;
+        }
+        if pi < p.len() {
+            if let Some((true, len)) = one(pi, n[ni]) {
+                pi += len;
+                ni += 1;
+                continue;
+            }
+        }
+        match back {
+            Some((bp, bn)) => {
+                pi = bp;
+                ni = bn + 1;
+                back = Some((bp, bn + 1));
+            }
+            None => return false,
         }
     }
-    let p: Vec<char> = pattern.chars().collect();
-    let n: Vec<char> = name.chars().collect();
-    p.len() <= 256 && n.len() <= 1024 && go(&p, &n)
+    p[pi..].iter().all(|c| *c == '*')
 }
 
 /// Why an entry is on `sys.path`.
@@ -1068,6 +1094,14 @@ impl PythonProcess {
         // libtorch_global_deps.so, dlopened by the interpreter: does its closure load, and
         // what does it map?
         let deps = torch_dir.join("lib/libtorch_global_deps.so");
+        if !deps.is_file() {
+            // ctypes raises an OSError naming no CUDA library: torch re-raises it.
+            p.import_fails = Some(format!(
+                "torch's import fails: {} is missing",
+                deps.display()
+            ));
+            return Ok(Some(p));
+        }
         let mut genv = env.clone();
         genv.cwd = p.launch.start.clone();
         genv.opened.clear();
@@ -1265,6 +1299,86 @@ mod tests {
         assert!(!glob_match("libnccl.so.*[0-9]", "libnccl.so"));
         assert!(!glob_match("libnccl.so.*[0-9]", "libnccl.so.2.bak"));
         assert!(glob_match("lib[!x]?.so", "liba1.so"));
+        assert!(!glob_match("lib[!a]?.so", "liba1.so"));
+        assert!(glob_match("libnvrtc.so.*[0-9].*[0-9]", "libnvrtc.so.12.8"));
+        assert!(glob_match("*", "x") && !glob_match("*", ".x"));
+        assert!(glob_match("a*b*c", "axxbyyc") && !glob_match("a*b*c", "axxbyy"));
+        // Many stars against a long name that does not match: no blow-up.
+        let hostile = format!("{}b", "*a".repeat(100));
+        assert!(!glob_match(&hostile, &"a".repeat(1000)));
+    }
+
+    /// The shape of a torch 2.15 `__init__.py`'s loading, cut down.
+    const SHAPE: &str = r#"
+def _paths(path: str, lib_folder: str, lib_name: str) -> list[str]:
+    a = glob.glob(os.path.join(path, "nvidia", lib_folder, "lib", lib_name))
+    b = glob.glob(os.path.join(path, lib_folder, "lib", lib_name))
+    return a + b
+
+def _walk(lib_folder: str, lib_name: str, required: bool = True) -> None:
+    for path in sys.path:
+        found = _paths(path, lib_folder, lib_name)
+        if found:
+            ctypes.CDLL(found[0])
+            return
+
+def _preload_all(err=None, required=True):
+    libs = [
+        ("cublas", "libcublas.so.*[0-9]"),
+        ("nccl", "libnccl.so.*[0-9]"),
+    ]
+    for lib_folder, lib_name in libs:
+        _walk(lib_folder, lib_name, required=required)
+
+def _load_global_deps() -> None:
+    try:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        try:
+            if "libcudart.so" not in _maps:
+                return
+            _preload_all(required=False)
+        except Exception:
+            pass
+    except OSError as err:
+        _preload_all(err)
+"#;
+
+    #[test]
+    fn reads_the_shape_and_survives_any_cut_of_it() {
+        let TorchLoading::Preloads {
+            places,
+            normal,
+            fallback,
+            ..
+        } = read_init(SHAPE, PathBuf::from("x"), None)
+        else {
+            panic!("not read");
+        };
+        assert_eq!(places.len(), 2);
+        assert_eq!(normal.if_mapped.as_deref(), Some("libcudart.so"));
+        assert_eq!(normal.wanted.len(), 2);
+        assert!(normal.wanted.iter().all(|w| !w.required));
+        assert!(fallback.wanted.iter().all(|w| w.required));
+        assert!(matches!(
+            read_init("import os\n", PathBuf::from("x"), None),
+            TorchLoading::NoNccl { .. }
+        ));
+        assert!(matches!(
+            read_init("X = 'libnccl.so.2'\n", PathBuf::from("x"), None),
+            TorchLoading::Unread { .. }
+        ));
+        // Every prefix, and the text with any one line dropped: an answer, never a panic.
+        for end in 0..SHAPE.len() {
+            if SHAPE.is_char_boundary(end) {
+                let _ = read_init(&SHAPE[..end], PathBuf::from("x"), None);
+            }
+        }
+        let lines: Vec<&str> = SHAPE.lines().collect();
+        for drop in 0..lines.len() {
+            let mut l = lines.clone();
+            l.remove(drop);
+            let _ = read_init(&l.join("\n"), PathBuf::from("x"), None);
+        }
     }
 
     #[test]
