@@ -517,6 +517,7 @@ fn a_pip_variant_is_answered_for_the_python_process() {
         let plan: serde_json::Value =
             serde_json::from_str(&out).unwrap_or_else(|e| panic!("no plan ({e}): {out}{err}"));
         assert_eq!(plan["plan"]["tag"], "v2.30.7-1", "{plan}");
+        assert_eq!(plan["plan"]["tag_origin"]["process"], "python", "{plan}");
     }
     // A program linking the same library: its DT_RPATH finds the venv's, PYTHONPATH or not.
     let (ok, out, err) = fdl(

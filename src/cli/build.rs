@@ -33,6 +33,11 @@ pub struct BuildArgs {
     /// NCCL git tag, e.g. v2.27.5-1 (default: from the active libtorch's NCCL)
     #[arg(long)]
     pub tag: Option<String>,
+    /// Infer the tag from the NCCL this kind of process runs with the active libtorch
+    /// (default: python for a pip torch, program for any other; a cluster's workers
+    /// answer for their own)
+    #[arg(long, value_enum)]
+    pub process: Option<super::inspect::ProcessArg>,
     /// GPU architectures, e.g. "6.1;12.0", "61,120", "sm_61"; "12.0+PTX" on the highest is
     /// --ptx (default: the local GPUs)
     #[arg(long)]
@@ -113,6 +118,7 @@ impl BuildArgs {
                 jobs: self.jobs,
                 ptx: self.ptx,
                 only_funcs: self.only_funcs.clone(),
+                process: self.process.map(super::inspect::ProcessArg::kind),
             },
             backend: BackendRequest {
                 backend: self.backend,

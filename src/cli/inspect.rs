@@ -727,6 +727,15 @@ pub enum ProcessArg {
     Program,
 }
 
+impl ProcessArg {
+    pub fn kind(self) -> loader::python::ProcessKind {
+        match self {
+            ProcessArg::Python => loader::python::ProcessKind::Python,
+            ProcessArg::Program => loader::python::ProcessKind::Program,
+        }
+    }
+}
+
 /// The process options of `detect` and `plugins`.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct ProcessOpts<'a> {

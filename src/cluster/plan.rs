@@ -18,6 +18,9 @@ use anyhow::{bail, Result};
 /// workers answering, only a plan whose tag and archs both come from the flags is made,
 /// with a warning that names the silent workers (their drivers are not checked).
 pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> {
+    if flags.process.is_some() {
+        bail!("--process picks the process this host's libtorch is answered for; a cluster's workers answer for their own ranks (a pip torch's as Python): leave out --process");
+    }
     let down: Vec<(String, String)> = workers
         .iter()
         .filter_map(|w| w.error.as_ref().map(|e| (clean(&w.host), clean(&short(e)))))
@@ -191,6 +194,7 @@ mod tests {
             archs: None,
             cuda: None,
             ptx: false,
+            process: None,
         }
     }
 
@@ -256,6 +260,13 @@ mod tests {
         down.report = None;
         down.error = Some(format!("unreachable over SSH:\n{}", "x".repeat(400)));
         let w = [worker("a", "2.27.5", &[(6, 1)], "12.8"), down];
+        // Which process this host's libtorch is answered for means nothing to workers.
+        let asked = CheckedFlags {
+            process: Some(crate::loader::python::ProcessKind::Program),
+            ..no_flags()
+        };
+        let err = infer(&w[..1], asked).unwrap_err().to_string();
+        assert!(err.contains("leave out --process"), "{err}");
         let tag_only = || CheckedFlags {
             tag: Some(Tag::parse("v2.28.9-1").unwrap()),
             ..no_flags()

@@ -27,6 +27,15 @@ const MAX_SMALL: u64 = 1 << 20;
 /// `.pth` files read per site directory, and path lines taken from them.
 const MAX_PTH: usize = 512;
 
+/// Which kind of process runs a libtorch: a program linking it, or Python importing a pip
+/// torch (whose `__init__.py` may open libraries first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessKind {
+    Python,
+    Program,
+}
+
 /// One segment of a place torch globs under a `sys.path` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", content = "value", rename_all = "snake_case")]
@@ -162,25 +171,36 @@ fn indent(line: &str) -> usize {
     line.len() - line.trim_start().len()
 }
 
-/// The lines of `text`, each without its comment when the comment is the whole line.
+/// The lines of `text`, and where each `def` is (read once: torch's file has hundreds).
 struct Code<'a> {
     lines: Vec<&'a str>,
+    /// `(name, line)` of every `def NAME(`, in order.
+    defs: Vec<(&'a str, usize)>,
 }
 
 impl<'a> Code<'a> {
     fn new(text: &'a str) -> Self {
-        Code {
-            lines: text.lines().collect(),
-        }
+        let lines: Vec<&str> = text.lines().collect();
+        let defs = lines
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| {
+                let rest = l.trim_start().strip_prefix("def ")?;
+                let name = rest.split('(').next()?;
+                (rest.len() > name.len()).then_some((name, i))
+            })
+            .collect();
+        Code { lines, defs }
+    }
+
+    /// The names of the functions defined, in order.
+    fn names(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.defs.iter().map(|(n, _)| *n)
     }
 
     /// `def NAME(params)`: its parameter names and the range of its body's lines.
     fn function(&self, name: &str) -> Option<(Vec<String>, std::ops::Range<usize>)> {
-        let head = format!("def {name}(");
-        let at = self
-            .lines
-            .iter()
-            .position(|l| l.trim_start().starts_with(&head))?;
+        let at = self.defs.iter().find(|(n, _)| *n == name)?.1;
         let base = indent(self.lines[at]);
         // The parameters, possibly over several lines, up to the closing parenthesis.
         let mut sig = String::new();
@@ -414,14 +434,7 @@ impl Walkers {
     fn find(code: &Code) -> Walkers {
         let mut walkers = Vec::new();
         let mut places = Vec::new();
-        for l in &code.lines {
-            let t = l.trim_start();
-            let Some(rest) = t.strip_prefix("def ") else {
-                continue;
-            };
-            let Some(name) = rest.split('(').next() else {
-                continue;
-            };
+        for name in code.names() {
             let Some((params, body)) = code.function(name) else {
                 continue;
             };
@@ -476,13 +489,7 @@ impl Walkers {
                 events.push((at, Event::Walker(args)));
             }
         }
-        for l in &code.lines {
-            let Some(rest) = l.trim_start().strip_prefix("def ") else {
-                continue;
-            };
-            let Some(name) = rest.split('(').next() else {
-                continue;
-            };
+        for name in code.names() {
             if self.walkers.iter().any(|(w, _)| w == name) || !name.starts_with("_preload") {
                 continue;
             }
@@ -548,13 +555,7 @@ type Function = (Vec<String>, std::ops::Range<usize>);
 
 fn helpers(code: &Code, text: &str) -> Vec<Function> {
     let mut out = Vec::new();
-    for l in &code.lines {
-        let Some(rest) = l.trim_start().strip_prefix("def ") else {
-            continue;
-        };
-        let Some(name) = rest.split('(').next() else {
-            continue;
-        };
+    for name in code.names() {
         if !calls(text, name).is_empty() {
             if let Some(f) = code.function(name) {
                 out.push(f);

@@ -39,6 +39,10 @@ pub enum TagOrigin {
         variant: String,
         library: PathBuf,
         linkage: String,
+        /// Who runs the variant, said when both kinds could (a pip torch): its NCCL is
+        /// that process's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        process: Option<crate::loader::python::ProcessKind>,
     },
     /// The highest NCCL among the cluster's workers' libtorch variants.
     Cluster { versions: Vec<HostValue> },

@@ -5,6 +5,7 @@ use crate::arch::{self, Arch};
 use crate::gpu::{self, Gpu, GpuError};
 use crate::inspect;
 use crate::libtorch::Libtorch;
+use crate::loader::python::ProcessKind;
 use crate::nccl::plan::{ArchOrigin, BackendInputs, BuildPlan, PlanInputs, TagOrigin};
 use crate::nccl::tag::Tag;
 use crate::project::Project;
@@ -20,6 +21,8 @@ pub struct BuildRequest {
     pub jobs: Option<u32>,
     pub ptx: bool,
     pub only_funcs: Option<String>,
+    /// Infer the tag for this kind of process (default: the variant's).
+    pub process: Option<ProcessKind>,
 }
 
 /// Where the inputs come from besides flags; tests swap the GPU source.
@@ -37,6 +40,7 @@ pub struct CheckedFlags {
     pub cuda: Option<CudaVersion>,
     /// `--ptx`, or `+PTX` on the highest arch of `--archs` (the same request).
     pub ptx: bool,
+    pub process: Option<ProcessKind>,
 }
 
 pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
@@ -67,6 +71,7 @@ pub fn check_flags(req: &BuildRequest) -> Result<CheckedFlags> {
         archs,
         cuda,
         ptx: req.ptx || ptx_in_archs,
+        process: req.process,
     })
 }
 
@@ -102,6 +107,7 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
         archs: archs_flag,
         cuda: cuda_flag,
         ptx: _,
+        process,
     } = flags;
     let mut warnings = Vec::new();
     let (tag, tag_origin, cuda_from_libtorch) = match tag_flag {
@@ -110,7 +116,7 @@ pub fn infer(flags: CheckedFlags, src: &Sources) -> Result<Inferred> {
             (t, TagOrigin::Flag, None)
         }
         None => {
-            let (tag, origin, cuda, said) = infer_tag(src.project)?;
+            let (tag, origin, cuda, said) = infer_tag(src.project, process)?;
             warnings.extend(said);
             (tag, origin, cuda)
         }
@@ -293,7 +299,10 @@ fn plugins_moved(lib: &std::path::Path, plan: &BuildPlan) -> Vec<String> {
 
 /// The tag and CUDA version from the active libtorch's NCCL self-id, and what the plan
 /// must say about how it was found (a conditional answer, with its condition).
-fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>, Vec<String>)> {
+fn infer_tag(
+    project: &Project,
+    process: Option<ProcessKind>,
+) -> Result<(Tag, TagOrigin, Option<CudaVersion>, Vec<String>)> {
     let lt = Libtorch::new(project.libtorch_dir());
     let variant = lt
         .active()
@@ -315,10 +324,27 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>, 
     // The same answer as `fdl nccl detect` without a preload: static, pip-style through
     // libnccl.so.2, or the version the wheel's metadata pins when that is not installed.
     // For the process that runs it: a pip torch's is Python's, whose torch may open an
-    // NCCL itself first.
+    // NCCL itself first, unless a program is asked about.
+    let pip_torch = variant.pip_torch();
+    let python = match (process, &pip_torch) {
+        (Some(ProcessKind::Program), _) => None,
+        (_, Some(t)) => Some(t.clone()),
+        (Some(ProcessKind::Python), None) => bail!(
+            "--process python: the active libtorch '{}' is not a pip torch (site-packages/torch with its __init__.py), so no Python process imports it as torch; leave out --process",
+            variant.name
+        ),
+        (None, None) => None,
+    };
+    let process = pip_torch.is_some().then(|| {
+        if python.is_some() {
+            ProcessKind::Python
+        } else {
+            ProcessKind::Program
+        }
+    });
     let bundled = crate::loader::bundled_nccl_for(
         &lib,
-        variant.pip_torch().as_deref(),
+        python.as_deref(),
         &crate::loader::LoaderEnv::bundled(),
     )
     .with_context(|| {
@@ -388,6 +414,7 @@ fn infer_tag(project: &Project) -> Result<(Tag, TagOrigin, Option<CudaVersion>, 
             variant: variant.name,
             library: lib,
             linkage,
+            process,
         },
         cuda,
         said,

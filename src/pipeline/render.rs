@@ -204,7 +204,17 @@ pub fn plan(
 ) -> String {
     let tag_from = match &plan.tag_origin {
         TagOrigin::Flag => "from --tag".to_string(),
-        TagOrigin::Libtorch { variant, .. } => format!("from the active libtorch, {variant}"),
+        TagOrigin::Libtorch {
+            variant, process, ..
+        } => match process {
+            Some(crate::loader::python::ProcessKind::Python) => format!(
+                "from the active libtorch, {variant}, for a Python process importing it; --process program for a program linking it"
+            ),
+            Some(crate::loader::python::ProcessKind::Program) => format!(
+                "from the active libtorch, {variant}, for a program linking it"
+            ),
+            None => format!("from the active libtorch, {variant}"),
+        },
         TagOrigin::Cluster { versions } => format!(
             "the highest libtorch NCCL of the workers: {}",
             host_values(versions)
