@@ -605,3 +605,71 @@ fn a_workers_report_answers_for_its_python_ranks() {
         );
     }
 }
+
+/// What the model leaves to Python: a `.pth` file's `import` line, which runs code at
+/// startup (here, putting an NCCL wheel's directory first on sys.path). fdl never runs it,
+/// so its model answers the venv's NCCL and `detect -v` names the file it did not run;
+/// the Python witness imports torch as the job does, finds the calls in the other NCCL,
+/// and `detect --witness` says the model is wrong here (exit 4), the process's answer
+/// standing.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn a_pth_import_line_is_not_run_and_the_witness_catches_what_it_does() {
+    let cached = torch215();
+    let (beside, dir) = (dir_beside(&cached), tempfile::tempdir().unwrap());
+    let venv = venv_copy(&cached, beside.path());
+    let wheel = nccl_wheel_dir(dir.path(), &nccl2323());
+    let copy = s(&wheel.join("nvidia/nccl/lib/libnccl.so.2"));
+    let pth = site_packages(&venv).join("zz-fdl-test.pth");
+    std::fs::write(
+        &pth,
+        format!(
+            "import sys; sys.path.insert(0, {:?})\n",
+            wheel.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let launch = Launch::new(&venv, cwd.path());
+    let truth = run_probe(&launch);
+    assert_eq!(canon(truth.reached()), canon(&copy), "{truth}");
+
+    let lib = site_packages(&venv).join("torch/lib/libtorch_cuda.so");
+    let run = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fdl"));
+        cmd.args(["nccl", "detect"])
+            .arg(&lib)
+            .args(args)
+            .current_dir(cwd.path());
+        launch.environ(&mut cmd);
+        cmd.output().unwrap()
+    };
+    let out = run(&["-v"]);
+    let text = String::from_utf8_lossy(&out.stdout).replace("\n            ", " ");
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("zz-fdl-test.pth: its import lines run code"),
+        "{text}"
+    );
+    assert!(text.contains(&venv_nccl(&venv)), "{text}");
+
+    let out = run(&["--witness", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["witness"]["verdict"]["verdict"], "disagree", "{v}");
+    assert_eq!(
+        canon(v["witness"]["verdict"]["process"].as_str().unwrap()),
+        canon(&copy),
+        "{v}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("model of this Python process is wrong here"),
+        "{err}"
+    );
+}

@@ -786,11 +786,7 @@ impl Target {
 
     /// What the Python model leaves unknown, or the import's failure: the answer then.
     pub fn python_unknown(&self) -> Option<String> {
-        let p = self.python.as_ref()?;
-        if let Some(f) = &p.import_fails {
-            return Some(f.clone());
-        }
-        (!p.unknown.is_empty()).then(|| p.unknown.join("; "))
+        self.python.as_ref()?.unknown_reason()
     }
 }
 
@@ -1010,16 +1006,10 @@ fn python_witness(
 ) -> Result<()> {
     use loader::pywitness;
     // The job's environment is this one, with the loader flags as asked.
-    let mut vars: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os()
-        .filter(|(k, _)| k != "LD_PRELOAD" && k != "LD_LIBRARY_PATH")
-        .collect();
-    if !env.preload.is_empty() {
-        vars.push(("LD_PRELOAD".into(), env.preload.clone().into()));
-    }
-    if !env.ld_library_path.is_empty() {
-        let joined = std::env::join_paths(&env.ld_library_path).unwrap_or_default();
-        vars.push(("LD_LIBRARY_PATH".into(), joined));
-    }
+    // (An empty LD_LIBRARY_PATH is an unset one to glibc.)
+    let joined = std::env::join_paths(&env.ld_library_path).unwrap_or_default();
+    let set = vec![("LD_LIBRARY_PATH".into(), joined)];
+    let vars = pywitness::job_env(&set, Some(std::ffi::OsStr::new(&env.preload)));
     let launch = pywitness::PythonLaunch {
         interpreter: p.interpreter.program.clone(),
         torch_dir: p.interpreter.site.join("torch"),
@@ -1030,26 +1020,11 @@ fn python_witness(
     if crate::process::interrupted() {
         return Err(crate::process::Interrupted.into());
     }
-    let canon = |f: &Path| f.canonicalize().unwrap_or_else(|_| f.to_path_buf());
     let model = match &w.answer {
-        Answer::Nccl { detection } => Some(canon(&detection.file)),
+        Answer::Nccl { detection } => Some(detection.file.as_path()),
         _ => None,
     };
-    // (verdict, the file the process's calls reach)
-    let verdict = match &asked {
-        Ok(x) => match x.most_reached() {
-            Some(m) if m.unanimous() => {
-                let reached = canon(m.file);
-                match &model {
-                    Some(f) if *f == reached => Some(("agree", reached)),
-                    Some(_) => Some(("disagree", reached)),
-                    None => Some(("model_unknown", reached)),
-                }
-            }
-            _ => None,
-        },
-        Err(_) => None,
-    };
+    let verdict = asked.as_ref().ok().map(|x| pywitness::compare(model, x));
     if json_out {
         let mut v = which_json(w);
         v["library"] = json!(target.lib);
@@ -1078,11 +1053,11 @@ fn python_witness(
                     "reached": reached.iter().map(|(f, s)| json!({
                         "object": f, "callers": callers, "symbols": s,
                     })).collect::<Vec<_>>(),
-                    "verdict": match &verdict {
-                        Some((v, reached)) => json!({
-                            "verdict": v,
-                            "model": model.as_ref().map(|m| m.display().to_string()),
-                            "process": reached,
+                    "verdict": match verdict.as_ref().and_then(|v| v.process().map(|p| (v, p))) {
+                        Some((v, process)) => json!({
+                            "verdict": v.word(),
+                            "model": model.map(|m| m.display().to_string()),
+                            "process": process,
                         }),
                         None => json!({
                             "verdict": "inconclusive",
@@ -1121,13 +1096,15 @@ fn python_witness(
         }
     }
     match (verdict, &w.answer) {
-        (Some(("disagree", reached)), _) => Err(super::common::ModelWrong(format!(
-            "fdl's model of this Python process is wrong here: it says {}, but the process's calls reach {}. The process's answer stands; please report this",
-            model.map(|m| crate::text::shown(&m)).unwrap_or_default(),
-            crate::text::shown(&reached)
-        ))
-        .into()),
-        (Some(("model_unknown", _)), _) => Ok(()),
+        (Some(pywitness::Verdict::Disagree { model, process }), _) => {
+            Err(super::common::ModelWrong(format!(
+                "fdl's model of this Python process is wrong here: it says {}, but the process's calls reach {}. The process's answer stands; please report this",
+                crate::text::shown(&model),
+                crate::text::shown(&process)
+            ))
+            .into())
+        }
+        (Some(pywitness::Verdict::ModelUnknown { .. }), _) => Ok(()),
         (_, Answer::Nccl { .. } | Answer::None { .. }) => Ok(()),
         (_, Answer::Unknown { .. } | Answer::Split { .. }) => {
             Err(super::common::Undecided(undecided_line(w, json_out)).into())

@@ -477,14 +477,8 @@ fn effective_nccl(
         Err(e) => return (Err(e), None, unknown("the loader model failed")),
     };
     let mut w = w;
-    if let Some(p) = &python {
-        if let Some(why) = p
-            .import_fails
-            .clone()
-            .or_else(|| (!p.unknown.is_empty()).then(|| p.unknown.join("; ")))
-        {
-            w.answer = Answer::Unknown { reason: why };
-        }
+    if let Some(why) = python.as_ref().and_then(|p| p.unknown_reason()) {
+        w.answer = Answer::Unknown { reason: why };
     }
     // NCCL reads its plugin variables from the ranks' environment: the env: block's,
     // else what this process inherited, as a rank started the same way would.
@@ -631,13 +625,9 @@ fn witnessed_python(
     q: &SelfQuery,
 ) -> (WitnessReport, Option<PathBuf>) {
     use loader::pywitness;
-    let mut vars: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os()
-        .filter(|(k, _)| k != "LD_PRELOAD" && !q.env.iter().any(|(n, _)| k == n.as_str()))
-        .collect();
-    vars.extend(q.env.iter().map(|(k, v)| (k.into(), v.into())));
-    if let Some(pre) = &q.ld_preload {
-        vars.push(("LD_PRELOAD".into(), pre.into()));
-    }
+    let set: Vec<(std::ffi::OsString, std::ffi::OsString)> =
+        q.env.iter().map(|(k, v)| (k.into(), v.into())).collect();
+    let vars = pywitness::job_env(&set, q.ld_preload.as_deref().map(std::ffi::OsStr::new));
     let launch = pywitness::PythonLaunch {
         interpreter: p.interpreter.program.clone(),
         torch_dir: p.interpreter.site.join("torch"),
@@ -657,46 +647,24 @@ fn witnessed_python(
             )
         }
     };
-    let summary = crate::text::clean(&x.summary());
-    let reached = match x.most_reached() {
-        Some(m) if m.unanimous() => m.file.to_path_buf(),
-        _ => {
-            return (
-                WitnessReport {
-                    verdict: "inconclusive".into(),
-                    loader: summary,
-                    model: None,
-                },
-                None,
-            )
-        }
+    let loader = crate::text::clean(&x.summary());
+    let model = match &w.answer {
+        Answer::Nccl { detection } => Some(detection.file.as_path()),
+        _ => None,
     };
-    let canon = |f: &Path| f.canonicalize().unwrap_or_else(|_| f.to_path_buf());
-    match &w.answer {
-        Answer::Nccl { detection } if canon(&detection.file) == canon(&reached) => (
-            WitnessReport {
-                verdict: "agree".into(),
-                loader: summary,
-                model: None,
-            },
-            None,
+    let verdict = pywitness::compare(model, &x);
+    let report = |model: Option<String>| WitnessReport {
+        verdict: verdict.word().into(),
+        loader: loader.clone(),
+        model,
+    };
+    match &verdict {
+        pywitness::Verdict::Agree { .. } | pywitness::Verdict::Inconclusive => (report(None), None),
+        pywitness::Verdict::Disagree { model, process } => (
+            report(Some(model.display().to_string())),
+            Some(process.clone()),
         ),
-        Answer::Nccl { detection } => (
-            WitnessReport {
-                verdict: "disagree".into(),
-                loader: summary,
-                model: Some(detection.file.display().to_string()),
-            },
-            Some(reached),
-        ),
-        _ => (
-            WitnessReport {
-                verdict: "model_unknown".into(),
-                loader: summary,
-                model: None,
-            },
-            Some(reached),
-        ),
+        pywitness::Verdict::ModelUnknown { process } => (report(None), Some(process.clone())),
     }
 }
 

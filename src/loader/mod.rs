@@ -84,11 +84,7 @@ pub fn bundled_nccl_for(
     };
     match python::PythonProcess::model(torch, python::Launch::bundled(), env)? {
         Some(p) => {
-            if let Some(why) = p
-                .import_fails
-                .clone()
-                .or_else(|| (!p.unknown.is_empty()).then(|| p.unknown.join("; ")))
-            {
+            if let Some(why) = p.unknown_reason() {
                 return Ok(Bundled::Unknown(why));
             }
             bundled_nccl_in(

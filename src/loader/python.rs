@@ -1170,6 +1170,14 @@ impl PythonProcess {
         Ok(Some(p))
     }
 
+    /// Why the process's answer is not the loader's: its import fails, or the model could
+    /// not read what torch does; `None` when the loader's answer stands.
+    pub fn unknown_reason(&self) -> Option<String> {
+        self.import_fails
+            .clone()
+            .or_else(|| (!self.unknown.is_empty()).then(|| self.unknown.join("; ")))
+    }
+
     /// The NCCL torch opens from `sys.path`, if it does.
     pub fn nccl(&self) -> Option<&Opened> {
         self.opened.iter().find(|o| o.wanted.is_nccl())

@@ -372,6 +372,68 @@ impl PythonWitness {
     }
 }
 
+/// The process's answer against the model's file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every slot reaches the file the model names.
+    Agree { process: PathBuf },
+    /// The process reaches another file: the model is wrong here, the process stands.
+    Disagree { model: PathBuf, process: PathBuf },
+    /// The model could not say; the process's file stands.
+    ModelUnknown { process: PathBuf },
+    /// The slots do not all reach one file (or none is bound): nothing settled.
+    Inconclusive,
+}
+
+impl Verdict {
+    pub fn word(&self) -> &'static str {
+        match self {
+            Verdict::Agree { .. } => "agree",
+            Verdict::Disagree { .. } => "disagree",
+            Verdict::ModelUnknown { .. } => "model_unknown",
+            Verdict::Inconclusive => "inconclusive",
+        }
+    }
+
+    /// The file the process's calls reach, when it settles one.
+    pub fn process(&self) -> Option<&Path> {
+        match self {
+            Verdict::Agree { process }
+            | Verdict::Disagree { process, .. }
+            | Verdict::ModelUnknown { process } => Some(process),
+            Verdict::Inconclusive => None,
+        }
+    }
+}
+
+/// Compares `x` with the file the model's answer names (`None`: the model could not say).
+/// Files are compared by their real paths.
+pub fn compare(model: Option<&Path>, x: &PythonWitness) -> Verdict {
+    let canon = |f: &Path| f.canonicalize().unwrap_or_else(|_| f.to_path_buf());
+    let Some(m) = x.most_reached().filter(Majority::unanimous) else {
+        return Verdict::Inconclusive;
+    };
+    let process = canon(m.file);
+    match model.map(canon) {
+        Some(f) if f == process => Verdict::Agree { process },
+        Some(model) => Verdict::Disagree { model, process },
+        None => Verdict::ModelUnknown { process },
+    }
+}
+
+/// The child's environment: this process's, with the job's variables (`set`) over it and
+/// `LD_PRELOAD` as given (`None`: unset).
+pub fn job_env(set: &[(OsString, OsString)], preload: Option<&OsStr>) -> Vec<(OsString, OsString)> {
+    let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| k != "LD_PRELOAD" && !set.iter().any(|(n, _)| n == k))
+        .collect();
+    vars.extend(set.iter().filter(|(k, _)| k != "LD_PRELOAD").cloned());
+    if let Some(p) = preload.filter(|p| !p.is_empty()) {
+        vars.push(("LD_PRELOAD".into(), p.to_os_string()));
+    }
+    vars
+}
+
 /// Asks the job's own interpreter, importing its torch, which NCCL `libtorch_cuda.so`'s
 /// calls reach.
 pub fn ask_python(
