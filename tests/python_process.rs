@@ -593,11 +593,27 @@ fn a_workers_report_answers_for_its_python_ranks() {
             canon(&nccl),
             "{r}"
         );
+        assert_eq!(
+            canon(r["libtorch"]["known"]["python"].as_str().unwrap()),
+            canon(venv.join("bin/python").to_str().unwrap()),
+            "{r}"
+        );
+        // The torch's own NCCL, whatever the env: block adds.
+        assert_eq!(
+            canon(
+                r["libtorch"]["known"]["nccl"]["known"]["file"]
+                    .as_str()
+                    .unwrap()
+            ),
+            canon(&venv_nccl(&venv)),
+            "{r}"
+        );
         assert_eq!(r["witness"]["verdict"], "none", "{r}");
         let mut asked = plain.clone();
         asked.push("--python-witness");
         let r = fdl(&asked);
         assert_eq!(r["witness"]["verdict"], "agree", "{r}");
+        assert_eq!(r["witness"]["python"], true, "{r}");
         assert_eq!(
             canon(r["effective"]["known"]["file"].as_str().unwrap()),
             canon(&nccl),

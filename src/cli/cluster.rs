@@ -592,6 +592,17 @@ fn render_status(workers: &[WorkerStatus]) -> String {
                     Facts::Unknown(why) => format!("NCCL unknown: {why}"),
                 };
                 row(&mut s, "libtorch", format!("{}: {nccl}", lt.variant));
+                if let Some(python) = &lt.python {
+                    // Its ranks are Python processes: the answers below are theirs.
+                    row(
+                        &mut s,
+                        "process",
+                        format!(
+                            "Python: {} -c … importing torch, started in the checkout (assumed)",
+                            python.display()
+                        ),
+                    );
+                }
                 row(
                     &mut s,
                     "bridge",
@@ -629,14 +640,19 @@ fn render_status(workers: &[WorkerStatus]) -> String {
             },
         );
         if let Some(wr) = &r.witness {
+            let who = if wr.python {
+                "its Python process"
+            } else {
+                "its loader"
+            };
             let text = match wr.verdict.as_str() {
-                "agree" => format!("its loader agrees: {}", wr.loader),
+                "agree" => format!("{who} agrees: {}", wr.loader),
                 "disagree" => format!(
-                    "FDL'S MODEL IS WRONG HERE: it says {}; the loader says {} (the loader's answer is used)",
+                    "FDL'S MODEL IS WRONG HERE: it says {}; {who}: {} (its answer is used)",
                     wr.model.as_deref().unwrap_or("?"),
                     wr.loader
                 ),
-                "model_unknown" => format!("the model cannot say; its loader: {}", wr.loader),
+                "model_unknown" => format!("the model cannot say; {who}: {}", wr.loader),
                 "inconclusive" => format!("no answer: {}", wr.loader),
                 "none" => format!("none on this host: {}", wr.loader),
                 "refused" => format!("refused: {}", wr.loader),
@@ -1038,4 +1054,36 @@ fn coverage_cells(gpus: &[crate::cluster::host::GpuCoverage], missing: &str) -> 
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::host::WitnessReport;
+
+    /// A pip torch's worker says its ranks are Python processes, and its Python witness
+    /// is said as the process's, not the loader's.
+    #[test]
+    fn a_python_workers_rows_say_so() {
+        let mut w = status::test_worker("a", "2.30.7", &[(8, 6)], "13.2");
+        let report = w.report.as_mut().unwrap();
+        if let Facts::Known(lt) = &mut report.libtorch {
+            lt.python = Some(std::path::PathBuf::from("/v/bin/python3.11"));
+        }
+        report.witness = Some(WitnessReport {
+            verdict: "agree".into(),
+            loader: "all 51 nccl* slots point into /v/libnccl.so.2".into(),
+            model: None,
+            python: true,
+        });
+        let text = render_status(&[w]);
+        assert!(
+            text.contains("  process   Python: /v/bin/python3.11 -c … importing torch, started in the checkout (assumed)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  witness   its Python process agrees: all 51"),
+            "{text}"
+        );
+    }
 }

@@ -124,6 +124,10 @@ pub struct WitnessReport {
     /// With `disagree`: what the model said.
     #[serde(default)]
     pub model: Option<String>,
+    /// Whether the witness was the worker's Python process (`--python-witness`: its
+    /// interpreter importing torch), not its loader.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub python: bool,
 }
 
 impl WitnessReport {
@@ -164,6 +168,10 @@ pub struct LibtorchFacts {
     pub nccl: Facts<NcclFacts>,
     /// Whether a preloaded libnccl.so.2 replaces the NCCL this libtorch calls.
     pub bridge: Facts<Bridge>,
+    /// For a pip torch: the interpreter its ranks run (they are Python processes, and
+    /// `nccl` is what torch's own import opens by itself). Absent: a program links it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -330,22 +338,46 @@ fn libtorch_facts(q: &SelfQuery) -> anyhow::Result<LibtorchFacts> {
         anyhow::bail!("libtorch variant {}: {why}", variant.name);
     }
     let lib = variant.libtorch_cuda();
-    let nccl = Facts::from(nccl_of(&lib));
+    let pip = variant.pip_torch();
+    let nccl = Facts::from(nccl_of(&lib, pip.as_deref()));
     let bridge = Facts::from(bridge(&lib));
+    let python = pip
+        .as_deref()
+        .and_then(loader::python::Interpreter::of_torch)
+        .map(|i| i.program);
     Ok(LibtorchFacts {
         variant: variant.name,
         libtorch_cuda: lib,
         nccl,
         bridge,
+        python,
     })
 }
 
 /// The NCCL a libtorch brings, and the GPU code of the file that carries it: the loader
-/// model's answer without a preload.
-fn nccl_of(lib: &Path) -> anyhow::Result<NcclFacts> {
+/// model's answer without a preload, for a Python process when it is a pip torch.
+fn nccl_of(lib: &Path, pip_torch: Option<&Path>) -> anyhow::Result<NcclFacts> {
+    let env = LoaderEnv::bundled();
+    let python = match pip_torch {
+        Some(torch) => {
+            loader::python::PythonProcess::model(torch, loader::python::Launch::bundled(), &env)?
+        }
+        None => None,
+    };
+    let Some(p) = python else {
+        return answer_facts(loader::which_nccl_as(
+            lib,
+            &env,
+            None,
+            loader::TargetKind::Library,
+        )?);
+    };
+    if let Some(why) = p.unknown_reason() {
+        anyhow::bail!("unknown: {why}");
+    }
     answer_facts(loader::which_nccl_as(
-        lib,
-        &LoaderEnv::bundled(),
+        &p.interpreter.site.join("torch/lib/libtorch_cuda.so"),
+        &p.loader_env(&env),
         None,
         loader::TargetKind::Library,
     )?)
@@ -508,6 +540,7 @@ fn effective_nccl(
                 verdict: "none".into(),
                 loader: "a pip torch's ranks are Python processes, whose torch opens libraries itself; the loader's trace answers for a program. `fdl cluster status --python-witness` imports torch on each worker".into(),
                 model: None,
+                python: false,
             },
             None,
         )),
@@ -642,6 +675,7 @@ fn witnessed_python(
                     verdict: if n.refused() { "refused" } else { "none" }.into(),
                     loader: crate::text::clean(&n.to_string()),
                     model: None,
+                    python: true,
                 },
                 None,
             )
@@ -657,6 +691,7 @@ fn witnessed_python(
         verdict: verdict.word().into(),
         loader: loader.clone(),
         model,
+        python: true,
     };
     match &verdict {
         pywitness::Verdict::Agree { .. } | pywitness::Verdict::Inconclusive => (report(None), None),
@@ -680,6 +715,7 @@ fn witnessed(w: &loader::Which, env: &LoaderEnv) -> (WitnessReport, Option<PathB
                     verdict: if n.refused { "refused" } else { "none" }.into(),
                     loader: n.reason,
                     model: None,
+                    python: false,
                 },
                 None,
             )
@@ -693,6 +729,7 @@ fn witnessed(w: &loader::Which, env: &LoaderEnv) -> (WitnessReport, Option<PathB
                 verdict: "agree".into(),
                 loader: why,
                 model: None,
+                python: false,
             },
             None,
         ),
@@ -701,6 +738,7 @@ fn witnessed(w: &loader::Which, env: &LoaderEnv) -> (WitnessReport, Option<PathB
                 verdict: "disagree".into(),
                 loader,
                 model: Some(model),
+                python: false,
             },
             object,
         ),
@@ -709,6 +747,7 @@ fn witnessed(w: &loader::Which, env: &LoaderEnv) -> (WitnessReport, Option<PathB
                 verdict: "model_unknown".into(),
                 loader,
                 model: None,
+                python: false,
             },
             object,
         ),
@@ -717,6 +756,7 @@ fn witnessed(w: &loader::Which, env: &LoaderEnv) -> (WitnessReport, Option<PathB
                 verdict: "inconclusive".into(),
                 loader: why,
                 model: None,
+                python: false,
             },
             None,
         ),

@@ -1174,6 +1174,7 @@ pub(crate) fn test_worker(
                 libtorch_cuda: facts.file.clone(),
                 nccl: Facts::Known(facts.clone()),
                 bridge: Facts::Unknown("n/a".into()),
+                python: None,
             }),
             effective: Facts::Known(facts),
             coverage: vec![],
