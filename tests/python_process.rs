@@ -689,3 +689,91 @@ fn a_pth_import_line_is_not_run_and_the_witness_catches_what_it_does() {
         "{err}"
     );
 }
+
+/// An interpreter with a DT_RPATH of its own (conda's Python: `$ORIGIN/../lib`): NCCL,
+/// opened by path as torch's ctypes does, inherits the main program's DT_RPATH for its
+/// plugin dlopen, so an env plugin in the interpreter's `lib/` is found. The oracle is a
+/// program with that DT_RPATH that opens the venv's real NCCL by path and runs its
+/// bootstrap (`ncclGetUniqueId`, which loads the env plugin); fdl answers that venv's
+/// Python process the same.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn an_interpreters_own_rpath_reaches_the_plugins_of_its_nccl() {
+    let cached = torch215();
+    let beside = dir_beside(&cached);
+    let venv = venv_copy(&cached, beside.path());
+    // The venv's interpreter, replaced by a program with conda's DT_RPATH that does what
+    // matters here of a Python importing torch: opens NCCL by path, locally.
+    let program = venv.join("bin/python3.11");
+    std::fs::remove_file(&program).unwrap();
+    let src = beside.path().join("interp.c");
+    std::fs::write(
+        &src,
+        r#"#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {
+    void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (!h) { fprintf(stderr, "%s\n", dlerror()); return 2; }
+    int (*id)(void *) = (int (*)(void *))dlsym(h, "ncclGetUniqueId");
+    char buf[256];
+    if (!id || id(buf) != 0) return 3;
+    FILE *m = fopen("/proc/self/maps", "r");
+    char line[4096];
+    while (fgets(line, sizeof line, m))
+        if (strstr(line, "libnccl-env")) { fputs(strchr(line, '/'), stdout); break; }
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new("cc")
+        .arg(&src)
+        .args([
+            "-O1",
+            "-Wl,--disable-new-dtags",
+            "-Wl,-rpath,$ORIGIN/../lib",
+            "-o",
+        ])
+        .arg(&program)
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plugin = env_plugin(&venv.join("lib"));
+    let nccl = venv_nccl(&venv);
+
+    let cwd = tempfile::tempdir().unwrap();
+    let launch = Launch::new(&venv, cwd.path());
+    let mut cmd = std::process::Command::new(&program);
+    cmd.arg(&nccl).current_dir(cwd.path());
+    launch.environ(&mut cmd);
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mapped = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(
+        canon(&mapped),
+        canon(plugin.to_str().unwrap()),
+        "the process maps {mapped:?}"
+    );
+
+    let (_, p) = fdl_json(&launch, &["plugins"]);
+    let env = p["kinds"]
+        .as_array()
+        .and_then(|k| k.iter().find(|k| k["kind"] == "env"))
+        .unwrap_or_else(|| panic!("no env kind: {p}"));
+    assert_eq!(env["verdict"], "loaded", "{p}");
+    assert_eq!(
+        canon(env["path"].as_str().unwrap()),
+        canon(plugin.to_str().unwrap()),
+        "{p}"
+    );
+}

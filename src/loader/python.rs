@@ -803,6 +803,10 @@ pub struct Interpreter {
     pub system_site_packages: bool,
     /// The site directory torch lies in.
     pub site: PathBuf,
+    /// The interpreter's DT_RPATH (when it has no DT_RUNPATH), with its `$ORIGIN`: a
+    /// conda Python's `$ORIGIN/../lib` is searched for every library its process loads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rpath: Option<(Vec<String>, PathBuf)>,
 }
 
 impl Interpreter {
@@ -848,17 +852,37 @@ impl Interpreter {
             }
             None => (false, true, prefix.clone()),
         };
-        let bin = prefix.join("bin");
-        let program = version
-            .map(|(a, b)| bin.join(format!("python{a}.{b}")))
-            .filter(|p| std::fs::symlink_metadata(p).is_ok())
-            .or_else(|| {
-                ["python3", "python"]
-                    .iter()
-                    .map(|n| bin.join(n))
-                    .find(|p| std::fs::symlink_metadata(p).is_ok())
+        // `/usr/local/lib/python3.Y/dist-packages` is the system interpreter's, whose
+        // program is `/usr/bin/python3.Y`.
+        let bins = [
+            Some(prefix.join("bin")),
+            prefix
+                .ends_with("local")
+                .then(|| prefix.parent().map(|p| p.join("bin")))
+                .flatten(),
+        ];
+        let names: Vec<String> = version
+            .map(|(a, b)| format!("python{a}.{b}"))
+            .into_iter()
+            .chain(["python3".to_string(), "python".to_string()])
+            .collect();
+        let program = bins
+            .iter()
+            .flatten()
+            .flat_map(|bin| names.iter().map(move |n| bin.join(n)))
+            .find(|p| std::fs::symlink_metadata(p).is_ok())
+            .unwrap_or_else(|| prefix.join("bin/python3"));
+        // The file the kernel runs: a venv's program links to the base interpreter.
+        let real = program.canonicalize().ok();
+        let rpath = real.as_ref().and_then(|real| {
+            let d = Source::with_file(real, |src| Ok(elf::parse(src)?.dynamic)).ok()?;
+            (d.runpath.is_empty() && !d.rpath.is_empty()).then(|| {
+                (
+                    d.rpath,
+                    real.parent().map(Path::to_path_buf).unwrap_or_default(),
+                )
             })
-            .unwrap_or_else(|| bin.join("python3"));
+        });
         Some(Interpreter {
             program,
             prefix,
@@ -867,6 +891,7 @@ impl Interpreter {
             venv,
             system_site_packages: system_site,
             site: site.to_path_buf(),
+            rpath,
         })
     }
 }
@@ -1183,10 +1208,15 @@ impl PythonProcess {
         self.opened.iter().find(|o| o.wanted.is_nccl())
     }
 
-    /// The loader environment of the process: `env` with torch's ctypes loads.
+    /// The loader environment of the process: `env` with torch's ctypes loads and the
+    /// interpreter's DT_RPATH.
     pub fn loader_env(&self, env: &super::LoaderEnv) -> super::LoaderEnv {
         let mut env = env.clone();
         env.cwd = self.launch.start.clone();
+        if let Some((rpath, origin)) = &self.interpreter.rpath {
+            env.program_rpath = rpath.clone();
+            env.program_origin = Some(origin.clone());
+        }
         env.opened = self
             .opened
             .iter()

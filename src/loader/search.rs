@@ -48,6 +48,11 @@ pub struct LoaderEnv {
     /// scope; a DT_NEEDED name equal to one's soname is answered by it, where the
     /// closure reaches that name (`_dl_map_object` matches loaded objects by soname).
     pub opened: Vec<OpenedFirst>,
+    /// The DT_RPATH of the program the stand-in stands for, with its `$ORIGIN` (a Python
+    /// interpreter's, conda's `$ORIGIN/../lib`): searched for every name the process
+    /// loads or dlopens, as a main program's DT_RPATH is. Empty: a program with none.
+    pub program_rpath: Vec<String>,
+    pub program_origin: Option<PathBuf>,
 }
 
 /// A library the process opened by path before the closure asked about
