@@ -777,3 +777,39 @@ int main(int argc, char **argv) {
         "{p}"
     );
 }
+
+/// torch's fallback: the CUDA wheels installed apart from torch (its `nvidia/` directory
+/// in another sys.path entry, as a purelib/platlib split leaves it), so that
+/// `libtorch_global_deps.so`'s DT_RPATH finds no libcudart and its load fails; torch then
+/// preloads every library of its table from sys.path, NCCL among them, and loads it
+/// again. Both torches take that path (2.8 preloads NCCL only there), and fdl's model,
+/// its witness and the process agree on the NCCL in the other entry.
+#[test]
+#[ignore = "needs the torch venvs: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn cuda_wheels_apart_from_torch_take_its_fallback_preloads() {
+    for (venv, version) in [
+        (torch215(), "2.15.0+cu132"),
+        (oracle_input("FDL_TEST_TORCH_VENV_28"), "2.8.0+cu128"),
+    ] {
+        let beside = dir_beside(&venv);
+        let copy = venv_copy(&venv, beside.path());
+        let apart = beside.path().join("platlib");
+        std::fs::create_dir_all(&apart).unwrap();
+        std::fs::rename(site_packages(&copy).join("nvidia"), apart.join("nvidia")).unwrap();
+        let nccl = s(&apart.join("nvidia/nccl/lib/libnccl.so.2"));
+        let cwd = tempfile::tempdir().unwrap();
+        let truth = probe(
+            &format!("torch {version}, CUDA wheels on PYTHONPATH"),
+            Launch::new(&copy, cwd.path()).set("PYTHONPATH", &apart),
+        );
+        assert_healthy(&truth, version);
+        assert_eq!(canon(truth.reached()), canon(&nccl), "{truth}");
+        // Without that entry, the fallback finds nothing and the import fails; fdl says
+        // so rather than naming an NCCL.
+        let truth = probe(
+            &format!("torch {version}, CUDA wheels nowhere on sys.path"),
+            Launch::new(&copy, cwd.path()),
+        );
+        assert!(truth.import_error.is_some(), "{truth}");
+    }
+}
