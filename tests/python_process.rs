@@ -614,6 +614,19 @@ fn a_workers_report_answers_for_its_python_ranks() {
         let r = fdl(&asked);
         assert_eq!(r["witness"]["verdict"], "agree", "{r}");
         assert_eq!(r["witness"]["python"], true, "{r}");
+        // Asked for a program linking it: the loader's DT_RPATH answer, PYTHONPATH or not,
+        // and its loader as the witness.
+        let mut program = plain.clone();
+        program.extend(["--process", "program"]);
+        let rp = fdl(&program);
+        assert_eq!(
+            canon(rp["effective"]["known"]["file"].as_str().unwrap()),
+            canon(&venv_nccl(&venv)),
+            "{rp}"
+        );
+        assert!(rp["libtorch"]["known"].get("python").is_none(), "{rp}");
+        assert_eq!(rp["witness"]["verdict"], "agree", "{rp}");
+        assert!(rp["witness"].get("python").is_none(), "{rp}");
         assert_eq!(
             canon(r["effective"]["known"]["file"].as_str().unwrap()),
             canon(&nccl),

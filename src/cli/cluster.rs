@@ -39,6 +39,10 @@ pub enum ClusterCommand {
         /// and read which NCCL the calls reach (seconds and ~0.5 GB per worker)
         #[arg(long, conflicts_with = "no_witness")]
         python_witness: bool,
+        /// Answer every worker for this kind of process (default: each variant's own:
+        /// python for a pip torch, program for any other)
+        #[arg(long, value_enum)]
+        process: Option<super::inspect::ProcessArg>,
     },
     /// The one NCCL build for the whole cluster (the tag of the highest libtorch NCCL, the
     /// union of every worker's GPUs, a CUDA every driver runs), printed as `nccl build
@@ -166,6 +170,9 @@ pub enum ClusterCommand {
         /// For a pip torch, also run its interpreter importing torch
         #[arg(long)]
         python_witness: bool,
+        /// Answer for this kind of process (default: the variant's)
+        #[arg(long, value_enum)]
+        process: Option<super::inspect::ProcessArg>,
         /// NAME=VALUE: a variable the worker's env: block sets that the loader, NCCL's
         /// plugin search or a Python rank's sys.path reads (LD_LIBRARY_PATH,
         /// NCCL_<KIND>_PLUGIN, PYTHONPATH, …); repeatable
@@ -325,6 +332,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             ld_preload,
             no_witness,
             python_witness,
+            process,
             env,
             json: _,
         } => {
@@ -334,6 +342,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
                 ld_preload,
                 witness: !no_witness,
                 python_witness,
+                process: process.map(super::inspect::ProcessArg::kind),
                 env,
             });
             // The report's own schema, which the controller checks.
@@ -360,13 +369,18 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             json,
             no_witness,
             python_witness,
+            process,
         } => {
             let witness = match (no_witness, python_witness) {
                 (true, _) => status::Witnesses::None,
                 (false, false) => status::Witnesses::Loader,
                 (false, true) => status::Witnesses::LoaderAndPython,
             };
-            status_cmd(project, &common, json, witness)
+            let asked = status::Asked {
+                witness,
+                process: process.map(super::inspect::ProcessArg::kind),
+            };
+            status_cmd(project, &common, json, asked)
         }
         ClusterCommand::Ship {
             build,
@@ -435,12 +449,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
 
 /// Every worker's report, one progress line per host as each answers (on a terminal).
 /// Every worker's report; `witness`: each asks its own loader too (status's default).
-fn reports(
-    reach: &Reach,
-    common: &Common,
-    quiet: bool,
-    witness: status::Witnesses,
-) -> Vec<WorkerStatus> {
+fn reports(reach: &Reach, common: &Common, quiet: bool, asked: status::Asked) -> Vec<WorkerStatus> {
     let live = !quiet && std::io::stderr().is_terminal();
     let done = |w: &WorkerStatus| {
         if live {
@@ -458,7 +467,7 @@ fn reports(
         reach.transport.as_ref(),
         &reach.own,
         Duration::from_secs(common.timeout.max(1)),
-        witness,
+        asked,
         &done,
     )
 }
@@ -469,20 +478,15 @@ fn build_cmd(project: &Project, common: &Common, build: super::build::BuildArgs)
         &reach,
         common,
         build.json || build.quiet,
-        status::Witnesses::None,
+        status::Asked::PLAIN,
     );
     let infer = |flags| crate::cluster::plan::infer(&workers, flags);
     super::build::run_inferred(project, build, &infer)
 }
 
-fn status_cmd(
-    project: &Project,
-    common: &Common,
-    json: bool,
-    witness: status::Witnesses,
-) -> Result<()> {
+fn status_cmd(project: &Project, common: &Common, json: bool, asked: status::Asked) -> Result<()> {
     let reach = common.reach(project)?;
-    let workers = reports(&reach, common, json, witness);
+    let workers = reports(&reach, common, json, asked);
     let verdicts = status::verdicts(&workers);
     let red: Vec<&str> = verdicts
         .iter()
@@ -733,7 +737,7 @@ fn env_cmd(
             &reach,
             common,
             matches!(format, EnvFormat::Json),
-            status::Witnesses::None,
+            status::Asked::PLAIN,
         ))
     };
     let choice = super::manage::pick_build(project, &store, build, &wiring, &hosts)?;
@@ -900,7 +904,7 @@ fn ship_cmd(
         make: "fdl cluster build",
         this: "fdl cluster ship",
     };
-    let hosts = || status::pick_hosts(&reports(&reach, common, json, status::Witnesses::None));
+    let hosts = || status::pick_hosts(&reports(&reach, common, json, status::Asked::PLAIN));
     let choice = super::manage::pick_build(project, &store, build, &wiring, &hosts)?;
     super::manage::announce(&choice);
     let name = choice.build.clone();

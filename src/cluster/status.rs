@@ -358,12 +358,21 @@ fn blank_status(w: &Worker) -> WorkerStatus {
     }
 }
 
-fn self_script_args(w: &Worker, witness: Witnesses) -> Vec<String> {
+fn self_script_args(w: &Worker, asked: Asked) -> Vec<String> {
     let mut args: Vec<String> = vec!["cluster".into(), "self".into(), "--json".into()];
-    match witness {
+    match asked.witness {
         Witnesses::None => args.push("--no-witness".into()),
         Witnesses::Loader => {}
         Witnesses::LoaderAndPython => args.push("--python-witness".into()),
+    }
+    match asked.process {
+        Some(crate::loader::python::ProcessKind::Python) => {
+            args.extend(["--process".into(), "python".into()])
+        }
+        Some(crate::loader::python::ProcessKind::Program) => {
+            args.extend(["--process".into(), "program".into()])
+        }
+        None => {}
     }
     if let Some(arch) = &w.arch {
         args.extend(["--arch".into(), arch.clone()]);
@@ -592,6 +601,22 @@ fn version_at_least(have: &str, need: &str) -> bool {
     parse(have) >= parse(need)
 }
 
+/// What each worker's report is asked for: its witnesses, and which kind of process its
+/// libtorch is answered for (`None`: its variant's: Python for a pip torch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asked {
+    pub witness: Witnesses,
+    pub process: Option<crate::loader::python::ProcessKind>,
+}
+
+impl Asked {
+    /// The variant's process, with no witness (plan, build, env).
+    pub const PLAIN: Asked = Asked {
+        witness: Witnesses::None,
+        process: None,
+    };
+}
+
 /// Which witnesses each worker asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Witnesses {
@@ -609,7 +634,7 @@ pub fn query_all(
     t: &dyn Transport,
     own: &OwnBinary,
     timeout: Duration,
-    witness: Witnesses,
+    asked: Asked,
     on_done: &(dyn Fn(&WorkerStatus) + Sync),
 ) -> Vec<WorkerStatus> {
     let parse = |out: &std::process::Output| {
@@ -620,7 +645,7 @@ pub fn query_all(
             Err(_) => Err(format!("its fdl gave no report ({})", last_error(out))),
         }
     };
-    let args = |w: &Worker| self_script_args(w, witness);
+    let args = |w: &Worker| self_script_args(w, asked);
     run_fdl_all(t, workers, own, &args, timeout, &parse)
         .into_iter()
         .zip(workers)
