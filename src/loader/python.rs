@@ -1267,7 +1267,7 @@ fn first_match(
     for entry in &sys_path.entries {
         let mut found: Vec<PathBuf> = Vec::new();
         for place in places {
-            let mut dir = entry_as_given(entry, cwd);
+            let mut dir = entry_as_given(entry);
             let mut ok = true;
             for seg in place {
                 match seg {
@@ -1315,7 +1315,7 @@ fn first_match(
 
 /// The entry as Python holds it: the start directory of `python -c` is `''`, so the paths
 /// torch builds from it are relative.
-fn entry_as_given(entry: &Entry, _cwd: &Path) -> PathBuf {
+fn entry_as_given(entry: &Entry) -> PathBuf {
     match entry.from {
         EntryFrom::Start => PathBuf::new(),
         _ => entry.path.clone(),
