@@ -736,6 +736,29 @@ impl ProcessArg {
     }
 }
 
+/// Which process `detect` and `plugins` answer for.
+#[derive(Debug, clap::Args)]
+pub struct ProcessFlags {
+    /// Answer for this kind of process. Default: python for a pip torch (its
+    /// site-packages/torch), program for any other libtorch
+    #[arg(long, value_enum)]
+    process: Option<ProcessArg>,
+    /// The directory a Python process starts in (`python -c`/`-m`: its working directory,
+    /// the first sys.path entry; `python script.py`: the script's). Default: this one,
+    /// said as an assumption
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+}
+
+impl ProcessFlags {
+    pub(in crate::cli) fn opts(&self) -> ProcessOpts<'_> {
+        ProcessOpts {
+            process: self.process,
+            cwd: self.cwd.as_deref(),
+        }
+    }
+}
+
 /// The process options of `detect` and `plugins`.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct ProcessOpts<'a> {

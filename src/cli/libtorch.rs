@@ -66,7 +66,7 @@ as precompiled/NAME. Nothing is copied: the variant links to PATH, and its .arch
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        process: super::ProcessFlags,
+        process: super::inspect::ProcessFlags,
     },
 }
 

@@ -124,29 +124,6 @@ pub enum Command {
     },
 }
 
-/// Which process `detect` and `plugins` answer for.
-#[derive(Debug, clap::Args)]
-pub struct ProcessFlags {
-    /// Answer for this kind of process. Default: python for a pip torch (its
-    /// site-packages/torch), program for any other libtorch
-    #[arg(long, value_enum)]
-    process: Option<inspect::ProcessArg>,
-    /// The directory a Python process starts in (`python -c`/`-m`: its working directory,
-    /// the first sys.path entry; `python script.py`: the script's). Default: this one,
-    /// said as an assumption
-    #[arg(long, value_name = "DIR")]
-    cwd: Option<PathBuf>,
-}
-
-impl ProcessFlags {
-    pub(in crate::cli) fn opts(&self) -> inspect::ProcessOpts<'_> {
-        inspect::ProcessOpts {
-            process: self.process,
-            cwd: self.cwd.as_deref(),
-        }
-    }
-}
-
 #[derive(Debug, Subcommand)]
 pub enum NcclCommand {
     /// Build libnccl.so.2 from NVIDIA's source for exactly the GPUs of this rig
@@ -189,7 +166,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
         #[arg(long, short)]
         verbose: bool,
         #[command(flatten)]
-        process: ProcessFlags,
+        process: inspect::ProcessFlags,
     },
     /// Which plugins (net, tuner, profiler, env, gin, rma) the process's NCCL would dlopen,
     /// where the loader finds them, and whether their entry versions fit this NCCL
@@ -204,7 +181,7 @@ Without --tag the version is read from the active libtorch; without --archs the 
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        process: ProcessFlags,
+        process: inspect::ProcessFlags,
     },
     /// Check builds: layout, versions, manifest, SASS per arch and GPU, and that it loads
     #[command(

@@ -1077,7 +1077,7 @@ impl PythonProcess {
     pub fn model(
         torch_dir: &Path,
         launch: Launch,
-        env: &super::LoaderEnv,
+        env: &super::search::LoaderEnv,
     ) -> Result<Option<PythonProcess>> {
         let Some(interpreter) = Interpreter::of_torch(torch_dir) else {
             return Ok(None);
@@ -1131,7 +1131,7 @@ impl PythonProcess {
         let mut genv = env.clone();
         genv.cwd = p.launch.start.clone();
         genv.opened.clear();
-        let map = super::map::load_as(&deps, &genv, super::TargetKind::Library)?;
+        let map = super::map::load_as(&deps, &genv, super::map::TargetKind::Library)?;
         let preloads = if map.failures.is_empty() {
             let holds = normal.if_mapped.as_ref().is_none_or(|needle| {
                 map.objects.iter().any(|o| {
@@ -1210,7 +1210,7 @@ impl PythonProcess {
 
     /// The loader environment of the process: `env` with torch's ctypes loads and the
     /// interpreter's DT_RPATH.
-    pub fn loader_env(&self, env: &super::LoaderEnv) -> super::LoaderEnv {
+    pub fn loader_env(&self, env: &super::search::LoaderEnv) -> super::search::LoaderEnv {
         let mut env = env.clone();
         env.cwd = self.launch.start.clone();
         if let Some((rpath, origin)) = &self.interpreter.rpath {
