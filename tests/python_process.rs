@@ -91,13 +91,8 @@ fn canon(p: &str) -> PathBuf {
 }
 
 fn fdl_agrees(case: &str, launch: &Launch, truth: &ProcessTruth) {
-    let schema = |name: &str| -> serde_json::Value {
-        let p =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("docs/schemas/{name}.schema.json"));
-        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-    };
     let conforms = |name: &str, v: &serde_json::Value| {
-        let errors = common::schema::validate(&schema(name), v);
+        let errors = common::schema::validate_against(name, v);
         assert!(errors.is_empty(), "{case}: {name}: {errors:?}\n{v}");
     };
     let (ok, v) = fdl_json(launch, &["detect"]);
@@ -439,14 +434,9 @@ fn a_pip_variant_is_answered_for_the_python_process() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    let schema = |name: &str| -> serde_json::Value {
-        let p =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("docs/schemas/{name}.schema.json"));
-        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-    };
     let json = |name: &str, out: &str| -> serde_json::Value {
         let v: serde_json::Value = serde_json::from_str(out).unwrap();
-        let errors = common::schema::validate(&schema(name), &v);
+        let errors = common::schema::validate_against(name, &v);
         assert!(errors.is_empty(), "{name}: {errors:?}\n{v}");
         v
     };

@@ -340,7 +340,7 @@ fn libtorch_facts(q: &SelfQuery) -> anyhow::Result<LibtorchFacts> {
         anyhow::bail!("libtorch variant {}: {why}", variant.name);
     }
     let lib = variant.libtorch_cuda();
-    let pip = pip_torch_for(&variant, q.process)?;
+    let pip = variant.python_torch(q.process)?;
     let nccl = Facts::from(nccl_of(&lib, pip.as_deref()));
     let bridge = Facts::from(bridge(&lib));
     let python = pip
@@ -612,24 +612,6 @@ fn effective_nccl(
     }
 }
 
-/// The pip torch a Python rank imports, when the report answers for Python: the variant's
-/// kind, or the one asked for (`--process`).
-fn pip_torch_for(
-    variant: &crate::libtorch::Variant,
-    process: Option<loader::python::ProcessKind>,
-) -> anyhow::Result<Option<PathBuf>> {
-    use loader::python::ProcessKind;
-    match (process, variant.pip_torch()) {
-        (Some(ProcessKind::Program), _) => Ok(None),
-        (_, Some(t)) => Ok(Some(t)),
-        (Some(ProcessKind::Python), None) => anyhow::bail!(
-            "--process python: libtorch variant {} is not a pip torch (site-packages/torch with its __init__.py), so no Python rank imports it as torch",
-            variant.name
-        ),
-        (None, None) => Ok(None),
-    }
-}
-
 /// The Python process a rank of this worker's variant is, when the variant is a pip torch:
 /// started in the checkout, with the env: block's `PYTHONPATH` (else this process's).
 fn python_process(
@@ -644,7 +626,7 @@ fn python_process(
         name: lt.variant.clone(),
         dir: dir.to_path_buf(),
     };
-    let Some(torch) = pip_torch_for(&variant, q.process)? else {
+    let Some(torch) = variant.python_torch(q.process)? else {
         return Ok(None);
     };
     let mut launch = loader::python::Launch::from_env(Some(q.root.clone()));

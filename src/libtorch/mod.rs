@@ -95,6 +95,25 @@ impl Variant {
         is_pip_torch(&source).then_some(source)
     }
 
+    /// The pip torch a Python process imports when answers are for `process` (`None`: the
+    /// variant's own kind): `None` for a program; an error when Python is asked of a
+    /// libtorch no interpreter imports.
+    pub fn python_torch(
+        &self,
+        process: Option<crate::loader::python::ProcessKind>,
+    ) -> Result<Option<PathBuf>> {
+        use crate::loader::python::ProcessKind;
+        match (process, self.pip_torch()) {
+            (Some(ProcessKind::Program), _) => Ok(None),
+            (_, Some(t)) => Ok(Some(t)),
+            (Some(ProcessKind::Python), None) => bail!(
+                "--process python: libtorch variant {} is not a pip torch (site-packages/torch with its __init__.py), so no Python process imports it as torch; leave out --process",
+                self.name
+            ),
+            (None, None) => Ok(None),
+        }
+    }
+
     pub fn arch_metadata(&self) -> Result<BTreeMap<String, String>> {
         let path = self.dir.join(".arch");
         Ok(crate::fsread::read_text_if_present(&path, ARCH_MAX)?

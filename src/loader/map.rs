@@ -252,7 +252,8 @@ pub enum Dlopened {
     },
 }
 
-fn search_id(p: &Path) -> Option<(u64, u64)> {
+/// `(dev, ino)` of the file `p` names (links followed, as the loader's `open` does).
+pub(crate) fn search_id(p: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
 }

@@ -992,6 +992,7 @@ fn add_pth(dir: &Path, entries: &mut Vec<Entry>, imports: &mut Vec<PathBuf>) {
     };
     let mut names: Vec<_> = rd
         .flatten()
+        .take(1 << 16)
         .map(|e| e.file_name())
         .filter(|n| {
             let n = n.to_string_lossy();
@@ -1295,10 +1296,10 @@ fn first_match(
             found.extend(names.into_iter().map(|n| dir.join(n)));
         }
         if let Some(first) = found.first() {
-            let first_id = file_id(&cwd.join(first));
+            let first_id = super::map::search_id(&cwd.join(first));
             if found[1..]
                 .iter()
-                .any(|f| file_id(&cwd.join(f)) != first_id || first_id.is_none())
+                .any(|f| super::map::search_id(&cwd.join(f)) != first_id || first_id.is_none())
             {
                 return Err(format!(
                     "{} matches {} files under sys.path entry {}, and torch takes the first its glob returns, in the directory's order",
@@ -1320,11 +1321,6 @@ fn entry_as_given(entry: &Entry) -> PathBuf {
         EntryFrom::Start => PathBuf::new(),
         _ => entry.path.clone(),
     }
-}
-
-fn file_id(p: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
 }
 
 #[cfg(test)]

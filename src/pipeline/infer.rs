@@ -325,17 +325,8 @@ fn infer_tag(
     // libnccl.so.2, or the version the wheel's metadata pins when that is not installed.
     // For the process that runs it: a pip torch's is Python's, whose torch may open an
     // NCCL itself first, unless a program is asked about.
-    let pip_torch = variant.pip_torch();
-    let python = match (process, &pip_torch) {
-        (Some(ProcessKind::Program), _) => None,
-        (_, Some(t)) => Some(t.clone()),
-        (Some(ProcessKind::Python), None) => bail!(
-            "--process python: the active libtorch '{}' is not a pip torch (site-packages/torch with its __init__.py), so no Python process imports it as torch; leave out --process",
-            variant.name
-        ),
-        (None, None) => None,
-    };
-    let process = pip_torch.is_some().then(|| {
+    let python = variant.python_torch(process)?;
+    let process = variant.pip_torch().is_some().then(|| {
         if python.is_some() {
             ProcessKind::Python
         } else {

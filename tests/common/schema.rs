@@ -5,6 +5,14 @@
 
 use serde_json::Value;
 
+/// Every way `v` breaks `docs/schemas/<name>.schema.json`.
+pub fn validate_against(name: &str, v: &Value) -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("docs/schemas/{name}.schema.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    validate(&serde_json::from_str(&text).unwrap(), v)
+}
+
 /// Every way `v` breaks `schema`, each as `path: what`; empty when it conforms.
 pub fn validate(schema: &Value, v: &Value) -> Vec<String> {
     let mut errors = Vec::new();
