@@ -166,7 +166,12 @@ fn exported_nccl_symbols_in(src: &Source<'_>) -> Result<Vec<String>> {
 /// objects, not functions), which NCCL looks up with `dlsym`. A file without dynamic
 /// symbols exports none.
 pub fn exported_with_prefixes(path: &Path, prefixes: &[&str]) -> Result<BTreeSet<String>> {
-    Source::with_file(path, |src| {
+    Source::with_file(path, |src| exported_with_prefixes_in(src, prefixes))
+}
+
+/// [`exported_with_prefixes`] of a file already open.
+pub fn exported_with_prefixes_in(src: &Source<'_>, prefixes: &[&str]) -> Result<BTreeSet<String>> {
+    {
         let Some(t) = tables_if_dynamic(src)? else {
             return Ok(BTreeSet::new());
         };
@@ -194,7 +199,7 @@ pub fn exported_with_prefixes(path: &Path, prefixes: &[&str]) -> Result<BTreeSet
         }
         src.check_len()?;
         Ok(out)
-    })
+    }
 }
 
 /// The file has no dynamic table or no dynamic symbol table: it exports and imports
@@ -502,7 +507,12 @@ pub fn imports(path: &Path, name: &str) -> Result<bool> {
 /// The `nccl*` functions the object at `path` imports (undefined `.dynsym` functions):
 /// the calls it makes that bind by scope. Reads `.dynsym` alone.
 pub fn imported_nccl(path: &Path) -> Result<BTreeSet<String>> {
-    Source::with_file(path, |src| {
+    Source::with_file(path, imported_nccl_in)
+}
+
+/// [`imported_nccl`] of a file already open.
+pub fn imported_nccl_in(src: &Source<'_>) -> Result<BTreeSet<String>> {
+    {
         let Some(t) = tables_if_dynamic(src)? else {
             return Ok(BTreeSet::new());
         };
@@ -531,7 +541,7 @@ pub fn imported_nccl(path: &Path) -> Result<BTreeSet<String>> {
         }
         src.check_len()?;
         Ok(out)
-    })
+    }
 }
 
 fn imports_in(src: &Source<'_>, name: &str) -> Result<bool> {

@@ -457,7 +457,9 @@ pub fn find_nccl_self_id(path: &Path) -> Result<Option<SelfId>> {
     Source::with_file(path, |src| find_nccl_self_id_in(src, path))
 }
 
-fn find_nccl_self_id_in(src: &Source<'_>, path: &Path) -> Result<Option<SelfId>> {
+/// [`find_nccl_self_id`] on a file already open (a caller that must check which file it
+/// read, by [`Source::file_id`], before it trusts the answer).
+pub fn find_nccl_self_id_in(src: &Source<'_>, path: &Path) -> Result<Option<SelfId>> {
     if src.is_empty() {
         return Ok(None);
     }

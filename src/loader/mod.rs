@@ -17,8 +17,10 @@ pub mod map;
 pub mod pin;
 pub mod plugins;
 pub mod preload;
+pub mod procmaps;
 pub mod python;
 pub mod pywitness;
+pub mod running;
 pub mod search;
 pub mod witness;
 
