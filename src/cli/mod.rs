@@ -29,6 +29,7 @@ mod gpus;
 mod inspect;
 mod libtorch;
 mod manage;
+mod ps;
 mod store;
 
 use crate::docker::EMBEDDED_DOCKERFILE;
@@ -115,6 +116,11 @@ pub enum Command {
         after_help = "Examples:\n  fdl store list\n  fdl store gc --yes"
     )]
     Store(store::StoreCommand),
+    /// The running processes of this user that map an NCCL: which file each one's calls
+    /// reach, its rank, plugins and NCCL_* settings, read from /proc (exit 1 when ranks
+    /// differ)
+    #[command(after_help = "Examples:\n  fdl ps\n  fdl ps --pid 4242 --json")]
+    Ps(ps::PsArgs),
     /// Show the local GPUs (from nvidia-smi)
     #[command(after_help = "Example:\n  fdl gpus --json")]
     Gpus {
@@ -256,6 +262,7 @@ impl Command {
             | Command::ProbeNccl { .. }
             | Command::Completions { .. }
             | Command::Store(_)
+            | Command::Ps(_)
             | Command::Gpus { .. } => false,
         }
     }
@@ -278,6 +285,7 @@ impl Command {
             Command::Libtorch(l) => l.wants_json(),
             Command::Cluster(c) => c.wants_json(),
             Command::Store(s) => s.wants_json(),
+            Command::Ps(a) => a.json,
             Command::ProbeNccl { .. } | Command::Completions { .. } => false,
         }
     }
@@ -448,6 +456,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             Ok(())
         }
         Command::Gpus { json } => gpus::run(json),
+        Command::Ps(args) => ps::run(project, args),
     }
 }
 

@@ -269,6 +269,25 @@ impl Reach {
 }
 
 impl Evidence {
+    /// The whole sentence: what was read, and why memory did not answer when it did not.
+    pub fn long(&self) -> String {
+        match self {
+            Evidence::Memory {
+                caller,
+                slots,
+                bound,
+            } => format!(
+                "its GOT, read from memory: {bound} of the {slots} nccl* slots of {} are bound there",
+                file_name(caller)
+            ),
+            Evidence::Model { memory, .. } => format!(
+                "{}; memory did not answer: {}",
+                self.short(),
+                crate::text::clean(memory)
+            ),
+        }
+    }
+
     /// A few words: "read from memory (GOT of libtorch_cuda.so)" or "the loader's rules
     /// (…): memory …".
     pub fn short(&self) -> String {
@@ -285,6 +304,177 @@ impl Evidence {
                 Rule::OnlyOne => "the loader's rules: the only NCCL it maps".to_string(),
             },
         }
+    }
+}
+
+impl MappedNccl {
+    /// "NCCL 2.27.5 (CUDA 12.9)", or "an NCCL of unknown version".
+    pub fn version_words(&self) -> String {
+        match (&self.version, &self.cuda) {
+            (Some(v), Some(c)) => format!("NCCL {v} (CUDA {c})"),
+            (Some(v), None) => format!("NCCL {v}"),
+            _ => "an NCCL of unknown version".to_string(),
+        }
+    }
+
+    /// What is notable, after the version: digest, build, preload and disk state.
+    pub fn tags(&self) -> String {
+        let mut s = String::new();
+        if self.kind == NcclKind::InLibtorch {
+            s.push_str("  (linked into libtorch_cuda.so)");
+        }
+        if let Some(d) = &self.blake3 {
+            s.push_str(&format!("  blake3 {}…", &d[..d.len().min(12)]));
+        }
+        if let Some(b) = &self.build {
+            s.push_str(&format!("  fdl build {}", crate::text::clean(b)));
+        }
+        if self.preloaded {
+            s.push_str("  [LD_PRELOAD]");
+        }
+        if self.disk != Disk::Same {
+            s.push_str(&format!("  [{}]", self.disk.word()));
+        }
+        if let Some(u) = &self.unread {
+            s.push_str(&format!("  (unread: {})", crate::text::clean(u)));
+        }
+        s
+    }
+
+    /// Version and tags, then the path: two lines.
+    pub fn lines(&self) -> [String; 2] {
+        [
+            format!("{}{}", self.version_words(), self.tags()),
+            crate::text::shown(&self.path),
+        ]
+    }
+}
+
+impl Process {
+    /// "rank 3 (RANK), local 1 (LOCAL_RANK)", or "no rank".
+    pub fn rank_words(&self) -> String {
+        match (&self.rank, &self.local_rank) {
+            (Some(r), Some(l)) => format!(
+                "rank {} ({}), local {} ({})",
+                r.value, r.variable, l.value, l.variable
+            ),
+            (Some(r), None) => format!("rank {} ({})", r.value, r.variable),
+            (None, Some(l)) => format!("local rank {} ({})", l.value, l.variable),
+            (None, None) => "no rank".to_string(),
+        }
+    }
+
+    /// What the calls reach, in a few words: "NCCL 2.27.5 libnccl.so.2 (memory)".
+    pub fn reach_short(&self) -> String {
+        match &self.reach {
+            Reach::One { target, evidence } => {
+                let how = match evidence {
+                    Evidence::Memory { .. } => "memory",
+                    Evidence::Model { .. } => "model",
+                };
+                match target.nccl.and_then(|i| self.nccl.get(i)) {
+                    Some(n) => format!("{} {} ({how})", n.version_words(), file_name(&n.path)),
+                    None => format!("{} (no NCCL: it interposes nccl*; {how})", file_name(&target.path)),
+                }
+            }
+            Reach::Split { targets, .. } => format!(
+                "SPLIT across {}",
+                targets
+                    .iter()
+                    .map(|(t, n)| format!("{} ×{n}", file_name(&t.path)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Reach::NoNccl => "maps no NCCL".to_string(),
+            Reach::Unknown { .. } => "unknown".to_string(),
+        }
+    }
+
+    /// The short rendering: one line.
+    pub fn short(&self) -> String {
+        format!(
+            "pid {}  {}  {}  {}",
+            self.pid,
+            self.rank_words(),
+            self.reach_short(),
+            crate::text::fit(&self.command, 40).0
+        )
+    }
+
+    /// The full rendering: a header line, then `(label, text)` rows.
+    pub fn full(&self) -> (String, Vec<(&'static str, String)>) {
+        let head = format!(
+            "pid {}  {}  {}",
+            self.pid,
+            self.rank_words(),
+            crate::text::fit(&self.command, 60).0
+        );
+        let mut rows = Vec::new();
+        let reached = self.reach.nccl();
+        match &self.reach {
+            Reach::One { target, evidence } => {
+                match target.nccl.and_then(|i| self.nccl.get(i)) {
+                    Some(n) => {
+                        let [head, path] = n.lines();
+                        rows.push(("calls reach", head));
+                        rows.push(("", path));
+                    }
+                    None => rows.push((
+                        "calls reach",
+                        format!(
+                            "{}, which is no NCCL: it interposes the nccl* calls",
+                            crate::text::shown(&target.path)
+                        ),
+                    )),
+                }
+                rows.push(("by", evidence.long()));
+            }
+            Reach::Split { targets, evidence } => {
+                for (t, n) in targets {
+                    let what = match t.nccl.and_then(|i| self.nccl.get(i)) {
+                        Some(x) => x.version_words(),
+                        None => "no NCCL".to_string(),
+                    };
+                    rows.push(("SPLIT", format!("{n} slots → {what}")));
+                    rows.push(("", crate::text::shown(&t.path)));
+                }
+                rows.push(("by", evidence.long()));
+            }
+            Reach::NoNccl => rows.push(("calls reach", "no NCCL: it maps none".to_string())),
+            Reach::Unknown { reason } => {
+                rows.push(("calls reach", format!("unknown: {}", crate::text::clean(reason))))
+            }
+        }
+        for (i, n) in self.nccl.iter().enumerate() {
+            if Some(i) != reached {
+                let [head, path] = n.lines();
+                rows.push(("also maps", head));
+                rows.push(("", path));
+            }
+        }
+        if !self.plugins.is_empty() {
+            let p: Vec<String> = self
+                .plugins
+                .iter()
+                .map(|p| format!("{} ({})", crate::text::shown(&p.path), p.kinds.join(", ")))
+                .collect();
+            rows.push(("plugins", p.join("; ")));
+        }
+        if !self.settings.is_empty() {
+            let s: Vec<String> = self
+                .settings
+                .iter()
+                .map(|s| format!("{}={}", s.name, s.value))
+                .collect();
+            rows.push(("NCCL_*", s.join(" ")));
+        }
+        if let Some(p) = &self.ld_preload {
+            rows.push(("LD_PRELOAD", p.clone()));
+        }
+        if let Some(e) = &self.environment_unread {
+            rows.push(("environment", format!("unread: {}", crate::text::clean(e))));
+        }
+        (head, rows)
     }
 }
 
@@ -572,7 +762,12 @@ fn read_process(
                 kinds: facts.plugin_kinds.clone(),
             });
         }
-        if facts.imports_nccl || holds_nccl {
+        // The callers: objects that import nccl*, and a libtorch_cuda.so with NCCL
+        // linked in (its calls go through its own slots). An NCCL library's slots are its
+        // internal calls, not the program's.
+        if (facts.imports_nccl && !named(m, "libnccl.so"))
+            || (holds_nccl && !named(m, "libnccl.so"))
+        {
             callers.push((m, facts));
         }
     }
