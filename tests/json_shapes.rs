@@ -92,6 +92,11 @@ fn every_json_output_matches_its_documented_schema() {
     let lib = lib.to_str().unwrap();
     let torch_dir = lib.trim_end_matches("/lib/libtorch_cuda.so");
 
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    let sleeper_pid = sleeper.id().to_string();
     let runs: Vec<(&str, Vec<&str>)> = vec![
         ("fdl gpus --json", vec!["gpus", "--json"]),
         ("fdl inspect --json", vec!["inspect", lib, "--json"]),
@@ -158,6 +163,8 @@ fn every_json_output_matches_its_documented_schema() {
         ),
         // After the native build above, which added its entry.
         ("fdl store list --json", vec!["store", "list", "--json"]),
+        // A process of this test's own: other tests' processes are not this test's.
+        ("fdl ps --json", vec!["ps", "--pid", &sleeper_pid, "--json"]),
     ];
     let mut seen = BTreeSet::new();
     for (command, args) in runs {
@@ -202,6 +209,8 @@ fn every_json_output_matches_its_documented_schema() {
         );
         seen.insert(command.to_string());
     }
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
     let untested: Vec<&String> = doc.keys().filter(|c| !seen.contains(*c)).collect();
     assert!(
         untested.is_empty(),
@@ -224,6 +233,8 @@ fn json_errors_empty_answers_and_list_contents() {
         vec!["nccl", "verify", "nope", "--json"],
         vec!["libtorch", "info", "--json"],
         vec!["inspect", "/nonexistent", "--json"],
+        // No such process (pids never reach u32::MAX).
+        vec!["ps", "--pid", "4294967294", "--json"],
     ] {
         let out = f.fdl().args(&args).output().unwrap();
         assert!(!out.status.success(), "{args:?}");

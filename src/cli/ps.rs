@@ -2,10 +2,10 @@
 //! one's calls reach and on what evidence ([`crate::loader::running`]), and whether the
 //! ranks among them agree. The files are matched to this project's builds by digest.
 
-use super::common::{print_json, Undecided};
+use super::common::{print_json, JsonReported, Undecided};
 use crate::loader::running::{self, Process, Scan};
 use crate::project::Project;
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -121,23 +121,12 @@ pub(super) fn run(project: &Project, args: PsArgs) -> Result<()> {
         no_memory: args.no_memory,
     });
     name_builds(project, &mut scan);
-    let verdict = agreement(&scan.processes);
-    if args.json {
-        print_json(&json!({
-            "looked_at": scan.looked_at,
-            "processes": scan.processes,
-            "refused": scan.refused,
-            "ranks": verdict,
-        }));
-    } else {
-        render(&scan, &verdict, args.short, &args.pids);
-    }
     // Asked-for processes that /proc refused: the answer the user wanted is missing.
     if !args.pids.is_empty() && scan.processes.is_empty() {
         let why: Vec<String> = scan
             .refused
             .iter()
-            .map(|r| format!("process {}: {}", r.pid, r.reason))
+            .map(|r| format!("process {}: {}", r.pid, crate::text::clean(&r.reason)))
             .collect();
         bail!(
             "fdl could not read {}: {}",
@@ -149,10 +138,24 @@ pub(super) fn run(project: &Project, args: PsArgs) -> Result<()> {
             why.join("; ")
         );
     }
+    let verdict = agreement(&scan.processes);
+    if args.json {
+        print_json(&json!({
+            "looked_at": scan.looked_at,
+            "processes": scan.processes,
+            "refused": scan.refused,
+            "ranks": verdict,
+        }));
+    } else {
+        render(&scan, &verdict, args.short, &args.pids);
+    }
     match verdict {
-        Agreement::Differ { .. } => bail!(
-            "the ranked processes reach different NCCL files: NCCL refuses a communicator across them"
-        ),
+        Agreement::Differ { .. } => {
+            let e = anyhow!(
+                "the ranked processes reach different NCCL files: NCCL refuses a communicator across them"
+            );
+            Err(if args.json { JsonReported(e).into() } else { e })
+        }
         Agreement::Unknown { pids } => Err(Undecided(format!(
             "which NCCL {} reach is unknown",
             pids.iter()

@@ -205,6 +205,13 @@ pub struct Target {
     pub nccl: Option<usize>,
 }
 
+/// How many bound slots point into one file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlotsTo {
+    pub target: Target,
+    pub slots: usize,
+}
+
 /// Which NCCL the `nccl*` calls reach.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "answer", rename_all = "snake_case")]
@@ -216,7 +223,7 @@ pub enum Reach {
     },
     /// Bound slots point into different files.
     Split {
-        targets: Vec<(Target, usize)>,
+        targets: Vec<SlotsTo>,
         evidence: Evidence,
     },
     /// The process maps no NCCL.
@@ -281,7 +288,7 @@ impl Evidence {
                 file_name(caller)
             ),
             Evidence::Model { memory, .. } => format!(
-                "{}; memory did not answer: {}",
+                "{}; not from memory: {}",
                 self.short(),
                 crate::text::clean(memory)
             ),
@@ -381,7 +388,7 @@ impl Process {
                 "SPLIT across {}",
                 targets
                     .iter()
-                    .map(|(t, n)| format!("{} ×{n}", file_name(&t.path)))
+                    .map(|t| format!("{} ×{}", file_name(&t.target.path), t.slots))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
@@ -430,7 +437,7 @@ impl Process {
                 rows.push(("by", evidence.long()));
             }
             Reach::Split { targets, evidence } => {
-                for (t, n) in targets {
+                for SlotsTo { target: t, slots: n } in targets {
                     let what = match t.nccl.and_then(|i| self.nccl.get(i)) {
                         Some(x) => x.version_words(),
                         None => "no NCCL".to_string(),
@@ -1137,7 +1144,10 @@ fn from_memory(
         _ => {
             counts.sort_by(|a, b| b.1.cmp(&a.1));
             Ok(Reach::Split {
-                targets: counts,
+                targets: counts
+                    .into_iter()
+                    .map(|(target, slots)| SlotsTo { target, slots })
+                    .collect(),
                 evidence,
             })
         }
