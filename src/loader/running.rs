@@ -381,7 +381,10 @@ impl Process {
                 };
                 match target.nccl.and_then(|i| self.nccl.get(i)) {
                     Some(n) => format!("{} {} ({how})", n.version_words(), file_name(&n.path)),
-                    None => format!("{} (no NCCL: it interposes nccl*; {how})", file_name(&target.path)),
+                    None => format!(
+                        "{} (no NCCL: it interposes nccl*; {how})",
+                        file_name(&target.path)
+                    ),
                 }
             }
             Reach::Split { targets, .. } => format!(
@@ -410,12 +413,11 @@ impl Process {
 
     /// The full rendering: a header line, then `(label, text)` rows.
     pub fn full(&self) -> (String, Vec<(&'static str, String)>) {
-        let head = format!(
-            "pid {}  {}  {}",
-            self.pid,
-            self.rank_words(),
-            crate::text::fit(&self.command, 60).0
-        );
+        let who = format!("pid {}  {}  ", self.pid, self.rank_words());
+        let room = crate::text::WIDTH
+            .saturating_sub(crate::text::columns(&who))
+            .max(20);
+        let head = format!("{who}{}", crate::text::fit(&self.command, room).0);
         let mut rows = Vec::new();
         let reached = self.reach.nccl();
         match &self.reach {
@@ -437,7 +439,11 @@ impl Process {
                 rows.push(("by", evidence.long()));
             }
             Reach::Split { targets, evidence } => {
-                for SlotsTo { target: t, slots: n } in targets {
+                for SlotsTo {
+                    target: t,
+                    slots: n,
+                } in targets
+                {
                     let what = match t.nccl.and_then(|i| self.nccl.get(i)) {
                         Some(x) => x.version_words(),
                         None => "no NCCL".to_string(),
@@ -448,9 +454,10 @@ impl Process {
                 rows.push(("by", evidence.long()));
             }
             Reach::NoNccl => rows.push(("calls reach", "no NCCL: it maps none".to_string())),
-            Reach::Unknown { reason } => {
-                rows.push(("calls reach", format!("unknown: {}", crate::text::clean(reason))))
-            }
+            Reach::Unknown { reason } => rows.push((
+                "calls reach",
+                format!("unknown: {}", crate::text::clean(reason)),
+            )),
         }
         for (i, n) in self.nccl.iter().enumerate() {
             if Some(i) != reached {

@@ -74,7 +74,7 @@ impl Launch {
 
 /// What the probe saw in the process: the fields of its JSON object, and the process's
 /// stdout and stderr (NCCL's log with NCCL_DEBUG set) to show when an assertion fails.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub struct ProcessTruth {
     pub import_error: Option<String>,
     pub torch_version: Option<String>,
@@ -215,6 +215,74 @@ pub fn run_probe(launch: &Launch) -> ProcessTruth {
     );
     truth.log = log;
     truth
+}
+
+/// A probe process kept alive after it answered (`FDL_PROBE_HOLD`): what it saw from
+/// inside, and the process itself for a reader from outside. Dropping it closes its stdin,
+/// kills and reaps it.
+pub struct HeldProbe {
+    pub child: std::process::Child,
+    pub truth: ProcessTruth,
+    _dir: tempfile::TempDir,
+}
+
+impl HeldProbe {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for HeldProbe {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the probe as [`run_probe`] does, but returns once it has answered, with the
+/// process still running (waiting on its stdin).
+pub fn hold_probe(launch: &Launch) -> HeldProbe {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("truth.json");
+    let probe = serde_json::to_string(PROBE).unwrap();
+    let log = dir.path().join("log");
+    let mut cmd = Command::new(&launch.python);
+    cmd.arg("-c")
+        .arg(format!(
+            "exec(compile(open({probe}).read(), {probe}, 'exec'))"
+        ))
+        .current_dir(&launch.cwd)
+        .stdin(Stdio::piped())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(dir.path().join("err")).unwrap());
+    launch.environ(&mut cmd);
+    cmd.env("FDL_PROBE_OUT", &out).env("FDL_PROBE_HOLD", "1");
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", launch.python.display()));
+    let mut held = HeldProbe {
+        child,
+        truth: ProcessTruth::default(),
+        _dir: dir,
+    };
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&out) {
+            held.truth = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("the probe's answer is not its JSON ({e}): {text}"));
+            return held;
+        }
+        if let Some(status) = held.child.try_wait().unwrap() {
+            let err = std::fs::read_to_string(held._dir.path().join("err")).unwrap_or_default();
+            panic!("the probe exited {status} before it answered: {launch:?}\n{err}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the probe did not answer within {PROBE_TIMEOUT:?}: {launch:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// `dest/nvidia/nccl/lib/libnccl.so.2`, a copy of the real `libnccl`: an NCCL laid out

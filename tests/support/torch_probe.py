@@ -197,5 +197,11 @@ for key, prefix in (("env_plugin", "libnccl-env"), ("net_plugin", "libnccl-net")
     found = mapped_with_prefix(prefix)
     result[key] = found[0] if found else None
 
-with open(os.environ["FDL_PROBE_OUT"], "w") as out:
+with open(os.environ["FDL_PROBE_OUT"] + ".part", "w") as out:
     json.dump(result, out, indent=1)
+os.rename(os.environ["FDL_PROBE_OUT"] + ".part", os.environ["FDL_PROBE_OUT"])
+
+# FDL_PROBE_HOLD: stay alive, as the process seen from outside, until stdin closes (the
+# answer is written to a temporary name first and renamed, so a reader never sees half).
+if os.environ.get("FDL_PROBE_HOLD"):
+    sys.stdin.read()
