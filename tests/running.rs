@@ -17,9 +17,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-const IGNORE: &str =
-    "needs the oracle wheels: `source .ci/setup`, then `cargo test -- --include-ignored`";
-
 fn torch215() -> PathBuf {
     oracle_input("FDL_TEST_TORCH_VENV")
 }
