@@ -158,7 +158,9 @@ pub struct MappedNccl {
 pub enum Disk {
     /// The path holds the file mapped.
     Same,
-    /// The same file, changed after the process started (its ctime is later).
+    /// The same file, written after the process started (its mtime is later). Not the
+    /// ctime: a hard link made to it (uv and pip caches link one file into many venvs)
+    /// changes that without touching a byte.
     Modified,
     /// The file mapped was unlinked and the path holds another file now.
     Replaced,
@@ -894,7 +896,7 @@ fn disk_state(m: &Mapping, path: &Path, deleted: bool, started: Option<i64>) -> 
         (true, Ok(_)) => Disk::Replaced,
         (true, Err(_)) => Disk::Deleted,
         (false, Ok(md)) if same_id(&md, m) => match started {
-            Some(s) if md.ctime() > s => Disk::Modified,
+            Some(s) if md.mtime() > s => Disk::Modified,
             _ => Disk::Same,
         },
         (false, Ok(_)) => Disk::Elsewhere,
