@@ -355,7 +355,8 @@ fn two_nccls_without_a_rule_between_them_are_unknown() {
     assert_eq!(v["ranks"]["verdict"], "unknown");
 }
 
-/// The NCCL file replaced (renamed over) and then deleted after the process mapped it:
+/// The NCCL file written in place, replaced (renamed over) and then deleted after the
+/// process mapped it:
 /// marked each time, and still read as the process maps it (root reads it through
 /// /proc/PID/map_files).
 #[test]
@@ -367,6 +368,18 @@ fn a_replaced_or_deleted_nccl_is_marked_and_read_as_mapped() {
         .to_string();
     let prog = dlopen_program(dir.path());
     let held = hold_dlopen(&mut Command::new(&prog), &[&copy]);
+    let (_, v) = ps_json(held.child.id(), &[]);
+    assert_eq!(nccl_entry(the_process(&v), &s(&copy))["disk"], "same");
+    // Written in place (the same bytes, so the idle process is safe) a second after it
+    // started: the same inode, a later mtime.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+        f.write_all_at(b"\x7fELF", 0).unwrap();
+    }
+    let (_, v) = ps_json(held.child.id(), &[]);
+    assert_eq!(nccl_entry(the_process(&v), &s(&copy))["disk"], "modified");
     let new = dir.path().join("new.so");
     std::fs::copy(oracle_input("FDL_TEST_NCCL_LIB_CU13"), &new).unwrap();
     std::fs::rename(&new, &copy).unwrap();
