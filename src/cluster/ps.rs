@@ -888,15 +888,21 @@ pub fn verdicts(hosts: &[HostPs], wanted: &Wanted) -> Vec<Verdict> {
         .iter()
         .filter_map(|(at, p)| p.reached().map(|n| (at.clone(), n)))
         .collect();
-    for (name, what, get) in [
+    for (name, what, differ, same, get) in [
         (
             "version",
             "NCCL version",
+            "NCCL versions differ across ranks",
+            "every rank runs NCCL",
             (|n: &PsNccl| n.version.clone()) as fn(&PsNccl) -> Option<String>,
         ),
-        ("digest", "NCCL file (BLAKE3)", |n: &PsNccl| {
-            n.blake3.clone()
-        }),
+        (
+            "digest",
+            "NCCL file (BLAKE3)",
+            "the NCCL files differ across ranks (BLAKE3)",
+            "every rank runs one NCCL file, BLAKE3",
+            |n: &PsNccl| n.blake3.clone(),
+        ),
     ] {
         let groups = group(reached.iter().map(|(at, n)| (at.clone(), get(n))).collect());
         let unread: Vec<&At> = groups
@@ -930,7 +936,7 @@ pub fn verdicts(hosts: &[HostPs], wanted: &Wanted) -> Vec<Verdict> {
             verdict(
                 name,
                 State::Red,
-                format!("{what}s differ across ranks: {}", shown(&known)),
+                format!("{differ}: {}", shown(&known)),
                 vec![Finding::Differ {
                     what: what.into(),
                     groups,
@@ -964,8 +970,7 @@ pub fn verdicts(hosts: &[HostPs], wanted: &Wanted) -> Vec<Verdict> {
                 name,
                 State::Ok,
                 format!(
-                    "every rank runs {} {}",
-                    what,
+                    "{same} {}",
                     shown(&known[..1]).split(" on ").next().unwrap_or_default()
                 ),
                 vec![],
