@@ -1372,6 +1372,66 @@ mod tests {
     use super::*;
     use crate::cluster::host::WitnessReport;
 
+    /// The `cluster ps` table prints what a worker sent with its controls escaped, even
+    /// where a value skipped the cleaning done when answers are read; a worker with no
+    /// process and one that failed get a line each.
+    #[test]
+    fn the_ps_table_escapes_what_workers_sent() {
+        let evil = "/x/\u{1b}]0;owned\u{7}libnccl.so.2";
+        let answer = serde_json::json!({
+            "schema": ps::PS_SCHEMA, "kind": ps::PS_KIND,
+            "scan": {"looked_at": 3, "refused": [], "processes": [{
+                "pid": 7, "command": "x",
+                "rank": {"variable": "RANK", "value": 0},
+                "nccl": [{"path": evil, "kind": "library", "version": "2.27.5\u{1b}[2J",
+                          "blake3": "ab".repeat(32), "disk": "same", "preloaded": false}],
+                "reach": {"answer": "one", "target": {"path": evil, "nccl": 0},
+                          "evidence": {"evidence": "memory", "caller": evil, "slots": 3, "bound": 3}},
+                "plugins": [{"path": evil, "kinds": ["net\u{1b}[31m"]}],
+                "settings": []
+            }]}
+        });
+        let mut a = ps::read_answer(answer.to_string().as_bytes()).unwrap();
+        // As if the reading had let one through: the table cleans again.
+        a.processes[0].nccl[0].path = evil.into();
+        let hosts =
+            vec![
+            HostPs {
+                host: "a".into(),
+                target: "a".into(),
+                answer: HostAnswer::Answered(a),
+            },
+            HostPs {
+                host: "b".into(),
+                target: "b".into(),
+                answer: HostAnswer::Answered(ps::read_answer(
+                    br#"{"schema": 1, "kind": "cluster-ps-worker", "scan": {"looked_at": 2}}"#,
+                ).unwrap()),
+            },
+            HostPs {
+                host: "c".into(),
+                target: "c".into(),
+                answer: HostAnswer::Failed {
+                    error: "unreachable over SSH: \u{1b}[31mno".into(),
+                },
+            },
+        ];
+        let text = render_ps(&hosts);
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text}"
+        );
+        assert!(text.starts_with("HOST  PID  RANK  NCCL"), "{text}");
+        assert!(
+            text.contains("\nb: no process maps an NCCL (looked at 2 of its user's)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("c: no answer: unreachable over SSH"),
+            "{text}"
+        );
+    }
+
     /// A pip torch's worker says its ranks are Python processes, and its Python witness
     /// is said as the process's, not the loader's.
     #[test]
