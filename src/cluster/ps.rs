@@ -655,7 +655,17 @@ pub fn short_digest(d: &str) -> &str {
 /// the ranks should run (`None`: the project has none, and that verdict is skipped).
 pub fn verdicts(hosts: &[HostPs], wanted: &Wanted) -> Vec<Verdict> {
     let mut out = Vec::new();
-    let procs = all_processes(hosts);
+    // Where some processes carry a rank, the others (a launcher such as torchrun's agent,
+    // which imports torch but starts no communicator) are no ranks: they are named, not
+    // held to the ranks' plugins and settings. Where none does, every process is judged.
+    let (procs, launchers): (Vec<_>, Vec<_>) = {
+        let all = all_processes(hosts);
+        if all.iter().any(|(at, _)| at.rank.is_some()) {
+            all.into_iter().partition(|(at, _)| at.rank.is_some())
+        } else {
+            (all, Vec::new())
+        }
+    };
 
     // reach: every worker answered.
     let failed: Vec<(&str, &str)> = hosts
@@ -832,7 +842,7 @@ pub fn verdicts(hosts: &[HostPs], wanted: &Wanted) -> Vec<Verdict> {
         .filter(|(_, v)| v.len() > 1)
         .map(|(r, v)| (*r, v.clone()))
         .collect();
-    let note = if rankless.is_empty() {
+    let mut note = if rankless.is_empty() {
         String::new()
     } else {
         format!(
@@ -841,6 +851,13 @@ pub fn verdicts(hosts: &[HostPs], wanted: &Wanted) -> Vec<Verdict> {
             list(&rankless)
         )
     };
+    if !launchers.is_empty() {
+        let at: Vec<At> = launchers.iter().map(|(at, _)| at.clone()).collect();
+        note.push_str(&format!(
+            "; not judged as ranks (no rank variable, as a launcher has none): {}",
+            list(&at)
+        ));
+    }
     out.push(if twice.is_empty() {
         verdict(
             "ranks",
@@ -1345,6 +1362,42 @@ mod tests {
                 .starts_with("c runs no process that maps an NCCL"),
             "{}",
             procs.detail
+        );
+    }
+
+    #[test]
+    fn a_launcher_without_a_rank_is_named_not_judged() {
+        let mut agent = process(9, None, "2.27.5", 'a');
+        agent.settings = vec![PsSetting {
+            name: "NCCL_ALGO".into(),
+            value: "Tree".into(),
+        }];
+        let mut a = process(10, Some(0), "2.27.5", 'a');
+        a.plugins = vec![PsPlugin {
+            path: "/x/libnccl-net.so".into(),
+            kinds: vec!["net".into()],
+        }];
+        let mut b = process(11, Some(1), "2.27.5", 'a');
+        b.plugins = a.plugins.clone();
+        let v = verdicts(
+            &[host("a", vec![agent, a]), host("b", vec![b])],
+            &Wanted::NoBuild,
+        );
+        for x in &v {
+            assert!(
+                matches!(x.state, State::Ok | State::Skipped),
+                "{}: {:?} {}",
+                x.name,
+                x.state,
+                x.detail
+            );
+        }
+        assert!(
+            get(&v, "ranks").detail.ends_with(
+                "not judged as ranks (no rank variable, as a launcher has none): a pid 9 (no rank)"
+            ),
+            "{}",
+            get(&v, "ranks").detail
         );
     }
 
