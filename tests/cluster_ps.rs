@@ -268,6 +268,16 @@ fn cluster_ps_over_ssh_names_the_odd_rank_then_is_green() {
         "{v}"
     );
     assert_eq!(v["workers"][2]["shipped_fdl"], false, "{v}");
+    // Without reading memory: the loader's rules answer, the only NCCL mapped.
+    let out = rig.fdl(&["cluster", "ps", "--json", "--no-memory"]);
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for w in v["workers"].as_array().unwrap() {
+        let e = &w["processes"][0]["reach"]["evidence"];
+        assert_eq!(e["evidence"], "model", "{w}");
+        assert_eq!(e["rule"]["rule"], "only_one", "{w}");
+        assert_eq!(e["memory"], "not read (--no-memory)", "{w}");
+    }
 
     // On the project's build whose lib/libnccl.so.2 is that very file: ok; named, since
     // a default would ask every worker's GPUs.
