@@ -299,6 +299,21 @@ fn cluster_ps_over_ssh_names_the_odd_rank_then_is_green() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(verdict(&v, "build")["state"], "ok", "{v}");
     assert_eq!(v["build"]["name"], name.as_str(), "{v}");
+    // Not named: `cluster env`'s default (here the only build, asked of the workers'
+    // reports first), said on stderr.
+    let out = rig.fdl(&["cluster", "ps", "--json"]);
+    let v = json_of(&out);
+    schema_ok(&v);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(v["build"]["state"], "build", "{v}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains(&format!("fdl: chose build {name}: the only build")),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(v["build"]["name"], name.as_str(), "{v}");
+    assert_eq!(verdict(&v, "build")["state"], "ok", "{v}");
 
     // (3) b runs nothing: it says so (exit 3, unknown), and a rank 0 twice is red.
     rig.stop_ranks("b");

@@ -814,9 +814,8 @@ fn wanted_build(
             })
         }
     };
-    if !quiet {
-        super::manage::announce(&choice);
-    }
+    // On stderr, as `cluster env` says it: stdout stays the answer.
+    super::manage::announce(&choice);
     Ok(ps::Wanted::Build(ps::ChosenBuild {
         blake3: choice
             .manifest
