@@ -61,6 +61,11 @@ fn versions_are_strings(v: &Value, path: &str, bad: &mut Vec<String>) {
     }
 }
 
+/// Documented commands that need workers to answer: their tests run them on real hosts
+/// and validate each answer against the same schema file (`cluster ps`:
+/// tests/cluster_ps.rs).
+const CHECKED_ON_HOSTS: [&str; 1] = ["fdl cluster ps --json"];
+
 #[test]
 fn every_json_output_matches_its_documented_schema() {
     let doc = documented();
@@ -211,7 +216,10 @@ fn every_json_output_matches_its_documented_schema() {
     }
     let _ = sleeper.kill();
     let _ = sleeper.wait();
-    let untested: Vec<&String> = doc.keys().filter(|c| !seen.contains(*c)).collect();
+    let untested: Vec<&String> = doc
+        .keys()
+        .filter(|c| !seen.contains(*c) && !CHECKED_ON_HOSTS.contains(&c.as_str()))
+        .collect();
     assert!(
         untested.is_empty(),
         "documented but not checked: {untested:?}"

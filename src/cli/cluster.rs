@@ -4,6 +4,7 @@
 use super::common::print_json;
 use crate::cluster::config::{self, Worker};
 use crate::cluster::host::{self, Facts, SelfQuery};
+use crate::cluster::ps::{self, HostAnswer, HostPs};
 use crate::cluster::receive;
 use crate::cluster::ship::{self, Outcome, ShipRequest, ShipResult};
 use crate::cluster::slurm::{self, Slurm};
@@ -113,6 +114,38 @@ pub enum ClusterCommand {
         #[command(flatten)]
         common: Common,
         /// Print one JSON object (the exit status still says whether all got it)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Which NCCL each rank of a running job runs: every worker's processes that map an
+    /// NCCL (read from /proc: the files mapped and which one the nccl* calls reach), then
+    /// whether the ranks agree (exit 1 on any red verdict)
+    #[command(
+        after_help = "Examples:\n  fdl cluster ps\n  fdl cluster ps --slurm --jobid 4242 --json"
+    )]
+    Ps {
+        /// The build every rank should run (default: as `fdl cluster env` picks; none
+        /// when the project has no build)
+        #[arg(value_parser = super::common::build_name_arg,
+              add = clap_complete::ArgValueCandidates::new(super::complete::builds))]
+        build: Option<String>,
+        #[command(flatten)]
+        common: Common,
+        /// Print one JSON object (the exit status still says whether the ranks agree)
+        #[arg(long)]
+        json: bool,
+        /// Do not read the processes' memory (the slots their nccl* calls go through):
+        /// answer from the maps and the loader's rules
+        #[arg(long)]
+        no_memory: bool,
+    },
+    /// This host's processes that map an NCCL, for `cluster ps` (run by fdl over SSH)
+    #[command(name = "ps-self", hide = true)]
+    PsSelf {
+        /// Do not read the processes' memory
+        #[arg(long)]
+        no_memory: bool,
+        /// Print one JSON object (the only form the controller reads)
         #[arg(long)]
         json: bool,
     },
@@ -228,6 +261,10 @@ pub struct Common {
     /// With --slurm: only these nodes of the allocation
     #[arg(long, value_delimiter = ',', value_name = "A,B", requires = "slurm")]
     pub nodes: Vec<String>,
+    /// With --slurm: the nodes of this running job, reached by steps that overlap it
+    /// (`srun --jobid JOBID --overlap`), from outside the job (default: the job fdl runs in)
+    #[arg(long, value_name = "JOBID", requires = "slurm")]
+    pub jobid: Option<String>,
     /// With --slurm: the project's path on the nodes (default: this project's root)
     #[arg(long, value_name = "PATH", requires = "slurm")]
     pub path: Option<String>,
@@ -273,7 +310,11 @@ impl Common {
             }
         }
         if slurm {
-            let s = Slurm::from_env(Duration::from_secs(self.timeout.max(1)))?;
+            let limit = Duration::from_secs(self.timeout.max(1));
+            let s = match &self.jobid {
+                Some(job) => Slurm::for_job(job, limit)?,
+                None => Slurm::from_env(limit)?,
+            };
             let path = match &self.path {
                 Some(p) if p.starts_with('/') && !p.chars().any(char::is_control) => p.clone(),
                 Some(p) => bail!(
@@ -317,7 +358,8 @@ impl ClusterCommand {
         match self {
             ClusterCommand::Status { json, .. } | ClusterCommand::SelfReport { json, .. } => *json,
             ClusterCommand::Env { format, json, .. } => *json || *format == EnvFormat::Json,
-            ClusterCommand::Ship { json, .. } => *json,
+            ClusterCommand::Ship { json, .. } | ClusterCommand::Ps { json, .. } => *json,
+            ClusterCommand::PsSelf { .. } => true,
             ClusterCommand::Receive { .. } => true,
             ClusterCommand::Link { json, .. } => *json,
             ClusterCommand::Plan { build, .. } | ClusterCommand::Build { build, .. } => build.json,
@@ -382,6 +424,25 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             };
             status_cmd(project, &common, json, asked)
         }
+        ClusterCommand::PsSelf { no_memory, json: _ } => {
+            let scan = crate::loader::running::scan(&crate::loader::running::Options {
+                pids: None,
+                no_memory,
+            });
+            // The answer's own schema and kind, which the controller checks.
+            super::common::print_json_as_is(&json!({
+                "schema": ps::PS_SCHEMA,
+                "kind": ps::PS_KIND,
+                "scan": serde_json::to_value(&scan)?,
+            }));
+            Ok(())
+        }
+        ClusterCommand::Ps {
+            build,
+            common,
+            json,
+            no_memory,
+        } => ps_cmd(project, &common, build.as_deref(), json, no_memory),
         ClusterCommand::Ship {
             build,
             workers,
@@ -716,6 +777,251 @@ fn render_status(workers: &[WorkerStatus]) -> String {
         if w.shipped_fdl {
             row(&mut s, "fdl", "shipped from the controller".into());
         }
+    }
+    s
+}
+
+/// The build the ranks should run: the one named, else `cluster env`'s default where the
+/// project has builds (asking the workers' reports only then), else none.
+fn wanted_build(
+    project: &Project,
+    reach: &Reach,
+    common: &Common,
+    build: Option<&str>,
+    quiet: bool,
+) -> Result<ps::Wanted> {
+    let store = BuildStore::new(project.nccl_builds_dir());
+    let has_builds = store
+        .list()?
+        .iter()
+        .any(|e| matches!(e, crate::nccl::store::Entry::Build { .. }));
+    if build.is_none() && !has_builds {
+        return Ok(ps::Wanted::NoBuild);
+    }
+    let wiring = super::manage::Wiring {
+        make: "fdl cluster build",
+        this: "fdl cluster ps",
+    };
+    let hosts = || status::pick_hosts(&reports(reach, common, quiet, status::Asked::PLAIN));
+    let choice = match super::manage::pick_build(project, &store, build, &wiring, &hosts) {
+        Ok(c) => c,
+        // A named build that is not there is the user's error; a default that cannot be
+        // picked leaves only that verdict unknown.
+        Err(e) if build.is_some() => return Err(e),
+        Err(e) => {
+            return Ok(ps::Wanted::Unpicked {
+                why: clean(&format!("{e:#}")),
+            })
+        }
+    };
+    // On stderr, as `cluster env` says it: stdout stays the answer.
+    super::manage::announce(&choice);
+    Ok(ps::Wanted::Build(ps::ChosenBuild {
+        blake3: choice
+            .manifest
+            .files
+            .as_deref()
+            .and_then(ps::library_digest),
+        name: choice.build,
+        why: choice.reason,
+    }))
+}
+
+fn ps_cmd(
+    project: &Project,
+    common: &Common,
+    build: Option<&str>,
+    json: bool,
+    no_memory: bool,
+) -> Result<()> {
+    let reach = common.reach(project)?;
+    let wanted = wanted_build(project, &reach, common, build, json)?;
+    let live = !json && std::io::stderr().is_terminal();
+    let done = |h: &HostPs| {
+        if live {
+            let state = match &h.answer {
+                HostAnswer::Answered(a) => format!("{} process(es)", a.processes.len()),
+                HostAnswer::Failed { .. } => "failed".into(),
+            };
+            crate::eprintln_safe!("  {} ({}): {state}", clean(&h.host), clean(&h.target));
+        }
+    };
+    let workers: Vec<&Worker> = reach.workers.iter().collect();
+    let hosts = ps::query_all(
+        &workers,
+        reach.transport.as_ref(),
+        &reach.own,
+        Duration::from_secs(common.timeout.max(1)),
+        no_memory,
+        &done,
+    );
+    let verdicts = ps::verdicts(&hosts, &wanted);
+    let red: Vec<&ps::Verdict> = verdicts
+        .iter()
+        .filter(|v| v.state == ps::State::Red)
+        .collect();
+    let unknown: Vec<&ps::Verdict> = verdicts
+        .iter()
+        .filter(|v| v.state == ps::State::Unknown)
+        .collect();
+    if json {
+        print_json(&json!({
+            "files": reach.files,
+            "build": wanted,
+            "workers": hosts,
+            "verdicts": verdicts,
+            "ok": red.is_empty() && unknown.is_empty(),
+            "state": if !red.is_empty() { "red" } else if !unknown.is_empty() { "unknown" } else { "ok" },
+        }));
+    } else {
+        out!("{}", render_ps(&hosts));
+        outln!("Verdicts:");
+        for v in &verdicts {
+            let mark = match v.state {
+                ps::State::Ok => paint("ok     ", Color::Green),
+                ps::State::Red => paint("RED    ", Color::Red),
+                ps::State::Unknown => paint("unknown", Color::Yellow),
+                ps::State::Note => paint("note   ", Color::Yellow),
+                ps::State::Skipped => "skipped".to_string(),
+            };
+            outln!("  {mark} {:<9} {}", v.name, clean(&v.detail));
+        }
+    }
+    let named = |vs: &[&ps::Verdict]| {
+        vs.iter()
+            .map(|v| format!("{} ({})", v.name, clean(&v.blame.join(", "))))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    if !red.is_empty() {
+        let e = anyhow::anyhow!("the ranks do not agree: {}", named(&red));
+        return Err(if json {
+            super::common::JsonReported(e).into()
+        } else {
+            e
+        });
+    }
+    if !unknown.is_empty() {
+        return Err(super::common::Undecided(format!(
+            "whether the ranks agree is unknown: {}",
+            named(&unknown)
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// One row per process (host, pid, rank, NCCL version, file, digest, what the calls'
+/// answer rests on, plugins), and a line for each worker without one. Every string came
+/// from a worker and was cleaned when it was read; it is cleaned again here, as all
+/// output is.
+fn render_ps(hosts: &[HostPs]) -> String {
+    let mut rows: Vec<[String; 8]> = vec![[
+        "HOST".into(),
+        "PID".into(),
+        "RANK".into(),
+        "NCCL".into(),
+        "FILE".into(),
+        "DIGEST".into(),
+        "REACHED BY".into(),
+        "PLUGINS".into(),
+    ]];
+    let mut lines = Vec::new();
+    for h in hosts {
+        let a = match &h.answer {
+            HostAnswer::Failed { error } => {
+                lines.push(paint(
+                    &format!("{}: no answer: {}", clean(&h.host), clean(error)),
+                    Color::Red,
+                ));
+                continue;
+            }
+            HostAnswer::Answered(a) => a,
+        };
+        if a.processes.is_empty() {
+            lines.push(format!(
+                "{}: no process maps an NCCL (looked at {} of its user's)",
+                clean(&h.host),
+                a.looked_at
+            ));
+        }
+        for c in &a.cut {
+            lines.push(format!(
+                "{}: its answer was cut: {}",
+                clean(&h.host),
+                clean(c)
+            ));
+        }
+        for p in &a.processes {
+            let (version, file, digest) = match p.reached() {
+                Some(n) => (
+                    n.version.clone().unwrap_or_else(|| "unread".into()),
+                    n.path.clone(),
+                    n.blake3
+                        .as_deref()
+                        .map(|d| ps::short_digest(d).to_string())
+                        .unwrap_or_else(|| "-".into()),
+                ),
+                None => (
+                    "?".into(),
+                    p.nccl
+                        .iter()
+                        .map(|n| n.path.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" + "),
+                    "-".into(),
+                ),
+            };
+            let by = match &p.reach {
+                ps::PsReach::One { evidence, .. } => evidence.short(),
+                ps::PsReach::Split { .. } => "SPLIT: calls reach two NCCLs".into(),
+                ps::PsReach::NoNccl => "no NCCL".into(),
+                ps::PsReach::Unknown { .. } => "unknown".into(),
+            };
+            let plugins = p.plugin_set();
+            rows.push([
+                h.host.clone(),
+                p.pid.to_string(),
+                p.rank
+                    .as_ref()
+                    .map(|r| r.value.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                version,
+                file,
+                digest,
+                by,
+                if plugins.is_empty() {
+                    "none".into()
+                } else {
+                    plugins.join(", ")
+                },
+            ]);
+        }
+    }
+    let rows: Vec<[String; 8]> = rows.into_iter().map(|r| r.map(|c| clean(&c))).collect();
+    let mut widths = [0usize; 8];
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(crate::text::columns(c));
+        }
+    }
+    let mut s = String::new();
+    if rows.len() > 1 {
+        for r in &rows {
+            let mut line = String::new();
+            for (i, c) in r.iter().enumerate() {
+                line.push_str(c);
+                if i + 1 < r.len() {
+                    line.push_str(&" ".repeat(widths[i] - crate::text::columns(c) + 2));
+                }
+            }
+            s.push_str(line.trim_end());
+            s.push('\n');
+        }
+    }
+    for l in lines {
+        s.push_str(&l);
+        s.push('\n');
     }
     s
 }
@@ -1064,6 +1370,66 @@ fn coverage_cells(gpus: &[crate::cluster::host::GpuCoverage], missing: &str) -> 
 mod tests {
     use super::*;
     use crate::cluster::host::WitnessReport;
+
+    /// The `cluster ps` table prints what a worker sent with its controls escaped, even
+    /// where a value skipped the cleaning done when answers are read; a worker with no
+    /// process and one that failed get a line each.
+    #[test]
+    fn the_ps_table_escapes_what_workers_sent() {
+        let evil = "/x/\u{1b}]0;owned\u{7}libnccl.so.2";
+        let answer = serde_json::json!({
+            "schema": ps::PS_SCHEMA, "kind": ps::PS_KIND,
+            "scan": {"looked_at": 3, "refused": [], "processes": [{
+                "pid": 7, "command": "x",
+                "rank": {"variable": "RANK", "value": 0},
+                "nccl": [{"path": evil, "kind": "library", "version": "2.27.5\u{1b}[2J",
+                          "blake3": "ab".repeat(32), "disk": "same", "preloaded": false}],
+                "reach": {"answer": "one", "target": {"path": evil, "nccl": 0},
+                          "evidence": {"evidence": "memory", "caller": evil, "slots": 3, "bound": 3}},
+                "plugins": [{"path": evil, "kinds": ["net\u{1b}[31m"]}],
+                "settings": []
+            }]}
+        });
+        let mut a = ps::read_answer(answer.to_string().as_bytes()).unwrap();
+        // As if the reading had let one through: the table cleans again.
+        a.processes[0].nccl[0].path = evil.into();
+        let hosts =
+            vec![
+            HostPs {
+                host: "a".into(),
+                target: "a".into(),
+                answer: HostAnswer::Answered(a),
+            },
+            HostPs {
+                host: "b".into(),
+                target: "b".into(),
+                answer: HostAnswer::Answered(ps::read_answer(
+                    br#"{"schema": 1, "kind": "cluster-ps-worker", "scan": {"looked_at": 2}}"#,
+                ).unwrap()),
+            },
+            HostPs {
+                host: "c".into(),
+                target: "c".into(),
+                answer: HostAnswer::Failed {
+                    error: "unreachable over SSH: \u{1b}[31mno".into(),
+                },
+            },
+        ];
+        let text = render_ps(&hosts);
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text}"
+        );
+        assert!(text.starts_with("HOST  PID  RANK  NCCL"), "{text}");
+        assert!(
+            text.contains("\nb: no process maps an NCCL (looked at 2 of its user's)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("c: no answer: unreachable over SSH"),
+            "{text}"
+        );
+    }
 
     /// A pip torch's worker says its ranks are Python processes, and its Python witness
     /// is said as the process's, not the loader's.

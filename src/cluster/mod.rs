@@ -5,6 +5,7 @@
 pub mod config;
 pub mod host;
 pub mod plan;
+pub mod ps;
 pub mod receive;
 pub mod ship;
 pub mod slurm;

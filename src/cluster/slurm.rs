@@ -163,6 +163,62 @@ impl Slurm {
         })
     }
 
+    /// The allocation of the running job `job`, named by `--jobid` rather than this
+    /// environment's: its nodes, from `squeue`, reached by steps that overlap the job's
+    /// own (`srun --jobid=JOB --overlap`), as a user's own shell may do from a login node
+    /// while the job runs.
+    pub fn for_job(job: &str, timeout: Duration) -> Result<Slurm> {
+        if !plain(job) {
+            bail!(
+                "--jobid '{}' is not a job id (digits, as squeue lists them)",
+                crate::text::clean(job)
+            );
+        }
+        let mut cmd = Command::new("squeue");
+        cmd.args(["--noheader", "--format=%T %N"])
+            .arg(format!("--jobs={job}"));
+        let out = crate::process::query_within(&mut cmd, timeout)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    anyhow!("squeue was not found: run fdl where Slurm's client tools are on PATH")
+                } else {
+                    crate::process::lift(e)
+                }
+            })?
+            .ok_or_else(|| {
+                anyhow!(
+                    "`squeue --jobs={job}` gave no answer within {} s (--timeout): is slurmctld up? Run `scontrol ping`, or give a longer --timeout",
+                    timeout.as_secs()
+                )
+            })?;
+        if !out.status.success() {
+            bail!(
+                "Slurm knows no job {job}: {}",
+                crate::text::clean(String::from_utf8_lossy(&out.stderr).trim())
+            );
+        }
+        let (state, list) = job_state(&String::from_utf8_lossy(&out.stdout)).ok_or_else(|| {
+            anyhow!("Slurm lists no job {job} (it ended, or it is another cluster's)")
+        })?;
+        if state != "RUNNING" {
+            bail!(
+                "job {job} is {}, not running: it has no processes to look at",
+                crate::text::clean(&state.to_ascii_lowercase())
+            );
+        }
+        let states = Pending::ask(list.clone(), timeout);
+        let nodes = match expand_hostlist(&list) {
+            Some(names) => names,
+            None => scontrol_hostnames(&list, timeout)?,
+        };
+        Ok(Slurm {
+            job: job.to_string(),
+            nodes,
+            states,
+            scontrol_limit: timeout,
+        })
+    }
+
     /// The workers: the allocation's nodes (or the `only` ones of them), each with the
     /// project at `path`, and the job's `LD_PRELOAD` as their preload (srun hands the
     /// job's environment to every task).
@@ -678,6 +734,15 @@ fn node_states(list: &str, timeout: Duration) -> Option<BTreeMap<String, String>
     Some(parse_node_states(&String::from_utf8_lossy(&out.stdout)))
 }
 
+/// A job's state and node list from `squeue --format='%T %N'`: its one line.
+fn job_state(text: &str) -> Option<(String, String)> {
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let (state, list) = line.split_once(' ')?;
+    let list = list.trim();
+    (!state.is_empty() && !list.is_empty() && !list.chars().any(char::is_whitespace))
+        .then(|| (state.to_string(), list.to_string()))
+}
+
 /// The names of a Slurm host list, by `scontrol show hostnames`.
 fn scontrol_hostnames(list: &str, timeout: Duration) -> Result<Vec<String>> {
     let mut cmd = Command::new("scontrol");
@@ -957,6 +1022,25 @@ fn exit_status(code: i32) -> std::process::ExitStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jobs_state_and_nodes_are_read_from_squeue() {
+        assert_eq!(
+            job_state("RUNNING node[1-3]\n"),
+            Some(("RUNNING".into(), "node[1-3]".into()))
+        );
+        assert_eq!(job_state(""), None);
+        assert_eq!(job_state("PENDING"), None);
+        assert_eq!(job_state("RUNNING a b"), None);
+    }
+
+    #[test]
+    fn a_jobid_that_is_no_plain_word_is_refused_before_anything_runs() {
+        for bad in ["", "-1", "1 2", "1;rm", "$(x)"] {
+            let e = Slurm::for_job(bad, Duration::from_secs(1)).unwrap_err();
+            assert!(format!("{e}").contains("is not a job id"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn hostnames_are_read_as_given_and_must_be_plain_words() {

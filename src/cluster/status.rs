@@ -278,7 +278,7 @@ fn attempt<T>(
 /// `Err(why)` when the answer shows an fdl that cannot serve (none, or another schema):
 /// there the controller's fdl is shipped and asked once more. Returns per worker the
 /// answer and whether fdl was shipped.
-fn run_fdl_all<T: Send>(
+pub(super) fn run_fdl_all<T: Send>(
     t: &dyn Transport,
     ws: &[&Worker],
     own: &OwnBinary,
