@@ -394,7 +394,7 @@ impl Context {
             });
         // SAFETY: sysconf has no preconditions.
         let ticks = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
-            n if n > 0 => n as i64,
+            n if n > 0 => n,
             _ => 100,
         };
         Context {
@@ -940,7 +940,7 @@ fn from_memory(
             evidence,
         }),
         _ => {
-            counts.sort_by(|a, b| b.1.cmp(&a.1));
+            counts.sort_by_key(|c| std::cmp::Reverse(c.1));
             Ok(Reach::Split {
                 targets: counts,
                 evidence,
