@@ -33,9 +33,11 @@ use std::time::{Duration, Instant};
 const MAX_TREE: usize = 4096;
 /// At most this many processes are listed from `/proc` to find the descendants.
 const MAX_LISTED: usize = 1 << 20;
-/// A process whose mapped files did not change is read again at most this often (its
-/// `nccl*` slots may be bound later, at its first call).
+/// A process whose mapped files did not change is read again after this long (its
+/// `nccl*` slots may be bound later, at its first call), then twice as long each time up
+/// to [`RECHECK_MAX`].
 const RECHECK: Duration = Duration::from_secs(2);
+const RECHECK_MAX: Duration = Duration::from_secs(60);
 /// A command as the lines show it, cut to this many columns.
 const COMMAND_COLUMNS: usize = 60;
 /// What fdl keeps of a command line it reads itself.
@@ -106,6 +108,8 @@ pub enum Event<'a> {
     Started { pid: u32 },
     /// A signal fdl received was passed on to the job's process group.
     Forwarded { signal: i32 },
+    /// A process's answer is settled and it runs the build (or fdl cannot tell).
+    Checked(&'a Check),
     /// A process does not run the build (said once per process).
     Problem(&'a Check),
     /// `strict`: the job is being stopped because of this process.
@@ -237,8 +241,8 @@ impl Cause {
             ),
             Cause::Container => "it runs in another mount namespace than fdl (a container): pass LD_PRELOAD in and mount the build at the same path".into(),
             Cause::SysPath { path } => format!(
-                "torch's __init__ loaded the pip wheel's NCCL from sys.path ({}) before libtorch_cuda.so, and no preload of the build came first",
-                crate::text::shown(path)
+                "torch's __init__ loaded the pip wheel's NCCL ({}) from sys.path before libtorch_cuda.so, and no preload of the build came first",
+                wheel_of(path)
             ),
             Cause::Static => "this torch links NCCL into libtorch_cuda.so, where a preload cannot replace it: use a torch built with a shared NCCL".into(),
         }
@@ -291,11 +295,7 @@ impl Check {
             .as_ref()
             .map(|r| format!(" rank {}", r.value))
             .unwrap_or_default();
-        format!(
-            "pid {}{rank} ({})",
-            self.pid,
-            crate::text::fit(&self.command, COMMAND_COLUMNS).0
-        )
+        format!("pid {}{rank} ({})", self.pid, short_command(&self.command))
     }
 
     /// One line, whole: who, what it runs instead of the build, and the likely cause.
@@ -317,26 +317,29 @@ impl Check {
                 preload_lost,
                 causes,
             } => {
-                let mut s = format!("{} does not run build {build}: ", self.who());
-                let calls = match reached {
-                    Reached::Build { copy: None } => None,
-                    r => Some(format!(
-                        "its nccl* calls reach {}{}",
-                        r.words(build),
-                        evidence
-                            .as_deref()
-                            .map(|e| format!(" ({e})"))
-                            .unwrap_or_default()
+                let mut parts = Vec::new();
+                if *preload_lost {
+                    parts.push(
+                        "it lost LD_PRELOAD (its environment's LD_PRELOAD does not name the build)"
+                            .to_string(),
+                    );
+                }
+                let how = evidence
+                    .as_deref()
+                    .map(|e| format!(", by {e}"))
+                    .unwrap_or_default();
+                match reached {
+                    Reached::Build { copy: None } => {}
+                    Reached::Build { copy: Some(p) } => parts.push(format!(
+                        "its nccl* calls reach {} (a copy of the build's library: same BLAKE3{how})",
+                        crate::text::shown(p)
                     )),
-                };
-                let lost = preload_lost
-                    .then_some("its environment has no LD_PRELOAD naming the build".to_string());
-                s.push_str(
-                    &calls
-                        .into_iter()
-                        .chain(lost)
-                        .collect::<Vec<_>>()
-                        .join(", and "),
+                    r => parts.push(format!("its nccl* calls reach {}{how}", r.words(build))),
+                }
+                let mut s = format!(
+                    "{} does not run build {build}: {}",
+                    self.who(),
+                    parts.join("; ")
                 );
                 if !causes.is_empty() {
                     s.push_str(". Likely cause: ");
@@ -427,9 +430,7 @@ impl Outcome {
             .iter()
             .filter(|c| self.workers.contains(&c.pid))
             .collect();
-        let others = self.checks.iter().filter(|c| c.is_problem()).count()
-            - workers.iter().filter(|c| c.is_problem()).count();
-        if workers.is_empty() && others == 0 {
+        if workers.is_empty() && !self.checks.iter().any(Check::is_problem) {
             return "fdl launch: no worker that maps an NCCL was seen: the job ended before fdl looked, runs no NCCL, or starts its workers outside fdl's process tree (srun's tasks are slurmd's: run `srun fdl launch -- …` instead)".into();
         }
         let n = workers.len();
@@ -454,18 +455,35 @@ impl Outcome {
             .iter()
             .filter(|c| matches!(c.verdict, Verdict::Unknown { .. }))
             .count();
-        let off: Vec<String> = self
-            .checks
+        let off: Vec<String> = workers
             .iter()
             .filter(|c| c.is_problem())
+            .map(|c| c.short(build))
+            .collect();
+        let others: Vec<String> = self
+            .checks
+            .iter()
+            .filter(|c| c.is_problem() && !self.workers.contains(&c.pid))
             .map(|c| c.short(build))
             .collect();
         let head = format!(
             "fdl launch: {n} worker{} checked{ranks}",
             if n == 1 { "" } else { "s" }
         );
+        let also = if others.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} other process{} that map{} an NCCL, not on it either ({})",
+                others.len(),
+                if others.len() == 1 { "" } else { "es" },
+                if others.len() == 1 { "s" } else { "" },
+                others.join("; ")
+            )
+        };
         if off.is_empty() && unknown == 0 {
-            return format!("{head}: all on build {build}");
+            let all = if n == 0 { "none" } else { "all" };
+            return format!("{head}: {all} on build {build}{also}");
         }
         let mut parts = vec![format!("{on} on build {build}")];
         if unknown > 0 {
@@ -474,7 +492,7 @@ impl Outcome {
         if !off.is_empty() {
             parts.push(format!("{} NOT on it ({})", off.len(), off.join("; ")));
         }
-        format!("{head}: {}", parts.join(", "))
+        format!("{head}: {}{also}", parts.join(", "))
     }
 }
 
@@ -566,7 +584,10 @@ pub fn run(
             break st;
         }
         if Instant::now() >= next_poll {
-            let found = watch.poll();
+            let (found, settled) = watch.poll();
+            for c in &settled {
+                on(Event::Checked(c));
+            }
             for c in &found {
                 on(Event::Problem(c));
             }
@@ -776,8 +797,11 @@ struct Watch<'a> {
     skip: u32,
     /// The job's program name (`mpirun`), for the cause.
     program: String,
-    /// The files each process mapped when last read, and when that was.
-    seen: HashMap<u32, (u64, Instant)>,
+    /// The job's command line as given, cleaned.
+    job_command: String,
+    /// The files each process mapped when last read, when that was, and how long until
+    /// it is read again if they do not change.
+    seen: HashMap<u32, (u64, Instant, Duration)>,
     /// The command each process had when first seen (an `env -i` that then execs).
     first_command: HashMap<u32, (u32, String)>,
     checks: BTreeMap<u32, Check>,
@@ -797,6 +821,11 @@ impl<'a> Watch<'a> {
                     crate::text::clean(&Path::new(p).file_name().unwrap_or(p).to_string_lossy())
                 })
                 .unwrap_or_default(),
+            job_command: command
+                .iter()
+                .map(|a| crate::text::clean(&a.to_string_lossy()))
+                .collect::<Vec<_>>()
+                .join(" "),
             seen: HashMap::new(),
             first_command: HashMap::new(),
             checks: BTreeMap::new(),
@@ -805,8 +834,8 @@ impl<'a> Watch<'a> {
     }
 
     /// Lists the tree, reads what changed, and returns the problems found this time
-    /// (each process's first).
-    fn poll(&mut self) -> Vec<Check> {
+    /// (each process's first) and the other answers that settled.
+    fn poll(&mut self) -> (Vec<Check>, Vec<Check>) {
         let now = Instant::now();
         let tree = descendants(std::process::id(), self.skip);
         let mut ask = Vec::new();
@@ -822,26 +851,28 @@ impl<'a> Watch<'a> {
             let Some((print, maps_nccl)) = files_print(m.pid) else {
                 continue;
             };
-            let fresh = match self.seen.get(&m.pid) {
-                Some((p, at)) => *p != print || now.duration_since(*at) >= RECHECK,
-                None => true,
+            let wait = match self.seen.get(&m.pid) {
+                Some((p, at, wait)) if *p == print => {
+                    if now.duration_since(*at) < *wait {
+                        continue;
+                    }
+                    (*wait * 2).min(RECHECK_MAX)
+                }
+                _ => RECHECK,
             };
-            if !fresh {
-                continue;
-            }
-            self.seen.insert(m.pid, (print, now));
+            self.seen.insert(m.pid, (print, now, wait));
             if maps_nccl {
                 ask.push(m.pid);
             }
         }
         if ask.is_empty() {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
         let scan = running::scan(&running::Options {
             pids: Some(ask),
             no_memory: self.no_memory,
         });
-        let mut found = Vec::new();
+        let (mut found, mut settled) = (Vec::new(), Vec::new());
         for p in scan.processes {
             let Some(check) = self.judge(&p) else {
                 continue;
@@ -849,10 +880,12 @@ impl<'a> Watch<'a> {
             let was_problem = self.checks.get(&p.pid).is_some_and(Check::is_problem);
             if check.is_problem() && !was_problem {
                 found.push(check.clone());
+            } else if check.settled && !check.is_problem() {
+                settled.push(check.clone());
             }
             self.checks.insert(p.pid, check);
         }
-        found
+        (found, settled)
     }
 
     /// The verdict on one process read by the scan; `None` when it maps no NCCL.
@@ -951,7 +984,15 @@ impl<'a> Watch<'a> {
                 },
             }
         };
-        let settled = matches!(verdict, Verdict::Off { .. }) || from_memory;
+        // Slots read from memory settle the answer once they are a caller's of its own:
+        // an NCCL's calls to itself are bound from the start (a preloaded build's in a
+        // shell, a Python not yet importing torch), before the object that matters loads.
+        let callers_own = matches!(
+            p.reach.evidence(),
+            Some(Evidence::Memory { caller, .. })
+                if caller.file_name().is_some_and(|n| !n.to_string_lossy().starts_with("libnccl"))
+        );
+        let settled = matches!(verdict, Verdict::Off { .. }) || (from_memory && callers_own);
         Some(Check {
             pid: p.pid,
             ppid: p.ppid,
@@ -1010,11 +1051,14 @@ impl<'a> Watch<'a> {
     /// `env -i`, `env -u LD_PRELOAD`, `srun --export=…` without ALL, as each was first
     /// seen (a launcher that execs its child keeps its pid).
     fn cleaner_above(&self, pid: u32) -> Option<String> {
+        if cleans_environment(&self.job_command) {
+            return Some(short_command(&self.job_command));
+        }
         let mut at = pid;
         for _ in 0..64 {
             let (ppid, command) = self.first_command.get(&at)?;
             if cleans_environment(command) {
-                return Some(crate::text::fit(command, COMMAND_COLUMNS).0);
+                return Some(short_command(command));
             }
             if *ppid == std::process::id() {
                 return None;
@@ -1023,6 +1067,19 @@ impl<'a> Watch<'a> {
         }
         None
     }
+}
+
+/// A command line as the lines show it: its program's file name and its arguments,
+/// cut to a few dozen columns (`python -u train.py`).
+pub fn short_command(command: &str) -> String {
+    let (program, rest) = command.split_once(' ').unwrap_or((command, ""));
+    let program = program.rsplit('/').next().unwrap_or(program);
+    let whole = if rest.is_empty() {
+        program.to_string()
+    } else {
+        format!("{program} {rest}")
+    };
+    crate::text::fit(&whole, COMMAND_COLUMNS).0
 }
 
 /// Whether a command line (words joined by spaces) starts a program with a cleaned
@@ -1064,6 +1121,15 @@ pub fn cleans_environment(command: &str) -> bool {
         }
     }
     false
+}
+
+/// `site-packages/nvidia/nccl`, the part of a wheel NCCL's path that says what it is.
+fn wheel_of(path: &Path) -> String {
+    let shown = crate::text::shown(path);
+    shown
+        .rfind("-packages/nvidia/nccl")
+        .and_then(|i| shown[..i].rfind('/').map(|j| shown[j + 1..].to_string()))
+        .unwrap_or(shown)
 }
 
 /// Whether a path is a pip wheel's NCCL: `…/site-packages/nvidia/nccl/lib/…` (or
@@ -1230,7 +1296,7 @@ mod tests {
         for want in [
             "pid 4242 rank 1 (python -u train.py) does not run build v2.30.7-sm86",
             "NCCL 2.30.7 at /v/site-packages/nvidia/nccl/lib/libnccl.so.2",
-            "no LD_PRELOAD naming the build",
+            "it lost LD_PRELOAD",
             "`env -u LD_PRELOAD python` cleans the environment",
             "sys.path",
         ] {

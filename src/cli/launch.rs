@@ -7,7 +7,7 @@ use super::complete;
 use super::manage::{wire, Wired, Wiring};
 use crate::launch::{Build, Event, Options};
 use crate::nccl::files::FileEntry;
-use crate::project::Project;
+use crate::project::{Project, RootIrrelevant};
 use crate::text::{clean, paint_err, Color};
 use anyhow::Result;
 use clap_complete::ArgValueCandidates;
@@ -30,6 +30,9 @@ pub struct LaunchArgs {
     /// Do not read the processes' memory (their GOT): answer by the loader's rules
     #[arg(long)]
     pub no_memory: bool,
+    /// Also say each process found on the build, and what the answer rests on
+    #[arg(long, short)]
+    pub verbose: bool,
     /// The command to run, after `--`: torchrun, python -m torch.distributed.run,
     /// mpirun, a script
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -89,6 +92,11 @@ pub(super) fn run(project: &Project, args: LaunchArgs) -> Result<()> {
             tag(),
             crate::launch::signal_name(signal)
         ),
+        Event::Checked(c) => {
+            if args.verbose {
+                crate::eprintln_safe!("{} {}", tag(), c.full(&name))
+            }
+        }
         Event::Problem(c) => crate::eprintln_safe!(
             "{} {}",
             paint_err("fdl launch:", Color::Red),
@@ -106,14 +114,17 @@ pub(super) fn run(project: &Project, args: LaunchArgs) -> Result<()> {
         ),
     }
     };
-    let outcome = crate::launch::run(&args.command, &build, &opts, &mut on)?;
+    let outcome =
+        crate::launch::run(&args.command, &build, &opts, &mut on).map_err(RootIrrelevant)?;
     crate::eprintln_safe!("{}", outcome.summary(&name));
     if let Some(c) = &outcome.stopped {
-        anyhow::bail!(
+        // The job's own story: the project root has nothing to add to it.
+        return Err(RootIrrelevant(anyhow::anyhow!(
             "stopped the job (--strict): {}; it {}",
             c.short(&name),
             outcome.status
-        );
+        ))
+        .into());
     }
     match outcome.code() {
         0 => Ok(()),
