@@ -880,10 +880,16 @@ fn from_memory(
         if slots.slots.is_empty() {
             continue;
         }
-        let base = procmaps::load_base(maps, lib, &slots)?;
         let own = nccl
             .iter()
             .position(|n| n.id == (lib.dev.0, lib.dev.1, lib.inode));
+        // A libnccl's slots say where NCCL's calls to itself go, not the program's: a
+        // second NCCL mapped and never called (torch's sys.path one behind a preload)
+        // binds them to itself, or to the first NCCL in the global scope.
+        if own.is_some_and(|i| nccl[i].kind == NcclKind::Library) {
+            continue;
+        }
+        let base = procmaps::load_base(maps, lib, &slots)?;
         first_caller.get_or_insert(lib_path.clone());
         for s in &slots.slots {
             total += 1;
@@ -925,7 +931,10 @@ fn from_memory(
         }
     }
     let Some(caller) = first_caller else {
-        return Err("the objects that import nccl* have no slot for it".into());
+        return Err(
+            "no object but an NCCL library has nccl* slots (nothing that calls NCCL is loaded yet, or its calls go through dlsym)"
+                .into(),
+        );
     };
     let bound: usize = counts.iter().map(|(_, c)| c).sum();
     let evidence = Evidence::Memory {
