@@ -38,6 +38,8 @@ const MAX_LISTED: usize = 1 << 20;
 /// to [`RECHECK_MAX`].
 const RECHECK: Duration = Duration::from_secs(2);
 const RECHECK_MAX: Duration = Duration::from_secs(60);
+/// The summary names at most this many processes (or ranks) of a kind.
+const LISTED: usize = 8;
 /// A command as the lines show it, cut to this many columns.
 const COMMAND_COLUMNS: usize = 60;
 /// What fdl keeps of a command line it reads itself.
@@ -478,7 +480,7 @@ impl Outcome {
                 others.len(),
                 if others.len() == 1 { "" } else { "es" },
                 if others.len() == 1 { "s" } else { "" },
-                others.join("; ")
+                some(&others, "; ")
             )
         };
         if off.is_empty() && unknown == 0 {
@@ -490,10 +492,19 @@ impl Outcome {
             parts.push(format!("{unknown} unknown"));
         }
         if !off.is_empty() {
-            parts.push(format!("{} NOT on it ({})", off.len(), off.join("; ")));
+            parts.push(format!("{} NOT on it ({})", off.len(), some(&off, "; ")));
         }
         format!("{head}: {}{also}", parts.join(", "))
     }
+}
+
+/// At most [`LISTED`] of `items` joined by `sep`, and how many more.
+fn some(items: &[String], sep: &str) -> String {
+    let mut s = items[..items.len().min(LISTED)].join(sep);
+    if items.len() > LISTED {
+        s.push_str(&format!("{sep}and {} more", items.len() - LISTED));
+    }
+    s
 }
 
 /// The processes counted as workers: those with a rank whose parent is not one of the
@@ -1091,17 +1102,33 @@ pub fn cleans_environment(command: &str) -> bool {
     for (i, w) in words.iter().enumerate() {
         match base(w).as_str() {
             "env" => {
-                let rest = &words[i + 1..];
-                if rest.iter().any(|a| {
-                    matches!(
-                        *a,
-                        "-i" | "--ignore-environment" | "-" | "--unset=LD_PRELOAD"
-                    ) || (a.starts_with('-') && !a.starts_with("--") && a.contains('i'))
-                }) || rest
-                    .windows(2)
-                    .any(|p| matches!(p[0], "-u" | "--unset") && p[1] == "LD_PRELOAD")
-                {
-                    return true;
+                // Its options and NAME=VALUE words, up to the program it runs.
+                let mut rest = words[i + 1..].iter();
+                while let Some(a) = rest.next() {
+                    match *a {
+                        "-i"
+                        | "--ignore-environment"
+                        | "-"
+                        | "--unset=LD_PRELOAD"
+                        | "-uLD_PRELOAD" => return true,
+                        "-u" | "--unset" => {
+                            if rest.next() == Some(&"LD_PRELOAD") {
+                                return true;
+                            }
+                        }
+                        "--" => break,
+                        a if a.starts_with("--") || a.contains('=') => {}
+                        // Short options run together (`-iv`).
+                        a if a.starts_with('-') => {
+                            if a[1..].starts_with('u') {
+                                continue;
+                            }
+                            if a.contains('i') {
+                                return true;
+                            }
+                        }
+                        _ => break,
+                    }
                 }
             }
             "srun" | "sbatch" | "salloc" => {
@@ -1203,12 +1230,16 @@ mod tests {
             "env --unset=LD_PRELOAD python",
             "srun --export=NONE python train.py",
             "srun --export NIL,FOO python",
+            "env -iv A=1 python",
+            "env A=1 -u LD_PRELOAD python",
         ] {
             assert!(cleans_environment(yes), "{yes}");
         }
         for no in [
             "env FOO=1 python",
             "env -u OTHER python",
+            "env A=1 python -i script.py",
+            "env -u OTHER python -u x.py",
             "srun --export=ALL,FOO=1 python",
             "srun python",
             "python train.py",

@@ -427,6 +427,14 @@ fn sigint_reaches_the_workers_and_nothing_is_left_running() {
     });
     eprintln!("{ran}");
     assert!(ran.stderr.contains("passed SIGINT on to the job"), "{ran}");
+    // torchrun passed it on in turn: each worker was interrupted, not killed by fdl.
+    for rank in 0..2 {
+        assert!(
+            ran.stderr
+                .contains(&format!("[rank{rank}]: KeyboardInterrupt")),
+            "{ran}"
+        );
+    }
     assert_ne!(ran.code, Some(0), "{ran}");
     let pgid = job_pid(&ran.stderr);
     assert_eq!(in_group(pgid), Vec::<u32>::new(), "{ran}");
