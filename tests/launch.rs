@@ -559,3 +559,90 @@ fn bad_input_is_refused_clearly() {
         "{ran}"
     );
 }
+
+/// A job whose process runs another NCCL without the build's preload, started by a
+/// program named mpirun: named with its pid and the `-x LD_PRELOAD` cause, and with
+/// `--strict` stopped at once (no venv needed: stand-in NCCLs).
+#[test]
+fn another_nccl_under_mpirun_is_named_and_strict_stops_it() {
+    let s = standin();
+    let other = s.fx.tree("other-2.28.3", (2, 28, 3), &[80]);
+    let other_lib = other.join("lib/libnccl.so.2");
+    let bin = s.work.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let mpirun = bin.join("mpirun");
+    // An mpirun that, as Open MPI does without -x, starts its rank without our variable.
+    std::fs::write(
+        &mpirun,
+        format!(
+            "#!/bin/sh\nLD_PRELOAD={} exec \"$@\"\n",
+            other_lib.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&mpirun, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let job = [mpirun.to_str().unwrap(), "sleep", "3"];
+    let mut args = vec!["--build", &s.build, "--"];
+    args.extend(job);
+    let ran = run(&mut s.launch(&args), &mut |_| {});
+    assert_eq!(ran.code, Some(0), "{ran}");
+    let line = ran
+        .stderr
+        .lines()
+        .find(|l| l.contains("(sleep 3) does not run build"))
+        .unwrap_or_else(|| panic!("not named:\n{ran}"));
+    assert!(
+        line.contains("it lost LD_PRELOAD")
+            && line.contains(&format!(
+                "NCCL 2.28.3 at {}",
+                other.join("lib/libnccl.so.2.28.3").display()
+            ))
+            && line.contains(
+                "mpirun passes a variable to its ranks only when told: add `-x LD_PRELOAD`"
+            ),
+        "{line}"
+    );
+
+    let mut args = vec!["--build", &s.build, "--strict", "--grace", "1", "--"];
+    args.extend(job);
+    let ran = run(&mut s.launch(&args), &mut |_| {});
+    assert_eq!(ran.code, Some(1), "{ran}");
+    assert!(
+        ran.stderr
+            .contains("error: stopped the job (--strict): pid ")
+            && ran.stderr.contains("it was killed by signal 15 (SIGTERM)"),
+        "{ran}"
+    );
+}
+
+/// fdl killed outright (SIGKILL, no chance to clean up): the job's process group goes
+/// with it, by the watchdog in the group.
+#[test]
+fn a_killed_fdl_takes_the_jobs_process_group_with_it() {
+    let s = standin();
+    let pidfile = s.work.path().join("sleeper");
+    let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+    let mut sleeper = 0;
+    let ran = run(
+        &mut s.launch(&["--build", &s.build, "--", "sh", "-c", &script]),
+        &mut |fdl| {
+            assert!(wait_for(Duration::from_secs(30), &mut || pidfile.exists()
+                && !std::fs::read_to_string(&pidfile)
+                    .unwrap()
+                    .trim()
+                    .is_empty()));
+            sleeper = std::fs::read_to_string(&pidfile)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            // SAFETY: killing the fdl this test started.
+            unsafe { libc::kill(fdl as i32, libc::SIGKILL) };
+        },
+    );
+    assert_eq!(ran.code, None, "{ran}");
+    assert!(
+        wait_for(Duration::from_secs(10), &mut || !alive(sleeper)),
+        "the job's sleep outlived a killed fdl"
+    );
+}
