@@ -407,6 +407,8 @@ pub struct Outcome {
     pub checks: Vec<Check>,
     /// The pids of [`Outcome::checks`] counted as workers (see [`workers`]).
     pub workers: Vec<u32>,
+    /// Processes of the job that could not be read (another user's), with why.
+    pub unread: Vec<(u32, String)>,
     /// `strict`: the job was stopped because of this process.
     pub stopped: Option<Check>,
     /// The signals passed on to the job.
@@ -425,8 +427,27 @@ impl Outcome {
         self.status.code()
     }
 
-    /// One line: how many workers were checked, and whether all run the build.
+    /// One line: how many workers were checked, and whether all run the build (and
+    /// which processes could not be read).
     pub fn summary(&self, build: &str) -> String {
+        let mut line = self.checked(build);
+        if !self.unread.is_empty() {
+            let list: Vec<String> = self
+                .unread
+                .iter()
+                .map(|(pid, why)| format!("pid {pid}: {why}"))
+                .collect();
+            line.push_str(&format!(
+                "; {} process{} of the job could not be read ({})",
+                list.len(),
+                if list.len() == 1 { "" } else { "es" },
+                some(&list, "; ")
+            ));
+        }
+        line
+    }
+
+    fn checked(&self, build: &str) -> String {
         let workers: Vec<&Check> = self
             .checks
             .iter()
@@ -635,6 +656,7 @@ pub fn run(
         status,
         workers: workers(&checks),
         checks,
+        unread: watch.refused.into_iter().collect(),
         stopped,
         forwarded,
         ended,
@@ -816,6 +838,8 @@ struct Watch<'a> {
     /// The command each process had when first seen (an `env -i` that then execs).
     first_command: HashMap<u32, (u32, String)>,
     checks: BTreeMap<u32, Check>,
+    /// Processes `/proc` would not show (another user's), and why.
+    refused: BTreeMap<u32, String>,
     my_mount_ns: Option<PathBuf>,
 }
 
@@ -840,6 +864,7 @@ impl<'a> Watch<'a> {
             seen: HashMap::new(),
             first_command: HashMap::new(),
             checks: BTreeMap::new(),
+            refused: BTreeMap::new(),
             my_mount_ns: std::fs::read_link("/proc/self/ns/mnt").ok(),
         }
     }
@@ -859,8 +884,19 @@ impl<'a> Watch<'a> {
             }
             // Read again only when its files changed (an import, an exec), or now and
             // then for slots bound at a first call.
-            let Some((print, maps_nccl)) = files_print(m.pid) else {
-                continue;
+            let (print, maps_nccl) = match files_print(m.pid) {
+                Ok(p) => p,
+                Err(e) => {
+                    if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) {
+                        self.refused.insert(
+                            m.pid,
+                            format!(
+                                "/proc refuses its maps ({e}): another user's process (sudo, a setuid launcher)"
+                            ),
+                        );
+                    }
+                    continue;
+                }
             };
             let wait = match self.seen.get(&m.pid) {
                 Some((p, at, wait)) if *p == print => {
@@ -883,8 +919,15 @@ impl<'a> Watch<'a> {
             pids: Some(ask),
             no_memory: self.no_memory,
         });
+        for r in scan.refused {
+            // Refused because it ended while read: nothing to say of it.
+            if stat_of(r.pid).is_some_and(|(_, zombie)| !zombie) {
+                self.refused.insert(r.pid, crate::text::clean(&r.reason));
+            }
+        }
         let (mut found, mut settled) = (Vec::new(), Vec::new());
         for p in scan.processes {
+            self.refused.remove(&p.pid);
             let Some(check) = self.judge(&p) else {
                 continue;
             };
@@ -1193,15 +1236,13 @@ fn read_command(pid: u32) -> String {
 
 /// A digest of the set of files a process maps (changes with an exec, an import), and
 /// whether one of them may hold an NCCL (the names [`running::scan`] reads as one).
-fn files_print(pid: u32) -> Option<(u64, bool)> {
+fn files_print(pid: u32) -> std::io::Result<(u64, bool)> {
     use std::hash::{Hash, Hasher};
     use std::io::Read;
     let mut b = Vec::new();
-    std::fs::File::open(format!("/proc/{pid}/maps"))
-        .ok()?
+    std::fs::File::open(format!("/proc/{pid}/maps"))?
         .take(16 << 20)
-        .read_to_end(&mut b)
-        .ok()?;
+        .read_to_end(&mut b)?;
     let maps = procmaps::parse_maps(&b);
     let mut ids: Vec<((u32, u32), u64)> = maps
         .iter()
@@ -1215,7 +1256,7 @@ fn files_print(pid: u32) -> Option<(u64, bool)> {
     let nccl = maps
         .iter()
         .any(|m| m.file_name_starts("libnccl.so") || m.file_name_starts("libtorch_cuda.so"));
-    Some((h.finish(), nccl))
+    Ok((h.finish(), nccl))
 }
 
 #[cfg(test)]
@@ -1341,10 +1382,20 @@ mod tests {
             status: Status::Exited(0),
             checks: vec![check(1, 0, Some(0), on(), true), c],
             workers: vec![1, 4242],
+            unread: vec![],
             stopped: None,
             forwarded: vec![],
             ended: 0,
         };
+        let mut unread = outcome.clone();
+        unread.unread = vec![(77, "/proc refuses its maps".into())];
+        assert!(
+            unread.summary("b").ends_with(
+                "; 1 process of the job could not be read (pid 77: /proc refuses its maps)"
+            ),
+            "{}",
+            unread.summary("b")
+        );
         let s = outcome.summary("b");
         assert!(
             s.starts_with("fdl launch: 2 workers checked (ranks 0, 1): 1 on build b, 1 NOT on it (pid 4242 rank 1"),
