@@ -646,3 +646,31 @@ fn a_killed_fdl_takes_the_jobs_process_group_with_it() {
         "the job's sleep outlived a killed fdl"
     );
 }
+
+/// What a process says of itself is hostile: a command line carrying terminal escapes
+/// reaches fdl's lines escaped, never raw.
+#[test]
+fn a_hostile_command_line_is_shown_escaped() {
+    let s = standin();
+    let other = s.fx.tree("other-2.28.3", (2, 28, 3), &[80]);
+    let script = format!(
+        "LD_PRELOAD={} exec -a \"$(printf 'evil\\033[2J\\033]0;pwned\\007')\" sleep 2",
+        other.join("lib/libnccl.so.2").display()
+    );
+    let ran = run(
+        &mut s.launch(&["--build", &s.build, "--", "bash", "-c", &script]),
+        &mut |_| {},
+    );
+    assert_eq!(ran.code, Some(0), "{ran}");
+    assert!(
+        !ran.stderr.contains('\u{1b}') && !ran.stderr.contains('\u{7}'),
+        "{ran}"
+    );
+    assert!(
+        ran.stderr
+            .lines()
+            .any(|l| l.contains("(evil\\u{1b}[2J\\u{1b}]0;pwned\\u{7}")
+                && l.contains("does not run build")),
+        "{ran}"
+    );
+}
