@@ -656,9 +656,11 @@ fn strip_deleted(p: &Path) -> (PathBuf, bool) {
     }
 }
 
-/// Whether an `LD_PRELOAD` element names this mapped file: a path equal to it (or a
-/// regular file, not a link, with its device and inode), or a bare name equal to its file
-/// name (the loader searched for it).
+/// Whether an `LD_PRELOAD` element names this mapped file: a path equal to it (or one
+/// that leads to a regular file with its device and inode: the loader opens the element
+/// following links, and a build's `lib/libnccl.so.2`, what `fdl nccl env` preloads, is a
+/// link to `libnccl.so.X.Y.Z`), or a bare name equal to its file name (the loader
+/// searched for it).
 fn preload_names(element: &str, path: &Path, m: &Mapping) -> bool {
     if !element.contains('/') {
         return path
@@ -668,7 +670,7 @@ fn preload_names(element: &str, path: &Path, m: &Mapping) -> bool {
     if Path::new(element) == path {
         return true;
     }
-    std::fs::symlink_metadata(element).is_ok_and(|md| {
+    std::fs::metadata(element).is_ok_and(|md| {
         md.file_type().is_file()
             && (libc::major(md.dev()), libc::minor(md.dev())) == m.dev
             && md.ino() == m.inode
