@@ -1046,7 +1046,18 @@ impl<'a> Watch<'a> {
             Some(Evidence::Memory { caller, .. })
                 if caller.file_name().is_some_and(|n| !n.to_string_lossy().starts_with("libnccl"))
         );
-        let settled = matches!(verdict, Verdict::Off { .. }) || (from_memory && callers_own);
+        // Without memory the loader's rules are the answer: a preload of the build comes
+        // first in the global scope whatever loads later.
+        let by_preload = matches!(
+            p.reach.evidence(),
+            Some(Evidence::Model {
+                rule: running::Rule::Preloaded { .. },
+                ..
+            })
+        );
+        let settled = matches!(verdict, Verdict::Off { .. })
+            || (from_memory && callers_own)
+            || (self.no_memory && by_preload && matches!(verdict, Verdict::OnBuild { .. }));
         Some(Check {
             pid: p.pid,
             ppid: p.ppid,

@@ -312,6 +312,37 @@ fn torchrun_workers_are_checked_and_on_the_build() {
     assert_eq!(s.worker_pids().len(), 2, "{ran}");
 }
 
+/// `--no-memory`: the loader's rules answer, and the build's `lib/libnccl.so.2` (a link)
+/// in LD_PRELOAD is the preload that comes first.
+#[test]
+#[ignore = "needs the torch 2.15.0 venv of `.ci/fetch-oracles` (FDL_TEST_TORCH_VENV): `cargo test -- --include-ignored`"]
+fn without_memory_the_loaders_rules_answer() {
+    let s = torch();
+    let job = s.torchrun();
+    let mut args = vec!["-v", "--no-memory", "--"];
+    args.extend(job.iter().map(String::as_str));
+    let ran = run(&mut s.launch(&args), &mut |_| {});
+    eprintln!("{ran}");
+    assert_eq!(ran.code, Some(0), "{ran}");
+    for rank in 0..2 {
+        assert!(
+            ran.stderr.lines().any(|l| l.contains(&format!(
+                " rank {rank} (python -u job.py) runs build {} (the loader's rules: LD_PRELOAD names it (",
+                s.build
+            ))),
+            "{ran}"
+        );
+    }
+    assert_eq!(
+        summary(&ran),
+        format!(
+            "fdl launch: 2 workers checked (ranks 0, 1): all on build {}",
+            s.build
+        ),
+        "{ran}"
+    );
+}
+
 /// A launcher that drops LD_PRELOAD (`env -u LD_PRELOAD` in a wrapper script): each
 /// worker is named, with its pid, and the cause; `--strict` stops the job and fails.
 #[test]
