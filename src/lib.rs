@@ -9,7 +9,8 @@
 //! 0, the ground floor, shared by all (`text`, `paste`, `digest`, `fsread`, `fswrite`, `cache`,
 //! `process`, `lock`, `txn`, `progress`, `step`, `version`, `arch`); 1, facts about this
 //! machine and its build store (`gpu`, `inspect`, `loader`, `project`, `libtorch`,
-//! `store`); 2, `nccl`; 3, the backends `docker` and `native`; 4, `pipeline`; 5,
+//! `store`); 2, `nccl`; 3, the backends `docker` and `native`; 4, `pipeline` and
+//! `launch`; 5,
 //! `cluster`; 6, `cli`, which nothing imports. No file imports one that imports it back.
 //! `tests/architecture.rs` holds both rules against the table in ARCHITECTURE.md.
 
@@ -23,6 +24,7 @@ pub mod fsread;
 pub mod fswrite;
 pub mod gpu;
 pub mod inspect;
+pub mod launch;
 pub mod libtorch;
 pub mod loader;
 pub mod lock;

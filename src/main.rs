@@ -32,6 +32,10 @@ fn main() -> ExitCode {
                 fdl::eprintln_safe!("{} {interrupted}", paint_err("error:", Color::Red));
                 ExitCode::from(130)
             }
+            // `fdl launch`: the job's own exit status, which the job has explained.
+            None if e.downcast_ref::<fdl::cli::JobStatus>().is_some() => {
+                ExitCode::from(e.downcast_ref::<fdl::cli::JobStatus>().map_or(1, |s| s.0))
+            }
             None if e.downcast_ref::<fdl::cli::ModelWrong>().is_some() => {
                 fdl::eprintln_safe!("{} {e:#}", paint_err("fdl bug:", Color::Red));
                 ExitCode::from(fdl::cli::EXIT_MODEL_WRONG)

@@ -116,6 +116,77 @@ pub(crate) fn spawn(cmd: &mut Command) -> std::io::Result<(Child, Watchdog)> {
     Ok((child, watch))
 }
 
+/// Starts a foreground job for a supervisor (`fdl launch`): [`spawn`]'s process group,
+/// ties to fdl's life and watchdog, with fdl made the job's subreaper first, so a
+/// descendant whose parent ends (a worker of a launcher that died, a daemon it started)
+/// is re-parented to fdl instead of to init: it stays in the tree fdl watches and ends.
+pub fn spawn_job(cmd: &mut Command) -> std::io::Result<(Child, Watchdog)> {
+    // SAFETY: prctl with plain integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    spawn(cmd)
+}
+
+/// The signals a foreground supervisor passes on to its job, as a terminal passes them to
+/// its foreground process group.
+pub const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// The signals of [`FORWARDED`] caught and not yet taken, one bit per signal number.
+static CAUGHT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn record_signal(sig: libc::c_int) {
+    // An atomic store is async-signal-safe.
+    if (0..64).contains(&sig) {
+        CAUGHT.fetch_or(1 << sig, Ordering::SeqCst);
+    }
+}
+
+/// While alive, SIGINT, SIGTERM and SIGHUP do not end fdl (nor go to
+/// [`install_interrupt_handler`]'s handler): each is recorded, for the supervisor to pass
+/// on ([`ForwardSignals::take`]). Dropping it puts the handlers back as they were.
+pub struct ForwardSignals {
+    old: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+impl ForwardSignals {
+    pub fn install() -> std::io::Result<ForwardSignals> {
+        let mut old = Vec::new();
+        for sig in FORWARDED {
+            // SAFETY: a zeroed sigaction is valid; the handler only stores to an atomic.
+            unsafe {
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = record_signal as *const () as usize;
+                act.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut act.sa_mask);
+                let mut was: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, &act, &mut was) != 0 {
+                    let e = std::io::Error::last_os_error();
+                    drop(ForwardSignals { old });
+                    return Err(e);
+                }
+                old.push((sig, was));
+            }
+        }
+        Ok(ForwardSignals { old })
+    }
+
+    /// The signals caught since the last call, in ascending order.
+    pub fn take(&self) -> Vec<libc::c_int> {
+        let bits = CAUGHT.swap(0, Ordering::SeqCst);
+        (0..64).filter(|s| bits & (1 << s) != 0).collect()
+    }
+}
+
+impl Drop for ForwardSignals {
+    fn drop(&mut self) {
+        for (sig, was) in self.old.drain(..).rev() {
+            // SAFETY: restoring the action sigaction returned.
+            unsafe { libc::sigaction(sig, &was, std::ptr::null_mut()) };
+        }
+    }
+}
+
 /// Starts a quick query that ends on its own (nvidia-smi, scontrol) in a process group of
 /// its own, so that a timeout or Ctrl-C ends it and what it started, but not tied to
 /// fdl's life as [`spawn`] ties a build: if fdl is killed outright, the query finishes
@@ -134,7 +205,7 @@ fn spawn_query(cmd: &mut Command) -> std::io::Result<Child> {
 /// It blocks reading a pipe whose only write end fdl holds: the read returns when fdl
 /// exits for any reason, SIGKILL included. When the child ends normally fdl kills the
 /// watchdog first (on drop), so it never outlives its use.
-pub(crate) struct Watchdog {
+pub struct Watchdog {
     pid: libc::pid_t,
     write_end: libc::c_int,
 }
@@ -181,6 +252,14 @@ impl Watchdog {
                 write_end: fds[1],
             }
         }
+    }
+}
+
+impl Watchdog {
+    /// Its pid (0 when it could not be started): a supervisor that walks its own
+    /// descendants leaves it to [`Drop`].
+    pub fn pid(&self) -> u32 {
+        self.pid.max(0) as u32
     }
 }
 

@@ -279,26 +279,52 @@ pub enum EnvFormat {
     Json,
 }
 
-pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> Result<()> {
+/// A build wired for this host: the choice (said on stderr), the `LD_PRELOAD` element
+/// that names its library, and the plugins the preload would move (those it cannot keep
+/// warned of on stderr). What `fdl nccl env` prints and `fdl launch` sets.
+pub(super) struct Wired {
+    pub choice: Choice,
+    /// The build's `lib/`.
+    pub lib_dir: PathBuf,
+    pub preload: PathBuf,
+    pub moved: Vec<Moved>,
+}
+
+pub(super) fn wire(project: &Project, build: Option<&str>, wiring: &Wiring) -> Result<Wired> {
     let store = BuildStore::new(project.nccl_builds_dir());
-    let choice = pick_build(project, &store, build, &Wiring::NCCL_ENV, &this_host)?;
+    let choice = pick_build(project, &store, build, wiring, &this_host)?;
     announce(&choice);
-    let (name, manifest, why) = (&choice.build, &choice.manifest, &choice.reason);
-    let lib: PathBuf = store.path_of(name).join("lib").join("libnccl.so.2");
+    let lib_dir = store.path_of(&choice.build).join("lib");
     // A path the loader reads as one LD_PRELOAD element: the build's own, or a link in
     // the per-user cache when the project's path holds a space or a colon.
-    let preload = crate::nccl::preload::preload_path(&lib, name)?;
+    let preload = crate::nccl::preload::preload_path(&lib_dir.join("libnccl.so.2"), &choice.build)?;
+    let moved = plugins_moved(project, &preload);
+    for m in moved.iter().filter(|m| m.keep.is_none()) {
+        crate::eprintln_safe!("warning: {}", clean(&m.sentence()));
+    }
+    Ok(Wired {
+        choice,
+        lib_dir,
+        preload,
+        moved,
+    })
+}
+
+pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> Result<()> {
+    let Wired {
+        choice,
+        preload,
+        moved,
+        ..
+    } = wire(project, build, &Wiring::NCCL_ENV)?;
+    let (name, manifest, why) = (&choice.build, &choice.manifest, &choice.reason);
     // This output is `eval`ed or pasted: the path is quoted for its format too.
     let path = preload.to_str().expect("preload_path returns UTF-8 paths");
     let comment = comment_text(&format!(
         "{name}: NCCL {} ({why})",
         manifest.checked.header_version
     ));
-    let moved = plugins_moved(project, &preload);
     let kept: Vec<&Moved> = moved.iter().filter(|m| m.keep.is_some()).collect();
-    for m in moved.iter().filter(|m| m.keep.is_none()) {
-        crate::eprintln_safe!("warning: {}", clean(&m.sentence()));
-    }
     match format {
         EnvFormat::Shell => {
             outln!("# {comment}");

@@ -27,6 +27,7 @@ pub mod common;
 mod complete;
 mod gpus;
 mod inspect;
+mod launch;
 mod libtorch;
 mod manage;
 mod ps;
@@ -44,6 +45,7 @@ use common::{build_name_arg, print_json};
 pub use common::{
     finish_stdout, JsonReported, ModelWrong, Undecided, EXIT_MODEL_WRONG, EXIT_UNKNOWN, JSON_SCHEMA,
 };
+pub use launch::{JobStatus, LaunchArgs};
 pub use libtorch::LibtorchCommand;
 
 #[derive(Debug, Parser)]
@@ -121,6 +123,17 @@ pub enum Command {
     /// differ)
     #[command(after_help = "Examples:\n  fdl ps\n  fdl ps --pid 4242 --json")]
     Ps(ps::PsArgs),
+    /// Run a job (torchrun, mpirun, a script) with a build preloaded, and say which of its
+    /// processes do not run it
+    #[command(
+        long_about = "Run COMMAND in the foreground with the build `fdl nccl env` would wire (or --build) in its \
+LD_PRELOAD. fdl passes SIGINT, SIGTERM and SIGHUP on to the job's process group and exits with its status \
+(128+N for a death by signal N). While it runs, fdl reads from /proc every process of the job that maps an \
+NCCL and says on stderr, once per process, any that reaches another NCCL or lost LD_PRELOAD, with the likely \
+cause; at the end, one line says how many workers were checked. Nothing of the job is left running when fdl ends.",
+        after_help = "Examples:\n  fdl launch -- torchrun --nproc-per-node 2 train.py\n  fdl launch --strict --build v2.27.5-sm61-sm120 -- python -m torch.distributed.run --nproc-per-node 2 train.py\n  fdl launch -- mpirun -x LD_PRELOAD -np 4 python train.py\n  srun fdl launch -- python train.py   # one fdl per task: srun's tasks are not fdl's children"
+    )]
+    Launch(LaunchArgs),
     /// Show the local GPUs (from nvidia-smi)
     #[command(after_help = "Example:\n  fdl gpus --json")]
     Gpus {
@@ -257,7 +270,9 @@ impl Command {
         match self {
             Command::Nccl(NcclCommand::Detect { path, .. })
             | Command::Nccl(NcclCommand::Plugins { path, .. }) => path.is_none(),
-            Command::Nccl(_) | Command::Libtorch(_) | Command::Cluster(_) => true,
+            Command::Nccl(_) | Command::Libtorch(_) | Command::Cluster(_) | Command::Launch(_) => {
+                true
+            }
             Command::Inspect { .. }
             | Command::ProbeNccl { .. }
             | Command::Completions { .. }
@@ -286,7 +301,7 @@ impl Command {
             Command::Cluster(c) => c.wants_json(),
             Command::Store(s) => s.wants_json(),
             Command::Ps(a) => a.json,
-            Command::ProbeNccl { .. } | Command::Completions { .. } => false,
+            Command::ProbeNccl { .. } | Command::Completions { .. } | Command::Launch(_) => false,
         }
     }
 }
@@ -340,7 +355,7 @@ pub fn run(cli: Cli) -> Result<()> {
     let project = Project::from_process(cli.root.as_deref())?;
     let uses_project = matches!(
         cli.command,
-        Command::Nccl(_) | Command::Libtorch(_) | Command::Cluster(_)
+        Command::Nccl(_) | Command::Libtorch(_) | Command::Cluster(_) | Command::Launch(_)
     );
     let json_errors = cli.command.wants_json();
     let reads_project = cli.command.reads_project();
@@ -357,6 +372,7 @@ pub fn run(cli: Cli) -> Result<()> {
             && e.downcast_ref::<JsonReported>().is_none()
             && e.downcast_ref::<Undecided>().is_none()
             && e.downcast_ref::<ModelWrong>().is_none()
+            && e.downcast_ref::<JobStatus>().is_none()
         {
             print_json(&serde_json::json!({ "error": format!("{e:#}") }));
         }
@@ -371,7 +387,8 @@ pub fn run(cli: Cli) -> Result<()> {
                     .downcast_ref::<crate::process::Interrupted>()
                     .is_none()
                 && cause.downcast_ref::<Undecided>().is_none()
-                && cause.downcast_ref::<ModelWrong>().is_none() =>
+                && cause.downcast_ref::<ModelWrong>().is_none()
+                && cause.downcast_ref::<JobStatus>().is_none() =>
         {
             Err(InProject {
                 cause,
@@ -457,6 +474,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
         }
         Command::Gpus { json } => gpus::run(json),
         Command::Ps(args) => ps::run(project, args),
+        Command::Launch(args) => launch::run(project, args),
     }
 }
 

@@ -867,9 +867,11 @@ fn strip_deleted(p: &Path) -> (PathBuf, bool) {
     }
 }
 
-/// Whether an `LD_PRELOAD` element names this mapped file: a path equal to it (or a
-/// regular file, not a link, with its device and inode), or a bare name equal to its file
-/// name (the loader searched for it).
+/// Whether an `LD_PRELOAD` element names this mapped file: a path equal to it (or one
+/// that leads to a regular file with its device and inode: the loader opens the element
+/// following links, and a build's `lib/libnccl.so.2`, what `fdl nccl env` preloads, is a
+/// link to `libnccl.so.X.Y.Z`), or a bare name equal to its file name (the loader
+/// searched for it).
 fn preload_names(element: &str, path: &Path, m: &Mapping) -> bool {
     if !element.contains('/') {
         return path
@@ -879,7 +881,7 @@ fn preload_names(element: &str, path: &Path, m: &Mapping) -> bool {
     if Path::new(element) == path {
         return true;
     }
-    std::fs::symlink_metadata(element).is_ok_and(|md| {
+    std::fs::metadata(element).is_ok_and(|md| {
         md.file_type().is_file()
             && (libc::major(md.dev()), libc::minor(md.dev())) == m.dev
             && md.ino() == m.inode
@@ -1091,10 +1093,16 @@ fn from_memory(
         if slots.slots.is_empty() {
             continue;
         }
-        let base = procmaps::load_base(maps, lib, &slots)?;
         let own = nccl
             .iter()
             .position(|n| n.id == (lib.dev.0, lib.dev.1, lib.inode));
+        // A libnccl's slots say where NCCL's calls to itself go, not the program's: a
+        // second NCCL mapped and never called (torch's sys.path one behind a preload)
+        // binds them to itself, or to the first NCCL in the global scope.
+        if own.is_some_and(|i| nccl[i].kind == NcclKind::Library) {
+            continue;
+        }
+        let base = procmaps::load_base(maps, lib, &slots)?;
         first_caller.get_or_insert(lib_path.clone());
         for s in &slots.slots {
             total += 1;
@@ -1136,7 +1144,10 @@ fn from_memory(
         }
     }
     let Some(caller) = first_caller else {
-        return Err("the objects that import nccl* have no slot for it".into());
+        return Err(
+            "no object but an NCCL library has nccl* slots (nothing that calls NCCL is loaded yet, or its calls go through dlsym)"
+                .into(),
+        );
     };
     let bound: usize = counts.iter().map(|(_, c)| c).sum();
     let evidence = Evidence::Memory {

@@ -37,6 +37,11 @@ impl Wiring {
         make: "fdl nccl build",
         this: "fdl nccl env",
     };
+    /// `fdl launch` runs a job with the build `fdl nccl env` would wire.
+    pub const LAUNCH: Wiring = Wiring {
+        make: "fdl nccl build",
+        this: "fdl launch --build",
+    };
 }
 
 /// One host the build is for: its name as messages say it ("this host", a worker), its
