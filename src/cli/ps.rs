@@ -193,10 +193,8 @@ fn render(scan: &Scan, verdict: &Agreement, short: bool, asked: &[u32]) {
     }
     // A process asked for is named with its reason; of the rest (this user's processes
     // that /proc would not show, such as non-dumpable ones), a count.
-    let (asked, others): (Vec<_>, Vec<_>) = scan
-        .refused
-        .iter()
-        .partition(|r| asked.contains(&r.pid));
+    let (asked, others): (Vec<_>, Vec<_>) =
+        scan.refused.iter().partition(|r| asked.contains(&r.pid));
     for r in asked {
         outln!(
             "{}",
@@ -237,7 +235,9 @@ fn render(scan: &Scan, verdict: &Agreement, short: bool, asked: &[u32]) {
                 outln!(
                     "  NCCL {} (blake3 {}…): {}",
                     crate::text::clean(g.version.as_deref().unwrap_or("unknown")),
-                    g.blake3.as_deref().map_or("unread", |d| &d[..d.len().min(12)]),
+                    g.blake3
+                        .as_deref()
+                        .map_or("unread", |d| &d[..d.len().min(12)]),
                     g.pids
                         .iter()
                         .map(|p| format!("pid {p}"))

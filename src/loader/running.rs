@@ -374,7 +374,10 @@ impl Process {
                 };
                 match target.nccl.and_then(|i| self.nccl.get(i)) {
                     Some(n) => format!("{} {} ({how})", n.version_words(), file_name(&n.path)),
-                    None => format!("{} (no NCCL: it interposes nccl*; {how})", file_name(&target.path)),
+                    None => format!(
+                        "{} (no NCCL: it interposes nccl*; {how})",
+                        file_name(&target.path)
+                    ),
                 }
             }
             Reach::Split { targets, .. } => format!(
@@ -441,9 +444,10 @@ impl Process {
                 rows.push(("by", evidence.long()));
             }
             Reach::NoNccl => rows.push(("calls reach", "no NCCL: it maps none".to_string())),
-            Reach::Unknown { reason } => {
-                rows.push(("calls reach", format!("unknown: {}", crate::text::clean(reason))))
-            }
+            Reach::Unknown { reason } => rows.push((
+                "calls reach",
+                format!("unknown: {}", crate::text::clean(reason)),
+            )),
         }
         for (i, n) in self.nccl.iter().enumerate() {
             if Some(i) != reached {
@@ -583,6 +587,7 @@ impl Context {
                     .and_then(|v| v.trim().parse().ok())
             });
         // SAFETY: sysconf has no preconditions.
+        #[allow(clippy::unnecessary_cast)] // c_long is i32 on 32-bit targets
         let ticks = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
             n if n > 0 => n as i64,
             _ => 100,
@@ -1135,7 +1140,7 @@ fn from_memory(
             evidence,
         }),
         _ => {
-            counts.sort_by(|a, b| b.1.cmp(&a.1));
+            counts.sort_by_key(|c| std::cmp::Reverse(c.1));
             Ok(Reach::Split {
                 targets: counts,
                 evidence,
