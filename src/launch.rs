@@ -985,7 +985,8 @@ impl<'a> Watch<'a> {
                 (r, Some(evidence.short()), memory)
             }
             Reach::Split { targets, evidence } => {
-                let all_build = targets.iter().all(|(t, _)| {
+                let all_build = targets.iter().all(|s| {
+                    let t = &s.target;
                     t.nccl
                         .is_some_and(|i| is_build(&p.nccl[i]).is_some_and(|c| c.is_none()))
                 });
@@ -993,7 +994,7 @@ impl<'a> Watch<'a> {
                     Reached::Build { copy: None }
                 } else {
                     Reached::Split {
-                        paths: targets.iter().map(|(t, _)| t.path.clone()).collect(),
+                        paths: targets.iter().map(|s| s.target.path.clone()).collect(),
                     }
                 };
                 (r, Some(evidence.short()), true)
