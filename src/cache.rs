@@ -63,9 +63,21 @@ pub fn sha256_file_kept(path: &Path) -> Result<String> {
 fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
     let mut file = crate::fsread::open_regular(path, true)?;
     let meta = file.metadata()?;
-    let identity = format!(
-        "{}\0{}\0{}\0{}\0{}.{}\0{}.{}",
-        path.display(),
+    let identity = format!("{}\0{}", path.display(), file_identity(&meta));
+    let after = |file: &std::fs::File| file.metadata().ok();
+    let (digest, _) = kept_in(cache, &identity, &meta, || {
+        let d = crate::digest::sha256_of(&mut file, path, &mut vec![0u8; 1 << 20])?;
+        Ok((d, after(&file)))
+    })?;
+    Ok(digest)
+}
+
+/// What names one state of a file: its device, inode, size, and modification and change
+/// times to the nanosecond. Any write or metadata change moves the change time, which no
+/// program can set back.
+pub fn file_identity(meta: &std::fs::Metadata) -> String {
+    format!(
+        "{}\0{}\0{}\0{}.{}\0{}.{}",
         meta.dev(),
         meta.ino(),
         meta.size(),
@@ -73,7 +85,29 @@ fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
         meta.mtime_nsec(),
         meta.ctime(),
         meta.ctime_nsec()
-    );
+    )
+}
+
+/// A hex digest of the file in the state `identity` names (see [`file_identity`]; `meta`
+/// is that state), kept in `<cache>/digests`: the kept one when there is one, else
+/// `compute`'s, which also returns the file's metadata once read, and is kept only when
+/// the file did not change meanwhile. The second value says whether the digest was kept
+/// from an earlier read. An entry that is not a digest is read as none; a digest that
+/// cannot be kept costs the next run the read again.
+pub fn kept_digest(
+    identity: &str,
+    meta: &std::fs::Metadata,
+    compute: impl FnOnce() -> Result<(String, Option<std::fs::Metadata>)>,
+) -> Result<(String, bool)> {
+    kept_in(cache_dir().ok().as_deref(), identity, meta, compute)
+}
+
+fn kept_in(
+    cache: Option<&Path>,
+    identity: &str,
+    meta: &std::fs::Metadata,
+    compute: impl FnOnce() -> Result<(String, Option<std::fs::Metadata>)>,
+) -> Result<(String, bool)> {
     let key = crate::digest::sha256_hex(identity.as_bytes());
     let dir = cache.map(|c| c.join("digests"));
     let kept = dir.as_ref().map(|d| d.join(&key[..32]));
@@ -86,13 +120,13 @@ fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
                     .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
                 && own_dir(dir).is_ok()
             {
-                return Ok(text.to_string());
+                return Ok((text.to_string(), true));
             }
         }
     }
-    let digest = crate::digest::sha256_of(&mut file, path, &mut vec![0u8; 1 << 20])?;
+    let (digest, after) = compute()?;
     // Kept only when the file did not change while it was read.
-    let same = file.metadata().is_ok_and(|after| {
+    let same = after.is_some_and(|after| {
         after.ctime() == meta.ctime()
             && after.ctime_nsec() == meta.ctime_nsec()
             && after.size() == meta.size()
@@ -109,7 +143,7 @@ fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
             }
         }
     }
-    Ok(digest)
+    Ok((digest, false))
 }
 
 /// `<cache>/<rel>`, every directory on the way made or checked as [`own_dir`] does —

@@ -918,6 +918,7 @@ impl<'a> Watch<'a> {
         let scan = running::scan(&running::Options {
             pids: Some(ask),
             no_memory: self.no_memory,
+            keep_digests: true,
         });
         for r in scan.refused {
             // Refused because it ended while read: nothing to say of it.

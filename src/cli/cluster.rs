@@ -428,6 +428,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             let scan = crate::loader::running::scan(&crate::loader::running::Options {
                 pids: None,
                 no_memory,
+                keep_digests: true,
             });
             // The answer's own schema and kind, which the controller checks.
             super::common::print_json_as_is(&json!({

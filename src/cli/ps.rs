@@ -119,6 +119,7 @@ pub(super) fn run(project: &Project, args: PsArgs) -> Result<()> {
     let mut scan = running::scan(&running::Options {
         pids: (!args.pids.is_empty()).then(|| args.pids.clone()),
         no_memory: args.no_memory,
+        keep_digests: true,
     });
     name_builds(project, &mut scan);
     // Asked-for processes that /proc refused: the answer the user wanted is missing.

@@ -320,6 +320,15 @@ impl<'a> Source<'a> {
         }
     }
 
+    /// The metadata of the file these bytes are read from, taken on the open descriptor
+    /// now; `None` for bytes in memory or an empty file.
+    pub fn metadata(&self) -> Option<std::fs::Metadata> {
+        match &self.backing {
+            Backing::Mapped { file, .. } => file.metadata().ok(),
+            Backing::Empty | Backing::Memory(_) => None,
+        }
+    }
+
     /// Wraps bytes already in memory (fuzzing and tests).
     pub fn from_bytes(data: &'a [u8]) -> Source<'a> {
         Source {

@@ -61,6 +61,9 @@ pub struct Options {
     pub pids: Option<Vec<u32>>,
     /// Do not read `/proc/PID/mem`: answer from the maps and the loader's rules.
     pub no_memory: bool,
+    /// Keep each NCCL file's digest in fdl's cache, by the file's identity, and take it
+    /// from there while the file is unchanged ([`crate::cache::kept_digest`]).
+    pub keep_digests: bool,
 }
 
 /// Every process looked at, and those `/proc` would not show.
@@ -141,6 +144,9 @@ pub struct MappedNccl {
     pub cuda: Option<String>,
     /// BLAKE3 of the mapped file's bytes (as a build's manifest records a file).
     pub blake3: Option<String>,
+    /// The digest was kept from an earlier read of this very file, unchanged since (its
+    /// device, inode, size, modification and change times are those it had then).
+    pub digest_kept: bool,
     pub size: Option<u64>,
     /// Why version and digest are unknown.
     pub unread: Option<String>,
@@ -587,6 +593,7 @@ struct ObjectFacts {
     self_id: Option<crate::inspect::selfid::SelfId>,
     self_id_error: Option<String>,
     blake3: Option<String>,
+    digest_kept: bool,
     size: Option<u64>,
 }
 
@@ -752,7 +759,15 @@ fn read_process(
     let mut callers: Vec<(&Mapping, ObjectFacts)> = Vec::new();
     for m in &firsts {
         let (shown_path, deleted) = strip_deleted(m.path.as_deref().unwrap_or(Path::new("")));
-        let facts = object_facts(pid, m, &shown_path, deleted, ctx, candidate(m));
+        let facts = object_facts(
+            pid,
+            m,
+            &shown_path,
+            deleted,
+            ctx,
+            candidate(m),
+            opts.keep_digests,
+        );
         let holds_nccl = candidate(m) && facts.self_id.is_some();
         if holds_nccl || (named(m, "libnccl.so") && facts.unread.is_some()) {
             let kind = if named(m, "libnccl.so") {
@@ -770,6 +785,7 @@ fn read_process(
                 version: facts.self_id.as_ref().map(|s| s.nccl.to_string()),
                 cuda: facts.self_id.as_ref().map(|s| s.cuda.to_string()),
                 blake3: facts.blake3.clone(),
+                digest_kept: facts.digest_kept,
                 size: facts.size,
                 unread: facts.unread.clone().or(facts.self_id_error.clone()),
                 disk,
@@ -920,6 +936,7 @@ fn object_facts(
     deleted: bool,
     ctx: &Context,
     deep: bool,
+    keep: bool,
 ) -> ObjectFacts {
     let key = (m.dev.0, m.dev.1, m.inode);
     if let Some(f) = ctx.objects.borrow().get(&key) {
@@ -951,7 +968,7 @@ fn object_facts(
                     crate::text::shown(&t)
                 );
             }
-            read_facts(src, path, deep, &mut facts)
+            read_facts(src, path, deep, keep, &mut facts)
         });
         match r {
             Ok(()) => {
@@ -979,6 +996,7 @@ fn read_facts(
     src: &Source<'_>,
     path: &Path,
     deep: bool,
+    keep: bool,
     facts: &mut ObjectFacts,
 ) -> anyhow::Result<()> {
     if !inspect::elf::is_elf(src.bytes_clipped(0, 16)) {
@@ -1001,8 +1019,24 @@ fn read_facts(
             Err(e) => facts.self_id_error = Some(crate::text::clean(&format!("{e:#}"))),
         }
         if facts.self_id.is_some() || facts.self_id_error.is_some() {
-            let bytes = src.bytes(0, src.len())?;
-            facts.blake3 = Some(blake3_hex(bytes, cores(), SPLIT_BYTES));
+            let hash = || -> anyhow::Result<String> {
+                Ok(blake3_hex(src.bytes(0, src.len())?, cores(), SPLIT_BYTES))
+            };
+            facts.blake3 = Some(match (keep, src.metadata()) {
+                // Kept by the file's identity (device, inode, size, times to the
+                // nanosecond): hashing a released NCCL takes longer than the rest of a
+                // scan, and its change time, which moves on any write, says the bytes are
+                // those hashed before.
+                (true, Some(meta)) => {
+                    let identity = format!("blake3\0{}", crate::cache::file_identity(&meta));
+                    let (d, kept) = crate::cache::kept_digest(&identity, &meta, || {
+                        Ok((hash()?, src.metadata()))
+                    })?;
+                    facts.digest_kept = kept;
+                    d
+                }
+                _ => hash()?,
+            });
             facts.size = Some(src.len());
         }
     }
@@ -1295,7 +1329,7 @@ mod tests {
     fn this_process_is_read_and_maps_no_nccl() {
         let s = scan(&Options {
             pids: Some(vec![std::process::id()]),
-            no_memory: false,
+            ..Options::default()
         });
         assert_eq!(s.processes.len(), 1, "{:?}", s.refused);
         assert_eq!(s.processes[0].reach, Reach::NoNccl);
@@ -1306,7 +1340,7 @@ mod tests {
     fn a_pid_that_does_not_exist_is_refused_with_a_reason() {
         let s = scan(&Options {
             pids: Some(vec![u32::MAX - 1]),
-            no_memory: false,
+            ..Options::default()
         });
         assert!(s.processes.is_empty());
         assert!(s.refused[0].reason.contains("no such process"));
