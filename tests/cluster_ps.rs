@@ -185,6 +185,59 @@ impl Rig {
     }
 }
 
+/// The session docs/cluster.md shows (the block that starts `$ fdl cluster ps`) is this
+/// test's real output, pids aside (they differ from run to run), spaces and line breaks
+/// run together.
+fn docs_show(out: &Output) {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cluster.md")).unwrap();
+    let shown: Vec<&str> = doc
+        .lines()
+        .skip_while(|l| *l != "$ fdl cluster ps")
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .collect();
+    assert!(
+        !shown.is_empty(),
+        "docs/cluster.md shows no `$ fdl cluster ps` session"
+    );
+    let real = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let real: Vec<&str> = real.lines().collect();
+    let norm = |line: &str| -> String {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let row = matches!(words.first(), Some(&"a" | &"b" | &"c"));
+        words
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let digits = w.trim_end_matches([')', ',', ';']);
+                let is_pid = !digits.is_empty()
+                    && digits.bytes().all(|b| b.is_ascii_digit())
+                    && ((row && i == 1) || (i > 0 && matches!(words[i - 1], "pid" | "(pid")));
+                if is_pid {
+                    w.replacen(digits, "N", 1)
+                } else {
+                    w.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    // Lines as one text: where a verdict's line breaks depends on the pids' widths.
+    let (shown, real): (String, String) = (
+        shown.iter().map(|l| norm(l)).collect::<Vec<_>>().join(" "),
+        real.iter().map(|l| norm(l)).collect::<Vec<_>>().join(" "),
+    );
+    assert_eq!(
+        shown, real,
+        "docs/cluster.md's `fdl cluster ps` session is not this run's output (pids aside)"
+    );
+}
+
 /// (1) one host on another NCCL: red, naming it and its rank; (2) all on one: green, and
 /// on the project's build of that file; (3) a host without a rank says so; a rank
 /// number twice is red.
@@ -253,6 +306,7 @@ fn cluster_ps_over_ssh_names_the_odd_rank_then_is_green() {
     );
     assert!(t.contains("RED     version"), "{t}");
     eprintln!("{t}");
+    docs_show(&out);
 
     // (2) c on 2.27.5 too: green, its fdl already there.
     rig.stop_ranks("c");

@@ -885,7 +885,15 @@ fn ps_cmd(
                 ps::State::Note => paint("note   ", Color::Yellow),
                 ps::State::Skipped => "skipped".to_string(),
             };
-            outln!("  {mark} {:<9} {}", v.name, clean(&v.detail));
+            // Wrapped on a terminal, one line each when piped (for grep).
+            outln!(
+                "{}",
+                super::common::stdout_row(
+                    &format!("  {mark} {:<9} ", v.name),
+                    &" ".repeat(20),
+                    &clean(&v.detail)
+                )
+            );
         }
     }
     let named = |vs: &[&ps::Verdict]| {
@@ -895,7 +903,12 @@ fn ps_cmd(
             .join("; ")
     };
     if !red.is_empty() {
-        let e = anyhow::anyhow!("the ranks do not agree: {}", named(&red));
+        // About the workers' processes, not the project: no root tail.
+        let e: anyhow::Error = crate::project::RootIrrelevant(anyhow::anyhow!(
+            "the ranks do not agree: {}",
+            named(&red)
+        ))
+        .into();
         return Err(if json {
             super::common::JsonReported(e).into()
         } else {
