@@ -1268,7 +1268,8 @@ fn files_print(pid: u32) -> std::io::Result<(u64, bool)> {
     ids.hash(&mut h);
     let nccl = maps
         .iter()
-        .any(|m| m.file_name_starts("libnccl.so") || m.file_name_starts("libtorch_cuda.so"));
+        .filter_map(|m| m.path.as_deref().and_then(Path::file_name))
+        .any(|n| running::may_hold_nccl(std::os::unix::ffi::OsStrExt::as_bytes(n)));
     Ok((h.finish(), nccl))
 }
 

@@ -251,6 +251,64 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// C source of a program that dlopens one library (RTLD_LOCAL) and prints the
+/// `ncclGetVersion` a call by name from the global scope reaches (a preload's), else the
+/// library's own, with the file `dladdr` places it in; then waits for its stdin to close.
+const GLOBAL_SCOPE_SOURCE: &str = r#"#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+  void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!h) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+  int (*get)(int *) = (int (*)(int *))dlsym(RTLD_DEFAULT, "ncclGetVersion");
+  if (!get) get = (int (*)(int *))dlsym(h, "ncclGetVersion");
+  int v = 0; Dl_info info;
+  if (!get || get(&v) != 0 || !dladdr((void *)get, &info)) return 2;
+  printf("%d %s\n", v, info.dli_fname);
+  fflush(stdout);
+  while (getchar() != EOF) {}
+  return 0;
+}
+"#;
+
+/// torch 1.13.1's split build links NCCL 2.14.3 into `libtorch_cuda_cpp.so` and exports
+/// it: a process that loads it runs that copy, its own slots bound to itself; with NCCL
+/// 2.21.5 in LD_PRELOAD the same slots are bound to the preload.
+#[test]
+#[ignore = "needs the oracle wheels: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn torch113s_linked_in_nccl_and_a_preload_over_it() {
+    let lib = oracle_input("FDL_TEST_TORCH113_LIB").join("libtorch_cuda_cpp.so");
+    let preload = oracle_input("FDL_TEST_NCCL_LIB_2215");
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("g.c");
+    std::fs::write(&src, GLOBAL_SCOPE_SOURCE).unwrap();
+    let prog = dir.path().join("g");
+    assert!(Command::new("cc")
+        .arg("-o")
+        .arg(&prog)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .unwrap()
+        .success());
+    let own = hold_dlopen(&mut Command::new(&prog), &[&lib]);
+    assert_eq!(own.inside[0], (21403, s(&lib)));
+    let (_, v) = ps_json(own.child.id(), &[]);
+    let p = the_process(&v);
+    assert_eq!(reached(p), (s(&lib), "memory".into()), "{p:#}");
+    assert_eq!(nccl_entry(p, &s(&lib))["kind"], "in_libtorch");
+    assert_eq!(nccl_entry(p, &s(&lib))["version"], "2.14.3");
+
+    let over = hold_dlopen(Command::new(&prog).env("LD_PRELOAD", &preload), &[&lib]);
+    assert_eq!(over.inside[0], (22105, s(&preload)));
+    let (_, v) = ps_json(over.child.id(), &[]);
+    let p = the_process(&v);
+    assert_eq!(reached(p), (s(&preload), "memory".into()), "{p:#}");
+    assert_eq!(mapped_paths(p).len(), 2, "{p:#}");
+    let (_, v) = ps_json(over.child.id(), &["--no-memory"]);
+    assert_eq!(reached(the_process(&v)), (s(&preload), "model".into()));
+}
+
 /// The dlopen program, compiled into `dir` (readable and runnable by any user).
 fn dlopen_program(dir: &Path) -> PathBuf {
     let src = dir.join("dl.c");

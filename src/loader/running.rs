@@ -57,7 +57,7 @@ pub const LOCAL_RANK_VARIABLES: [&str; 4] = [
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Only these processes (of any user: another user's is refused with its reason).
-    /// `None`: every process of this user that maps an NCCL or a `libtorch_cuda.so`.
+    /// `None`: every process of this user that maps a file [`may_hold_nccl`] names.
     pub pids: Option<Vec<u32>>,
     /// Do not read `/proc/PID/mem`: answer from the maps and the loader's rules.
     pub no_memory: bool,
@@ -128,7 +128,8 @@ pub struct Setting {
 pub enum NcclKind {
     /// A `libnccl.so*` of its own.
     Library,
-    /// NCCL linked into `libtorch_cuda.so`.
+    /// NCCL linked into a libtorch CUDA library (`libtorch_cuda.so`; torch ≤ 1.13's split
+    /// build has it in `libtorch_cuda_cpp.so`).
     InLibtorch,
 }
 
@@ -338,7 +339,7 @@ impl MappedNccl {
     pub fn tags(&self) -> String {
         let mut s = String::new();
         if self.kind == NcclKind::InLibtorch {
-            s.push_str("  (linked into libtorch_cuda.so)");
+            s.push_str("  (linked into it)");
         }
         if let Some(d) = &self.blake3 {
             s.push_str(&format!("  blake3 {}…", &d[..d.len().min(12)]));
@@ -505,6 +506,13 @@ impl Process {
 /// The last component of a path, cleaned.
 pub fn file_name(p: &Path) -> String {
     crate::text::clean(&p.file_name().unwrap_or(p.as_os_str()).to_string_lossy())
+}
+
+/// Whether a mapped file of this name may be or hold an NCCL: `libnccl.so*`, and torch's
+/// CUDA libraries (`libtorch_cuda.so`, and `libtorch_cuda_cpp.so` / `libtorch_cuda_cu.so`
+/// of torch ≤ 1.13's split build), which may have NCCL linked in. Its self-id decides.
+pub fn may_hold_nccl(file_name: &[u8]) -> bool {
+    file_name.starts_with(b"libnccl.so") || file_name.starts_with(b"libtorch_cuda")
 }
 
 /// Reads every process asked about.
@@ -684,7 +692,12 @@ fn read_process(
             .and_then(Path::file_name)
             .is_some_and(|n| n.as_bytes().starts_with(prefix.as_bytes()))
     };
-    let candidate = |m: &Mapping| named(m, "libnccl.so") || named(m, "libtorch_cuda.so");
+    let candidate = |m: &Mapping| {
+        m.path
+            .as_deref()
+            .and_then(Path::file_name)
+            .is_some_and(|n| may_hold_nccl(n.as_bytes()))
+    };
     if !asked && !maps.iter().any(candidate) {
         return Ok(None);
     }
@@ -799,7 +812,7 @@ fn read_process(
                 kinds: facts.plugin_kinds.clone(),
             });
         }
-        // The callers: objects that import nccl*, and a libtorch_cuda.so with NCCL
+        // The callers: objects that import nccl*, and a libtorch CUDA library with NCCL
         // linked in (its calls go through its own slots). An NCCL library's slots are its
         // internal calls, not the program's.
         if (facts.imports_nccl && !named(m, "libnccl.so"))
