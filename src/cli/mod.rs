@@ -118,9 +118,12 @@ pub enum Command {
         after_help = "Examples:\n  fdl store list\n  fdl store gc --yes"
     )]
     Store(store::StoreCommand),
-    /// The running processes of this user that map an NCCL: which file each one's calls
-    /// reach, its rank, plugins and NCCL_* settings, read from /proc (exit 1 when ranks
-    /// differ)
+    /// Which NCCL each running process of yours calls, and whether the ranks agree
+    ///
+    /// The processes of this user that map an NCCL, read from /proc alone (a hung job
+    /// answers too): which file each one's calls reach and on what evidence (its GOT in
+    /// memory, else the loader's rules), its rank, plugins and NCCL_* settings. Exit 1 when
+    /// the ranks reach different NCCL files, 3 when a rank's answer is unknown.
     #[command(after_help = "Examples:\n  fdl ps\n  fdl ps --pid 4242 --json")]
     Ps(ps::PsArgs),
     /// Run a job (torchrun, mpirun, a script) with a build preloaded, and say which of its
