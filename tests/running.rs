@@ -346,11 +346,15 @@ fn hold_dlopen(cmd: &mut Command, libs: &[&Path]) -> Held {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // A file's name need not be UTF-8: read as bytes, shown as fdl shows it (lossy).
+    let mut out = BufReader::new(child.stdout.take().unwrap());
     let inside = libs
         .iter()
         .map(|_| {
-            let l = lines.next().expect("the program answered").unwrap();
+            let mut line = Vec::new();
+            out.read_until(b'\n', &mut line).unwrap();
+            let l = String::from_utf8_lossy(&line).trim_end().to_string();
+            assert!(!l.is_empty(), "the program answered");
             let (code, file) = l.split_once(' ').unwrap();
             (code.parse().unwrap(), file.to_string())
         })
@@ -454,6 +458,43 @@ fn a_replaced_or_deleted_nccl_is_marked_and_read_as_mapped() {
     std::fs::remove_file(&copy).unwrap();
     let (_, v) = ps_json(held.child.id(), &[]);
     assert_eq!(nccl_entry(the_process(&v), &s(&copy))["disk"], "deleted");
+}
+
+/// A mapped file whose name is not UTF-8 (any process may map one): the answer still
+/// comes, the name shown with U+FFFD where its bytes are not UTF-8.
+#[test]
+#[ignore = "needs the oracle wheels: `source .ci/setup`, then `cargo test -- --include-ignored`"]
+fn a_path_that_is_not_utf8_is_shown_not_fatal() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"odd\xffname"));
+    std::fs::create_dir(&odd).unwrap();
+    let lib = odd.join("libnccl.so.2");
+    let real = oracle_input("FDL_TEST_NCCL_LIB");
+    if std::fs::hard_link(&real, &lib).is_err() {
+        std::fs::copy(&real, &lib).unwrap();
+    }
+    let prog = dlopen_program(dir.path());
+    let held = hold_dlopen(&mut Command::new(&prog), &[&lib]);
+    let (rc, v) = ps_json(held.child.id(), &[]);
+    assert_eq!(rc, 0, "{v:#}");
+    let p = the_process(&v);
+    let shown = lib.to_string_lossy().into_owned();
+    assert!(shown.contains('\u{fffd}'));
+    assert_eq!(reached(p).0, shown, "{p:#}");
+    assert_eq!(
+        nccl_entry(p, &shown)["version"],
+        version_of_code(held.inside[0].0)
+    );
+    let text = fdl()
+        .args(["ps", "--pid", &held.child.id().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        text.status.success(),
+        "{}",
+        String::from_utf8_lossy(&text.stderr)
+    );
 }
 
 /// uid 65534 runs fdl from a copy any user may run.
