@@ -1,9 +1,9 @@
 //! `fdl ps`: the running processes of this user that map an NCCL, which NCCL file each
-//! one's calls reach and on what evidence ([`crate::loader::running`]), and whether the
-//! ranks among them agree. The files are matched to this project's builds by digest.
+//! one's calls reach and on what evidence, and whether the ranks among them agree (both
+//! [`crate::loader::running`]). The files are matched to this project's builds by digest.
 
 use super::common::{print_json, JsonReported, Undecided};
-use crate::loader::running::{self, Process, Scan};
+use crate::loader::running::{self, agreement, Agreement, Scan};
 use crate::project::Project;
 use anyhow::{anyhow, bail, Result};
 use serde_json::json;
@@ -25,72 +25,6 @@ pub struct PsArgs {
     /// One line per process
     #[arg(long, conflicts_with = "json")]
     pub short: bool,
-}
-
-/// What the ranks among the processes say together.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(tag = "verdict", rename_all = "snake_case")]
-pub enum Agreement {
-    /// No process with a rank maps an NCCL.
-    NoRanks,
-    /// Every ranked process reaches the same file (by digest).
-    Same { ranks: usize, version: String },
-    /// They reach different NCCL files: `(version or "unknown", digest, pids)`.
-    Differ { groups: Vec<Group> },
-    /// Some ranked process's answer is unknown or split.
-    Unknown { pids: Vec<u32> },
-}
-
-/// Ranked processes that reach one NCCL file.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Group {
-    pub version: Option<String>,
-    pub blake3: Option<String>,
-    pub pids: Vec<u32>,
-}
-
-/// Which NCCL each ranked process reaches, grouped by the file's digest.
-pub fn agreement(processes: &[Process]) -> Agreement {
-    let ranked: Vec<&Process> = processes
-        .iter()
-        .filter(|p| p.rank.is_some() && !p.nccl.is_empty())
-        .collect();
-    if ranked.is_empty() {
-        return Agreement::NoRanks;
-    }
-    let unknown: Vec<u32> = ranked
-        .iter()
-        .filter(|p| p.reach.nccl().is_none())
-        .map(|p| p.pid)
-        .collect();
-    if !unknown.is_empty() {
-        return Agreement::Unknown { pids: unknown };
-    }
-    let mut groups: BTreeMap<(Option<String>, Option<String>), Vec<u32>> = BTreeMap::new();
-    for p in &ranked {
-        let n = &p.nccl[p.reach.nccl().unwrap_or(0)];
-        groups
-            .entry((n.blake3.clone(), n.version.clone()))
-            .or_default()
-            .push(p.pid);
-    }
-    if groups.len() == 1 {
-        let ((_, version), pids) = groups.into_iter().next().unwrap_or_default();
-        return Agreement::Same {
-            ranks: pids.len(),
-            version: version.unwrap_or_else(|| "unknown".into()),
-        };
-    }
-    Agreement::Differ {
-        groups: groups
-            .into_iter()
-            .map(|((blake3, version), pids)| Group {
-                version,
-                blake3,
-                pids,
-            })
-            .collect(),
-    }
 }
 
 /// Names each mapped file that a build of this project holds (by BLAKE3). A project

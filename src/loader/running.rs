@@ -19,7 +19,7 @@
 use super::procmaps::{self, Mapping};
 use crate::inspect::{self, interpose, Source};
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -504,6 +504,72 @@ impl Process {
             rows.push(("environment", format!("unread: {}", crate::text::clean(e))));
         }
         (head, rows)
+    }
+}
+
+/// What the ranks among the processes say together.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Agreement {
+    /// No process with a rank maps an NCCL.
+    NoRanks,
+    /// Every ranked process reaches the same file (by digest).
+    Same { ranks: usize, version: String },
+    /// They reach different NCCL files: `(version or "unknown", digest, pids)`.
+    Differ { groups: Vec<Group> },
+    /// Some ranked process's answer is unknown or split.
+    Unknown { pids: Vec<u32> },
+}
+
+/// Ranked processes that reach one NCCL file.
+#[derive(Debug, Clone, Serialize)]
+pub struct Group {
+    pub version: Option<String>,
+    pub blake3: Option<String>,
+    pub pids: Vec<u32>,
+}
+
+/// Which NCCL each ranked process reaches, grouped by the file's digest.
+pub fn agreement(processes: &[Process]) -> Agreement {
+    let ranked: Vec<&Process> = processes
+        .iter()
+        .filter(|p| p.rank.is_some() && !p.nccl.is_empty())
+        .collect();
+    if ranked.is_empty() {
+        return Agreement::NoRanks;
+    }
+    let unknown: Vec<u32> = ranked
+        .iter()
+        .filter(|p| p.reach.nccl().is_none())
+        .map(|p| p.pid)
+        .collect();
+    if !unknown.is_empty() {
+        return Agreement::Unknown { pids: unknown };
+    }
+    let mut groups: BTreeMap<(Option<String>, Option<String>), Vec<u32>> = BTreeMap::new();
+    for p in &ranked {
+        let n = &p.nccl[p.reach.nccl().unwrap_or(0)];
+        groups
+            .entry((n.blake3.clone(), n.version.clone()))
+            .or_default()
+            .push(p.pid);
+    }
+    if groups.len() == 1 {
+        let ((_, version), pids) = groups.into_iter().next().unwrap_or_default();
+        return Agreement::Same {
+            ranks: pids.len(),
+            version: version.unwrap_or_else(|| "unknown".into()),
+        };
+    }
+    Agreement::Differ {
+        groups: groups
+            .into_iter()
+            .map(|((blake3, version), pids)| Group {
+                version,
+                blake3,
+                pids,
+            })
+            .collect(),
     }
 }
 
