@@ -4,7 +4,7 @@
 use super::common::print_json;
 use crate::arch::{self, Arch, GpuTarget};
 use crate::gpu::{self, Gpu};
-use crate::inspect::split::Followed;
+use crate::loader::split::Followed;
 use crate::inspect::{self, GpuCode, Linkage, NcclDetection, Verdict};
 use crate::libtorch::Libtorch;
 use crate::loader::{self, Answer, LoaderEnv, Which};
@@ -49,12 +49,12 @@ pub(super) fn coverage_rows(code: &GpuCode, targets: &Targets) -> Vec<CoverageRo
 
 /// The coverage rows of an inspected library, the files they judge, and the title of
 /// their table: its own GPU code, or, when it holds none, that of the libraries of its
-/// directory it loads ([`inspect::split`]).
+/// directory it loads ([`loader::split`]).
 pub(super) fn judged_rows(
     ins: &inspect::Inspection,
     targets: &Targets,
 ) -> (Vec<CoverageRow>, Vec<PathBuf>, String) {
-    match inspect::split::follow(ins, &LoaderEnv::from_process()).filter(|f| f.found()) {
+    match loader::split::follow(ins, &LoaderEnv::from_process()).filter(|f| f.found()) {
         Some(f) => (
             followed_rows(&f, targets),
             f.libraries.iter().map(|l| l.path.clone()).collect(),
@@ -73,7 +73,7 @@ fn followed_title(f: &Followed) -> String {
     format!("Coverage of {}:", crate::text::clean(&and_list(&names)))
 }
 
-/// The rows for a split build's libraries together ([`inspect::split::Followed`]).
+/// The rows for a split build's libraries together ([`loader::split::Followed`]).
 fn followed_rows(f: &Followed, targets: &Targets) -> Vec<CoverageRow> {
     coverage_rows_by(targets, |arch| {
         let each: Vec<(String, Verdict)> = f
@@ -496,7 +496,7 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
     let targets = targets(archs)?;
     // A file with no GPU code of its own is judged by the libraries of its directory that
     // it loads (a split build's bridge), when there are any.
-    let followed = inspect::split::follow(&ins, &LoaderEnv::from_process());
+    let followed = loader::split::follow(&ins, &LoaderEnv::from_process());
     let judged = followed.as_ref().filter(|f| f.found());
     let rows = match judged {
         Some(f) => followed_rows(f, &targets),

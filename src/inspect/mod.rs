@@ -16,7 +16,6 @@ pub mod frames;
 pub mod interpose;
 pub mod selfid;
 pub mod source;
-pub mod split;
 pub mod symver;
 #[doc(hidden)]
 pub(crate) mod zstd_head;

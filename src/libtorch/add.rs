@@ -172,7 +172,7 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
     };
     // A split build's bridge (torch ≤ 1.13) holds no GPU code: its archs are those every
     // library of its directory that it loads has code for (what the package runs on).
-    let (sass, ptx) = match inspect::split::follow(&ins, env).filter(|f| f.found()) {
+    let (sass, ptx) = match loader::split::follow(&ins, env).filter(|f| f.found()) {
         Some(f) => {
             let every = |pick: fn(&inspect::GpuCode) -> &[inspect::CodeEntry]| {
                 let mut lists = f.libraries.iter().map(|l| caps(pick(&l.gpu_code)));

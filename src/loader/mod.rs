@@ -22,6 +22,7 @@ pub mod python;
 pub mod pywitness;
 pub mod running;
 pub mod search;
+pub mod split;
 pub mod witness;
 
 pub use bind::{

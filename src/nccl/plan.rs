@@ -5,7 +5,8 @@
 //! combinations that cannot work. `--dry-run` prints it; the manifest saves it; a
 //! backend executes it. Where each value came from is part of the plan.
 
-use crate::arch::{self, Arch, ImageError};
+use super::image::{self, ImageError};
+use crate::arch::{self, Arch};
 use crate::gpu::Gpu;
 use crate::nccl::tag::Tag;
 use crate::step::{Paths, Step};
@@ -463,7 +464,7 @@ impl BuildPlan {
         let (mut cuda, cuda_origin) = match (inputs.cuda_flag, inputs.cuda_from_libtorch) {
             (Some(c), _) => (c, CudaOrigin::Flag),
             (None, Some(c)) => (c, CudaOrigin::Libtorch),
-            (None, None) => (arch::DEFAULT_CUDA, CudaOrigin::Default),
+            (None, None) => (image::DEFAULT_CUDA, CudaOrigin::Default),
         };
         // Unless --cuda pins it, the CUDA follows what can build: a native build uses its
         // toolkit's own release, and a Docker build a release that compiles every
@@ -488,7 +489,7 @@ impl BuildPlan {
                 BackendInputs::Docker {
                     base_image: None, ..
                 } if arch::check_archs_for_cuda(&inputs.archs, cuda).is_err() => {
-                    if let Some(fit) = arch::closest_cuda_for(&inputs.archs, cuda) {
+                    if let Some(fit) = image::closest_cuda_for(&inputs.archs, cuda) {
                         cuda_note = Some(format!(
                             "{cuda} cannot compile every planned arch; {} is the release closest to it that compiles {}",
                             fit,
@@ -566,7 +567,7 @@ impl BuildPlan {
                         }
                         Some(img)
                     }
-                    None => match arch::choose_image(cuda, &inputs.archs) {
+                    None => match image::choose_image(cuda, &inputs.archs) {
                         // --cuda is a pin: another release's image is a problem to solve,
                         // never a quiet substitute.
                         Ok(choice) if choice.note.is_some() && cuda_origin == CudaOrigin::Flag => {
@@ -786,14 +787,14 @@ impl BuildPlan {
                 // fdl chose itself is in the plan too, unprobed: it is the one
                 // `choose_image` names for the plan's CUDA.)
                 (Some(img), None)
-                    if arch::choose_image(self.cuda, &self.archs)
+                    if image::choose_image(self.cuda, &self.archs)
                         .map_or(true, |c| &c.image.reference() != img) =>
                 {
                     return None
                 }
                 // fdl chooses the image for the archs, unless --cuda pins the release.
                 _ if self.cuda_origin != CudaOrigin::Flag => {
-                    if arch::closest_cuda_for(archs, self.cuda).is_some() {
+                    if image::closest_cuda_for(archs, self.cuda).is_some() {
                         return None;
                     }
                     (
@@ -813,7 +814,7 @@ impl BuildPlan {
             return None;
         }
         let what = arch::archs_text(&missing);
-        let Some(fit) = arch::closest_cuda_for(archs, cuda) else {
+        let Some(fit) = image::closest_cuda_for(archs, cuda) else {
             return Some(if archs.iter().all(|a| a.support().is_some()) {
                 format!(
                     ", but no one CUDA release compiles {} together ({compiler} cannot compile {what}): build {what} separately, with a CUDA that compiles it",
@@ -1213,7 +1214,7 @@ fn docker_network(
 /// ` (CUDA 12.9 compiles every planned arch)`: the release nearest `cuda` that compiles
 /// all of `archs`, for a refusal's way out; empty where no one release does.
 fn nearest_release(archs: &[Arch], cuda: CudaVersion) -> String {
-    arch::closest_cuda_for(archs, cuda)
+    image::closest_cuda_for(archs, cuda)
         .map(|fit| {
             format!(
                 " (CUDA {} compiles every planned arch)",

@@ -614,10 +614,13 @@ mod tests {
         let staging = store.begin(&lock).unwrap();
         std::fs::write(staging.path().join("x"), "built").unwrap();
         let builds = store.dir.clone();
-        for prefix in [NATIVE_WORK_PREFIX, DOCKER_WORK_PREFIX] {
-            crate::native::WorkDir::create_with(&builds, prefix, name.as_str()).unwrap();
-        }
-        for prefix in [REPLACED_PREFIX, REMOVING_PREFIX] {
+        // Each derived directory is made as its owner makes it: `<prefix><name>-<random>`.
+        for prefix in [
+            NATIVE_WORK_PREFIX,
+            DOCKER_WORK_PREFIX,
+            REPLACED_PREFIX,
+            REMOVING_PREFIX,
+        ] {
             tempfile::Builder::new()
                 .prefix(&format!("{prefix}{name}-"))
                 .tempdir_in(&builds)

@@ -212,7 +212,7 @@ fn libtorch_gaps(project: &Project, archs: &[Arch]) -> Vec<String> {
     };
     // A split build (torch ≤ 1.13) keeps its kernels in the libraries beside
     // libtorch_cuda.so: judged by them, as `fdl inspect` judges it.
-    let followed = inspect::split::follow(&ins, &crate::loader::LoaderEnv::from_process())
+    let followed = crate::loader::split::follow(&ins, &crate::loader::LoaderEnv::from_process())
         .filter(|f| f.found());
     let not_covered = |a: Arch| match &followed {
         Some(f) => matches!(f.coverage(a), Some(inspect::Verdict::NotCovered)),

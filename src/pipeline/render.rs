@@ -153,7 +153,7 @@ fn row_text(key: &str, value: &str, wrap: bool) -> String {
 /// one: said for this plan's archs, from what its toolkit (its `nvcc --list-gpu-arch`)
 /// or, for Docker, fdl's support table says compiles them.
 fn default_cuda_reason(plan: &BuildPlan) -> String {
-    let default = crate::arch::DEFAULT_CUDA;
+    let default = crate::nccl::image::DEFAULT_CUDA;
     if plan.cuda_note.is_some() {
         return format!("fdl's default is {default}");
     }

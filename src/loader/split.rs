@@ -4,7 +4,7 @@
 //! own: its kernels are in `libtorch_cuda_cu.so` and `libtorch_cuda_cpp.so` beside it,
 //! which it names in DT_NEEDED. Judged alone it would run on no GPU at all. So when the
 //! inspected file has no fatbin container, its DT_NEEDED closure is laid out as the loader
-//! would ([`crate::loader::map::load`], in the caller's environment) and the GPU code of
+//! would ([`super::map::load`], in the caller's environment) and the GPU code of
 //! the objects that come from the file's own directory is what a GPU must run.
 //!
 //! Only the file's directory, not the whole closure: the libraries beside it are the same
@@ -15,10 +15,10 @@
 //! The library inspected is followed only when it holds no GPU code: one that has its own
 //! is judged by it, as before.
 
-use super::{coverage, inspect, GpuCode, Inspection, Verdict};
+use super::map::{self, FoundBy};
+use super::search::LoaderEnv;
 use crate::arch::Arch;
-use crate::loader::map::{self, FoundBy};
-use crate::loader::search::LoaderEnv;
+use crate::inspect::{coverage, inspect, GpuCode, Inspection, Verdict};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
