@@ -5,38 +5,22 @@
 //! (`docker`, `native`, or an entry of the machine-wide `store`) → a transactional install
 //! (`nccl::store`) → a typed [`pipeline::Report`] that `cli` renders.
 //!
-//! The modules stand on floors, and a module imports only from its floor or below:
-//! 0, the ground floor, shared by all (`text`, `paste`, `digest`, `fsread`, `fswrite`, `cache`,
-//! `process`, `lock`, `txn`, `progress`, `step`, `version`, `arch`); 1, facts about this
-//! machine and its build store (`gpu`, `inspect`, `loader`, `project`, `libtorch`,
-//! `store`); 2, `nccl`; 3, the backends `docker` and `native`; 4, `pipeline` and
-//! `launch`; 5,
-//! `cluster`; 6, `cli`, which nothing imports. No file imports one that imports it back.
-//! `tests/architecture.rs` holds both rules against the table in ARCHITECTURE.md.
+//! The floors are crates, and a crate depends only on those below it, so an import up a
+//! floor does not compile: 0 `fdl-base`, the ground floor; 1 `fdl-facts`, facts about this
+//! machine and its build store; 2 `fdl-builds` (`nccl`); 3 `fdl-backends` (`docker`,
+//! `native`); 4 `fdl-pipeline` (`pipeline`, `launch`); 5 `fdl-cluster`; 6 this crate,
+//! `cli`, which nothing imports. This crate names every module of the floors below at its
+//! root, so the binary, the tests and the benchmarks reach them as `fdl::loader` and so on.
+//! ARCHITECTURE.md holds the table; `tests/architecture.rs` checks it against Cargo.
 
-pub mod arch;
-pub mod cache;
 pub mod cli;
-pub mod cluster;
-pub mod digest;
-pub mod docker;
-pub mod fsread;
-pub mod fswrite;
-pub mod gpu;
-pub mod inspect;
-pub mod launch;
-pub mod libtorch;
-pub mod loader;
-pub mod lock;
-pub mod native;
-pub mod nccl;
-pub mod paste;
-pub mod pipeline;
-pub mod process;
-pub mod progress;
-pub mod project;
-pub mod step;
-pub mod store;
-pub mod text;
-pub mod txn;
-pub mod version;
+
+pub use fdl_backends::{docker, native};
+pub use fdl_base::{
+    arch, cache, digest, eprint_safe, eprintln_safe, fsread, fswrite, lock, paste, process,
+    progress, step, text, txn, version,
+};
+pub use fdl_builds::nccl;
+pub use fdl_cluster::cluster;
+pub use fdl_facts::{gpu, inspect, libtorch, loader, project, store};
+pub use fdl_pipeline::{launch, pipeline};

@@ -1,8 +1,10 @@
-//! The layout ARCHITECTURE.md draws, held: no file of the library imports one that
-//! imports it back (directly or through others), and each top-level module imports only
-//! from its own floor or below, as the floors table there says.
+//! The layout ARCHITECTURE.md draws, held. The floors are crates, so Cargo already refuses
+//! an import up a floor once each crate depends only on the crates below it: this checks
+//! that the crates' dependencies (from `cargo metadata`) and their top-level modules are
+//! the floors table's, and what Cargo cannot see: that no module of a crate imports one
+//! that imports it back (directly or through others).
 //!
-//! Imports are read from the tokens of every file under `src/` (macro bodies included,
+//! Imports are read from the tokens of every file under a crate's `src/` (macro bodies included,
 //! comments and `#[cfg(test)]` items not): every path that starts with `crate`, `super`,
 //! `self` or the name of a child module, `use` trees expanded, resolved to the deepest
 //! module it names. That is what `cargo modules dependencies --lib --acyclic` checks,
@@ -262,13 +264,21 @@ fn a_cycle(edges: &BTreeMap<Module, BTreeSet<Module>>) -> Option<Vec<Module>> {
     None
 }
 
-/// The floors table of ARCHITECTURE.md: top-level module → floor.
-fn floors(doc: &str) -> BTreeMap<String, u32> {
+/// One row of the floors table of ARCHITECTURE.md.
+#[derive(Debug, Clone, PartialEq)]
+struct Floor {
+    floor: u32,
+    krate: String,
+    modules: BTreeSet<String>,
+}
+
+/// The floors table of ARCHITECTURE.md, a row per crate.
+fn floors(doc: &str) -> Vec<Floor> {
     let table = doc
         .split("<!-- floors:")
         .nth(1)
         .expect("ARCHITECTURE.md has a `<!-- floors: … -->` table");
-    let mut out = BTreeMap::new();
+    let mut out: Vec<Floor> = Vec::new();
     for line in table.lines().skip(1) {
         let line = line.trim();
         if !line.starts_with('|') {
@@ -281,116 +291,262 @@ fn floors(doc: &str) -> BTreeMap<String, u32> {
         let Ok(floor) = cells[0].parse::<u32>() else {
             continue; // the header and its rule
         };
-        for module in cells[1].split(',') {
-            let module = module.trim().trim_matches('`').to_string();
+        let unquote = |c: &str| c.trim().trim_matches('`').to_string();
+        let row = Floor {
+            floor,
+            krate: unquote(cells[1]),
+            modules: cells[2].split(',').map(unquote).collect(),
+        };
+        for m in &row.modules {
             assert!(
-                out.insert(module.clone(), floor).is_none(),
-                "ARCHITECTURE.md places {module} on two floors"
+                !out.iter().any(|f| f.modules.contains(m)),
+                "ARCHITECTURE.md places {m} on two floors"
             );
         }
+        out.push(row);
     }
     out
 }
 
-/// Everything wrong with the tree at `src` against `floors`, one line each.
-fn violations(src: &Path, floors: &BTreeMap<String, u32>) -> Vec<String> {
-    let files = module_files(src);
-    let edges = imports(&files);
+/// A workspace crate as Cargo sees it: its name, its `src/` and the workspace crates it
+/// depends on for its library (dev-dependencies are not edges of the product).
+#[derive(Debug, Clone)]
+struct Krate {
+    name: String,
+    src: PathBuf,
+    depends_on: BTreeSet<String>,
+}
+
+/// The workspace's crates, from `cargo metadata`.
+fn workspace() -> Vec<Krate> {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let packages = meta["packages"].as_array().unwrap();
+    let names: BTreeSet<String> = packages
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect();
+    packages
+        .iter()
+        .map(|p| {
+            let manifest = PathBuf::from(p["manifest_path"].as_str().unwrap());
+            Krate {
+                name: p["name"].as_str().unwrap().to_string(),
+                src: manifest.parent().unwrap().join("src"),
+                depends_on: p["dependencies"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|d| d["kind"].is_null())
+                    .map(|d| d["name"].as_str().unwrap().to_string())
+                    .filter(|d| names.contains(d))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// The dev-only crate of test and benchmark inputs: in the workspace, on no floor, and no
+/// floor's crate may depend on it.
+const DEV_ONLY: &str = "fdl-synth";
+
+/// Everything wrong with `crates` against `floors`, one line each.
+fn violations(crates: &[Krate], floors: &[Floor]) -> Vec<String> {
     let mut wrong = Vec::new();
-    if let Some(cycle) = a_cycle(&edges) {
-        let names: Vec<String> = cycle.iter().map(name).collect();
-        wrong.push(format!("a module cycle: {}", names.join(" → ")));
-    }
-    let floor_of = |m: &Module| m.first().and_then(|top| floors.get(top).copied());
-    for m in files.keys().filter(|m| m.len() == 1) {
-        if floor_of(m).is_none() {
+    let floor_of = |c: &str| floors.iter().find(|f| f.krate == c).map(|f| f.floor);
+    for k in crates {
+        if k.name == DEV_ONLY {
+            continue;
+        }
+        let Some(f) = floor_of(&k.name) else {
             wrong.push(format!(
-                "src/{} is on no floor: add it to the floors table of ARCHITECTURE.md",
-                m[0]
+                "the crate {} is on no floor: add it to the floors table of ARCHITECTURE.md",
+                k.name
+            ));
+            continue;
+        };
+        for d in &k.depends_on {
+            match floor_of(d) {
+                Some(t) if t < f => {}
+                Some(t) => wrong.push(format!(
+                    "{} (floor {f}) depends on {d} (floor {t}): a crate depends only on the floors below it",
+                    k.name
+                )),
+                None => wrong.push(format!(
+                    "{} (floor {f}) depends on {d}, which is on no floor",
+                    k.name
+                )),
+            }
+        }
+        let files = module_files(&k.src);
+        let top: BTreeSet<String> = files
+            .keys()
+            .filter(|m| m.len() == 1)
+            .map(|m| m[0].clone())
+            .collect();
+        let row = floors.iter().find(|r| r.krate == k.name).unwrap();
+        for m in top.difference(&row.modules) {
+            wrong.push(format!(
+                "{}/{m} is on no floor: add it to {}'s row of the floors table in ARCHITECTURE.md",
+                k.name, k.name
+            ));
+        }
+        for m in row.modules.difference(&top) {
+            wrong.push(format!(
+                "ARCHITECTURE.md places {m} in {}, which has no such module",
+                k.name
+            ));
+        }
+        if let Some(cycle) = a_cycle(&imports(&files)) {
+            let names: Vec<String> = cycle.iter().map(name).collect();
+            wrong.push(format!(
+                "a module cycle in {}: {}",
+                k.name,
+                names.join(" → ")
             ));
         }
     }
-    for (from, tos) in &edges {
-        for to in tos {
-            if let (Some(f), Some(t)) = (floor_of(from), floor_of(to)) {
-                if t > f {
-                    wrong.push(format!(
-                        "{} (floor {f}) imports {} (floor {t}): a module imports only from its floor or below",
-                        name(from),
-                        name(to)
-                    ));
-                }
-            }
+    for row in floors {
+        if !crates.iter().any(|k| k.name == row.krate) {
+            wrong.push(format!(
+                "ARCHITECTURE.md names the crate {}, which the workspace lacks",
+                row.krate
+            ));
         }
     }
     wrong
 }
 
 #[test]
-fn the_library_is_one_straight_line() {
+fn the_floors_are_crates_and_each_is_one_straight_line() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
     let floors = floors(&doc);
-    assert!(floors.len() >= 10, "the floors table lists {floors:?}");
-    let wrong = violations(&root.join("src"), &floors);
+    assert!(floors.len() >= 7, "the floors table lists {floors:?}");
+    let crates = workspace();
+    assert!(crates.len() >= 8, "cargo metadata lists {crates:?}");
+    let wrong = violations(&crates, &floors);
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 /// The check itself finds what it is for: a cycle through `super`, a `use` tree and a
-/// macro body; an import up a floor; a module on no floor. And a `#[cfg(test)]` import
-/// is no edge.
+/// macro body; a dependency up a floor; a crate or a module on no floor. And a
+/// `#[cfg(test)]` import is no edge.
 #[test]
-fn the_check_finds_cycles_and_imports_up_a_floor() {
+fn the_check_finds_cycles_and_dependencies_up_a_floor() {
     let t = tempfile::tempdir().unwrap();
-    let src = t.path();
+    let src = t.path().join("high/src");
     let write = |p: &str, text: &str| {
         let p = src.join(p);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
     };
-    write("lib.rs", "pub mod low;\npub mod high;\n");
+    write("lib.rs", "pub mod a;\npub mod b;\n");
     write(
-        "low/mod.rs",
-        "pub mod a;\npub use a::A;\n#[cfg(test)]\nmod tests { use crate::high::H; }\n",
+        "a/mod.rs",
+        "pub mod x;\npub use x::X;\n#[cfg(test)]\nmod tests { use crate::b::B; }\n",
     );
-    write("low/a.rs", "pub struct A;\n");
+    write("a/x.rs", "pub struct X;\n");
     write(
-        "high.rs",
-        "use crate::low::{self, a::A};\npub struct H;\npub(super) fn g() {}\n",
+        "b.rs",
+        "use crate::a::{self, x::X};\npub struct B;\npub(super) fn g() {}\n",
     );
-    let floors = BTreeMap::from([("low".to_string(), 0), ("high".to_string(), 1)]);
-    assert_eq!(violations(src, &floors), Vec::<String>::new());
+    let low = Krate {
+        name: "low".into(),
+        src: t.path().join("low/src"),
+        depends_on: BTreeSet::new(),
+    };
+    std::fs::create_dir_all(&low.src).unwrap();
+    std::fs::write(low.src.join("lib.rs"), "pub mod l;\n").unwrap();
+    std::fs::write(low.src.join("l.rs"), "").unwrap();
+    let high = Krate {
+        name: "high".into(),
+        src: src.clone(),
+        depends_on: BTreeSet::from(["low".to_string()]),
+    };
+    let floors = vec![
+        Floor {
+            floor: 0,
+            krate: "low".into(),
+            modules: BTreeSet::from(["l".to_string()]),
+        },
+        Floor {
+            floor: 1,
+            krate: "high".into(),
+            modules: BTreeSet::from(["a".to_string(), "b".to_string()]),
+        },
+    ];
+    let crates = vec![low.clone(), high.clone()];
+    assert_eq!(violations(&crates, &floors), Vec::<String>::new());
 
-    // a.rs reaches its parent through `super`, which reaches a.rs back.
-    write("low/a.rs", "pub struct A;\nfn f() { let _ = super::A; }\n");
-    let found = violations(src, &floors);
+    // x.rs reaches its parent through `super`, which reaches x.rs back.
+    write("a/x.rs", "pub struct X;\nfn f() { let _ = super::X; }\n");
+    let found = violations(&crates, &floors);
     assert!(
         found
             .iter()
-            .any(|w| w.starts_with("a module cycle:") && w.contains("low::a")),
+            .any(|w| w.starts_with("a module cycle in high:") && w.contains("a::x")),
         "{found:?}"
     );
-
-    // Up a floor, inside a macro's arguments.
+    // Between top-level modules, inside a macro's arguments.
     write(
-        "low/a.rs",
-        "pub struct A;\nfn f() { println!(\"{}\", crate::high::H); }\n",
+        "a/x.rs",
+        "pub struct X;\nfn f() { println!(\"{}\", crate::b::B); }\n",
     );
-    let found = violations(src, &floors);
+    let found = violations(&crates, &floors);
     assert!(
         found
             .iter()
-            .any(|w| w.contains("low::a (floor 0) imports high (floor 1)")),
+            .any(|w| w.starts_with("a module cycle in high:")),
+        "{found:?}"
+    );
+    write("a/x.rs", "pub struct X;\n");
+
+    // A dependency up a floor.
+    let mut low_up = low.clone();
+    low_up.depends_on.insert("high".into());
+    let found = violations(&[low_up, high.clone()], &floors);
+    assert!(
+        found
+            .iter()
+            .any(|w| w.contains("low (floor 0) depends on high (floor 1)")),
         "{found:?}"
     );
 
-    // A new top-level module must be placed.
-    write("low/a.rs", "pub struct A;\n");
-    write("lib.rs", "pub mod low;\npub mod high;\npub mod new;\n");
+    // A new top-level module, and a new crate, must be placed.
+    write("lib.rs", "pub mod a;\npub mod b;\npub mod new;\n");
     write("new.rs", "");
-    let found = violations(src, &floors);
+    let stray = Krate {
+        name: "stray".into(),
+        src: t.path().join("stray/src"),
+        depends_on: BTreeSet::new(),
+    };
+    std::fs::create_dir_all(&stray.src).unwrap();
+    std::fs::write(stray.src.join("lib.rs"), "").unwrap();
+    let found = violations(&[low, high, stray], &floors);
     assert!(
-        found.iter().any(|w| w.contains("src/new is on no floor")),
+        found.iter().any(|w| w.contains("high/new is on no floor")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|w| w.contains("the crate stray is on no floor")),
         "{found:?}"
     );
 }

@@ -85,7 +85,7 @@ fn readable(what: &str, s: &Step, places: &[&Path], plan: bool) {
             }
             let t = short.trim_start();
             // A dry run prints the whole plan on purpose; its indented rows run long
-            // today (`network`, `toolchain`: src/pipeline/render.rs, issue 29's
+            // today (`network`, `toolchain`: crates/fdl-pipeline/src/pipeline/render.rs, issue 29's
             // "short header" item), so they are the one exception, on stdout only.
             let plan_row = plan && std::ptr::eq(text, &s.out) && line.starts_with("  ");
             // Messages on stderr wrap on a terminal only (tests/cli_build_plan.rs

@@ -27,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
         report,
         error: None,
         shipped_fdl: false,
+        ld_preload: None,
     };
     // The report against itself and against a worker that did not answer.
     let workers = [

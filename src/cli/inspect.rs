@@ -4,9 +4,9 @@
 use super::common::print_json;
 use crate::arch::{self, Arch, GpuTarget};
 use crate::gpu::{self, Gpu};
-use crate::loader::split::Followed;
 use crate::inspect::{self, GpuCode, Linkage, NcclDetection, Verdict};
 use crate::libtorch::Libtorch;
+use crate::loader::split::Followed;
 use crate::loader::{self, Answer, LoaderEnv, Which};
 use crate::nccl::store::{BuildStore, Entry};
 use crate::nccl::verify::{self, Against, LocalGpus, Report, Status};

@@ -51,7 +51,7 @@ const LOCKS_DIR: &str = "locks";
 const LOCK_KEY_LEN: usize = 16;
 const LOCK_SUFFIX: &str = ".lock";
 /// How many bytes a lock file's name adds to the name it locks: what a build name must
-/// leave room for ([`crate::nccl::store::BuildName`]).
+/// leave room for (`nccl::store::BuildName`, a floor above).
 pub const LOCK_NAME_EXTRA: usize = LOCK_KEY_LEN + "-".len() + LOCK_SUFFIX.len();
 
 /// The canonical form of `path` even when its tail does not exist yet (before the first

@@ -93,7 +93,7 @@ fn interrupt_note() -> &'static str {
 /// the kernel sends the child SIGTERM (`PR_SET_PDEATHSIG`) and a [`Watchdog`] in the
 /// group kills the whole group. Without that, a killed fdl left make's jobs compiling on
 /// as orphans, recreating directories fdl had cleaned up.
-pub(crate) fn spawn(cmd: &mut Command) -> std::io::Result<(Child, Watchdog)> {
+pub fn spawn(cmd: &mut Command) -> std::io::Result<(Child, Watchdog)> {
     use std::os::unix::process::CommandExt;
     // SAFETY: getpid is async-signal-safe.
     let parent = unsafe { libc::getpid() };

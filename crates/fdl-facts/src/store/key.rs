@@ -1,6 +1,6 @@
 //! A build's key: the SHA-256 of its named inputs, serialized one way. The inputs are a
 //! flat map of named strings (sorted, so the JSON of the map is canonical), handed down
-//! by the build pipeline ([`crate::pipeline::key`], which reads them from the plan and the
+//! by the build pipeline (`pipeline::key`, floor 4, which reads them from the plan and the
 //! backend's probes); the store only hashes, parses and shows them.
 
 use anyhow::{bail, Result};

@@ -1148,13 +1148,8 @@ pub fn short(path: &Path, root: &str) -> String {
 
 /// A worker that answered: its libtorch and effective NCCL (`static`) and its GPUs, for
 /// the verdict and plan tests.
-#[cfg(test)]
-pub(crate) fn test_worker(
-    host: &str,
-    nccl: &str,
-    caps: &[(u32, u32)],
-    driver_cuda: &str,
-) -> WorkerStatus {
+#[cfg(any(test, feature = "test-support"))]
+pub fn test_worker(host: &str, nccl: &str, caps: &[(u32, u32)], driver_cuda: &str) -> WorkerStatus {
     use super::host::{LibtorchFacts, NcclFacts};
     use crate::arch::Arch;
     use crate::gpu::{Driver, Gpu};

@@ -1,6 +1,6 @@
 //! NCCL builds: the tag, the plan, what a backend is, the install store of a project
 //! (`libtorch/nccl/builds/`), its tree checks and verification. The pipeline that runs a
-//! plan is [`crate::pipeline`], above this module.
+//! plan is `pipeline`, on a floor above this one.
 
 pub mod backend;
 pub mod files;

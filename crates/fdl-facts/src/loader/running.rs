@@ -159,7 +159,7 @@ pub struct MappedNccl {
     /// which knows the builds (`None` from [`scan`]).
     pub build: Option<String>,
     #[serde(skip)]
-    pub(crate) id: (u32, u32, u64),
+    pub id: (u32, u32, u64),
 }
 
 /// The file on disk, now, against the one mapped.

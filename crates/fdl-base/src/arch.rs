@@ -506,7 +506,6 @@ pub fn check_archs_for_cuda(archs: &[Arch], cuda: CudaVersion) -> Result<(), Arc
     Ok(())
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -725,5 +724,4 @@ mod tests {
         assert!(t("compute_100f").ptx_runs_on(Arch::new(10, 3)));
         assert!(!t("compute_100f").ptx_runs_on(Arch::new(12, 0)));
     }
-
 }
