@@ -4,7 +4,7 @@
 
 use crate::nccl::backend::PlannedBackend;
 use crate::nccl::plan::{
-    BuildPlan, DockerPlan, DockerSource, DockerSteps, DockerfileSpec, ToolchainFiles,
+    BuildPlan, DockerPlan, DockerSource, DockerSteps, DockerfileSpec, NativeSource, ToolchainFiles,
     RUN_PREFIX_DIR, RUN_SCRIPT, RUN_SCRIPT_PATH, RUN_SOURCE_DIR, RUN_WORK_DIR,
 };
 use crate::step::{Paths, Step};
@@ -123,6 +123,21 @@ impl PlannedBackend for DockerPlan {
 
     fn build_vars(&self) -> &[(String, String)] {
         &self.build_args
+    }
+
+    /// The clone the native backend would make of the tag: the Docker build fetches the
+    /// tag on the host the same way (the compile has no network).
+    fn source_clone(&self, plan: &BuildPlan) -> Option<(String, std::path::PathBuf)> {
+        match &self.source {
+            DockerSource::Clone => crate::cache::cache_dir()
+                .ok()
+                .and_then(|cache| crate::native::source_for(None, &plan.tag, &cache).ok())
+                .and_then(|s| match s {
+                    NativeSource::Clone { repo, cache_dir } => Some((repo, cache_dir)),
+                    NativeSource::Dir { .. } => None,
+                }),
+            DockerSource::Context { .. } => None,
+        }
     }
 
     /// By fdl's support table: the image is chosen for the plan's CUDA.

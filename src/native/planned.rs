@@ -81,6 +81,13 @@ impl PlannedBackend for NativePlan {
         &self.make_vars
     }
 
+    fn source_clone(&self, _plan: &BuildPlan) -> Option<(String, std::path::PathBuf)> {
+        match &self.source {
+            NativeSource::Clone { repo, cache_dir } => Some((repo.clone(), cache_dir.clone())),
+            NativeSource::Dir { .. } => None,
+        }
+    }
+
     /// By the toolkit's own `nvcc --list-gpu-arch`, where it answers.
     fn compiles_archs(&self, plan: &BuildPlan) -> Option<bool> {
         self.toolkit

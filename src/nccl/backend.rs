@@ -49,6 +49,10 @@ pub trait PlannedBackend {
     /// Whether this toolchain compiles every arch of `plan`, where that is known.
     fn compiles_archs(&self, plan: &BuildPlan) -> Option<bool>;
 
+    /// fdl's clone of the tag that the build reads, as (repository, directory in fdl's
+    /// cache), where its source is one; `None` for a `--source` tree.
+    fn source_clone(&self, plan: &BuildPlan) -> Option<(String, std::path::PathBuf)>;
+
     /// A file the steps run that the full plan shows after them: (its path, its text).
     fn script(&self) -> Option<(&'static str, &'static str)> {
         None
