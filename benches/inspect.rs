@@ -9,7 +9,9 @@
 //!
 //! Every contender runs as a child process; wall time is taken around spawn..reap and
 //! peak RSS is the child's own `ru_maxrss` from `wait4`. The byte-scan baseline is this
-//! very binary re-executed in [`SCAN_MODE`], so it pays for process start like the rest.
+//! very binary re-executed in [`SCAN_MODE`], so it pays for process start like the rest;
+//! so is fdl's reader alone ([`READ_MODE`]), once with the zstd front decoder and once
+//! with libzstd decoding each zstd cubin's first block, to weigh the former.
 //! Files are warm in the page cache: each contender runs once untimed before the timed
 //! runs. Speed targets are reported as ratios, never asserted; the exit status is
 //! non-zero only when a contender gives a wrong answer.
@@ -29,6 +31,11 @@ use std::time::{Duration, Instant};
 
 /// First argument that turns this binary into the byte-scan baseline.
 const SCAN_MODE: &str = "__byte-scan";
+/// First argument that turns this binary into fdl's reader alone, in process:
+/// `__read front|libzstd FILE` inspects FILE with the zstd front decoder
+/// (`src/inspect/zstd_head.rs`, what `fdl inspect` runs) or with libzstd decoding each
+/// zstd cubin's first block, and prints the cubin count and how they were decoded.
+const READ_MODE: &str = "__read";
 /// First argument that makes this binary write one synthetic input:
 /// `__generate SIZE CONTAINERS selfid|noid PATH`.
 const GENERATE_MODE: &str = "__generate";
@@ -58,6 +65,9 @@ fn main() -> ExitCode {
             }
         };
     }
+    if args.first().map(String::as_str) == Some(READ_MODE) {
+        return read_only(&args[1..]);
+    }
     if args.first().map(String::as_str) == Some(GENERATE_MODE) {
         return generate(&args[1..]);
     }
@@ -81,6 +91,39 @@ fn main() -> ExitCode {
 }
 
 type Res<T> = Result<T, String>;
+
+/// [`READ_MODE`]: fdl's reader on one file, with one of the two zstd decoders.
+fn read_only(args: &[String]) -> ExitCode {
+    let (decoder, path) = match args {
+        [d, p] if d == "front" || d == "libzstd" => (d.as_str(), Path::new(p)),
+        _ => {
+            eprintln!("usage: {READ_MODE} front|libzstd FILE");
+            return ExitCode::FAILURE;
+        }
+    };
+    let got = if decoder == "front" {
+        fdl::inspect::inspect(path)
+    } else {
+        fdl::inspect::inspect_libzstd_only(path)
+    };
+    match got {
+        Ok(ins) => {
+            let count = |e: &[fdl::inspect::CodeEntry]| e.iter().map(|e| e.count).sum::<usize>();
+            println!(
+                "sass {} ptx {} zstd-front {} zstd-libzstd {}",
+                count(&ins.gpu_code.sass),
+                count(&ins.gpu_code.ptx),
+                ins.work().zstd.head,
+                ins.work().zstd.libzstd
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// The naive baseline: read the whole file into memory, then compare byte by byte at
 /// every offset. Prints the match count and every distinct `X.Y.Z+cudaA.B`-looking string
@@ -198,6 +241,9 @@ enum Role {
     Grep,
     Scan,
     Cuobjdump,
+    /// fdl's reader in process with the zstd front decoder, and with libzstd alone.
+    ReadFront,
+    ReadLibzstd,
 }
 
 struct Contender {
@@ -264,11 +310,27 @@ fn contenders(fdl: &Path, cuobjdump: Option<&Path>) -> Res<Vec<Contender>> {
         Contender {
             role: Role::Scan,
             label: "read whole file + byte-by-byte scan",
-            program: me,
+            program: me.clone(),
             args: vec![SCAN_MODE.into(), "{}".into()],
             env: vec![],
         },
     ];
+    for (role, label, decoder) in [
+        (Role::ReadFront, "fdl's reader, zstd front decoder", "front"),
+        (
+            Role::ReadLibzstd,
+            "fdl's reader, libzstd first block",
+            "libzstd",
+        ),
+    ] {
+        v.push(Contender {
+            role,
+            label,
+            program: me.clone(),
+            args: vec![READ_MODE.into(), decoder.into(), "{}".into()],
+            env: vec![],
+        });
+    }
     if let Some(c) = cuobjdump {
         v.push(Contender {
             role: Role::Cuobjdump,
@@ -400,6 +462,24 @@ fn check(input: &Input, rows: &[Row]) -> (bool, Vec<String>) {
         ));
     };
     let row = |role| rows.iter().find(|r| r.role == role);
+    // The two zstd decoders must name the same cubins.
+    if let (Some(f), Some(l)) = (row(Role::ReadFront), row(Role::ReadLibzstd)) {
+        let counts = |r: &Row| {
+            r.stdout
+                .split_whitespace()
+                .take(4)
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        line(
+            f.exit == 0 && l.exit == 0 && counts(f) == counts(l) && !counts(f).is_empty(),
+            format!(
+                "fdl's reader with either zstd decoder: {} / {}",
+                f.stdout.trim(),
+                l.stdout.trim()
+            ),
+        );
+    }
     let scan_ids: Vec<String> = row(Role::Scan)
         .map(|r| {
             r.stdout
@@ -977,6 +1057,23 @@ fn print_ratios(r: &Ratios) {
     );
 }
 
+/// What the zstd front decoder saves against libzstd decoding each cubin's first
+/// block, both in fdl's reader alone (no CLI), on the same input.
+fn print_zstd_decoders(rows: &[Row]) {
+    let row = |role| rows.iter().find(|r: &&Row| r.role == role);
+    if let (Some(front), Some(lib)) = (row(Role::ReadFront), row(Role::ReadLibzstd)) {
+        let (f, l) = (front.median_wall(), lib.median_wall());
+        println!(
+            "  zstd decoders: libzstd first block {} vs front decoder {} wall ({} vs {} cpu): the front decoder saves {} wall",
+            fmt_time(l),
+            fmt_time(f),
+            fmt_time(lib.median_cpu()),
+            fmt_time(front.median_cpu()),
+            fmt_time(l.saturating_sub(f))
+        );
+    }
+}
+
 fn run() -> Res<bool> {
     let flag = |var: &str| std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0");
     let quick = flag("FDL_BENCH_QUICK");
@@ -1140,6 +1237,7 @@ fn run() -> Res<bool> {
         let r = ratios(input, &rows);
         println!("  ratios:");
         print_ratios(&r);
+        print_zstd_decoders(&rows);
         println!("  load avg {}", loadavg());
         summary.push(r);
     }

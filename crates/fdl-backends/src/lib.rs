@@ -11,3 +11,51 @@ use fdl_base::{
 };
 use fdl_builds::nccl;
 use fdl_facts::project;
+
+use fdl_base::step::Step;
+use fdl_builds::nccl::plan::{BackendPlan, BuildPlan};
+
+/// A backend's half of a plan ([`nccl::plan::DockerPlan`],
+/// [`nccl::plan::NativePlan`]), as the rest of fdl asks about it: pure, from the
+/// plan alone, nothing run. `plan` is the whole plan this half belongs to.
+pub trait PlannedBackend {
+    /// The steps a run executes, with placeholders for the private paths a run makes
+    /// (`<staging>`): the same values a run executes.
+    fn steps(&self, plan: &BuildPlan) -> Vec<Step>;
+
+    /// The rows the whole plan shows for this backend, below its `backend` row, as
+    /// (key, value).
+    fn rows(&self, plan: &BuildPlan) -> Vec<(&'static str, String)>;
+
+    /// The variables the build receives as they decide its bytes (the store key's
+    /// `make_vars`): the make variables, or a Docker toolchain image's build arguments.
+    fn build_vars(&self) -> &[(String, String)];
+
+    /// Whether this toolchain compiles every arch of `plan`, where that is known.
+    fn compiles_archs(&self, plan: &BuildPlan) -> Option<bool>;
+
+    /// fdl's clone of the tag that the build reads, as (repository, directory in fdl's
+    /// cache), where its source is one; `None` for a `--source` tree.
+    fn source_clone(&self, plan: &BuildPlan) -> Option<(String, std::path::PathBuf)>;
+
+    /// A file the steps run that the full plan shows after them: (its path, its text).
+    fn script(&self) -> Option<(&'static str, &'static str)> {
+        None
+    }
+}
+
+/// A plan's backend half, to ask instead of matching on the variant. Its implementations
+/// are each backend's (`docker::planned`, `native::planned`), beside the steps they
+/// render; the floors above reach them through this.
+pub trait Planned {
+    fn planned(&self) -> &dyn PlannedBackend;
+}
+
+impl Planned for BackendPlan {
+    fn planned(&self) -> &dyn PlannedBackend {
+        match self {
+            BackendPlan::Docker(d) => d,
+            BackendPlan::Native(n) => n,
+        }
+    }
+}

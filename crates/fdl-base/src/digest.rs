@@ -108,7 +108,7 @@ pub fn tree_knowing(
         text: String::new(),
         known,
     };
-    walk.dir(dir, "")?;
+    walk.dir(dir)?;
     Ok(match hash {
         Hash::Sha256 => sha256_hex(walk.text.as_bytes()),
         Hash::Blake3 => format!("blake3:{}", blake3::hash(walk.text.as_bytes()).to_hex()),
@@ -125,52 +125,42 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
-    fn dir(&mut self, dir: &Path, rel: &str) -> Result<()> {
-        let mut entries: Vec<_> = std::fs::read_dir(dir)
-            .with_context(|| format!("cannot read {}", dir.display()))?
-            .collect::<std::io::Result<_>>()
-            .with_context(|| format!("cannot read {}", dir.display()))?;
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if rel.is_empty() && self.leave.top.contains(&name.as_str()) {
-                continue;
-            }
-            let path = if rel.is_empty() {
-                name
-            } else {
-                format!("{rel}/{name}")
-            };
-            let kind = e
-                .file_type()
-                .with_context(|| format!("cannot stat {}", e.path().display()))?;
-            if kind.is_symlink() {
-                let target = std::fs::read_link(e.path())
-                    .with_context(|| format!("cannot read the link {}", e.path().display()))?;
-                self.text
-                    .push_str(&format!("{path}\0link {}\n", target.display()));
-            } else if kind.is_dir() {
-                self.text.push_str(&format!("{path}\0dir\n"));
-                self.dir(&e.path(), &path)?;
-            } else if kind.is_file() {
-                if self.leave.files.contains(&path.as_str()) {
-                    continue;
+    fn dir(&mut self, dir: &Path) -> Result<()> {
+        crate::fsread::walk_tree(
+            dir,
+            &mut |e| {
+                if e.top && self.leave.top.contains(&e.rel) {
+                    return Ok(false);
                 }
-                let digest = match (self.hash, self.known.get(&path)) {
-                    (Hash::Blake3, Some((_, known))) => known.clone(),
-                    _ => self.file(&e.path())?,
-                };
-                self.text.push_str(&format!("{path}\0file {digest}\n"));
-            } else {
-                bail!(
-                    "{} is {}: {} holds only files, directories and links",
-                    e.path().display(),
-                    crate::fsread::kind_of(&kind),
-                    self.holds
-                );
-            }
-        }
-        Ok(())
+                let path = e.rel;
+                if e.kind.is_symlink() {
+                    let target = std::fs::read_link(e.path)
+                        .with_context(|| format!("cannot read the link {}", e.path.display()))?;
+                    self.text
+                        .push_str(&format!("{path}\0link {}\n", target.display()));
+                } else if e.kind.is_dir() {
+                    self.text.push_str(&format!("{path}\0dir\n"));
+                } else if e.kind.is_file() {
+                    if self.leave.files.contains(&path) {
+                        return Ok(false);
+                    }
+                    let digest = match (self.hash, self.known.get(path)) {
+                        (Hash::Blake3, Some((_, known))) => known.clone(),
+                        _ => self.file(e.path)?,
+                    };
+                    self.text.push_str(&format!("{path}\0file {digest}\n"));
+                } else {
+                    bail!(
+                        "{} is {}: {} holds only files, directories and links",
+                        e.path.display(),
+                        crate::fsread::kind_of(&e.kind),
+                        self.holds
+                    );
+                }
+                Ok(true)
+            },
+            &|path, why| Err(why.error(path, "read")),
+        )
     }
 
     /// The digest of the regular file at `path` (a link there is refused, not followed).

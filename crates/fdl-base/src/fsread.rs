@@ -145,21 +145,190 @@ pub fn kind_of(ft: &std::fs::FileType) -> &'static str {
 
 /// Bytes of regular files below `dir`, not following links.
 pub fn dir_size(dir: &Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
+    let mut total = 0;
+    // A directory that cannot be listed, or an entry that cannot be told, counts nothing.
+    let _ = walk_tree(
+        dir,
+        &mut |e| {
+            if e.kind.is_file() {
+                total += std::fs::symlink_metadata(e.path).map_or(0, |m| m.len());
+            }
+            Ok(true)
+        },
+        &|_, _| Ok(()),
+    );
+    total
+}
+
+/// One entry met by [`walk_tree`].
+pub struct TreeEntry<'a> {
+    /// Where it is.
+    pub path: &'a Path,
+    /// Its path below the root, exactly.
+    pub rel_path: &'a Path,
+    /// The same, as text ('/' between names; a name that is not UTF-8 made lossy): the
+    /// key fdl's records and digests name it by.
+    pub rel: &'a str,
+    /// Directly in the root.
+    pub top: bool,
+    /// The entry's own type: a link is a link, never what it points to.
+    pub kind: std::fs::FileType,
+}
+
+/// Walks the tree under `root` depth first, each directory's entries in name order, and
+/// never follows a link: `visit` sees every entry, a directory before what it holds, and
+/// answers whether to go into a directory. A directory that cannot be listed, or an entry
+/// whose type cannot be read, is handed to `unreadable` (with what failed: `list` or
+/// `stat`), whose error ends the walk and whose `Ok` skips it. Iterative: a deep tree
+/// costs memory, not stack.
+pub fn walk_tree(
+    root: &Path,
+    visit: &mut dyn FnMut(&TreeEntry<'_>) -> Result<bool>,
+    unreadable: &dyn Fn(&Path, Unreadable) -> Result<()>,
+) -> Result<()> {
+    struct Level {
+        rel_path: std::path::PathBuf,
+        rel: String,
+        entries: std::vec::IntoIter<std::fs::DirEntry>,
+    }
+    let list = |dir: &Path| -> std::io::Result<Vec<std::fs::DirEntry>> {
+        let mut entries = std::fs::read_dir(dir)?.collect::<std::io::Result<Vec<_>>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        Ok(entries)
     };
-    rd.flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_size(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .sum()
+    let mut stack = match list(root) {
+        Ok(entries) => vec![Level {
+            rel_path: std::path::PathBuf::new(),
+            rel: String::new(),
+            entries: entries.into_iter(),
+        }],
+        Err(e) => return unreadable(root, Unreadable::List(e)),
+    };
+    while let Some(level) = stack.last_mut() {
+        let Some(e) = level.entries.next() else {
+            stack.pop();
+            continue;
+        };
+        let path = e.path();
+        let name = e.file_name();
+        let rel_path = level.rel_path.join(&name);
+        let rel = if level.rel.is_empty() {
+            name.to_string_lossy().into_owned()
+        } else {
+            format!("{}/{}", level.rel, name.to_string_lossy())
+        };
+        let top = stack.len() == 1;
+        let kind = match e.file_type() {
+            Ok(kind) => kind,
+            Err(err) => {
+                unreadable(&path, Unreadable::Stat(err))?;
+                continue;
+            }
+        };
+        let entry = TreeEntry {
+            path: &path,
+            rel_path: &rel_path,
+            rel: &rel,
+            top,
+            kind,
+        };
+        if visit(&entry)? && kind.is_dir() {
+            match list(&path) {
+                Ok(entries) => stack.push(Level {
+                    rel_path,
+                    rel,
+                    entries: entries.into_iter(),
+                }),
+                Err(err) => unreadable(&path, Unreadable::List(err))?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What [`walk_tree`] could not read.
+#[derive(Debug)]
+pub enum Unreadable {
+    /// A directory's entries.
+    List(std::io::Error),
+    /// An entry's type.
+    Stat(std::io::Error),
+}
+
+impl Unreadable {
+    /// The error, with `verb` ("read", "list") saying what a listing was to the caller:
+    /// `cannot list DIR` / `cannot stat PATH`.
+    pub fn error(self, path: &Path, verb: &str) -> anyhow::Error {
+        match self {
+            Unreadable::List(e) => {
+                anyhow::Error::new(e).context(format!("cannot {verb} {}", path.display()))
+            }
+            Unreadable::Stat(e) => {
+                anyhow::Error::new(e).context(format!("cannot stat {}", path.display()))
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tree_walk_goes_in_name_order_and_never_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(root.join("b/c")).unwrap();
+        std::fs::create_dir_all(root.join("skip")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "x").unwrap();
+        std::fs::write(root.join("b/c/f"), "12345").unwrap();
+        std::fs::write(root.join("a"), "1").unwrap();
+        std::fs::write(root.join("skip/hidden"), "1").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("b/link")).unwrap();
+        let mut seen = Vec::new();
+        walk_tree(
+            &root,
+            &mut |e| {
+                let kind = if e.kind.is_symlink() {
+                    "link"
+                } else if e.kind.is_dir() {
+                    "dir"
+                } else {
+                    "file"
+                };
+                assert_eq!(e.rel_path, Path::new(e.rel));
+                assert_eq!(e.top, !e.rel.contains('/'));
+                seen.push(format!("{} {kind}", e.rel));
+                Ok(e.rel != "skip")
+            },
+            &|p, why| Err(why.error(p, "list")),
+        )
+        .unwrap();
+        assert_eq!(
+            seen,
+            [
+                "a file",
+                "b dir",
+                "b/c dir",
+                "b/c/f file",
+                "b/link link",
+                "skip dir"
+            ]
+        );
+        // Through the link there are 1 more byte; dir_size does not count them.
+        assert_eq!(dir_size(&root), 1 + 5 + 1);
+        assert_eq!(dir_size(&dir.path().join("none")), 0);
+        let e = walk_tree(&dir.path().join("none"), &mut |_| Ok(true), &|p, why| {
+            Err(why.error(p, "list"))
+        })
+        .unwrap_err();
+        assert!(format!("{e:#}").starts_with("cannot list "), "{e:#}");
+        // The visitor's refusal ends the walk, with its error.
+        let e = walk_tree(&root, &mut |_| bail!("no"), &|_, _| Ok(())).unwrap_err();
+        assert_eq!(e.to_string(), "no");
+    }
 
     #[test]
     fn fifos_devices_and_oversized_files_are_refused() {

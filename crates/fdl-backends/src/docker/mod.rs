@@ -12,6 +12,8 @@
 //! invoking user, with the make steps and variables of the native backend; each container
 //! is removed by a guard on every path, including errors and Ctrl-C.
 
+mod planned;
+
 use crate::digest::sha256_hex;
 use crate::native::{self, WorkDir};
 use crate::nccl::backend::Backend;

@@ -8,6 +8,7 @@
 //! checks and moves into place.
 
 pub(crate) mod plain;
+mod planned;
 mod source;
 mod toolchain;
 

@@ -1,9 +1,10 @@
 //! What a backend is: something that turns a [`BuildPlan`] into an NCCL install tree in
-//! a staging directory. The Docker and native backends implement it; the pipeline
-//! calls it. It sits with the plan, below both, so that neither backend needs the
-//! pipeline.
+//! a staging directory ([`Backend`]). The Docker and native backends implement it; the
+//! pipeline calls them. It sits with the plan, below both backends, so that neither
+//! backend needs the pipeline. What a backend's half of a plan says of itself is the
+//! backends' own trait (`fdl_backends::PlannedBackend`), since it renders their steps.
 
-use crate::nccl::plan::BuildPlan;
+use crate::nccl::plan::{BackendPlan, BuildPlan, DockerSource, NativeSource};
 use crate::progress::Progress;
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
@@ -20,5 +21,44 @@ pub trait Backend {
     /// then neither looks in the store nor adds to it. Cheap: no compile.
     fn toolchain_identity(&self, _plan: &BuildPlan) -> Result<BTreeMap<String, String>> {
         bail!("this backend names no toolchain identity")
+    }
+}
+
+impl BackendPlan {
+    /// What besides the plan's common fields decides this backend's build
+    /// ([`BuildPlan::identity`]): plain data of the plan, so it is answered here, below
+    /// the backends that render the rest (`fdl_backends::PlannedBackend`).
+    pub fn identity(&self) -> Vec<(&'static str, String)> {
+        match self {
+            BackendPlan::Docker(d) => {
+                let mut id = vec![
+                    ("image", d.image.clone()),
+                    ("dockerfile", d.dockerfile.sha256().to_string()),
+                ];
+                if let DockerSource::Context { path, version } = &d.source {
+                    id.push(("source", format!("{} (NCCL {version})", path.display())));
+                }
+                id
+            }
+            BackendPlan::Native(n) => vec![
+                (
+                    "toolkit",
+                    format!(
+                        "CUDA {} at {}",
+                        n.toolkit.cuda,
+                        n.toolkit.cuda_home.display()
+                    ),
+                ),
+                (
+                    "source",
+                    match &n.source {
+                        NativeSource::Dir { path, version } => {
+                            format!("{} (NCCL {version})", path.display())
+                        }
+                        NativeSource::Clone { repo, .. } => repo.clone(),
+                    },
+                ),
+            ],
+        }
     }
 }

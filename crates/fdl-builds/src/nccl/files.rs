@@ -64,7 +64,7 @@ pub fn record(dir: &Path) -> Result<Vec<FileEntry>> {
 pub fn record_knowing(dir: &Path, known: &crate::digest::FileDigests) -> Result<Vec<FileEntry>> {
     let mut out = Vec::new();
     let mut buf = vec![0u8; crate::digest::CHUNK];
-    walk(dir, "", &mut out, &mut buf, known)?;
+    walk(dir, &mut out, &mut buf, known)?;
     // The walk goes depth first, each directory sorted by name, which is not the order of
     // the paths once a directory and a file share a prefix ('/' sorts after '.'). The
     // record is sorted here, once, by the key every reader looks it up with.
@@ -74,71 +74,58 @@ pub fn record_knowing(dir: &Path, known: &crate::digest::FileDigests) -> Result<
 
 fn walk(
     root: &Path,
-    rel: &str,
     out: &mut Vec<FileEntry>,
     buf: &mut [u8],
     known: &crate::digest::FileDigests,
 ) -> Result<()> {
-    let here = root.join(rel);
-    let mut entries: Vec<_> = std::fs::read_dir(&here)
-        .with_context(|| format!("cannot list {}", here.display()))?
-        .collect::<std::io::Result<_>>()
-        .with_context(|| format!("cannot list {}", here.display()))?;
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        if out.len() >= MAX_ENTRIES {
-            bail!(
-                "{} holds more than {MAX_ENTRIES} entries: it is no NCCL build",
-                root.display()
-            );
-        }
-        let name = e.file_name().to_string_lossy().into_owned();
-        if rel.is_empty() && tree::RESERVED.contains(&name.as_str()) {
-            continue;
-        }
-        let path = if rel.is_empty() {
-            name
-        } else {
-            format!("{rel}/{name}")
-        };
-        // file_type() is the entry itself: a link is recorded, never followed.
-        let kind = e
-            .file_type()
-            .with_context(|| format!("cannot stat {}", e.path().display()))?;
-        if kind.is_symlink() {
-            let target = std::fs::read_link(e.path())
-                .with_context(|| format!("cannot read the link {}", e.path().display()))?;
-            out.push(FileEntry::Link {
-                path,
-                target: target.to_string_lossy().into_owned(),
-            });
-        } else if kind.is_dir() {
-            out.push(FileEntry::Dir { path: path.clone() });
-            walk(root, &path, out, buf, known)?;
-        } else if kind.is_file() {
-            let (size, blake3) = if path == crate::store::PKG_CONFIG {
-                let text = crate::fsread::read_text(&e.path(), tree::PC_MAX_BYTES)?;
-                let normal = tree::pc_with_prefix(&text, PC_PLACEHOLDER)
-                    .ok_or_else(|| anyhow!("{} has no prefix= line", e.path().display()))?;
-                (
-                    normal.len() as u64,
-                    blake3::hash(normal.as_bytes()).to_hex().to_string(),
-                )
-            } else if let Some(digest) = known.get(&path) {
-                digest.clone()
+    crate::fsread::walk_tree(
+        root,
+        &mut |e| {
+            if out.len() >= MAX_ENTRIES {
+                bail!(
+                    "{} holds more than {MAX_ENTRIES} entries: it is no NCCL build",
+                    root.display()
+                );
+            }
+            if e.top && tree::RESERVED.contains(&e.rel) {
+                return Ok(false);
+            }
+            let path = e.rel.to_string();
+            if e.kind.is_symlink() {
+                let target = std::fs::read_link(e.path)
+                    .with_context(|| format!("cannot read the link {}", e.path.display()))?;
+                out.push(FileEntry::Link {
+                    path,
+                    target: target.to_string_lossy().into_owned(),
+                });
+            } else if e.kind.is_dir() {
+                out.push(FileEntry::Dir { path });
+            } else if e.kind.is_file() {
+                let (size, blake3) = if path == crate::store::PKG_CONFIG {
+                    let text = crate::fsread::read_text(e.path, tree::PC_MAX_BYTES)?;
+                    let normal = tree::pc_with_prefix(&text, PC_PLACEHOLDER)
+                        .ok_or_else(|| anyhow!("{} has no prefix= line", e.path.display()))?;
+                    (
+                        normal.len() as u64,
+                        blake3::hash(normal.as_bytes()).to_hex().to_string(),
+                    )
+                } else if let Some(digest) = known.get(&path) {
+                    digest.clone()
+                } else {
+                    crate::digest::blake3_file(e.path, buf)?
+                };
+                out.push(FileEntry::File { path, size, blake3 });
             } else {
-                crate::digest::blake3_file(&e.path(), buf)?
-            };
-            out.push(FileEntry::File { path, size, blake3 });
-        } else {
-            bail!(
-                "{} is {}: a build holds only files, directories and links",
-                e.path().display(),
-                crate::fsread::kind_of(&kind)
-            );
-        }
-    }
-    Ok(())
+                bail!(
+                    "{} is {}: a build holds only files, directories and links",
+                    e.path.display(),
+                    crate::fsread::kind_of(&e.kind)
+                );
+            }
+            Ok(true)
+        },
+        &|path, why| Err(why.error(path, "list")),
+    )
 }
 
 /// What a comparison found.
@@ -341,7 +328,6 @@ mod tests {
         let mut walk_order = Vec::new();
         walk(
             d,
-            "",
             &mut walk_order,
             &mut vec![0u8; crate::digest::CHUNK],
             &crate::digest::FileDigests::new(),

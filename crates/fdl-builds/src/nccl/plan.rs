@@ -684,34 +684,7 @@ impl BuildPlan {
             ("only_funcs", self.only_funcs.clone().unwrap_or_default()),
             ("backend", self.backend.kind().to_string()),
         ]);
-        match &self.backend {
-            BackendPlan::Docker(d) => {
-                id.insert("image", d.image.clone());
-                id.insert("dockerfile", d.dockerfile.sha256().to_string());
-                if let DockerSource::Context { path, version } = &d.source {
-                    id.insert("source", format!("{} (NCCL {version})", path.display()));
-                }
-            }
-            BackendPlan::Native(n) => {
-                id.insert(
-                    "toolkit",
-                    format!(
-                        "CUDA {} at {}",
-                        n.toolkit.cuda,
-                        n.toolkit.cuda_home.display()
-                    ),
-                );
-                id.insert(
-                    "source",
-                    match &n.source {
-                        NativeSource::Dir { path, version } => {
-                            format!("{} (NCCL {version})", path.display())
-                        }
-                        NativeSource::Clone { repo, .. } => repo.clone(),
-                    },
-                );
-            }
-        }
+        id.extend(self.backend.identity());
         id
     }
 

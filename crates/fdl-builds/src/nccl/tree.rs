@@ -11,7 +11,7 @@
 use crate::inspect;
 use crate::nccl::plan::BuildPlan;
 use crate::version::NcclVersion;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -49,40 +49,37 @@ pub fn check_entries(dir: &Path, stage: Stage) -> Result<()> {
             _ => {}
         }
     }
-    walk(dir, Path::new(""))
+    walk(dir)
 }
 
-fn walk(root: &Path, rel: &Path) -> Result<()> {
-    let here = root.join(rel);
-    let rd = std::fs::read_dir(&here).with_context(|| format!("cannot list {}", here.display()))?;
-    for entry in rd {
-        let entry = entry?;
-        let rel = rel.join(entry.file_name());
-        // file_type() is the entry itself, never what a link points to.
-        let ft = entry.file_type()?;
-        if ft.is_dir() {
-            walk(root, &rel)?;
-        } else if ft.is_symlink() {
-            let target = std::fs::read_link(entry.path())?;
-            let in_lib = rel.parent() == Some(Path::new("lib"));
-            let plain = target
-                .to_str()
-                .is_some_and(|t| !t.is_empty() && !t.contains('/') && t != "." && t != "..");
-            if !in_lib || !plain {
+fn walk(root: &Path) -> Result<()> {
+    crate::fsread::walk_tree(
+        root,
+        &mut |e| {
+            let rel = e.rel_path;
+            if e.kind.is_symlink() {
+                let target = std::fs::read_link(e.path)?;
+                let in_lib = rel.parent() == Some(Path::new("lib"));
+                let plain = target
+                    .to_str()
+                    .is_some_and(|t| !t.is_empty() && !t.contains('/') && t != "." && t != "..");
+                if !in_lib || !plain {
+                    bail!(
+                        "{} is a symlink to {}: the only links a build may hold are lib/'s library chain, relative and inside lib/",
+                        rel.display(),
+                        target.display()
+                    );
+                }
+            } else if !e.kind.is_dir() && !e.kind.is_file() {
                 bail!(
-                    "{} is a symlink to {}: the only links a build may hold are lib/'s library chain, relative and inside lib/",
-                    rel.display(),
-                    target.display()
+                    "{} is a special file (FIFO, socket or device), which no NCCL build holds",
+                    rel.display()
                 );
             }
-        } else if !ft.is_file() {
-            bail!(
-                "{} is a special file (FIFO, socket or device), which no NCCL build holds",
-                rel.display()
-            );
-        }
-    }
-    Ok(())
+            Ok(true)
+        },
+        &|path, why| Err(why.error(path, "list")),
+    )
 }
 
 /// Whether `p` is a regular file itself (not a link to one).

@@ -147,6 +147,9 @@ pub struct Collector {
     unknown_kinds: std::collections::BTreeSet<u16>,
     /// Also decode every zstd cubin with libzstd and count disagreements (tests).
     pub(crate) cross_check: bool,
+    /// Every zstd cubin decoded by libzstd, the front decoder skipped (the benchmark's
+    /// baseline).
+    pub(crate) libzstd_only: bool,
     pub(crate) zstd: ZstdStats,
 }
 
@@ -336,6 +339,7 @@ impl Collector {
         // threads take the next cubin from a shared counter rather than fixed halves.
         let next = std::sync::atomic::AtomicUsize::new(0);
         let cross_check = self.cross_check;
+        let libzstd_only = self.libzstd_only;
         let name = || -> (Vec<Result<GpuTarget, GpuTarget>>, ZstdStats) {
             let mut zstd = ZstdPrefix::default();
             let mut stats = ZstdStats::default();
@@ -350,7 +354,12 @@ impl Collector {
                     let got = src.read_at(j.payload + off, &mut buf).ok()?;
                     (got as u64 == end - off).then_some(buf)
                 };
-                let got = match zstd_head::decode_prefix(&read, j.stored, &mut head) {
+                let front = if libzstd_only {
+                    None
+                } else {
+                    zstd_head::decode_prefix(&read, j.stored, &mut head)
+                };
+                let got = match front {
                     Some(n) if n >= 52 => {
                         stats.head += 1;
                         if cross_check {

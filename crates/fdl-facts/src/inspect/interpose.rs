@@ -21,7 +21,9 @@ use super::symver;
 pub use super::symver::Version;
 use anyhow::{anyhow, bail, Context, Result};
 use object::elf;
-use object::read::elf::{Dyn as _, FileHeader, SectionHeader, SectionTable, Sym as _};
+use object::read::elf::{
+    Dyn as _, FileHeader, Relr as _, RelrIterator, SectionHeader, SectionTable, Sym as _,
+};
 use object::{Endian as _, Endianness};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -32,6 +34,7 @@ type Rela = elf::Rela64<Endianness>;
 type Rel = elf::Rel64<Endianness>;
 type Dyn = elf::Dyn64<Endianness>;
 type Header = elf::FileHeader64<Endianness>;
+type Relr = elf::Relr64<Endianness>;
 
 const SYM_SIZE: u64 = std::mem::size_of::<Sym>() as u64;
 /// Packed relative relocations (glibc 2.36, `-z pack-relative-relocs`); not in `object`.
@@ -846,6 +849,26 @@ fn gnu_hash_count(table: &[u8], endian: Endianness) -> Option<u64> {
     None
 }
 
+/// The entries of a DT_RELR table up to the one that would carry an address past
+/// `u64::MAX`: an address entry relocates its own word, and each bitmap after it the 63
+/// words that follow, which `object`'s iterator counts without wrapping.
+fn relr_without_overflow(relr: &[Relr], e: Endianness) -> &[Relr] {
+    let mut next = 0u64;
+    for (i, r) in relr.iter().enumerate() {
+        let entry = r.get(e);
+        let last = if entry & 1 == 0 {
+            next = entry;
+            Some(entry)
+        } else {
+            next.checked_add(63 * 8).inspect(|&n| next = n)
+        };
+        if last.is_none() {
+            return &relr[..i];
+        }
+    }
+    relr
+}
+
 /// Byte ranges `(offset, length)` merged where they overlap, so that hostile tables
 /// claiming the same bytes many times are read once.
 fn merged(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
@@ -1130,9 +1153,7 @@ impl<'a> Tables<'a> {
         if let Some(addr) = self.tags.gnu_hash {
             let table = words(addr, "DT_GNU_HASH")?;
             let corrupt = || anyhow!("{obj}: its DT_GNU_HASH table is truncated or corrupt");
-            let h = name.iter().fold(5381u32, |h, &c| {
-                h.wrapping_mul(33).wrapping_add(u32::from(c))
-            });
+            let h = elf::gnu_hash(name);
             let nbuckets = u64::from(word(table, 0).ok_or_else(corrupt)?);
             let symoffset = u64::from(word(table, 1).ok_or_else(corrupt)?);
             let bloom_words = u64::from(word(table, 2).ok_or_else(corrupt)?);
@@ -1175,11 +1196,7 @@ impl<'a> Tables<'a> {
             let table = words(addr, "DT_HASH")?;
             let corrupt = || anyhow!("{obj}: its DT_HASH table is truncated or corrupt");
             // SysV hash: nbucket, nchain, buckets, chains.
-            let h = name.iter().fold(0u32, |h, &c| {
-                let h = (h << 4).wrapping_add(u32::from(c));
-                let g = h & 0xf000_0000;
-                (h ^ (g >> 24)) & !g
-            });
+            let h = elf::hash(name);
             let nbucket = u64::from(word(table, 0).ok_or_else(corrupt)?);
             let nchain = u64::from(word(table, 1).ok_or_else(corrupt)?);
             if nbucket == 0 {
@@ -1564,31 +1581,13 @@ impl<'a> Tables<'a> {
                     ))
                 }
                 Some(table) => {
-                    // Even entries are addresses, odd ones bitmaps of the 63 words after.
-                    let mut next = 0u64;
+                    let n = table.len() / std::mem::size_of::<Relr>();
+                    let relr = object::pod::slice_from_bytes::<Relr>(table, n).map_or(&[][..], |(r, _)| r);
                     let mut visited = 0u64;
-                    for w in table.chunks_exact(8) {
-                        let entry = e.read_u64_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-                        let mut check = |a: u64| {
-                            visited += 1;
-                            if let Some(v) = word_at(a).filter(|v| wanted.contains(v)) {
-                                found.insert(v);
-                            }
-                        };
-                        if entry & 1 == 0 {
-                            check(entry);
-                            next = entry.wrapping_add(8);
-                        } else {
-                            let mut bits = entry >> 1;
-                            let mut a = next;
-                            while bits != 0 {
-                                if bits & 1 != 0 {
-                                    check(a);
-                                }
-                                bits >>= 1;
-                                a = a.wrapping_add(8);
-                            }
-                            next = next.wrapping_add(63 * 8);
+                    for a in RelrIterator::<Header>::new(e, relr_without_overflow(relr, e)) {
+                        visited += 1;
+                        if let Some(v) = word_at(a).filter(|v| wanted.contains(v)) {
+                            found.insert(v);
                         }
                         if visited > MAX_RELR {
                             unknown = Some(format!(
@@ -1854,6 +1853,32 @@ mod tests {
             Binding::BoundLocally { why: "y".into() },
         );
         assert_eq!(map["ncclA"], Binding::BoundLocally { why: "y".into() });
+    }
+
+    #[test]
+    fn relr_tables_decode_as_glibc_does_and_never_overflow() {
+        let e = Endianness::Little;
+        let relr = |w: &[u64]| -> Vec<Relr> {
+            w.iter()
+                .map(|&x| elf::Relr64(object::U64::new(e, x)))
+                .collect()
+        };
+        let decode = |t: &[Relr]| -> Vec<u64> {
+            RelrIterator::<Header>::new(e, relr_without_overflow(t, e)).collect()
+        };
+        // An address relocates its own word; a bitmap's bit k (from bit 1) the k-th word
+        // after; the next bitmap goes on 63 words further.
+        let t = relr(&[0x1000, 0b1011, 1 | 1 << 63, 0x2000]);
+        assert_eq!(
+            decode(&t),
+            [0x1000, 0x1008, 0x1018, 0x1000 + 63 * 8 + 63 * 8, 0x2000]
+        );
+        // An address near the top: the bitmap that would carry it past u64::MAX, and
+        // everything after, is left out rather than wrapped (or panicking).
+        let top = u64::MAX - 7;
+        let t = relr(&[0x1000, top, 0b11, 0x3000]);
+        assert_eq!(decode(&t), [0x1000, top]);
+        assert!(decode(&relr(&[])).is_empty());
     }
 
     fn words(w: &[u32]) -> Vec<u8> {

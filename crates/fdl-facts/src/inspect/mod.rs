@@ -158,15 +158,22 @@ pub fn inspect_bytes(data: &[u8]) -> Result<Inspection> {
 /// and with libzstd, counting disagreements in [`Inspection::work`] (the oracle tests).
 #[doc(hidden)]
 pub fn inspect_cross_checking_zstd(path: &Path) -> Result<Inspection> {
-    Source::with_file(path, |src| inspect_with(src, true))
+    Source::with_file(path, |src| inspect_with(src, true, false))
+}
+
+/// Inspects `path` with every zstd cubin decoded by libzstd alone: the baseline the
+/// front decoder is measured against (`benches/inspect.rs`).
+#[doc(hidden)]
+pub fn inspect_libzstd_only(path: &Path) -> Result<Inspection> {
+    Source::with_file(path, |src| inspect_with(src, false, true))
 }
 
 /// Inspects whatever `src` holds.
 pub fn inspect_source(src: &Source<'_>) -> Result<Inspection> {
-    inspect_with(src, false)
+    inspect_with(src, false, false)
 }
 
-fn inspect_with(src: &Source<'_>, cross_check: bool) -> Result<Inspection> {
+fn inspect_with(src: &Source<'_>, cross_check: bool, libzstd_only: bool) -> Result<Inspection> {
     if src.is_empty() {
         bail!(
             "{} is empty (0 bytes), not a shared library: the download or copy was probably interrupted; fetch it again",
@@ -192,6 +199,7 @@ fn inspect_with(src: &Source<'_>, cross_check: bool) -> Result<Inspection> {
     };
     let mut collector = fatbin::Collector::default();
     collector.cross_check = cross_check;
+    collector.libzstd_only = libzstd_only;
     if ins.elf {
         let info = elf::parse(src)?;
         ins.soname = info.dynamic.soname.clone();

@@ -11,19 +11,12 @@
 use super::elf::ElfInfo;
 use super::source::Source;
 use anyhow::{anyhow, bail, Result};
-
-/// `DT_VERSYM`, `DT_VERDEF`, `DT_VERNEED` (GNU extensions, in the OS-specific range).
-const DT_VERSYM: u64 = 0x6fff_fff0;
-const DT_VERDEF: u64 = 0x6fff_fffc;
-const DT_VERNEED: u64 = 0x6fff_fffe;
-const DT_STRTAB: u64 = 5;
-const DT_STRSZ: u64 = 10;
-const DT_NULL: u64 = 0;
-const PT_DYNAMIC: u32 = 2;
-/// `VER_FLG_BASE` (the file's own version) and `VER_FLG_WEAK` (a requirement that only
-/// warns when missing).
-const VER_FLG_BASE: u16 = 1;
-const VER_FLG_WEAK: u16 = 2;
+use object::elf::{
+    self, Dyn32, Dyn64, Verdaux, Verdef, Vernaux, Verneed, DT_NULL, DT_STRSZ, DT_STRTAB, DT_VERDEF,
+    DT_VERNEED, DT_VERSYM, PT_DYNAMIC, VERSYM_HIDDEN, VERSYM_VERSION, VER_FLG_BASE, VER_FLG_WEAK,
+};
+use object::pod::{from_bytes, Pod};
+use object::Endianness;
 
 /// Entries walked over all chains of one object (a library defines or requires a few
 /// dozen versions; glibc's libc about 50).
@@ -114,7 +107,7 @@ impl VersionTables {
     /// 0x7fff]`), `None` when it is unversioned. An index past every table is an error:
     /// glibc would read past its array there.
     pub fn version_of(&self, raw: u16) -> Result<Option<&Version>> {
-        let ndx = usize::from(raw & 0x7fff);
+        let ndx = usize::from(raw & VERSYM_VERSION);
         if ndx <= 1 {
             return Ok(None);
         }
@@ -137,7 +130,7 @@ impl VersionTables {
         let Some(raw) = raw else {
             return Ok(Match::Yes);
         };
-        let hidden = raw & 0x8000 != 0;
+        let hidden = raw & VERSYM_HIDDEN != 0;
         match want {
             Some(v) => {
                 let def = self.version_of(raw)?;
@@ -149,7 +142,7 @@ impl VersionTables {
                     Match::No
                 })
             }
-            None if raw & 0x7fff >= 3 => Ok(if hidden {
+            None if raw & VERSYM_VERSION >= 3 => Ok(if hidden {
                 Match::No
             } else {
                 Match::OnlyIfAlone
@@ -180,41 +173,34 @@ pub fn read(src: &Source<'_>, info: &ElfInfo) -> Result<VersionTables> {
     let Some(seg) = info.segments.iter().find(|s| s.p_type == PT_DYNAMIC) else {
         return Ok(out);
     };
-    let u16_at = |b: &[u8]| {
-        if little {
-            u16::from_le_bytes([b[0], b[1]])
-        } else {
-            u16::from_be_bytes([b[0], b[1]])
-        }
-    };
-    let u32_at = |b: &[u8]| {
-        let a = [b[0], b[1], b[2], b[3]];
-        if little {
-            u32::from_le_bytes(a)
-        } else {
-            u32::from_be_bytes(a)
-        }
-    };
-    let u64_at = |b: &[u8]| {
-        let a = [b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]];
-        if little {
-            u64::from_le_bytes(a)
-        } else {
-            u64::from_be_bytes(a)
-        }
+    let e = if little {
+        Endianness::Little
+    } else {
+        Endianness::Big
     };
     // The dynamic table: the last of each tag counts, up to DT_NULL.
-    let entry = if info.is_64 { 16 } else { 8 };
+    let entry = if info.is_64 {
+        std::mem::size_of::<Dyn64<Endianness>>()
+    } else {
+        std::mem::size_of::<Dyn32<Endianness>>()
+    };
     let table = src.bytes_clipped(seg.offset, seg.filesz);
     let (mut versym, mut verdef, mut verneed, mut strtab, mut strsz) =
         (None, None, None, None, None);
     for d in table.chunks_exact(entry).take(MAX_DYN) {
         let (tag, val) = if info.is_64 {
-            (u64_at(&d[..8]), u64_at(&d[8..]))
+            let Ok(d) = record::<Dyn64<Endianness>>(d) else {
+                break;
+            };
+            (d.d_tag.get(e), d.d_val.get(e))
         } else {
-            (u64::from(u32_at(&d[..4])), u64::from(u32_at(&d[4..])))
+            let Ok(d) = record::<Dyn32<Endianness>>(d) else {
+                break;
+            };
+            (u64::from(d.d_tag.get(e)), u64::from(d.d_val.get(e)))
         };
-        match tag {
+        // A tag past u32 is none of these.
+        match u32::try_from(tag).unwrap_or(u32::MAX) {
             DT_NULL => break,
             DT_VERSYM => versym = Some(val),
             DT_VERDEF => verdef = Some(val),
@@ -264,47 +250,61 @@ pub fn read(src: &Source<'_>, info: &ElfInfo) -> Result<VersionTables> {
         Ok(())
     };
     let set_index = |by_index: &mut Vec<Option<Version>>, ndx: u16, v: Version| {
-        let ndx = usize::from(ndx & 0x7fff);
+        let ndx = usize::from(ndx & VERSYM_VERSION);
         if by_index.len() <= ndx {
             by_index.resize(ndx + 1, None);
         }
         by_index[ndx] = Some(v);
     };
     let mut by_index: Vec<Option<Version>> = Vec::new();
+    let size = |n: usize| n as u64;
     if let Some(mut addr) = verneed {
-        let first = at(addr, 16, "DT_VERNEED")?;
-        if u16_at(&first[..2]) != 1 {
+        let first: &Verneed<Endianness> = record(at(
+            addr,
+            size(std::mem::size_of::<Verneed<Endianness>>()),
+            "DT_VERNEED",
+        )?)?;
+        if first.vn_version.get(e) != 1 {
             out.needs_error = Some(format!(
                 "unsupported version {} of Verneed record",
-                u16_at(&first[..2])
+                first.vn_version.get(e)
             ));
         } else {
             loop {
                 step("DT_VERNEED")?;
-                let e = at(addr, 16, "a DT_VERNEED record")?;
-                let file = name_at(u32_at(&e[4..8]), "a DT_VERNEED record")?;
+                let n: &Verneed<Endianness> = record(at(
+                    addr,
+                    size(std::mem::size_of::<Verneed<Endianness>>()),
+                    "a DT_VERNEED record",
+                )?)?;
+                let file = name_at(n.vn_file.get(e), "a DT_VERNEED record")?;
                 let mut needs = Needs {
                     file,
                     versions: Vec::new(),
                 };
                 let mut aux = addr
-                    .checked_add(u64::from(u32_at(&e[8..12])))
+                    .checked_add(u64::from(n.vn_aux.get(e)))
                     .ok_or_else(|| anyhow!("a DT_VERNEED record points outside the file"))?;
                 loop {
                     step("DT_VERNEED")?;
-                    let a = at(aux, 16, "a Vernaux record of DT_VERNEED")?;
+                    let a: &Vernaux<Endianness> = record(at(
+                        aux,
+                        size(std::mem::size_of::<Vernaux<Endianness>>()),
+                        "a Vernaux record of DT_VERNEED",
+                    )?)?;
+                    let other = a.vna_other.get(e);
                     let version = Version {
-                        name: name_at(u32_at(&a[8..12]), "a Vernaux record")?,
-                        hash: u32_at(&a[..4]),
-                        hidden: u16_at(&a[6..8]) & 0x8000 != 0,
+                        name: name_at(a.vna_name.get(e), "a Vernaux record")?,
+                        hash: a.vna_hash.get(e),
+                        hidden: other & VERSYM_HIDDEN != 0,
                         file: Some(needs.file.clone()),
                     };
-                    set_index(&mut by_index, u16_at(&a[6..8]), version.clone());
+                    set_index(&mut by_index, other, version.clone());
                     needs.versions.push(Required {
                         version,
-                        weak: u16_at(&a[4..6]) & VER_FLG_WEAK != 0,
+                        weak: a.vna_flags.get(e) & VER_FLG_WEAK != 0,
                     });
-                    match u32_at(&a[12..16]) {
+                    match a.vna_next.get(e) {
                         0 => break,
                         n => {
                             aux = aux.checked_add(u64::from(n)).ok_or_else(|| {
@@ -314,7 +314,7 @@ pub fn read(src: &Source<'_>, info: &ElfInfo) -> Result<VersionTables> {
                     }
                 }
                 out.needs.push(needs);
-                match u32_at(&e[12..16]) {
+                match n.vn_next.get(e) {
                     0 => break,
                     n => {
                         addr = addr
@@ -329,28 +329,36 @@ pub fn read(src: &Source<'_>, info: &ElfInfo) -> Result<VersionTables> {
         let mut defines = Vec::new();
         loop {
             step("DT_VERDEF")?;
-            let e = at(addr, 20, "a DT_VERDEF record")?;
-            let record = u16_at(&e[..2]);
-            if record != 1 {
-                out.defines_error = Some(format!("unsupported version {record} of Verdef record"));
+            let d: &Verdef<Endianness> = record(at(
+                addr,
+                size(std::mem::size_of::<Verdef<Endianness>>()),
+                "a DT_VERDEF record",
+            )?)?;
+            let version = d.vd_version.get(e);
+            if version != 1 {
+                out.defines_error = Some(format!("unsupported version {version} of Verdef record"));
                 break;
             }
             let aux = addr
-                .checked_add(u64::from(u32_at(&e[12..16])))
+                .checked_add(u64::from(d.vd_aux.get(e)))
                 .ok_or_else(|| anyhow!("a DT_VERDEF record points outside the file"))?;
-            let a = at(aux, 8, "a Verdaux record of DT_VERDEF")?;
+            let a: &Verdaux<Endianness> = record(at(
+                aux,
+                size(std::mem::size_of::<Verdaux<Endianness>>()),
+                "a Verdaux record of DT_VERDEF",
+            )?)?;
             let version = Version {
-                name: name_at(u32_at(&a[..4]), "a Verdaux record")?,
-                hash: u32_at(&e[8..12]),
+                name: name_at(a.vda_name.get(e), "a Verdaux record")?,
+                hash: d.vd_hash.get(e),
                 hidden: false,
                 file: None,
             };
             // The base version (the file's own name) is no symbol's version.
-            if u16_at(&e[2..4]) & VER_FLG_BASE == 0 {
-                set_index(&mut by_index, u16_at(&e[4..6]), version.clone());
+            if d.vd_flags.get(e) & VER_FLG_BASE == 0 {
+                set_index(&mut by_index, d.vd_ndx.get(e), version.clone());
             }
             defines.push(version);
-            match u32_at(&e[16..20]) {
+            match d.vd_next.get(e) {
                 0 => break,
                 n => {
                     addr = addr
@@ -367,11 +375,15 @@ pub fn read(src: &Source<'_>, info: &ElfInfo) -> Result<VersionTables> {
 
 /// The SysV ELF hash of a version name (what `vna_hash`/`vd_hash` hold).
 pub fn elf_hash(name: &[u8]) -> u32 {
-    name.iter().fold(0u32, |h, &c| {
-        let h = (h << 4).wrapping_add(u32::from(c));
-        let g = h & 0xf000_0000;
-        (h ^ (g >> 24)) & !g
-    })
+    elf::hash(name)
+}
+
+/// `bytes` as the record `T`, in `object`'s layout of it (unaligned fields, any
+/// endianness); an error when `bytes` is shorter than the record.
+fn record<T: Pod>(bytes: &[u8]) -> Result<&T> {
+    from_bytes::<T>(bytes)
+        .map(|(r, _)| r)
+        .map_err(|()| anyhow!("a version record is truncated"))
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ pub fn clone_tree_hashed(src: &Path, dst: &Path) -> Result<(Method, FileDigests)
         digests: FileDigests::new(),
         buf: Vec::new(),
     };
-    walk(src, dst, "", &mut state)?;
+    walk(src, dst, &mut state)?;
     Ok((state.used, state.digests))
 }
 
@@ -60,40 +60,32 @@ struct State {
     buf: Vec<u8>,
 }
 
-fn walk(src: &Path, dst: &Path, rel: &str, state: &mut State) -> Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(src)
-        .with_context(|| format!("cannot read {}", src.display()))?
-        .collect::<std::io::Result<_>>()?;
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let from = e.path();
-        let to = dst.join(e.file_name());
-        let name = e.file_name().to_string_lossy().into_owned();
-        let path = if rel.is_empty() {
-            name
-        } else {
-            format!("{rel}/{name}")
-        };
-        let kind = e.file_type()?;
-        if kind.is_symlink() {
-            let target = std::fs::read_link(&from)?;
-            std::os::unix::fs::symlink(&target, &to)
-                .with_context(|| format!("cannot create {}", to.display()))?;
-        } else if kind.is_dir() {
-            std::fs::create_dir(&to).with_context(|| format!("cannot create {}", to.display()))?;
-            walk(&from, &to, &path, state)?;
-        } else if kind.is_file() {
-            let method = file(&from, &to, &path, state)?;
-            state.used = state.used.max(method);
-        } else {
-            bail!(
-                "{} is {}: a build holds only files, directories and links",
-                from.display(),
-                crate::fsread::kind_of(&kind)
-            );
-        }
-    }
-    Ok(())
+fn walk(src: &Path, dst: &Path, state: &mut State) -> Result<()> {
+    crate::fsread::walk_tree(
+        src,
+        &mut |e| {
+            let to = dst.join(e.rel_path);
+            if e.kind.is_symlink() {
+                let target = std::fs::read_link(e.path)?;
+                std::os::unix::fs::symlink(&target, &to)
+                    .with_context(|| format!("cannot create {}", to.display()))?;
+            } else if e.kind.is_dir() {
+                std::fs::create_dir(&to)
+                    .with_context(|| format!("cannot create {}", to.display()))?;
+            } else if e.kind.is_file() {
+                let method = file(e.path, &to, e.rel, state)?;
+                state.used = state.used.max(method);
+            } else {
+                bail!(
+                    "{} is {}: a build holds only files, directories and links",
+                    e.path.display(),
+                    crate::fsread::kind_of(&e.kind)
+                );
+            }
+            Ok(true)
+        },
+        &|path, why| Err(why.error(path, "read")),
+    )
 }
 
 fn file(from: &Path, to: &Path, rel: &str, state: &mut State) -> Result<Method> {

@@ -11,6 +11,7 @@ use crate::nccl::backend::Backend;
 use crate::nccl::plan::{BackendPlan, BuildPlan, DockerSource, NativeSource};
 use crate::store::{Key, KeyInputs};
 use anyhow::Result;
+use fdl_backends::Planned;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -129,11 +130,10 @@ pub fn key_inputs(
 /// a place or a parallelism (`CUDA_HOME`, `MAX_JOBS`): the toolchain's identity stands
 /// for the former, and the latter changes no byte.
 fn make_vars(plan: &BuildPlan) -> String {
-    let vars: Vec<&(String, String)> = match &plan.backend {
-        BackendPlan::Native(n) => n.make_vars.iter().collect(),
-        BackendPlan::Docker(d) => d.build_args.iter().collect(),
-    };
-    vars.into_iter()
+    plan.backend
+        .planned()
+        .build_vars()
+        .iter()
         .filter(|(k, _)| k != "CUDA_HOME" && k != "MAX_JOBS")
         .map(|(k, v)| format!("{k}={v}\n"))
         .collect()

@@ -34,6 +34,7 @@ use crate::project::Project;
 use crate::step::Step;
 use anyhow::Result;
 use choose::Chosen;
+use fdl_backends::Planned;
 use std::path::{Path, PathBuf};
 
 /// Everything a build was asked, typed.
@@ -197,23 +198,7 @@ enum TagCheck {
 /// Reads what a dry run can of the tag's source: a clone already in fdl's cache is read
 /// here; a clone not made yet leaves the tag unchecked, which is said.
 fn tag_check(plan: &BuildPlan) -> TagCheck {
-    use crate::nccl::plan::{BackendPlan, DockerSource, NativeSource};
-    let clone = match &plan.backend {
-        BackendPlan::Native(n) => match &n.source {
-            NativeSource::Clone { repo, cache_dir } => Some((repo.clone(), cache_dir.clone())),
-            NativeSource::Dir { .. } => None,
-        },
-        BackendPlan::Docker(d) => match &d.source {
-            DockerSource::Clone => crate::cache::cache_dir()
-                .ok()
-                .and_then(|cache| native::source_for(None, &plan.tag, &cache).ok())
-                .and_then(|s| match s {
-                    NativeSource::Clone { repo, cache_dir } => Some((repo, cache_dir)),
-                    NativeSource::Dir { .. } => None,
-                }),
-            DockerSource::Context { .. } => None,
-        },
-    };
+    let clone = plan.backend.planned().source_clone(plan);
     let Some((repo, cache_dir)) = clone else {
         return TagCheck::Checked;
     };

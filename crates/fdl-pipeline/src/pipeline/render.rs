@@ -3,48 +3,15 @@
 //! [`BuildPlan`]; `--json` prints the plan's own serialization instead.
 
 use super::key::StoreView;
-use crate::native;
-use crate::nccl::plan::{
-    ArchOrigin, BackendPlan, BuildPlan, CudaOrigin, DockerSource, DockerSteps, DockerfileSpec,
-    NativeSource, TagOrigin, ToolchainFiles,
-};
-use crate::step::{Paths, Step};
+use crate::nccl::plan::{ArchOrigin, BuildPlan, CudaOrigin, TagOrigin};
+use crate::step::Step;
 use crate::text::{self, clean, paint, Color};
+use fdl_backends::Planned;
 
 /// The steps the plan will run, with placeholders for the private paths a run makes
 /// (`<staging>`): the same values a run executes, rendered.
 pub fn steps(plan: &BuildPlan) -> Vec<Step> {
-    match &plan.backend {
-        BackendPlan::Docker(d) => {
-            let paths = Paths::placeholders(DockerSteps::PATHS);
-            // The volumes are known when the toolchain image is: one per top-level
-            // directory it holds.
-            let volumes = match d.toolchain_files {
-                ToolchainFiles::Volumes => {
-                    vec![("<toolchain-volume>".to_string(), "<dir>".to_string())]
-                }
-                ToolchainFiles::Image => Vec::new(),
-            };
-            DockerSteps::new(d, plan.jobs, &paths, &volumes)
-                .all()
-                .into_iter()
-                .cloned()
-                .collect()
-        }
-        BackendPlan::Native(n) => {
-            let mut paths = Paths::placeholders(native::NativeSteps::PATHS);
-            // The toolkit is known now; only its plain alias, if it needs one, is not.
-            paths.entries.retain(|(k, _)| *k != "cuda-home");
-            paths
-                .entries
-                .push(("cuda-home", n.toolkit.cuda_home.clone()));
-            native::NativeSteps::new(n, plan.jobs, &paths)
-                .all()
-                .into_iter()
-                .cloned()
-                .collect()
-        }
-    }
+    plan.backend.planned().steps(plan)
 }
 
 fn host_values(v: &[crate::nccl::plan::HostValue]) -> String {
@@ -157,16 +124,7 @@ fn default_cuda_reason(plan: &BuildPlan) -> String {
     if plan.cuda_note.is_some() {
         return format!("fdl's default is {default}");
     }
-    let compiles = match &plan.backend {
-        BackendPlan::Native(n) => n
-            .toolkit
-            .gpu_archs
-            .as_ref()
-            .map(|offered| plan.archs.iter().all(|a| offered.contains(a))),
-        BackendPlan::Docker(_) => {
-            Some(crate::arch::check_archs_for_cuda(&plan.archs, plan.cuda).is_ok())
-        }
-    };
+    let compiles = plan.backend.planned().compiles_archs(plan);
     // The generations of the plan's oldest and newest arch, named from the arch table,
     // when they are far apart (one the newest CUDA dropped, one only a recent CUDA has).
     let oldest = plan.archs.iter().min();
@@ -283,119 +241,8 @@ pub fn plan(
         "backend",
         format!("{}  ({})", plan.backend.kind(), plan.backend_reason),
     );
-    if let BackendPlan::Docker(docker) = &plan.backend {
-        row(
-            "image",
-            format!(
-                "{}-<digest of the base image's ID, the Dockerfile and its arguments>: the toolchain image, built once, then reused",
-                docker.image
-            ),
-        );
-        if let Some(base) = &docker.base_image {
-            row("base image", base.clone());
-        }
-        row(
-            "dockerfile",
-            match &docker.dockerfile {
-                DockerfileSpec::Embedded { sha256 } => {
-                    format!("embedded (sha256 {})", &sha256[..12])
-                }
-                DockerfileSpec::File { path, sha256 } => {
-                    format!("{} (sha256 {})", path.display(), &sha256[..12])
-                }
-            },
-        );
-        if let Some(probe) = &docker.probe {
-            let mut found = match (&probe.cuda_home, probe.cuda) {
-                (Some(home), Some(cuda)) => format!("CUDA {cuda} at {home} in the image (probed)"),
-                (Some(home), None) => format!("{home} in the image; its nvcc gave no release"),
-                (None, _) => "none in the image (probed)".to_string(),
-            };
-            if !probe.missing.is_empty() {
-                found.push_str(&format!(
-                    "; lacks {}{}",
-                    probe.missing.join(", "),
-                    if probe.apt {
-                        " (apt can install)"
-                    } else {
-                        " (no apt)"
-                    }
-                ));
-            }
-            row("toolkit", found);
-        }
-        row(
-            "source",
-            match &docker.source {
-                DockerSource::Context { path, version } => {
-                    format!("{} (NCCL {version}), mounted read-only", path.display())
-                }
-                DockerSource::Clone => format!(
-                    "{} fetched on this host into fdl's cache, then mounted read-only",
-                    plan.tag
-                ),
-            },
-        );
-        row(
-            "network",
-            format!(
-                "image build: {}  ({}); compile: none",
-                docker.network.as_deref().unwrap_or("default"),
-                docker.network_reason
-            ),
-        );
-        row(
-            "mounts",
-            format!(
-                "<source> at {}, read-only; <work> (build/, tmp/) at {}; <staging> at {}",
-                crate::nccl::plan::RUN_SOURCE_DIR,
-                crate::nccl::plan::RUN_WORK_DIR,
-                crate::nccl::plan::RUN_PREFIX_DIR
-            ),
-        );
-        row(
-            "toolchain",
-            match docker.toolchain_files {
-                ToolchainFiles::Volumes => format!(
-                    "read from Docker volumes mounted read-only, each a copy of one of the image's top-level directories (usr, opt, …) made once per toolchain image  ({})",
-                    docker.toolchain_files_reason
-                ),
-                ToolchainFiles::Image => format!(
-                    "read from the image  ({})",
-                    docker.toolchain_files_reason
-                ),
-            },
-        );
-    }
-    if let BackendPlan::Native(native) = &plan.backend {
-        row(
-            "toolkit",
-            format!(
-                "CUDA {} at {}",
-                native.toolkit.cuda,
-                native.toolkit.cuda_home.display()
-            ),
-        );
-        row("nvcc", native.toolkit.nvcc.display().to_string());
-        row(
-            "source",
-            match &native.source {
-                NativeSource::Dir { path, version } => {
-                    format!("{} (NCCL {version})", path.display())
-                }
-                // Said as it is now: a dry run before the first build clones nothing.
-                NativeSource::Clone { repo, cache_dir } if cache_dir.is_dir() => format!(
-                    "{repo} at {} (already cloned in {}: reused)",
-                    plan.tag,
-                    cache_dir.display()
-                ),
-                NativeSource::Clone { repo, cache_dir } => format!(
-                    "{repo} at {} (to be cloned into {}, then reused)",
-                    plan.tag,
-                    cache_dir.display()
-                ),
-            },
-        );
+    for (key, value) in plan.backend.planned().rows(plan) {
+        row(key, value);
     }
     match (store.state, &store.key, &store.why) {
         ("hit", Some(key), _) => {
@@ -423,12 +270,11 @@ pub fn plan(
         for c in cmds {
             s.push_str(&format!("  {c}\n"));
         }
-        if let BackendPlan::Docker(_) = &plan.backend {
+        if let Some((path, script)) = plan.backend.planned().script() {
             s.push_str(&format!(
-                "  where {} is this script, which fdl writes into <work>:\n",
-                crate::nccl::plan::RUN_SCRIPT_PATH
+                "  where {path} is this script, which fdl writes into <work>:\n"
             ));
-            for line in crate::nccl::plan::RUN_SCRIPT.lines() {
+            for line in script.lines() {
                 s.push_str(&format!("    {line}\n"));
             }
         }
@@ -483,6 +329,7 @@ fn command_kinds(cmds: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nccl::plan::NativeSource;
 
     #[test]
     fn folded_commands_name_their_programs() {
