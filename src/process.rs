@@ -62,6 +62,11 @@ pub fn kill_point(name: &str) {
     }
 }
 
+/// Whether the test hook `name` (an environment variable) is set.
+pub fn test_hook(name: &str) -> bool {
+    std::env::var_os(name).is_some()
+}
+
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }

@@ -102,21 +102,30 @@ impl Transaction {
     /// - elsewhere the old content is renamed to `.replaced-<name>-…` first; a kill before
     ///   the second rename leaves the target missing, and [`restore_or_remove`] puts the
     ///   old content back rather than delete it.
-    pub fn commit_replacing(mut self) -> Result<()> {
+    ///
+    /// Once the new content is in place the replace has happened, whatever follows: an
+    /// old tree that cannot be deleted is [`Committed::OldLeft`], for the caller to warn
+    /// of, never an error (the caller goes on with what a commit entails).
+    pub fn commit_replacing(self) -> Result<Committed> {
+        let try_exchange = !crate::process::test_hook("FDL_TEST_NO_EXCHANGE");
+        self.replace(try_exchange, &|p| std::fs::remove_dir_all(p))
+    }
+
+    fn replace(
+        mut self,
+        try_exchange: bool,
+        remove: &dyn Fn(&Path) -> std::io::Result<()>,
+    ) -> Result<Committed> {
         if std::fs::symlink_metadata(&self.target).is_err() {
-            return self.commit();
+            self.commit()?;
+            return Ok(Committed::Clean);
         }
         kill_point("replace:before");
-        if exchange(&self.staging, &self.target)? {
+        if try_exchange && exchange(&self.staging, &self.target)? {
             self.committed = true;
             kill_point("replace:exchanged");
             // The staging path now holds the old content.
-            return std::fs::remove_dir_all(&self.staging).with_context(|| {
-                format!(
-                    "the new one is in place, but the old one at {} could not be removed",
-                    self.staging.display()
-                )
-            });
+            return Ok(Committed::removing(&self.staging, remove));
         }
         let parent = self.target.parent().unwrap_or(Path::new("."));
         let name = self
@@ -139,12 +148,42 @@ impl Transaction {
         }
         self.committed = true;
         kill_point("replace:renamed");
-        std::fs::remove_dir_all(&aside).with_context(|| {
-            format!(
-                "the new one is in place, but the old one at {} could not be removed",
-                aside.display()
-            )
-        })
+        Ok(Committed::removing(&aside, remove))
+    }
+}
+
+/// A replace that happened: the new content is in place. What is left to say of the old.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "an old tree left behind is the caller's to warn of"]
+pub enum Committed {
+    /// Nothing of the old content is left.
+    Clean,
+    /// The old content could not be deleted; it stays at `path`, under a transaction
+    /// prefix, where the next run of the same install sweeps it.
+    OldLeft { path: PathBuf, error: String },
+}
+
+impl Committed {
+    fn removing(old: &Path, remove: &dyn Fn(&Path) -> std::io::Result<()>) -> Committed {
+        match remove(old) {
+            Ok(()) => Committed::Clean,
+            Err(e) => Committed::OldLeft {
+                path: old.to_path_buf(),
+                error: e.to_string(),
+            },
+        }
+    }
+
+    /// The warning to give, where there is one.
+    pub fn warning(&self) -> Option<String> {
+        match self {
+            Committed::Clean => None,
+            Committed::OldLeft { path, error } => Some(format!(
+                "warning: the new one is in place, but the old one at {} could not be removed: {}",
+                path.display(),
+                crate::text::clean(error)
+            )),
+        }
     }
 }
 
@@ -195,9 +234,6 @@ pub fn restore_or_remove(leftover: &Path, target: &Path) -> Option<String> {
 /// the filesystem (or kernel) cannot, so the caller takes the journalled way.
 fn exchange(a: &Path, b: &Path) -> Result<bool> {
     use std::os::unix::ffi::OsStrExt;
-    if std::env::var_os("FDL_TEST_NO_EXCHANGE").is_some() {
-        return Ok(false);
-    }
     let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes());
     let (ca, cb) = (c(a)?, c(b)?);
     // SAFETY: both are valid NUL-terminated paths; AT_FDCWD resolves them as given.
@@ -259,5 +295,31 @@ mod tests {
         let txn = Transaction::begin(target.clone(), ".staging-thing-", "test").unwrap();
         assert!(txn.commit().is_err(), "a plain commit never overwrites");
         assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
+    }
+
+    /// Once the new tree is in place, an old one that cannot be deleted is a warning: the
+    /// replace succeeded (the caller goes on to record it), by exchange or by setting aside.
+    #[test]
+    fn an_old_tree_that_cannot_be_removed_after_the_swap_is_a_warning_not_a_failure() {
+        for try_exchange in [true, false] {
+            let t = tempfile::tempdir().unwrap();
+            let target = t.path().join("thing");
+            std::fs::create_dir(&target).unwrap();
+            std::fs::write(target.join("v"), "old").unwrap();
+            let txn = Transaction::begin(target.clone(), ".staging-thing-", "test").unwrap();
+            std::fs::write(txn.path().join("v"), "new").unwrap();
+            let refuse = |_: &Path| Err(std::io::Error::from_raw_os_error(libc::EBUSY));
+            let done = txn.replace(try_exchange, &refuse).unwrap();
+            assert_eq!(std::fs::read_to_string(target.join("v")).unwrap(), "new");
+            let Committed::OldLeft { path, .. } = &done else {
+                panic!("{done:?}");
+            };
+            assert_eq!(std::fs::read_to_string(path.join("v")).unwrap(), "old");
+            let warning = done.warning().unwrap();
+            assert!(
+                warning.starts_with("warning: the new one is in place"),
+                "{warning}"
+            );
+        }
     }
 }

@@ -361,7 +361,10 @@ pub fn install(
         &staging.path().join("lib/pkgconfig/nccl.pc"),
         &store.path_of(name.as_str()),
     )?;
-    staging.commit(replaced)?;
+    // Installed once committed: an old copy left behind is a warning.
+    if let Some(warning) = staging.commit(replaced)?.warning() {
+        crate::eprintln_safe!("{warning}");
+    }
     Ok(installed(
         store.path_of(name.as_str()),
         name.as_str(),

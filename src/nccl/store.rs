@@ -493,11 +493,12 @@ impl Staging {
 
     /// Moves the staged build into place; with `replace`, over an existing build, crash-
     /// safely ([`Transaction::commit_replacing`]).
-    pub fn commit(self, replace: bool) -> Result<()> {
+    pub fn commit(self, replace: bool) -> Result<crate::txn::Committed> {
         if replace {
             self.txn.commit_replacing()
         } else {
-            self.txn.commit()
+            self.txn.commit()?;
+            Ok(crate::txn::Committed::Clean)
         }
     }
 }

@@ -319,7 +319,12 @@ pub fn execute(
         .map_err(anyhow::Error::from)
         .and_then(|mut log| crate::fswrite::create_new(&staging.path().join(BUILD_LOG), &mut log))
         .with_context(|| format!("cannot keep the build log in {}", staging.path().display()))?;
-    staging.commit(existing.is_some())?;
+    let committed = staging.commit(existing.is_some())?;
+    // Installed from here on: what fails after the commit is a warning, and the project
+    // is still recorded as the store entry's user below.
+    if let Some(warning) = committed.warning() {
+        crate::eprintln_safe!("{warning}");
+    }
     let _ = std::fs::remove_file(&log_path);
     // The project is a user of the entry it came from or made (none when adding failed).
     if let (Some((ms, key, _, key_lock)), Some(_)) = (&keyed, &manifest.store) {
