@@ -78,17 +78,21 @@ impl Transaction {
         &self.target
     }
 
-    /// Moves the staged content into place; fails, changing nothing, if the target exists.
+    /// Moves the staged content into place; fails, changing nothing, if the target exists
+    /// (whatever it is, an empty directory too: the kernel checks, in the rename itself).
     pub fn commit(mut self) -> Result<()> {
-        if std::fs::symlink_metadata(&self.target).is_ok() {
-            bail!(
+        kill_point(&format!("{}:before-rename", self.label));
+        match rename_noreplace(&self.staging, &self.target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => bail!(
                 "{} appeared meanwhile; nothing was changed",
                 self.target.display()
-            );
+            ),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot move into {}", self.target.display()))
+            }
         }
-        kill_point(&format!("{}:before-rename", self.label));
-        std::fs::rename(&self.staging, &self.target)
-            .with_context(|| format!("cannot move into {}", self.target.display()))?;
         self.committed = true;
         kill_point(&format!("{}:after-rename", self.label));
         Ok(())
@@ -230,6 +234,43 @@ pub fn restore_or_remove(leftover: &Path, target: &Path) -> Option<String> {
     })
 }
 
+/// Renames `from` to `to` only where nothing is at `to`, in one step:
+/// `renameat2(RENAME_NOREPLACE)`. A plain `rename` silently replaces an empty directory,
+/// so a check before it leaves a window in which one appearing at `to` is lost. Where the
+/// filesystem (or kernel) has no such rename, the check and the rename are made apart, as
+/// close together as they can be.
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    let (cf, ct) = (c(from)?, c(to)?);
+    // SAFETY: both are valid NUL-terminated paths; AT_FDCWD resolves them as given.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            cf.as_ptr(),
+            libc::AT_FDCWD,
+            ct.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {
+            if std::fs::symlink_metadata(to).is_ok() {
+                return Err(std::io::ErrorKind::AlreadyExists.into());
+            }
+            std::fs::rename(from, to)
+        }
+        _ => Err(err),
+    }
+}
+
 /// Swaps two directories atomically with `renameat2(RENAME_EXCHANGE)`; `Ok(false)` where
 /// the filesystem (or kernel) cannot, so the caller takes the journalled way.
 fn exchange(a: &Path, b: &Path) -> Result<bool> {
@@ -295,6 +336,24 @@ mod tests {
         let txn = Transaction::begin(target.clone(), ".staging-thing-", "test").unwrap();
         assert!(txn.commit().is_err(), "a plain commit never overwrites");
         assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
+    }
+
+    /// A directory that appears at the target after any check fdl could make is never
+    /// replaced: the rename itself refuses it, and both stay as they were.
+    #[test]
+    fn a_commit_never_replaces_what_is_at_the_target_even_an_empty_directory() {
+        let t = tempfile::tempdir().unwrap();
+        let (from, to) = (t.path().join("staged"), t.path().join("target"));
+        std::fs::create_dir(&from).unwrap();
+        std::fs::write(from.join("v"), "new").unwrap();
+        std::fs::create_dir(&to).unwrap();
+        let e = rename_noreplace(&from, &to).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(std::fs::read_dir(&to).unwrap().count(), 0);
+        assert!(from.join("v").exists());
+        std::fs::remove_dir(&to).unwrap();
+        rename_noreplace(&from, &to).unwrap();
+        assert!(to.join("v").exists() && !from.exists());
     }
 
     /// Once the new tree is in place, an old one that cannot be deleted is a warning: the
