@@ -504,12 +504,13 @@ pub fn dockerfile_spec(path: Option<&Path>) -> Result<(DockerfileSpec, String)> 
                 );
             }
             // Checked again on the open descriptor, and read no further than the cap.
-            let bytes = crate::fsread::read_regular(path, DOCKERFILE_MAX).with_context(|| {
-                format!(
-                    "--dockerfile {}: give the path of a Dockerfile",
-                    path.display()
-                )
-            })?;
+            let bytes =
+                crate::fsread::read_regular_following(path, DOCKERFILE_MAX).with_context(|| {
+                    format!(
+                        "--dockerfile {}: give the path of a Dockerfile",
+                        path.display()
+                    )
+                })?;
             let text = String::from_utf8(bytes).map_err(|_| {
                 anyhow::anyhow!(
                     "--dockerfile {} is not UTF-8 text: give the path of a Dockerfile",

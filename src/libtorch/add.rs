@@ -254,7 +254,9 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
 fn torch_version(source: &Path) -> Result<Option<String>> {
     // torch's version.py is a few lines; build-version one. Missing is fine; a FIFO, a
     // device or a huge file there is an error.
-    if let Some(text) = crate::fsread::read_text_if_present(&source.join("version.py"), 64 << 10)? {
+    if let Some(text) =
+        crate::fsread::read_text_following_if_present(&source.join("version.py"), 64 << 10)?
+    {
         let kv: BTreeMap<&str, &str> = text
             .lines()
             .filter_map(|l| l.split_once('='))
@@ -264,7 +266,8 @@ fn torch_version(source: &Path) -> Result<Option<String>> {
             return Ok(Some(v.trim_matches(['\'', '"']).to_string()));
         }
     }
-    let text = crate::fsread::read_text_if_present(&source.join("build-version"), 4 << 10)?;
+    let text =
+        crate::fsread::read_text_following_if_present(&source.join("build-version"), 4 << 10)?;
     Ok(text.map(|t| t.trim().to_string()).filter(|s| !s.is_empty()))
 }
 
