@@ -52,7 +52,9 @@ impl Drop for Critical {
 
 /// A point where a test may have fdl kill itself: with `FDL_TEST_KILL_AT` naming it,
 /// the process sends itself SIGKILL there, as a power cut or an OOM kill would stop it,
-/// so tests can show that every step of an install leaves a usable store behind.
+/// so tests can show that every step of an install leaves a usable store behind. Only
+/// with the `test-hooks` feature (the tests'); elsewhere it does nothing.
+#[cfg(feature = "test-hooks")]
 pub fn kill_point(name: &str) {
     if std::env::var_os("FDL_TEST_KILL_AT").is_some_and(|v| v == name) {
         // SAFETY: kill(2) on our own pid; SIGKILL cannot be caught.
@@ -62,9 +64,17 @@ pub fn kill_point(name: &str) {
     }
 }
 
-/// Whether the test hook `name` (an environment variable) is set.
-pub fn test_hook(name: &str) -> bool {
-    std::env::var_os(name).is_some()
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub fn kill_point(_name: &str) {}
+
+/// Whether a test asks a replace to take the journalled way, as on a filesystem without
+/// `RENAME_EXCHANGE` (`FDL_TEST_NO_EXCHANGE`). Only with the `test-hooks` feature.
+pub fn no_exchange() -> bool {
+    #[cfg(feature = "test-hooks")]
+    return std::env::var_os("FDL_TEST_NO_EXCHANGE").is_some();
+    #[cfg(not(feature = "test-hooks"))]
+    false
 }
 
 pub fn interrupted() -> bool {

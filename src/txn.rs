@@ -111,7 +111,7 @@ impl Transaction {
     /// old tree that cannot be deleted is [`Committed::OldLeft`], for the caller to warn
     /// of, never an error (the caller goes on with what a commit entails).
     pub fn commit_replacing(self) -> Result<Committed> {
-        let try_exchange = !crate::process::test_hook("FDL_TEST_NO_EXCHANGE");
+        let try_exchange = !crate::process::no_exchange();
         self.replace(try_exchange, &|p| std::fs::remove_dir_all(p))
     }
 
