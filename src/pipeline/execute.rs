@@ -3,7 +3,7 @@
 //! install that commits it. Any error before the commit leaves the project exactly as
 //! it was.
 
-use super::key::{store_key, KeyAnswer};
+use super::key::{store_key, KeyState};
 use crate::lock;
 use crate::nccl::backend::Backend;
 use crate::nccl::plan::BuildPlan;
@@ -34,6 +34,17 @@ pub enum Outcome {
     },
 }
 
+/// The store entry of a build's key, with the key's lock held; or why there is none.
+type Keyed<'s> = std::result::Result<
+    (
+        &'s crate::store::Store,
+        Key,
+        KeyInputs,
+        crate::lock::BuildLock,
+    ),
+    String,
+>;
+
 /// How `execute` behaves around the build itself.
 pub struct ExecOptions<'a> {
     /// fdl's cache directory: locks, and the logs of failed builds.
@@ -47,10 +58,10 @@ pub struct ExecOptions<'a> {
     /// The machine-wide store to install from and add to; `None` skips it
     /// (`--no-store`).
     pub store: Option<crate::store::Store>,
-    /// [`store_key`] of this plan and backend where the caller already asked for it (the
-    /// plan view shows it), so that its probes run once per build; `None`: `execute`
-    /// asks.
-    pub key: Option<KeyAnswer>,
+    /// The store key of this plan and backend as the plan knows it (the plan view shows
+    /// it): `execute` asks [`store_key`] only where [`KeyState`] says the build makes it
+    /// known, once.
+    pub key: KeyState,
 }
 
 /// Why `plan` cannot be installed where `existing` is (without `--force`): a build from
@@ -174,34 +185,42 @@ pub fn execute(
     progress.note(&format!("  log        {}", log_path.display()));
     // The store: with the key's lock held from here to the end, a second build of the
     // same key waits, then finds the entry this one makes.
-    let mut keyed = match &opts.store {
-        None => None,
-        Some(ms) => match match opts.key.clone() {
-            Some(Ok(known)) => Ok(known),
-            // A clone-source build's key is the cloned tag's commit, unknown before the
-            // first clone: the tag is cloned first, so that the key is known and its
-            // lock taken before anything compiles — a second first build of that key
-            // then waits here and takes this one's entry instead of compiling it again.
-            _ => {
-                clone_before_lookup(plan, &progress)?;
-                store_key(plan, backend)
-            }
-        } {
-            Ok((key, inputs)) => {
-                let key_lock = ms.lock(&key, opts.wait, &|msg| crate::eprintln_safe!("{msg}"))?;
-                for done in ms.sweep(&key_lock, &key) {
-                    progress.note(&done);
+    // The key's entry, locked; or why there is none (said again if the build is not
+    // added to the store).
+    let mut keyed: Keyed = match &opts.store {
+        None => Err("--no-store".into()),
+        Some(ms) => {
+            let answer = match &opts.key {
+                KeyState::Known(key, inputs) => Ok((key.clone(), inputs.clone())),
+                // A clone-source build's key is the cloned tag's commit, unknown before
+                // the first clone: the tag is cloned first, so that the key is known and
+                // its lock taken before anything compiles — a second first build of that
+                // key then waits here and takes this one's entry instead of compiling it
+                // again.
+                KeyState::AfterClone(_) => {
+                    clone_before_lookup(plan, &progress)?;
+                    store_key(plan, backend)
                 }
-                Some((ms, key, inputs, key_lock))
+                KeyState::AfterBuild(why) | KeyState::Unknown(why) => Err(why.clone()),
+            };
+            match answer {
+                Ok((key, inputs)) => {
+                    let key_lock =
+                        ms.lock(&key, opts.wait, &|msg| crate::eprintln_safe!("{msg}"))?;
+                    for done in ms.sweep(&key_lock, &key) {
+                        progress.note(&done);
+                    }
+                    Ok((ms, key, inputs, key_lock))
+                }
+                Err(why) => {
+                    progress.note(&format!("Not looked up in the build store: {why}"));
+                    Err(why)
+                }
             }
-            Err(why) => {
-                progress.note(&format!("Not looked up in the build store: {why}"));
-                None
-            }
-        },
+        }
     };
     let mut hit = None;
-    if let Some((ms, key, _, key_lock)) = &keyed {
+    if let Ok((ms, key, _, key_lock)) = &keyed {
         if ms.has(key) {
             match ms.install(key_lock, key, staging.path()) {
                 Ok(installed) => hit = Some(installed),
@@ -266,7 +285,7 @@ pub fn execute(
             progress.phase(Phase::Store);
         }
         let record = if hit.is_some() {
-            keyed.as_ref().map(|(_, key, inputs, _)| StoreRecord {
+            keyed.as_ref().ok().map(|(_, key, inputs, _)| StoreRecord {
                 key: key.clone(),
                 inputs: inputs.clone(),
                 from_store: true,
@@ -327,7 +346,7 @@ pub fn execute(
     }
     let _ = std::fs::remove_file(&log_path);
     // The project is a user of the entry it came from or made (none when adding failed).
-    if let (Some((ms, key, _, key_lock)), Some(_)) = (&keyed, &manifest.store) {
+    if let (Ok((ms, key, _, key_lock)), Some(_)) = (&keyed, &manifest.store) {
         let builds_dir = store
             .dir
             .canonicalize()
@@ -377,26 +396,26 @@ fn clone_before_lookup(plan: &BuildPlan, progress: &Progress) -> Result<()> {
     Ok(())
 }
 
-/// After a build that passed verification: adds it to the store (the key is computed
-/// again if it was not known before the build: a clone or an image the build fetched
-/// names it now). A failure to store is said, and leaves the build as it is.
+/// After a build that passed verification: adds it to the store. The key is asked here
+/// only where the plan says the build makes it known ([`KeyState::AfterBuild`]: an image
+/// the build fetched names it now). A failure to store is said, and leaves the build as
+/// it is.
 fn store_built<'s>(
     plan: &BuildPlan,
     backend: &dyn Backend,
     opts: &'s ExecOptions,
-    keyed: &mut Option<(
-        &'s crate::store::Store,
-        Key,
-        KeyInputs,
-        crate::lock::BuildLock,
-    )>,
+    keyed: &mut Keyed<'s>,
     staging: &Path,
     log: &Path,
     progress: &Progress,
 ) -> Option<StoreRecord> {
     let ms = opts.store.as_ref()?;
-    if keyed.is_none() {
-        let (key, inputs) = match store_key(plan, backend) {
+    if let Err(why) = &keyed {
+        let answer = match &opts.key {
+            KeyState::AfterBuild(_) => store_key(plan, backend),
+            _ => Err(why.clone()),
+        };
+        let (key, inputs) = match answer {
             Ok(k) => k,
             Err(why) => {
                 progress.note(&format!("Not added to the build store: {why}"));
@@ -404,14 +423,14 @@ fn store_built<'s>(
             }
         };
         match ms.lock(&key, opts.wait, &|msg| crate::eprintln_safe!("{msg}")) {
-            Ok(key_lock) => *keyed = Some((ms, key, inputs, key_lock)),
+            Ok(key_lock) => *keyed = Ok((ms, key, inputs, key_lock)),
             Err(e) => {
                 progress.note(&format!("Not added to the build store: {e:#}"));
                 return None;
             }
         }
     }
-    let (ms, key, inputs, key_lock) = keyed.as_ref()?;
+    let (ms, key, inputs, key_lock) = keyed.as_ref().ok()?;
     let made_for = plan.output_dir.clone();
     match ms.add(key_lock, key, inputs, staging, Some(log), &made_for) {
         Ok(_) => progress.note(&format!("Added to the build store as entry {key}")),

@@ -20,7 +20,7 @@ pub use infer::{
     check_flags, default_jobs, infer, left_out, plan, BuildRequest, CheckedFlags, Inferred,
     Sources, MAX_JOBS,
 };
-pub use key::{key_inputs, store_key, KeyAnswer, StoreView};
+pub use key::{key_inputs, store_key, KeyAnswer, KeyState, StoreView};
 
 use crate::docker::{DockerBackend, Engine};
 use crate::lock::Wait;
@@ -64,7 +64,8 @@ pub struct Prepared {
     pub store: StoreView,
     backend: Option<Box<dyn Backend>>,
     chosen: Chosen,
-    key: Option<KeyAnswer>,
+    /// The store key, asked once here ([`KeyState`]).
+    key: KeyState,
     request: Request,
     /// Where the build goes, and whose active libtorch it is judged against once made.
     project: Project,
