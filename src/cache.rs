@@ -8,12 +8,24 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// The cache directory fdl uses: `$XDG_CACHE_HOME/fdl`, else `~/.cache/fdl` (each only
-/// as an absolute path, [`cache_base`]). Without either, `<temp>/fdl-<uid>`, made 0700 and checked before use to be this user's own
-/// directory that no one else can enter (as OpenSSH checks a control path): a shared
-/// name in the temp directory could be claimed first by another user, whose directory
-/// (or link) would then hold this user's locks and ssh sockets.
+/// as an absolute path, [`cache_base`]). Without either, `<temp>/fdl-<uid>`, made 0700
+/// and checked before use to be this user's own directory that no one else can enter (as
+/// OpenSSH checks a control path): a shared name in the temp directory could be claimed
+/// first by another user, whose directory (or link) would then hold this user's locks
+/// and ssh sockets.
+///
+/// Read from this process's environment: for code not handed a run's context, which
+/// resolves it once, from the environment it was given ([`cache_dir_for`]).
 pub fn cache_dir() -> Result<PathBuf> {
-    let base = cache_base(std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"));
+    cache_dir_for(std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
+}
+
+/// [`cache_dir`] for these values of `XDG_CACHE_HOME` and `HOME`.
+pub fn cache_dir_for(
+    xdg_cache_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> Result<PathBuf> {
+    let base = cache_base(xdg_cache_home, home);
     if let Some(base) = base {
         return Ok(base.join("fdl"));
     }

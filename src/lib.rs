@@ -18,6 +18,7 @@ pub mod arch;
 pub mod cache;
 pub mod cli;
 pub mod cluster;
+pub mod context;
 pub mod digest;
 pub mod docker;
 pub mod fsread;

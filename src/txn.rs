@@ -328,7 +328,7 @@ mod tests {
             if round == "one" {
                 txn.commit().unwrap();
             } else {
-                txn.commit_replacing().unwrap();
+                assert_eq!(txn.commit_replacing().unwrap(), Committed::Clean);
             }
             assert_eq!(std::fs::read_to_string(target.join("v")).unwrap(), round);
             assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);

@@ -866,6 +866,7 @@ fn the_store_key_is_probed_once_per_build_at_most() {
         let store = fdl::store::Store::open_in(&cache.path().join("fdl")).unwrap();
         let opts = ExecOptions {
             probe: Some(&probe),
+            reporter: &fdl::context::Stderr,
             cache: cache.path().join("fdl"),
             force: false,
             wait: fdl::lock::Wait::No,

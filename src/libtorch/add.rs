@@ -19,7 +19,12 @@ use std::path::Path;
 pub type ArchFile = Vec<(&'static str, String)>;
 
 /// Registers `path` as `precompiled/<name>` and returns the variant and its `.arch`.
-pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)> {
+pub fn add(
+    ctx: &crate::context::Context,
+    lt: &Libtorch,
+    name: &str,
+    path: &Path,
+) -> Result<(Variant, ArchFile)> {
     check_name(name)?;
     let source = path.canonicalize().with_context(|| {
         format!(
@@ -61,7 +66,7 @@ pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)
 
     let parent = lt.dir.join("precompiled");
     // One add of a name at a time; a killed one's staging directory is ours to remove.
-    let _lock = crate::libtorch::lock_variant(&parent, name)?;
+    let _lock = crate::libtorch::lock_variant(ctx, &parent, name)?;
     let prefix = format!("{ADDING_PREFIX}{name}-");
     if let Ok(rd) = std::fs::read_dir(&parent) {
         for e in rd.flatten() {

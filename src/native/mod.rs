@@ -176,7 +176,10 @@ pub(crate) fn remove_stale_work_dirs(
     }
 }
 
-pub struct NativeBackend;
+/// Builds with this host's toolkit and make; fdl's cache (path aliases) is the run's.
+pub struct NativeBackend {
+    pub ctx: crate::context::Context,
+}
 
 impl Backend for NativeBackend {
     fn build(&self, plan: &BuildPlan, staging: &Path, progress: &Progress) -> Result<()> {
@@ -207,7 +210,7 @@ impl Backend for NativeBackend {
         let work = WorkDir::create(builds_dir, &plan.name)?;
         // Every path make puts into a recipe is a plain word, whatever the project root,
         // the source or the toolkit are called.
-        let mut aliases = plain::Aliases::new(&crate::cache::cache_dir()?)?;
+        let mut aliases = plain::Aliases::new(&self.ctx.cache()?)?;
         let paths = Paths {
             entries: vec![
                 ("source", aliases.plain(&source)?),

@@ -49,6 +49,9 @@ type Keyed<'s> = std::result::Result<
 pub struct ExecOptions<'a> {
     /// fdl's cache directory: locks, and the logs of failed builds.
     pub cache: PathBuf,
+    /// Where what the build says beside its progress goes: waits for a lock, leftovers
+    /// swept, warnings.
+    pub reporter: &'a dyn crate::context::Reporter,
     pub force: bool,
     pub wait: lock::Wait,
     pub verbosity: Verbosity,
@@ -146,11 +149,9 @@ pub fn execute(
     }
     let dir = store.path_of(&plan.name);
     let name = BuildName::parse(&plan.name)?;
-    let lock = store.lock(&name, &opts.cache, opts.wait, &|msg| {
-        crate::eprintln_safe!("{msg}")
-    })?;
+    let lock = store.lock(&name, &opts.cache, opts.wait, &|msg| opts.reporter.say(msg))?;
     for done in store.sweep_leftovers(&lock) {
-        crate::eprintln_safe!("{done}");
+        opts.reporter.say(&done);
     }
     let existing = store.existing(&plan.name)?;
     if let Some(Existing::Build(m)) = &existing {
@@ -205,8 +206,7 @@ pub fn execute(
             };
             match answer {
                 Ok((key, inputs)) => {
-                    let key_lock =
-                        ms.lock(&key, opts.wait, &|msg| crate::eprintln_safe!("{msg}"))?;
+                    let key_lock = ms.lock(&key, opts.wait, &|msg| opts.reporter.say(msg))?;
                     for done in ms.sweep(&key_lock, &key) {
                         progress.note(&done);
                     }
@@ -233,7 +233,7 @@ pub fn execute(
                         format!("warning: {e:#}; removing the store entry and building it instead");
                     // Said even when quiet: a store entry changed behind fdl's back.
                     progress.output(&msg);
-                    crate::eprintln_safe!("{msg}");
+                    opts.reporter.say(&msg);
                     ms.remove(key_lock, key)?;
                     // A fresh staging directory: the failed install's files go with the old.
                     drop(staging);
@@ -342,7 +342,7 @@ pub fn execute(
     // Installed from here on: what fails after the commit is a warning, and the project
     // is still recorded as the store entry's user below.
     if let Some(warning) = committed.warning() {
-        crate::eprintln_safe!("{warning}");
+        opts.reporter.say(&warning);
     }
     let _ = std::fs::remove_file(&log_path);
     // The project is a user of the entry it came from or made (none when adding failed).
@@ -357,7 +357,7 @@ pub fn execute(
         };
         if ms.has(key) {
             if let Err(e) = ms.add_user(key_lock, key, user) {
-                crate::eprintln_safe!("warning: the build store could not record that this project uses entry {key}: {e:#}");
+                opts.reporter.say(&format!("warning: the build store could not record that this project uses entry {key}: {e:#}"));
             }
         }
     }
@@ -422,7 +422,7 @@ fn store_built<'s>(
                 return None;
             }
         };
-        match ms.lock(&key, opts.wait, &|msg| crate::eprintln_safe!("{msg}")) {
+        match ms.lock(&key, opts.wait, &|msg| opts.reporter.say(msg)) {
             Ok(key_lock) => *keyed = Ok((ms, key, inputs, key_lock)),
             Err(e) => {
                 progress.note(&format!("Not added to the build store: {e:#}"));

@@ -92,6 +92,7 @@ pub struct StoreView {
 /// dry run makes no store directory. Also the key as [`store_key`] answered, for the
 /// build to use rather than probe the toolchain again.
 pub fn store_view(
+    ctx: &crate::context::Context,
     plan: &BuildPlan,
     backend: Option<&dyn Backend>,
     no_store: bool,
@@ -116,7 +117,7 @@ pub fn store_view(
         return (unknown(why.clone()), KeyState::AfterBuild(why));
     };
     let key = store_key(plan, backend);
-    let view = match crate::cache::cache_dir().and_then(|c| crate::store::Store::at(&c)) {
+    let view = match ctx.cache().and_then(|c| crate::store::Store::at(&c)) {
         Err(e) => unknown(format!("{e:#}")),
         Ok(store) => match &key {
             Ok((key, inputs)) => StoreView {

@@ -19,7 +19,7 @@
 //!
 //! What a worker needs to be served from its own store (`fdl cluster receive`): the
 //! build's manifest names its [`Key`] (`store.key`); [`Store::at`] and [`Store::has`]
-//! answer whether the key is there without changing anything; [`Store::open`],
+//! answer whether the key is there without changing anything; [`Store::open_in`],
 //! [`Store::lock`] and [`Store::install`] put the entry, digest-checked, into the
 //! staging directory of the worker's own install transaction, which then verifies and
 //! commits it as usual; [`Store::add_user`] records the worker's build as a user.
@@ -126,12 +126,6 @@ pub struct Store {
 }
 
 impl Store {
-    /// The store under fdl's cache ([`crate::cache::cache_dir`]), made when missing.
-    pub fn open() -> Result<Store> {
-        let cache = crate::cache::cache_dir()?;
-        Store::open_in(&cache)
-    }
-
     /// The store under the cache directory `cache`: both are made when missing, and
     /// both must be this user's own real directories (never a link fdl did not make).
     pub fn open_in(cache: &Path) -> Result<Store> {

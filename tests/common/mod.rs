@@ -358,6 +358,7 @@ pub fn install_build_with(
     let probe = |lib: &Path| fdl::nccl::verify::probe_in_child(&exe, lib);
     let opts = ExecOptions {
         probe: Some(&probe),
+        reporter: &fdl::context::Stderr,
         cache: cache.join("fdl"),
         force: false,
         wait: Wait::No,
