@@ -25,6 +25,8 @@ pub struct Transaction {
     committed: bool,
     /// Names the kill points of this kind of install (`install`, `replace`, `variant`).
     label: &'static str,
+    /// Says what a rollback could not undo.
+    ctx: crate::context::Context,
     /// From the first directory made to the commit or rollback, an interrupt unwinds
     /// through this transaction instead of ending fdl on the spot.
     _critical: Critical,
@@ -33,7 +35,12 @@ pub struct Transaction {
 impl Transaction {
     /// Opens a transaction for `target`: a fresh staging directory named `<prefix>…`
     /// beside it, creating (and recording) the missing parents.
-    pub fn begin(target: PathBuf, prefix: &str, label: &'static str) -> Result<Transaction> {
+    pub fn begin(
+        ctx: &crate::context::Context,
+        target: PathBuf,
+        prefix: &str,
+        label: &'static str,
+    ) -> Result<Transaction> {
         let critical = Critical::enter();
         let parent = target
             .parent()
@@ -64,6 +71,7 @@ impl Transaction {
             created,
             committed: false,
             label,
+            ctx: ctx.clone(),
             _critical: critical,
         })
     }
@@ -198,10 +206,10 @@ impl Drop for Transaction {
         }
         if let Err(e) = std::fs::remove_dir_all(&self.staging) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                crate::eprintln_safe!(
+                self.ctx.say(&format!(
                     "warning: could not remove staging directory {}: {e}",
                     self.staging.display()
-                );
+                ));
             }
         }
         remove_created(&self.created);
@@ -308,11 +316,15 @@ fn remove_created(created: &[PathBuf]) {
 mod tests {
     use super::*;
 
+    fn ctx() -> crate::context::Context {
+        crate::context::Context::from_process()
+    }
+
     #[test]
     fn a_dropped_transaction_undoes_everything_it_did() {
         let t = tempfile::tempdir().unwrap();
         let target = t.path().join("a/b/thing");
-        let txn = Transaction::begin(target.clone(), ".staging-thing-", "test").unwrap();
+        let txn = Transaction::begin(&ctx(), target.clone(), ".staging-thing-", "test").unwrap();
         std::fs::write(txn.path().join("x"), "partial").unwrap();
         drop(txn);
         assert!(!t.path().join("a").exists());
@@ -323,7 +335,8 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let target = t.path().join("thing");
         for round in ["one", "two", "three"] {
-            let txn = Transaction::begin(target.clone(), ".staging-thing-", "test").unwrap();
+            let txn =
+                Transaction::begin(&ctx(), target.clone(), ".staging-thing-", "test").unwrap();
             std::fs::write(txn.path().join("v"), round).unwrap();
             if round == "one" {
                 txn.commit().unwrap();
@@ -333,7 +346,7 @@ mod tests {
             assert_eq!(std::fs::read_to_string(target.join("v")).unwrap(), round);
             assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
         }
-        let txn = Transaction::begin(target.clone(), ".staging-thing-", "test").unwrap();
+        let txn = Transaction::begin(&ctx(), target.clone(), ".staging-thing-", "test").unwrap();
         assert!(txn.commit().is_err(), "a plain commit never overwrites");
         assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
     }
@@ -365,7 +378,8 @@ mod tests {
             let target = t.path().join("thing");
             std::fs::create_dir(&target).unwrap();
             std::fs::write(target.join("v"), "old").unwrap();
-            let txn = Transaction::begin(target.clone(), ".staging-thing-", "test").unwrap();
+            let txn =
+                Transaction::begin(&ctx(), target.clone(), ".staging-thing-", "test").unwrap();
             std::fs::write(txn.path().join("v"), "new").unwrap();
             let refuse = |_: &Path| Err(std::io::Error::from_raw_os_error(libc::EBUSY));
             let done = txn.replace(try_exchange, &refuse).unwrap();

@@ -805,6 +805,7 @@ fn two_store_gcs_at_once_both_succeed() {
             // A user whose project is gone: the entry is unused.
             store
                 .add(
+                    &fdl::context::Context::from_process(),
                     &lock,
                     &key,
                     &inputs,

@@ -864,10 +864,16 @@ fn the_store_key_is_probed_once_per_build_at_most() {
             built: Cell::new(false),
         };
         let store = fdl::store::Store::open_in(&cache.path().join("fdl")).unwrap();
+        let ctx = fdl::context::Context::new(
+            fdl::context::Env {
+                xdg_cache_home: Some(cache.path().into()),
+                home: None,
+            },
+            Box::new(fdl::context::Stderr),
+        );
         let opts = ExecOptions {
             probe: Some(&probe),
-            reporter: &fdl::context::Stderr,
-            cache: cache.path().join("fdl"),
+            ctx: &ctx,
             force: false,
             wait: fdl::lock::Wait::No,
             verbosity: fdl::progress::Verbosity::Quiet,

@@ -328,7 +328,7 @@ pub fn install(
             store.path_of(name.as_str()).display()
         ),
     };
-    let staging = store.begin(&lock)?;
+    let staging = store.begin(ctx, &lock)?;
     // Same filesystem: moving the copy's entries in is a rename each.
     for entry in std::fs::read_dir(&incoming)? {
         let entry = entry?;

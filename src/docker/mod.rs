@@ -1208,7 +1208,7 @@ impl Backend for DockerBackend {
                         plan.tag
                     )
                 })?;
-                native::ensure_clone(&repo, &plan.tag, &cache_dir, &git, progress)?
+                native::ensure_clone(&self.ctx, &repo, &plan.tag, &cache_dir, &git, progress)?
             }
         };
 

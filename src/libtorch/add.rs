@@ -77,13 +77,13 @@ pub fn add(
                 .is_some_and(|rest| !rest.contains('-'));
             if leftover {
                 if let Some(what) = crate::txn::restore_or_remove(&e.path(), &target) {
-                    crate::eprintln_safe!("{what}");
+                    ctx.say(&what);
                 }
             }
         }
     }
     let registered = (|| -> Result<()> {
-        let txn = Transaction::begin(target.clone(), &prefix, "variant")?;
+        let txn = Transaction::begin(ctx, target.clone(), &prefix, "variant")?;
         for entry in std::fs::read_dir(&source)? {
             let entry = entry?;
             let file_name = entry.file_name();

@@ -203,7 +203,7 @@ impl Backend for NativeBackend {
             }
             NativeSource::Clone { repo, cache_dir } => {
                 let git = tool(native, "git");
-                source::ensure_clone(repo, &plan.tag, cache_dir, &git, progress)?
+                source::ensure_clone(&self.ctx, repo, &plan.tag, cache_dir, &git, progress)?
             }
         };
 

@@ -47,11 +47,10 @@ type Keyed<'s> = std::result::Result<
 
 /// How `execute` behaves around the build itself.
 pub struct ExecOptions<'a> {
-    /// fdl's cache directory: locks, and the logs of failed builds.
-    pub cache: PathBuf,
-    /// Where what the build says beside its progress goes: waits for a lock, leftovers
-    /// swept, warnings.
-    pub reporter: &'a dyn crate::context::Reporter,
+    /// The run's context: fdl's cache directory (locks, and the logs of failed builds),
+    /// and where what the build says beside its progress goes (waits for a lock,
+    /// leftovers swept, warnings).
+    pub ctx: &'a crate::context::Context,
     pub force: bool,
     pub wait: lock::Wait,
     pub verbosity: Verbosity,
@@ -149,9 +148,10 @@ pub fn execute(
     }
     let dir = store.path_of(&plan.name);
     let name = BuildName::parse(&plan.name)?;
-    let lock = store.lock(&name, &opts.cache, opts.wait, &|msg| opts.reporter.say(msg))?;
+    let cache = opts.ctx.cache()?;
+    let lock = store.lock(&name, &cache, opts.wait, &|msg| opts.ctx.say(msg))?;
     for done in store.sweep_leftovers(&lock) {
-        opts.reporter.say(&done);
+        opts.ctx.say(&done);
     }
     let existing = store.existing(&plan.name)?;
     if let Some(Existing::Build(m)) = &existing {
@@ -169,13 +169,13 @@ pub fn execute(
         bail!("{why}");
     }
     // Staging first: if it cannot be made, no log file is left behind either.
-    let mut staging = store.begin(&lock)?;
+    let mut staging = store.begin(opts.ctx, &lock)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     // `logs/` made and checked as every cache directory is: never through a link, never
     // in another user's directory.
-    let log_path = crate::cache::subdir(&opts.cache, "logs")?.join(format!(
+    let log_path = crate::cache::subdir(&cache, "logs")?.join(format!(
         "{}-{stamp}-{}{LOG_SUFFIX}",
         plan.name,
         std::process::id()
@@ -199,14 +199,14 @@ pub fn execute(
                 // key then waits here and takes this one's entry instead of compiling it
                 // again.
                 KeyState::AfterClone(_) => {
-                    clone_before_lookup(plan, &progress)?;
+                    clone_before_lookup(opts.ctx, plan, &progress)?;
                     store_key(plan, backend)
                 }
                 KeyState::AfterBuild(why) | KeyState::Unknown(why) => Err(why.clone()),
             };
             match answer {
                 Ok((key, inputs)) => {
-                    let key_lock = ms.lock(&key, opts.wait, &|msg| opts.reporter.say(msg))?;
+                    let key_lock = ms.lock(&key, opts.wait, &|msg| opts.ctx.say(msg))?;
                     for done in ms.sweep(&key_lock, &key) {
                         progress.note(&done);
                     }
@@ -233,11 +233,11 @@ pub fn execute(
                         format!("warning: {e:#}; removing the store entry and building it instead");
                     // Said even when quiet: a store entry changed behind fdl's back.
                     progress.output(&msg);
-                    opts.reporter.say(&msg);
+                    opts.ctx.say(&msg);
                     ms.remove(key_lock, key)?;
                     // A fresh staging directory: the failed install's files go with the old.
                     drop(staging);
-                    staging = store.begin(&lock)?;
+                    staging = store.begin(opts.ctx, &lock)?;
                 }
             }
         }
@@ -342,7 +342,7 @@ pub fn execute(
     // Installed from here on: what fails after the commit is a warning, and the project
     // is still recorded as the store entry's user below.
     if let Some(warning) = committed.warning() {
-        opts.reporter.say(&warning);
+        opts.ctx.say(&warning);
     }
     let _ = std::fs::remove_file(&log_path);
     // The project is a user of the entry it came from or made (none when adding failed).
@@ -357,7 +357,7 @@ pub fn execute(
         };
         if ms.has(key) {
             if let Err(e) = ms.add_user(key_lock, key, user) {
-                opts.reporter.say(&format!("warning: the build store could not record that this project uses entry {key}: {e:#}"));
+                opts.ctx.say(&format!("warning: the build store could not record that this project uses entry {key}: {e:#}"));
             }
         }
     }
@@ -373,7 +373,11 @@ pub fn execute(
 /// Clones the tag of a native clone-source plan into fdl's clone cache when it is not
 /// there yet (as the backend would first thing), so that [`store_key`] can name its
 /// commit. Other plans' sources are known without it.
-fn clone_before_lookup(plan: &BuildPlan, progress: &Progress) -> Result<()> {
+fn clone_before_lookup(
+    ctx: &crate::context::Context,
+    plan: &BuildPlan,
+    progress: &Progress,
+) -> Result<()> {
     let crate::nccl::plan::BackendPlan::Native(n) = &plan.backend else {
         return Ok(());
     };
@@ -392,7 +396,7 @@ fn clone_before_lookup(plan: &BuildPlan, progress: &Progress) -> Result<()> {
             )
         })?,
     };
-    crate::native::ensure_clone(repo, &plan.tag, cache_dir, &git, progress)?;
+    crate::native::ensure_clone(ctx, repo, &plan.tag, cache_dir, &git, progress)?;
     Ok(())
 }
 
@@ -422,7 +426,7 @@ fn store_built<'s>(
                 return None;
             }
         };
-        match ms.lock(&key, opts.wait, &|msg| opts.reporter.say(msg)) {
+        match ms.lock(&key, opts.wait, &|msg| opts.ctx.say(msg)) {
             Ok(key_lock) => *keyed = Ok((ms, key, inputs, key_lock)),
             Err(e) => {
                 progress.note(&format!("Not added to the build store: {e:#}"));
@@ -432,7 +436,7 @@ fn store_built<'s>(
     }
     let (ms, key, inputs, key_lock) = keyed.as_ref().ok()?;
     let made_for = plan.output_dir.clone();
-    match ms.add(key_lock, key, inputs, staging, Some(log), &made_for) {
+    match ms.add(opts.ctx, key_lock, key, inputs, staging, Some(log), &made_for) {
         Ok(_) => progress.note(&format!("Added to the build store as entry {key}")),
         Err(e) => progress.note(&format!(
             "warning: the build could not be added to the build store ({e:#}); it is installed all the same"

@@ -339,8 +339,7 @@ impl Prepared {
         let cache = ctx.cache()?;
         let opts = ExecOptions {
             probe: Some(&probe),
-            reporter: ctx.reporter(),
-            cache: cache.clone(),
+            ctx,
             force: req.force,
             wait: if req.no_wait { Wait::No } else { Wait::Yes },
             verbosity: req.verbosity,

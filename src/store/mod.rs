@@ -304,8 +304,11 @@ impl Store {
     /// Adds the verified install tree at `tree` (a staged build, before fdl's manifest)
     /// as the entry of `key`, replacing a damaged one. All or nothing: a killed write
     /// leaves a `.staging-<key>-…` directory, which the next holder of the lock removes.
+    // The entry's parts one by one, as the build has them, and the run's context.
+    #[allow(clippy::too_many_arguments)]
     pub fn add(
         &self,
+        ctx: &crate::context::Context,
         lock: &BuildLock,
         key: &Key,
         inputs: &KeyInputs,
@@ -319,6 +322,7 @@ impl Store {
             self.remove(lock, key)?;
         }
         let txn = Transaction::begin(
+            ctx,
             target.clone(),
             &format!("{STAGING_PREFIX}{}-", key.as_str()),
             "store",
@@ -580,7 +584,15 @@ mod tests {
         assert!(!store.has(&k));
         let lock = store.lock(&k, Wait::No, &|_| {}).unwrap();
         let rec = store
-            .add(&lock, &k, &inputs, &src, None, Path::new("/p/b/x"))
+            .add(
+                &crate::context::Context::from_process(),
+                &lock,
+                &k,
+                &inputs,
+                &src,
+                None,
+                Path::new("/p/b/x"),
+            )
             .unwrap();
         assert!(store.has(&k));
         assert_eq!(store.lookup(&k).unwrap().unwrap(), rec);
@@ -610,7 +622,15 @@ mod tests {
         assert!(format!("{e:#}").contains("blake3:"), "{e:#}");
         // So is a changed nccl.pc, which the content digest leaves out.
         store
-            .add(&lock, &k, &inputs, &src, None, Path::new("/p"))
+            .add(
+                &crate::context::Context::from_process(),
+                &lock,
+                &k,
+                &inputs,
+                &src,
+                None,
+                Path::new("/p"),
+            )
             .unwrap();
         let pc = store.path_of(&k).join("tree/lib/pkgconfig/nccl.pc");
         std::fs::remove_file(&pc).unwrap();
@@ -634,7 +654,15 @@ mod tests {
         let (k, inputs) = key(3);
         let lock = store.lock(&k, Wait::No, &|_| {}).unwrap();
         let rec = store
-            .add(&lock, &k, &inputs, &src, None, Path::new("/p"))
+            .add(
+                &crate::context::Context::from_process(),
+                &lock,
+                &k,
+                &inputs,
+                &src,
+                None,
+                Path::new("/p"),
+            )
             .unwrap();
         assert!(rec
             .tree_blake3
@@ -671,7 +699,15 @@ mod tests {
         let (k, inputs) = key(7);
         let lock = store.lock(&k, Wait::No, &|_| {}).unwrap();
         store
-            .add(&lock, &k, &inputs, &src, None, Path::new("/p"))
+            .add(
+                &crate::context::Context::from_process(),
+                &lock,
+                &k,
+                &inputs,
+                &src,
+                None,
+                Path::new("/p"),
+            )
             .unwrap();
         assert_eq!(store.resolve(&k.as_str()[..6]).unwrap(), k);
         assert!(store.resolve("abc").is_err());

@@ -356,10 +356,17 @@ pub fn install_build_with(
     // The real loader check, through fdl's hidden probe subcommand.
     let exe = assert_cmd::cargo::cargo_bin("fdl");
     let probe = |lib: &Path| fdl::nccl::verify::probe_in_child(&exe, lib);
+    // The run's context, its cache under `cache` (as `XDG_CACHE_HOME` says for the CLI).
+    let ctx = fdl::context::Context::new(
+        fdl::context::Env {
+            xdg_cache_home: Some(cache.into()),
+            home: None,
+        },
+        Box::new(fdl::context::Stderr),
+    );
     let opts = ExecOptions {
         probe: Some(&probe),
-        reporter: &fdl::context::Stderr,
-        cache: cache.join("fdl"),
+        ctx: &ctx,
         force: false,
         wait: Wait::No,
         verbosity: Verbosity::Quiet,
