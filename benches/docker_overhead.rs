@@ -170,6 +170,7 @@ fn main() {
         &engine,
         docker_plan,
         fdl::docker::EMBEDDED_DOCKERFILE,
+        &fdl::cache::cache_dir().unwrap_or_else(|e| fail(&format!("{e:#}"))),
         &progress,
     )
     .unwrap_or_else(|e| fail(&format!("preparing the toolchain failed: {e:#}")));

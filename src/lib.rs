@@ -17,8 +17,8 @@ pub mod cli;
 
 pub use fdl_backends::{docker, native};
 pub use fdl_base::{
-    arch, cache, digest, eprint_safe, eprintln_safe, fsread, fswrite, lock, paste, process,
-    progress, step, text, txn, version,
+    arch, cache, context, digest, eprint_safe, eprintln_safe, fsread, fswrite, lock, paste,
+    process, progress, step, text, txn, version,
 };
 pub use fdl_builds::nccl;
 pub use fdl_cluster::cluster;

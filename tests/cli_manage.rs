@@ -616,6 +616,63 @@ fn no_builds_yet_is_said_plainly() {
         );
 }
 
+/// Two builds sealed in the same second (their `built_at` alike) that both cover the
+/// host: the newest is the one whose manifest was written last, whichever name sorts
+/// first, never the order the builds directory happens to list them in.
+#[test]
+fn the_newest_of_two_builds_sealed_in_one_second_is_the_one_sealed_last() {
+    let b = BuildsFixture::new(
+        ProjectFixture::empty()
+            .with_compiled_variant("precompiled/cu128", &nccl_like_source((2, 27, 5), "12.8"))
+            .activate("precompiled/cu128"),
+    );
+    let one = b
+        .install(&b.tree("89", (2, 27, 5), &[89]), "v2.27.5-1", "8.9")
+        .unwrap();
+    let two = b
+        .install(
+            &b.tree("89-120", (2, 27, 5), &[89, 120]),
+            "v2.27.5-1",
+            "8.9;12.0",
+        )
+        .unwrap();
+    let manifest = |name: &str| b.builds().join(name).join("fdl-build.json");
+    // Both sealed at the same second, as `built_at` counts it.
+    for name in [&one, &two] {
+        let mut m: Value =
+            serde_json::from_str(&std::fs::read_to_string(manifest(name)).unwrap()).unwrap();
+        m["built_at"] = "2026-01-01T00:00:00Z".into();
+        std::fs::write(manifest(name), serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    }
+    let ada = fake_nvidia_smi(
+        "0, NVIDIA GeForce RTX 4090, 8.9, 24564
+",
+        0,
+    );
+    let second = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_767_225_600);
+    for (older, newer) in [(&one, &two), (&two, &one)] {
+        let set = |name: &str, nanos: u64| {
+            std::fs::File::options()
+                .write(true)
+                .open(manifest(name))
+                .unwrap()
+                .set_modified(second + std::time::Duration::from_nanos(nanos))
+                .unwrap()
+        };
+        set(older, 100);
+        set(newer, 200);
+        let out = b
+            .fdl()
+            .env("PATH", path_with(ada.path()))
+            .args(["nccl", "env", "--format", "json"])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        assert_eq!(v["build"], newer.as_str(), "{v}");
+    }
+}
+
 /// Given no name, `nccl env` takes a build whose library has code for every GPU of this
 /// host and whose CUDA its driver runs, not merely the newest: on an sm_61 + sm_120 host
 /// with only `-sm120` and (newer) `-sm89` builds it refuses, naming the closest build,
@@ -748,6 +805,7 @@ fn two_store_gcs_at_once_both_succeed() {
             // A user whose project is gone: the entry is unused.
             store
                 .add(
+                    &fdl::context::Context::from_process(),
                     &lock,
                     &key,
                     &inputs,

@@ -788,3 +788,106 @@ fn gc_and_list_name_the_store_and_say_when_it_is_empty() {
         assert!(!text.contains("Every"), "{args:?}: {text}");
     }
 }
+
+/// The toolchain is probed for the store key once per build at most: never where the
+/// plan already knew the key, once after the build where the build makes it known (a
+/// Docker toolchain's image), and never again where nothing the build does changes it.
+/// Runs without the oracle inputs: a backend that copies a prepared tree, counting its
+/// probes.
+#[test]
+fn the_store_key_is_probed_once_per_build_at_most() {
+    use fdl::nccl::backend::Backend;
+    use fdl::pipeline::{execute, ExecOptions, KeyState};
+    use std::cell::Cell;
+    use std::collections::BTreeMap;
+
+    /// Its toolchain is named only once a build made it, as a Docker image is.
+    struct Counting<'a> {
+        tree: &'a Path,
+        probes: Cell<u32>,
+        built: Cell<bool>,
+    }
+    impl Backend for Counting<'_> {
+        fn build(
+            &self,
+            _plan: &fdl::nccl::plan::BuildPlan,
+            staging: &Path,
+            _progress: &fdl::progress::Progress,
+        ) -> anyhow::Result<()> {
+            let ok = Std::new("cp")
+                .arg("-a")
+                .arg(format!("{}/.", self.tree.display()))
+                .arg(staging)
+                .status()?
+                .success();
+            anyhow::ensure!(ok, "cp failed");
+            self.built.set(true);
+            Ok(())
+        }
+        fn toolchain_identity(
+            &self,
+            _plan: &fdl::nccl::plan::BuildPlan,
+        ) -> anyhow::Result<BTreeMap<String, String>> {
+            self.probes.set(self.probes.get() + 1);
+            anyhow::ensure!(self.built.get(), "the image is not made yet");
+            Ok(BTreeMap::from([("image".into(), "sha256:test".into())]))
+        }
+    }
+
+    let trees = tempfile::tempdir().unwrap();
+    let tree = trees.path().join("tree");
+    write_nccl_tree(&tree, (2, 27, 5), &[89]);
+    let exe = assert_cmd::cargo::cargo_bin("fdl");
+    let probe = |lib: &Path| fdl::nccl::verify::probe_in_child(&exe, lib);
+    let known = |plan: &fdl::nccl::plan::BuildPlan| {
+        let toolchain = BTreeMap::from([("image".into(), "sha256:known".into())]);
+        let inputs = fdl::pipeline::key_inputs(plan, "known", &toolchain);
+        KeyState::Known(fdl::store::Key::of(&inputs), inputs)
+    };
+    type Case = (&'static str, u32, bool);
+    let cases: [Case; 3] = [
+        ("known", 0, true),
+        ("after build", 1, true),
+        ("unknown", 0, false),
+    ];
+    for (case, probes, added) in cases {
+        let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let plan = docker_plan(root.path(), TAG, "8.9");
+        let key = match case {
+            "known" => known(&plan),
+            "after build" => KeyState::AfterBuild("the image is not made yet".into()),
+            _ => KeyState::Unknown("no probe answers".into()),
+        };
+        let backend = Counting {
+            tree: &tree,
+            probes: Cell::new(0),
+            built: Cell::new(false),
+        };
+        let store = fdl::store::Store::open_in(&cache.path().join("fdl")).unwrap();
+        let ctx = fdl::context::Context::new(
+            fdl::context::Env {
+                xdg_cache_home: Some(cache.path().into()),
+                home: None,
+            },
+            Box::new(fdl::context::Stderr),
+        );
+        let opts = ExecOptions {
+            probe: Some(&probe),
+            ctx: &ctx,
+            force: false,
+            wait: fdl::lock::Wait::No,
+            verbosity: fdl::progress::Verbosity::Quiet,
+            store: Some(store),
+            key: key.clone(),
+        };
+        let builds = fdl::nccl::store::BuildStore::new(root.path().join("libtorch/nccl/builds"));
+        execute(&plan, &backend, &builds, &opts).unwrap();
+        assert_eq!(backend.probes.get(), probes, "{case}");
+        let expected = match key {
+            KeyState::Known(key, _) => key,
+            _ => fdl::pipeline::store_key(&plan, &backend).unwrap().0,
+        };
+        let store = opts.store.as_ref().unwrap();
+        assert_eq!(store.has(&expected), added, "{case}");
+    }
+}

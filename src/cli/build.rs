@@ -2,6 +2,7 @@
 //! plan and report, rendered in text or JSON.
 
 use super::common::print_json;
+use crate::context::Context;
 use crate::gpu;
 use crate::nccl::plan::VolumesFlag;
 use crate::pipeline::{self, render, BackendFlag, BackendRequest, BuildRequest, Outcome, Sources};
@@ -146,7 +147,7 @@ impl BuildArgs {
     }
 }
 
-pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
+pub(super) fn run(ctx: &Context, project: &Project, args: BuildArgs) -> Result<()> {
     // The local GPUs are read while planning, and shown once the plan is made, where they
     // help: with a dry run, with -v, or before a build that starts; never before an
     // error that has nothing to do with them.
@@ -172,22 +173,24 @@ pub(super) fn run(project: &Project, args: BuildArgs) -> Result<()> {
             crate::eprint_safe!("Local GPUs:\n{}", gpu::table(gpus));
         }
     };
-    run_with(project, args, &infer, &show)
+    run_with(ctx, project, args, &infer, &show)
 }
 
 /// `fdl nccl build` with what the flags leave open inferred by `infer`: from this host
 /// (the libtorch, the GPUs), or from a whole cluster's reports.
 pub(super) fn run_inferred(
+    ctx: &Context,
     project: &Project,
     args: BuildArgs,
     infer: &dyn Fn(pipeline::CheckedFlags) -> Result<pipeline::Inferred>,
 ) -> Result<()> {
-    run_with(project, args, infer, &|_| {})
+    run_with(ctx, project, args, infer, &|_| {})
 }
 
 /// `shown(accepted)` is called once the plan is made, before it is printed: `accepted`
 /// when a real build is about to start.
 fn run_with(
+    ctx: &Context,
     project: &Project,
     args: BuildArgs,
     infer: &dyn Fn(pipeline::CheckedFlags) -> Result<pipeline::Inferred>,
@@ -196,7 +199,7 @@ fn run_with(
     if args.verbose {
         crate::eprintln_safe!("project root: {}", project.describe());
     }
-    let prepared = pipeline::prepare(project, &args.request(), infer)?;
+    let prepared = pipeline::prepare(ctx, project, &args.request(), infer)?;
     // One rule for every dry run: every problem and warning, the plan, then a status that is 0
     // only when a real run would start.
     if args.dry_run {

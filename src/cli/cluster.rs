@@ -11,6 +11,7 @@ use crate::cluster::slurm::{self, Slurm};
 use crate::cluster::ssh::Ssh;
 use crate::cluster::status::{self, OwnBinary, WorkerStatus};
 use crate::cluster::transport::Transport;
+use crate::context::Context;
 use crate::nccl::store::BuildStore;
 use crate::project::Project;
 use crate::text::{clean, paint, Color};
@@ -284,7 +285,7 @@ impl Common {
     /// when fdl runs inside an allocation and the cluster file names no workers (said on
     /// stderr); else the cluster file's workers over SSH (ssh's connect timeout is the
     /// per-host one, at most a minute).
-    fn reach(&self, project: &Project) -> Result<Reach> {
+    fn reach(&self, ctx: &Context, project: &Project) -> Result<Reach> {
         let own = OwnBinary::current()?;
         let mut slurm = self.slurm;
         let mut cluster = None;
@@ -333,7 +334,7 @@ impl Common {
         }
         let cluster = cluster.expect("loaded");
         let transport = Ssh::new(
-            &crate::cache::cache_dir()?,
+            &ctx.cache()?,
             Duration::from_secs(self.timeout.clamp(1, 60)),
             self.parallel,
         )?;
@@ -367,7 +368,7 @@ impl ClusterCommand {
     }
 }
 
-pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
+pub(super) fn run(ctx: &Context, project: &Project, cmd: ClusterCommand) -> Result<()> {
     match cmd {
         ClusterCommand::SelfReport {
             arch,
@@ -398,7 +399,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
                 .join(&build)
                 .join("lib")
                 .join("libnccl.so.2");
-            let path = crate::nccl::preload::preload_path(&lib, &build)?;
+            let path = crate::nccl::preload::preload_path_in(&lib, &build, &ctx.cache()?)?;
             if json {
                 print_json(&json!({ "ld_preload": path }));
             } else {
@@ -422,7 +423,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
                 witness,
                 process: process.map(super::inspect::ProcessArg::kind),
             };
-            status_cmd(project, &common, json, asked)
+            status_cmd(ctx, project, &common, json, asked)
         }
         ClusterCommand::PsSelf { no_memory, json: _ } => {
             let scan = crate::loader::running::scan(&crate::loader::running::Options {
@@ -443,7 +444,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             common,
             json,
             no_memory,
-        } => ps_cmd(project, &common, build.as_deref(), json, no_memory),
+        } => ps_cmd(ctx, project, &common, build.as_deref(), json, no_memory),
         ClusterCommand::Ship {
             build,
             workers,
@@ -452,6 +453,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             common,
             json,
         } => ship_cmd(
+            ctx,
             project,
             &common,
             build.as_deref(),
@@ -476,16 +478,11 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
                     &name,
                     prepare,
                     store_key.as_deref(),
+                    ctx,
                 )?)?);
             } else if let (Some(name), Some(digest)) = (install, digest) {
-                let done = receive::install(
-                    &builds,
-                    &name,
-                    &digest,
-                    force,
-                    from_store.as_deref(),
-                    &crate::cache::cache_dir()?,
-                )?;
+                let done =
+                    receive::install(&builds, &name, &digest, force, from_store.as_deref(), ctx)?;
                 print_json(&serde_json::to_value(done)?);
             } else {
                 bail!("receive needs --state NAME or --install NAME --digest D");
@@ -494,9 +491,9 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
         }
         ClusterCommand::Plan { common, mut build } => {
             build.dry_run = true;
-            build_cmd(project, &common, build)
+            build_cmd(ctx, project, &common, build)
         }
-        ClusterCommand::Build { common, build } => build_cmd(project, &common, build),
+        ClusterCommand::Build { common, build } => build_cmd(ctx, project, &common, build),
         ClusterCommand::Env {
             build,
             common,
@@ -504,7 +501,7 @@ pub(super) fn run(project: &Project, cmd: ClusterCommand) -> Result<()> {
             json,
         } => {
             let format = if json { EnvFormat::Json } else { format };
-            env_cmd(project, &common, build.as_deref(), format)
+            env_cmd(ctx, project, &common, build.as_deref(), format)
         }
     }
 }
@@ -534,8 +531,13 @@ fn reports(reach: &Reach, common: &Common, quiet: bool, asked: status::Asked) ->
     )
 }
 
-fn build_cmd(project: &Project, common: &Common, build: super::build::BuildArgs) -> Result<()> {
-    let reach = common.reach(project)?;
+fn build_cmd(
+    ctx: &Context,
+    project: &Project,
+    common: &Common,
+    build: super::build::BuildArgs,
+) -> Result<()> {
+    let reach = common.reach(ctx, project)?;
     let workers = reports(
         &reach,
         common,
@@ -543,11 +545,17 @@ fn build_cmd(project: &Project, common: &Common, build: super::build::BuildArgs)
         status::Asked::PLAIN,
     );
     let infer = |flags| crate::cluster::plan::infer(&workers, flags);
-    super::build::run_inferred(project, build, &infer)
+    super::build::run_inferred(ctx, project, build, &infer)
 }
 
-fn status_cmd(project: &Project, common: &Common, json: bool, asked: status::Asked) -> Result<()> {
-    let reach = common.reach(project)?;
+fn status_cmd(
+    ctx: &Context,
+    project: &Project,
+    common: &Common,
+    json: bool,
+    asked: status::Asked,
+) -> Result<()> {
+    let reach = common.reach(ctx, project)?;
     let workers = reports(&reach, common, json, asked);
     let verdicts = status::verdicts(&workers);
     let red: Vec<&str> = verdicts
@@ -829,13 +837,14 @@ fn wanted_build(
 }
 
 fn ps_cmd(
+    ctx: &Context,
     project: &Project,
     common: &Common,
     build: Option<&str>,
     json: bool,
     no_memory: bool,
 ) -> Result<()> {
-    let reach = common.reach(project)?;
+    let reach = common.reach(ctx, project)?;
     let wanted = wanted_build(project, &reach, common, build, json)?;
     let live = !json && std::io::stderr().is_terminal();
     let done = |h: &HostPs| {
@@ -1041,12 +1050,13 @@ fn render_ps(hosts: &[HostPs]) -> String {
 }
 
 fn env_cmd(
+    ctx: &Context,
     project: &Project,
     common: &Common,
     build: Option<&str>,
     format: EnvFormat,
 ) -> Result<()> {
-    let reach = common.reach(project)?;
+    let reach = common.reach(ctx, project)?;
     let store = BuildStore::new(project.nccl_builds_dir());
     let wiring = super::manage::Wiring {
         make: "fdl cluster build",
@@ -1186,7 +1196,10 @@ fn slurm_env(
     Ok(())
 }
 
+// The command's flags one by one, as `run` unpacks them, and the run's context.
+#[allow(clippy::too_many_arguments)]
 fn ship_cmd(
+    ctx: &Context,
     project: &Project,
     common: &Common,
     build: Option<&str>,
@@ -1195,7 +1208,7 @@ fn ship_cmd(
     dry_run: bool,
     json: bool,
 ) -> Result<()> {
-    let reach = common.reach(project)?;
+    let reach = common.reach(ctx, project)?;
     for name in only {
         if !reach.workers.iter().any(|w| w.host == *name) {
             bail!(

@@ -3,6 +3,7 @@
 
 use super::common::print_json;
 use crate::arch::{self, Arch, GpuTarget};
+use crate::context::Context;
 use crate::gpu::{self, Gpu};
 use crate::inspect::{self, GpuCode, Linkage, NcclDetection, Verdict};
 use crate::libtorch::Libtorch;
@@ -1686,7 +1687,12 @@ pub(super) fn undecided_line(w: &Which, json_out: bool) -> String {
     }
 }
 
-pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool) -> Result<()> {
+pub(super) fn verify_cmd(
+    ctx: &Context,
+    project: &Project,
+    build: Option<&str>,
+    json_out: bool,
+) -> Result<()> {
     let store = BuildStore::new(project.nccl_builds_dir());
     let entries = store.list()?;
     let chosen: Vec<&Entry> = match build {
@@ -1705,7 +1711,7 @@ pub(super) fn verify_cmd(project: &Project, build: Option<&str>, json_out: bool)
     // Directories builds left beside the store are not builds: said, never verified.
     let leftovers = match build {
         Some(_) => Vec::new(),
-        None => store.leftovers(&crate::cache::cache_dir()?),
+        None => store.leftovers(&ctx.cache()?),
     };
     if chosen.is_empty() {
         super::manage::print_leftovers(&leftovers);

@@ -5,6 +5,7 @@
 use super::common::build_name_arg;
 use super::complete;
 use super::manage::{wire, Wired, Wiring};
+use crate::context::Context;
 use crate::launch::{Build, Event, Options};
 use crate::nccl::files::FileEntry;
 use crate::project::{Project, RootIrrelevant};
@@ -44,13 +45,13 @@ pub struct LaunchArgs {
 #[error("the job exited with status {0}")]
 pub struct JobStatus(pub u8);
 
-pub(super) fn run(project: &Project, args: LaunchArgs) -> Result<()> {
+pub(super) fn run(ctx: &Context, project: &Project, args: LaunchArgs) -> Result<()> {
     let Wired {
         choice,
         lib_dir,
         preload,
         moved,
-    } = wire(project, args.build.as_deref(), &Wiring::LAUNCH)?;
+    } = wire(ctx, project, args.build.as_deref(), &Wiring::LAUNCH)?;
     let library = lib_dir.join(&choice.manifest.checked.library);
     let want = format!("lib/{}", choice.manifest.checked.library);
     let blake3 = choice

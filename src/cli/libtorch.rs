@@ -2,6 +2,7 @@
 
 use super::common::print_json;
 use super::inspect as ins;
+use crate::context::Context;
 use crate::inspect;
 use crate::libtorch::Libtorch;
 use crate::project::Project;
@@ -81,12 +82,12 @@ impl LibtorchCommand {
     }
 }
 
-pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
+pub(super) fn run(ctx: &Context, project: &Project, cmd: LibtorchCommand) -> Result<()> {
     let lt = Libtorch::new(project.libtorch_dir());
     match cmd {
         LibtorchCommand::List { json } => list(&lt, json),
         LibtorchCommand::Add { name, path, json } => {
-            let (v, arch) = crate::libtorch::add::add(&lt, &name, &path)?;
+            let (v, arch) = crate::libtorch::add::add(ctx, &lt, &name, &path)?;
             // The first variant of a project is the one it uses.
             let first_variant = lt.active_name()?.is_none();
             if first_variant {
@@ -132,7 +133,7 @@ pub(super) fn run(project: &Project, cmd: LibtorchCommand) -> Result<()> {
             // The lock `libtorch add` takes for this name: never remove one being added.
             let kind_dir = v.dir.parent().unwrap_or(&lt.dir);
             let base = v.name.rsplit('/').next().unwrap_or(&v.name);
-            let _lock = crate::libtorch::lock_variant(kind_dir, base)?;
+            let _lock = crate::libtorch::lock_variant(ctx, kind_dir, base)?;
             let v = lt.remove(&v.name)?;
             outln!("Removed {}", v.name);
             Ok(())

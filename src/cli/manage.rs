@@ -1,6 +1,7 @@
 //! `fdl nccl list|remove|env`: seeing, deleting and wiring builds.
 
 use super::common::print_json;
+use crate::context::Context;
 use crate::lock::Wait;
 use crate::nccl::pick::Choice;
 use crate::nccl::store::{leftover_of, BuildName, BuildStore, Entry, Existing, Leftover};
@@ -11,10 +12,10 @@ use clap::ValueEnum;
 use serde_json::json;
 use std::path::PathBuf;
 
-pub(super) fn list(project: &Project, json_out: bool) -> Result<()> {
+pub(super) fn list(ctx: &Context, project: &Project, json_out: bool) -> Result<()> {
     let store = BuildStore::new(project.nccl_builds_dir());
     let entries = store.list()?;
-    let leftovers = store.leftovers(&crate::cache::cache_dir()?);
+    let leftovers = store.leftovers(&ctx.cache()?);
     if json_out {
         // Each build with what its library carries, read from it as the text list does.
         let rows: Vec<serde_json::Value> = entries
@@ -190,11 +191,17 @@ fn targets_list(entries: &[crate::inspect::CodeEntry], prefix: &str) -> String {
         .join(",")
 }
 
-pub(super) fn remove(project: &Project, names: &[String], yes: bool, no_wait: bool) -> Result<()> {
+pub(super) fn remove(
+    ctx: &Context,
+    project: &Project,
+    names: &[String],
+    yes: bool,
+    no_wait: bool,
+) -> Result<()> {
     let store = BuildStore::new(project.nccl_builds_dir());
     // Check every name before deleting any, so a typo removes nothing.
     let mut parsed = Vec::new();
-    let cache = crate::cache::cache_dir()?;
+    let cache = ctx.cache()?;
     for name in names {
         // A leftover of an interrupted build: only a real directory, only fdl's names.
         if let Some((build, _)) = leftover_of(name) {
@@ -290,14 +297,23 @@ pub(super) struct Wired {
     pub moved: Vec<Moved>,
 }
 
-pub(super) fn wire(project: &Project, build: Option<&str>, wiring: &Wiring) -> Result<Wired> {
+pub(super) fn wire(
+    ctx: &Context,
+    project: &Project,
+    build: Option<&str>,
+    wiring: &Wiring,
+) -> Result<Wired> {
     let store = BuildStore::new(project.nccl_builds_dir());
     let choice = pick_build(project, &store, build, wiring, &this_host)?;
     announce(&choice);
     let lib_dir = store.path_of(&choice.build).join("lib");
     // A path the loader reads as one LD_PRELOAD element: the build's own, or a link in
     // the per-user cache when the project's path holds a space or a colon.
-    let preload = crate::nccl::preload::preload_path(&lib_dir.join("libnccl.so.2"), &choice.build)?;
+    let preload = crate::nccl::preload::preload_path_in(
+        &lib_dir.join("libnccl.so.2"),
+        &choice.build,
+        &ctx.cache()?,
+    )?;
     let moved = plugins_moved(project, &preload);
     for m in moved.iter().filter(|m| m.keep.is_none()) {
         crate::eprintln_safe!("warning: {}", clean(&m.sentence()));
@@ -310,16 +326,23 @@ pub(super) fn wire(project: &Project, build: Option<&str>, wiring: &Wiring) -> R
     })
 }
 
-pub(super) fn env(project: &Project, build: Option<&str>, format: EnvFormat) -> Result<()> {
+pub(super) fn env(
+    ctx: &Context,
+    project: &Project,
+    build: Option<&str>,
+    format: EnvFormat,
+) -> Result<()> {
     let Wired {
         choice,
         preload,
         moved,
         ..
-    } = wire(project, build, &Wiring::NCCL_ENV)?;
+    } = wire(ctx, project, build, &Wiring::NCCL_ENV)?;
     let (name, manifest, why) = (&choice.build, &choice.manifest, &choice.reason);
     // This output is `eval`ed or pasted: the path is quoted for its format too.
-    let path = preload.to_str().expect("preload_path returns UTF-8 paths");
+    let path = preload
+        .to_str()
+        .expect("preload_path_in returns UTF-8 paths");
     let comment = comment_text(&format!(
         "{name}: NCCL {} ({why})",
         manifest.checked.header_version

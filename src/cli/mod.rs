@@ -33,6 +33,7 @@ mod manage;
 mod ps;
 mod store;
 
+use crate::context::Context;
 use crate::docker::EMBEDDED_DOCKERFILE;
 use crate::project::Project;
 use anyhow::Result;
@@ -356,6 +357,9 @@ pub fn complete_from_env() {
 
 pub fn run(cli: Cli) -> Result<()> {
     let project = Project::from_process(cli.root.as_deref())?;
+    // The one context of this run: the environment read once, messages from below the
+    // CLI said on stderr.
+    let ctx = &Context::from_process();
     let uses_project = matches!(
         cli.command,
         Command::Nccl(_) | Command::Libtorch(_) | Command::Cluster(_) | Command::Launch(_)
@@ -365,9 +369,9 @@ pub fn run(cli: Cli) -> Result<()> {
     let result = if uses_project {
         project
             .check_exists()
-            .and_then(|()| dispatch(cli, &project))
+            .and_then(|()| dispatch(cli, &project, ctx))
     } else {
-        dispatch(cli, &project)
+        dispatch(cli, &project, ctx)
     };
     if let (Err(e), true) = (&result, json_errors) {
         // Scripts read stdout: the error is there as one object too (stderr still says it).
@@ -403,14 +407,14 @@ pub fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn dispatch(cli: Cli, project: &Project) -> Result<()> {
+fn dispatch(cli: Cli, project: &Project, ctx: &Context) -> Result<()> {
     match cli.command {
-        Command::Nccl(NcclCommand::Build(args)) => build::run(project, args),
+        Command::Nccl(NcclCommand::Build(args)) => build::run(ctx, project, args),
         Command::Nccl(NcclCommand::Dockerfile) => {
             out!("{EMBEDDED_DOCKERFILE}");
             Ok(())
         }
-        Command::Nccl(NcclCommand::List { json }) => manage::list(project, json),
+        Command::Nccl(NcclCommand::List { json }) => manage::list(ctx, project, json),
         Command::Nccl(NcclCommand::Detect {
             path,
             preload,
@@ -437,7 +441,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             process,
         }) => inspect::plugins_cmd(project, path.as_deref(), json, process.opts()),
         Command::Nccl(NcclCommand::Verify { build, json }) => {
-            inspect::verify_cmd(project, build.as_deref(), json)
+            inspect::verify_cmd(ctx, project, build.as_deref(), json)
         }
         Command::Inspect { path, archs, json } => {
             inspect::inspect_cmd(&path, archs.as_deref(), json)
@@ -447,7 +451,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             builds,
             yes,
             no_wait,
-        }) => manage::remove(project, &builds, yes, no_wait),
+        }) => manage::remove(ctx, project, &builds, yes, no_wait),
         Command::Nccl(NcclCommand::Env {
             build,
             format,
@@ -458,11 +462,11 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
             } else {
                 format
             };
-            manage::env(project, build.as_deref(), format)
+            manage::env(ctx, project, build.as_deref(), format)
         }
-        Command::Libtorch(cmd) => libtorch::run(project, cmd),
-        Command::Cluster(cmd) => cluster::run(project, cmd),
-        Command::Store(cmd) => store::run(cmd),
+        Command::Libtorch(cmd) => libtorch::run(ctx, project, cmd),
+        Command::Cluster(cmd) => cluster::run(ctx, project, cmd),
+        Command::Store(cmd) => store::run(ctx, cmd),
         Command::Completions { shell } => {
             // clap_complete panics on a failed write: generate in memory, write as all output.
             let mut script = Vec::new();
@@ -477,7 +481,7 @@ fn dispatch(cli: Cli, project: &Project) -> Result<()> {
         }
         Command::Gpus { json } => gpus::run(json),
         Command::Ps(args) => ps::run(project, args),
-        Command::Launch(args) => launch::run(project, args),
+        Command::Launch(args) => launch::run(ctx, project, args),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `fdl store list|remove|gc`: the machine-wide build store ([`crate::store`]).
 
 use super::common::print_json;
+use crate::context::Context;
 use crate::lock::Wait;
 use crate::store::{Key, Listed, Store};
 use crate::text::clean;
@@ -45,8 +46,8 @@ impl StoreCommand {
     }
 }
 
-pub fn run(cmd: StoreCommand) -> Result<()> {
-    let cache = crate::cache::cache_dir()?;
+pub fn run(ctx: &Context, cmd: StoreCommand) -> Result<()> {
+    let cache = ctx.cache()?;
     match cmd {
         StoreCommand::List { json } => list(&Store::at(&cache)?, json),
         StoreCommand::Remove { key, no_wait, yes } => {

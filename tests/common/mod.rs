@@ -300,27 +300,10 @@ impl Backend for CopyTree<'_> {
     }
 }
 
-pub fn install_build(
-    root: &Path,
-    cache: &Path,
-    tree: &Path,
-    tag: &str,
-    archs: &str,
-) -> anyhow::Result<String> {
-    install_build_with(root, cache, tree, tag, archs, false)
-}
-
-/// [`install_build`], and with `stored` also added to the machine-wide build store under
-/// `cache` (`$XDG_CACHE_HOME`), with a key of its plan, as a real build would be.
-pub fn install_build_with(
-    root: &Path,
-    cache: &Path,
-    tree: &Path,
-    tag: &str,
-    archs: &str,
-    stored: bool,
-) -> anyhow::Result<String> {
-    let plan = BuildPlan::new(PlanInputs {
+/// The plan of a Docker build of `tag` for `archs` into `root`'s builds, as the install
+/// helpers below execute it.
+pub fn docker_plan(root: &Path, tag: &str, archs: &str) -> BuildPlan {
+    BuildPlan::new(PlanInputs {
         tag: Tag::parse(tag).unwrap(),
         tag_origin: TagOrigin::Flag,
         cuda_flag: None,
@@ -345,26 +328,57 @@ pub fn install_build_with(
         only_funcs: None,
         warnings: Vec::new(),
     })
-    .unwrap();
+    .unwrap()
+}
+
+pub fn install_build(
+    root: &Path,
+    cache: &Path,
+    tree: &Path,
+    tag: &str,
+    archs: &str,
+) -> anyhow::Result<String> {
+    install_build_with(root, cache, tree, tag, archs, false)
+}
+
+/// [`install_build`], and with `stored` also added to the machine-wide build store under
+/// `cache` (`$XDG_CACHE_HOME`), with a key of its plan, as a real build would be.
+pub fn install_build_with(
+    root: &Path,
+    cache: &Path,
+    tree: &Path,
+    tag: &str,
+    archs: &str,
+    stored: bool,
+) -> anyhow::Result<String> {
+    let plan = docker_plan(root, tag, archs);
     let store = BuildStore::new(root.join("libtorch/nccl/builds"));
     // The real loader check, through fdl's hidden probe subcommand.
     let exe = assert_cmd::cargo::cargo_bin("fdl");
     let probe = |lib: &Path| fdl::nccl::verify::probe_in_child(&exe, lib);
+    // The run's context, its cache under `cache` (as `XDG_CACHE_HOME` says for the CLI).
+    let ctx = fdl::context::Context::new(
+        fdl::context::Env {
+            xdg_cache_home: Some(cache.into()),
+            home: None,
+        },
+        Box::new(fdl::context::Stderr),
+    );
     let opts = ExecOptions {
         probe: Some(&probe),
-        cache: cache.join("fdl"),
+        ctx: &ctx,
         force: false,
         wait: Wait::No,
         verbosity: Verbosity::Quiet,
         store: None,
-        key: None,
+        key: fdl::pipeline::KeyState::Unknown("no store".into()),
     };
     let opts = if stored {
         let toolchain = BTreeMap::from([("test".to_string(), "copy of a tree".to_string())]);
         let inputs = fdl::pipeline::key_inputs(&plan, &tree.display().to_string(), &toolchain);
         ExecOptions {
             store: Some(fdl::store::Store::open_in(&cache.join("fdl"))?),
-            key: Some(Ok((fdl::store::Key::of(&inputs), inputs))),
+            key: fdl::pipeline::KeyState::Known(fdl::store::Key::of(&inputs), inputs),
             ..opts
         }
     } else {

@@ -6,8 +6,8 @@ pub mod native;
 
 // The floors below, under the names the modules have always used (`crate::nccl`).
 use fdl_base::{
-    arch, cache, digest, eprintln_safe, fsread, fswrite, lock, process, progress, step, text, txn,
-    version,
+    arch, cache, context, digest, eprintln_safe, fsread, fswrite, lock, process, progress, step,
+    text, txn, version,
 };
 use fdl_builds::nccl;
 use fdl_facts::project;
@@ -36,7 +36,11 @@ pub trait PlannedBackend {
 
     /// fdl's clone of the tag that the build reads, as (repository, directory in fdl's
     /// cache), where its source is one; `None` for a `--source` tree.
-    fn source_clone(&self, plan: &BuildPlan) -> Option<(String, std::path::PathBuf)>;
+    fn source_clone(
+        &self,
+        plan: &BuildPlan,
+        cache: Option<&std::path::Path>,
+    ) -> Option<(String, std::path::PathBuf)>;
 
     /// A file the steps run that the full plan shows after them: (its path, its text).
     fn script(&self) -> Option<(&'static str, &'static str)> {

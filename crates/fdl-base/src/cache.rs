@@ -7,20 +7,25 @@ use anyhow::{bail, Context, Result};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-/// The cache directory fdl uses: `$XDG_CACHE_HOME/fdl`, else `~/.cache/fdl`. Without
-/// either, `<temp>/fdl-<uid>`, made 0700 and checked before use to be this user's own
-/// directory that no one else can enter (as OpenSSH checks a control path): a shared
-/// name in the temp directory could be claimed first by another user, whose directory
-/// (or link) would then hold this user's locks and ssh sockets.
+/// The cache directory fdl uses: `$XDG_CACHE_HOME/fdl`, else `~/.cache/fdl` (each only
+/// as an absolute path, [`cache_base`]). Without either, `<temp>/fdl-<uid>`, made 0700
+/// and checked before use to be this user's own directory that no one else can enter (as
+/// OpenSSH checks a control path): a shared name in the temp directory could be claimed
+/// first by another user, whose directory (or link) would then hold this user's locks
+/// and ssh sockets.
+///
+/// Read from this process's environment: for code not handed a run's context, which
+/// resolves it once, from the environment it was given ([`cache_dir_for`]).
 pub fn cache_dir() -> Result<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".cache"))
-        });
+    cache_dir_for(std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
+}
+
+/// [`cache_dir`] for these values of `XDG_CACHE_HOME` and `HOME`.
+pub fn cache_dir_for(
+    xdg_cache_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> Result<PathBuf> {
+    let base = cache_base(xdg_cache_home, home);
     if let Some(base) = base {
         return Ok(base.join("fdl"));
     }
@@ -28,9 +33,22 @@ pub fn cache_dir() -> Result<PathBuf> {
     let me = unsafe { libc::geteuid() };
     let dir = std::env::temp_dir().join(format!("fdl-{me}"));
     private_dir(&dir).context(
-        "with neither HOME nor XDG_CACHE_HOME set, fdl keeps its cache in a directory of its own in the temp directory",
+        "with neither HOME nor XDG_CACHE_HOME set to an absolute path, fdl keeps its cache in a directory of its own in the temp directory",
     )?;
     Ok(dir)
+}
+
+/// `$XDG_CACHE_HOME`, else `$HOME/.cache`, each only where it is an absolute path: the
+/// XDG base directory spec says a relative one is invalid and to be ignored, and fdl's
+/// locks would otherwise depend on the directory it was started in.
+fn cache_base(
+    xdg_cache_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    let absolute = |v: std::ffi::OsString| Some(PathBuf::from(v)).filter(|p| p.is_absolute());
+    xdg_cache_home
+        .and_then(absolute)
+        .or_else(|| home.and_then(absolute).map(|h| h.join(".cache")))
 }
 
 /// [`own_dir`], and closed to everyone else (mode 0700 or narrower): for what gives
@@ -222,6 +240,18 @@ fn check_own(dir: &Path) -> Result<()> {
 mod tests {
     use super::*;
     use crate::digest::sha256_file;
+
+    /// A relative (or empty) `XDG_CACHE_HOME` or `HOME` is ignored, as the XDG spec says.
+    #[test]
+    fn only_absolute_cache_homes_are_taken() {
+        let base = |x: &str, h: &str| cache_base(Some(x.into()), Some(h.into()));
+        assert_eq!(base("/c", "/h"), Some(PathBuf::from("/c")));
+        assert_eq!(base("rel/cache", "/h"), Some(PathBuf::from("/h/.cache")));
+        assert_eq!(base("", "/h"), Some(PathBuf::from("/h/.cache")));
+        assert_eq!(base("rel", "home"), None);
+        assert_eq!(base("", ""), None);
+        assert_eq!(cache_base(None, None), None);
+    }
 
     #[test]
     fn a_kept_digest_is_the_files_own_and_is_dropped_when_the_file_changes() {

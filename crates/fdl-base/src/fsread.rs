@@ -1,27 +1,55 @@
 //! The one way fdl reads a small file it did not write in this run: a regular file,
 //! checked on the open descriptor, opened non-blocking (a FIFO planted in its place cannot
 //! hang fdl), and read up to a cap suited to what it is (a link to `/dev/zero` cannot
-//! exhaust memory).
+//! exhaust memory). A link at the path is refused ([`read_regular`]); only a file the
+//! user or the system names, read as its own program would read it (a Dockerfile given
+//! on the command line, the cluster file, the loader's configuration, a Python install's
+//! files), is read through one ([`read_regular_following`]).
 
 use anyhow::{bail, Context, Result};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-/// The contents of the regular file at `path`, refused when larger than `cap` bytes.
+/// The contents of the regular file at `path`, refused when larger than `cap` bytes, or
+/// when a link is at `path`.
 pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>> {
-    read_regular_if_present(path, cap)?.ok_or_else(|| {
+    present(path, read_regular_if_present(path, cap)?)
+}
+
+/// [`read_regular`], with `None` where nothing is at `path` (an optional file).
+pub fn read_regular_if_present(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
+    read_bounded(path, cap, true)
+}
+
+/// [`read_regular`] through a link at `path`: for a file that the user or the system
+/// names, and that its own program reads through links (see the module's doc).
+pub fn read_regular_following(path: &Path, cap: u64) -> Result<Vec<u8>> {
+    present(path, read_bounded(path, cap, false)?)
+}
+
+/// [`read_regular_following`], with `None` where nothing is at `path`.
+pub fn read_text_following_if_present(path: &Path, cap: u64) -> Result<Option<String>> {
+    Ok(read_bounded(path, cap, false)?.map(|b| String::from_utf8_lossy(&b).into_owned()))
+}
+
+/// [`read_regular_following`] as UTF-8 text (invalid bytes replaced).
+pub fn read_text_following(path: &Path, cap: u64) -> Result<String> {
+    Ok(String::from_utf8_lossy(&read_regular_following(path, cap)?).into_owned())
+}
+
+fn present(path: &Path, read: Option<Vec<u8>>) -> Result<Vec<u8>> {
+    read.ok_or_else(|| {
         anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::NotFound))
             .context(format!("cannot open {}: it does not exist", path.display()))
     })
 }
 
-/// [`read_regular`], with `None` where nothing is at `path` (an optional file).
-pub fn read_regular_if_present(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
-    let f = match open(path, false) {
+fn read_bounded(path: &Path, cap: u64, no_follow: bool) -> Result<Option<Vec<u8>>> {
+    let f = match open(path, no_follow) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(open_error(e, path, false)),
+        Err(e) => return Err(open_error(e, path, no_follow)),
     };
     let len = check_regular(&f, path)?.len();
     if len > cap {
@@ -369,5 +397,33 @@ mod tests {
         assert!(e.contains("(a link)"), "{e}");
         let e = open_regular(dir.path(), false).unwrap_err().to_string();
         assert!(e.contains("(a directory)"), "{e}");
+    }
+
+    /// The small reads refuse a link at the path, as ARCHITECTURE.md says of every read
+    /// of what fdl did not write; the `_following` ones are for what the user names.
+    #[test]
+    fn small_reads_refuse_a_link_unless_asked_to_follow_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::write(&real, "x").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        for e in [
+            read_regular(&link, 10).unwrap_err(),
+            read_text(&link, 10).unwrap_err(),
+            read_regular_if_present(&link, 10).unwrap_err(),
+            read_text_if_present(&link, 10).unwrap_err(),
+        ] {
+            assert!(e.to_string().contains("(a link)"), "{e}");
+        }
+        assert_eq!(read_regular(&real, 10).unwrap(), b"x");
+        assert_eq!(read_regular_following(&link, 10).unwrap(), b"x");
+        assert_eq!(read_text_following(&link, 10).unwrap(), "x");
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("none"), &dangling).unwrap();
+        assert!(read_text_following_if_present(&dangling, 10)
+            .unwrap()
+            .is_none());
+        assert!(read_text_if_present(&dangling, 10).is_err());
     }
 }

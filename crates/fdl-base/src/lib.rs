@@ -5,6 +5,7 @@
 
 pub mod arch;
 pub mod cache;
+pub mod context;
 pub mod digest;
 pub mod fsread;
 pub mod fswrite;

@@ -52,7 +52,9 @@ impl Drop for Critical {
 
 /// A point where a test may have fdl kill itself: with `FDL_TEST_KILL_AT` naming it,
 /// the process sends itself SIGKILL there, as a power cut or an OOM kill would stop it,
-/// so tests can show that every step of an install leaves a usable store behind.
+/// so tests can show that every step of an install leaves a usable store behind. Only
+/// with the `test-hooks` feature (the tests'); elsewhere it does nothing.
+#[cfg(feature = "test-hooks")]
 pub fn kill_point(name: &str) {
     if std::env::var_os("FDL_TEST_KILL_AT").is_some_and(|v| v == name) {
         // SAFETY: kill(2) on our own pid; SIGKILL cannot be caught.
@@ -60,6 +62,19 @@ pub fn kill_point(name: &str) {
             libc::kill(libc::getpid(), libc::SIGKILL);
         }
     }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub fn kill_point(_name: &str) {}
+
+/// Whether a test asks a replace to take the journalled way, as on a filesystem without
+/// `RENAME_EXCHANGE` (`FDL_TEST_NO_EXCHANGE`). Only with the `test-hooks` feature.
+pub fn no_exchange() -> bool {
+    #[cfg(feature = "test-hooks")]
+    return std::env::var_os("FDL_TEST_NO_EXCHANGE").is_some();
+    #[cfg(not(feature = "test-hooks"))]
+    false
 }
 
 pub fn interrupted() -> bool {
@@ -90,23 +105,30 @@ fn interrupt_note() -> &'static str {
 
 /// Starts `cmd` in a process group of its own (the terminal's Ctrl-C reaches fdl alone,
 /// which then ends the group in order), tied to fdl's life: if fdl dies, even by SIGKILL,
-/// the kernel sends the child SIGTERM (`PR_SET_PDEATHSIG`) and a [`Watchdog`] in the
-/// group kills the whole group. Without that, a killed fdl left make's jobs compiling on
-/// as orphans, recreating directories fdl had cleaned up.
+/// a [`Watchdog`] in the group kills the whole group. Without that, a killed fdl left
+/// make's jobs compiling on as orphans, recreating directories fdl had cleaned up.
+///
+/// Started from fdl's main thread, the child also gets SIGTERM from the kernel when fdl
+/// dies (`PR_SET_PDEATHSIG`). The kernel ties that signal to the thread that forked, not
+/// the process: set from another thread, it would end the child as soon as that thread
+/// ends, while fdl lives on. There the watchdog alone ties the child to fdl.
 pub fn spawn(cmd: &mut Command) -> std::io::Result<(Child, Watchdog)> {
     use std::os::unix::process::CommandExt;
-    // SAFETY: getpid is async-signal-safe.
+    // SAFETY: getpid and gettid have no preconditions.
     let parent = unsafe { libc::getpid() };
+    let main_thread = unsafe { libc::gettid() } == parent;
     // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
     // functions (prctl, getppid, _exit).
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // fdl may have died between fork and prctl: then nobody would signal us.
-            if libc::getppid() != parent {
-                libc::_exit(1);
+            if main_thread {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // fdl may have died between fork and prctl: then nobody would signal us.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
             }
             Ok(())
         });
@@ -710,6 +732,25 @@ mod tests {
     use super::*;
 
     /// A child's overlong line is cut, said so, and the lines after it still arrive.
+    /// A child started from a thread that then ends lives on with fdl: the tie to fdl's
+    /// life is to the process, not to the thread that started it.
+    #[test]
+    fn a_child_outlives_the_thread_that_started_it() {
+        let (mut child, watch) = std::thread::spawn(|| spawn(Command::new("sleep").arg("30")))
+            .join()
+            .unwrap()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let status = child.try_wait().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        drop(watch);
+        assert_eq!(
+            status, None,
+            "the child ended with the thread that started it"
+        );
+    }
+
     #[test]
     fn stream_bounds_each_line() {
         let mut cmd = Command::new("sh");

@@ -25,6 +25,8 @@ pub struct Transaction {
     committed: bool,
     /// Names the kill points of this kind of install (`install`, `replace`, `variant`).
     label: &'static str,
+    /// Says what a rollback could not undo.
+    ctx: crate::context::Context,
     /// From the first directory made to the commit or rollback, an interrupt unwinds
     /// through this transaction instead of ending fdl on the spot.
     _critical: Critical,
@@ -33,7 +35,12 @@ pub struct Transaction {
 impl Transaction {
     /// Opens a transaction for `target`: a fresh staging directory named `<prefix>…`
     /// beside it, creating (and recording) the missing parents.
-    pub fn begin(target: PathBuf, prefix: &str, label: &'static str) -> Result<Transaction> {
+    pub fn begin(
+        ctx: &crate::context::Context,
+        target: PathBuf,
+        prefix: &str,
+        label: &'static str,
+    ) -> Result<Transaction> {
         let critical = Critical::enter();
         let parent = target
             .parent()
@@ -64,6 +71,7 @@ impl Transaction {
             created,
             committed: false,
             label,
+            ctx: ctx.clone(),
             _critical: critical,
         })
     }
@@ -78,17 +86,21 @@ impl Transaction {
         &self.target
     }
 
-    /// Moves the staged content into place; fails, changing nothing, if the target exists.
+    /// Moves the staged content into place; fails, changing nothing, if the target exists
+    /// (whatever it is, an empty directory too: the kernel checks, in the rename itself).
     pub fn commit(mut self) -> Result<()> {
-        if std::fs::symlink_metadata(&self.target).is_ok() {
-            bail!(
+        kill_point(&format!("{}:before-rename", self.label));
+        match rename_noreplace(&self.staging, &self.target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => bail!(
                 "{} appeared meanwhile; nothing was changed",
                 self.target.display()
-            );
+            ),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot move into {}", self.target.display()))
+            }
         }
-        kill_point(&format!("{}:before-rename", self.label));
-        std::fs::rename(&self.staging, &self.target)
-            .with_context(|| format!("cannot move into {}", self.target.display()))?;
         self.committed = true;
         kill_point(&format!("{}:after-rename", self.label));
         Ok(())
@@ -102,21 +114,30 @@ impl Transaction {
     /// - elsewhere the old content is renamed to `.replaced-<name>-…` first; a kill before
     ///   the second rename leaves the target missing, and [`restore_or_remove`] puts the
     ///   old content back rather than delete it.
-    pub fn commit_replacing(mut self) -> Result<()> {
+    ///
+    /// Once the new content is in place the replace has happened, whatever follows: an
+    /// old tree that cannot be deleted is [`Committed::OldLeft`], for the caller to warn
+    /// of, never an error (the caller goes on with what a commit entails).
+    pub fn commit_replacing(self) -> Result<Committed> {
+        let try_exchange = !crate::process::no_exchange();
+        self.replace(try_exchange, &|p| std::fs::remove_dir_all(p))
+    }
+
+    fn replace(
+        mut self,
+        try_exchange: bool,
+        remove: &dyn Fn(&Path) -> std::io::Result<()>,
+    ) -> Result<Committed> {
         if std::fs::symlink_metadata(&self.target).is_err() {
-            return self.commit();
+            self.commit()?;
+            return Ok(Committed::Clean);
         }
         kill_point("replace:before");
-        if exchange(&self.staging, &self.target)? {
+        if try_exchange && exchange(&self.staging, &self.target)? {
             self.committed = true;
             kill_point("replace:exchanged");
             // The staging path now holds the old content.
-            return std::fs::remove_dir_all(&self.staging).with_context(|| {
-                format!(
-                    "the new one is in place, but the old one at {} could not be removed",
-                    self.staging.display()
-                )
-            });
+            return Ok(Committed::removing(&self.staging, remove));
         }
         let parent = self.target.parent().unwrap_or(Path::new("."));
         let name = self
@@ -139,12 +160,42 @@ impl Transaction {
         }
         self.committed = true;
         kill_point("replace:renamed");
-        std::fs::remove_dir_all(&aside).with_context(|| {
-            format!(
-                "the new one is in place, but the old one at {} could not be removed",
-                aside.display()
-            )
-        })
+        Ok(Committed::removing(&aside, remove))
+    }
+}
+
+/// A replace that happened: the new content is in place. What is left to say of the old.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "an old tree left behind is the caller's to warn of"]
+pub enum Committed {
+    /// Nothing of the old content is left.
+    Clean,
+    /// The old content could not be deleted; it stays at `path`, under a transaction
+    /// prefix, where the next run of the same install sweeps it.
+    OldLeft { path: PathBuf, error: String },
+}
+
+impl Committed {
+    fn removing(old: &Path, remove: &dyn Fn(&Path) -> std::io::Result<()>) -> Committed {
+        match remove(old) {
+            Ok(()) => Committed::Clean,
+            Err(e) => Committed::OldLeft {
+                path: old.to_path_buf(),
+                error: e.to_string(),
+            },
+        }
+    }
+
+    /// The warning to give, where there is one.
+    pub fn warning(&self) -> Option<String> {
+        match self {
+            Committed::Clean => None,
+            Committed::OldLeft { path, error } => Some(format!(
+                "warning: the new one is in place, but the old one at {} could not be removed: {}",
+                path.display(),
+                crate::text::clean(error)
+            )),
+        }
     }
 }
 
@@ -155,10 +206,10 @@ impl Drop for Transaction {
         }
         if let Err(e) = std::fs::remove_dir_all(&self.staging) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                crate::eprintln_safe!(
+                self.ctx.say(&format!(
                     "warning: could not remove staging directory {}: {e}",
                     self.staging.display()
-                );
+                ));
             }
         }
         remove_created(&self.created);
@@ -191,13 +242,47 @@ pub fn restore_or_remove(leftover: &Path, target: &Path) -> Option<String> {
     })
 }
 
+/// Renames `from` to `to` only where nothing is at `to`, in one step:
+/// `renameat2(RENAME_NOREPLACE)`. A plain `rename` silently replaces an empty directory,
+/// so a check before it leaves a window in which one appearing at `to` is lost. Where the
+/// filesystem (or kernel) has no such rename, the check and the rename are made apart, as
+/// close together as they can be.
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    let (cf, ct) = (c(from)?, c(to)?);
+    // SAFETY: both are valid NUL-terminated paths; AT_FDCWD resolves them as given.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            cf.as_ptr(),
+            libc::AT_FDCWD,
+            ct.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {
+            if std::fs::symlink_metadata(to).is_ok() {
+                return Err(std::io::ErrorKind::AlreadyExists.into());
+            }
+            std::fs::rename(from, to)
+        }
+        _ => Err(err),
+    }
+}
+
 /// Swaps two directories atomically with `renameat2(RENAME_EXCHANGE)`; `Ok(false)` where
 /// the filesystem (or kernel) cannot, so the caller takes the journalled way.
 fn exchange(a: &Path, b: &Path) -> Result<bool> {
     use std::os::unix::ffi::OsStrExt;
-    if std::env::var_os("FDL_TEST_NO_EXCHANGE").is_some() {
-        return Ok(false);
-    }
     let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes());
     let (ca, cb) = (c(a)?, c(b)?);
     // SAFETY: both are valid NUL-terminated paths; AT_FDCWD resolves them as given.
@@ -231,11 +316,15 @@ fn remove_created(created: &[PathBuf]) {
 mod tests {
     use super::*;
 
+    fn ctx() -> crate::context::Context {
+        crate::context::Context::from_process()
+    }
+
     #[test]
     fn a_dropped_transaction_undoes_everything_it_did() {
         let t = tempfile::tempdir().unwrap();
         let target = t.path().join("a/b/thing");
-        let txn = Transaction::begin(target.clone(), ".staging-thing-", "test").unwrap();
+        let txn = Transaction::begin(&ctx(), target.clone(), ".staging-thing-", "test").unwrap();
         std::fs::write(txn.path().join("x"), "partial").unwrap();
         drop(txn);
         assert!(!t.path().join("a").exists());
@@ -246,18 +335,64 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let target = t.path().join("thing");
         for round in ["one", "two", "three"] {
-            let txn = Transaction::begin(target.clone(), ".staging-thing-", "test").unwrap();
+            let txn =
+                Transaction::begin(&ctx(), target.clone(), ".staging-thing-", "test").unwrap();
             std::fs::write(txn.path().join("v"), round).unwrap();
             if round == "one" {
                 txn.commit().unwrap();
             } else {
-                txn.commit_replacing().unwrap();
+                assert_eq!(txn.commit_replacing().unwrap(), Committed::Clean);
             }
             assert_eq!(std::fs::read_to_string(target.join("v")).unwrap(), round);
             assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
         }
-        let txn = Transaction::begin(target.clone(), ".staging-thing-", "test").unwrap();
+        let txn = Transaction::begin(&ctx(), target.clone(), ".staging-thing-", "test").unwrap();
         assert!(txn.commit().is_err(), "a plain commit never overwrites");
         assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
+    }
+
+    /// A directory that appears at the target after any check fdl could make is never
+    /// replaced: the rename itself refuses it, and both stay as they were.
+    #[test]
+    fn a_commit_never_replaces_what_is_at_the_target_even_an_empty_directory() {
+        let t = tempfile::tempdir().unwrap();
+        let (from, to) = (t.path().join("staged"), t.path().join("target"));
+        std::fs::create_dir(&from).unwrap();
+        std::fs::write(from.join("v"), "new").unwrap();
+        std::fs::create_dir(&to).unwrap();
+        let e = rename_noreplace(&from, &to).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(std::fs::read_dir(&to).unwrap().count(), 0);
+        assert!(from.join("v").exists());
+        std::fs::remove_dir(&to).unwrap();
+        rename_noreplace(&from, &to).unwrap();
+        assert!(to.join("v").exists() && !from.exists());
+    }
+
+    /// Once the new tree is in place, an old one that cannot be deleted is a warning: the
+    /// replace succeeded (the caller goes on to record it), by exchange or by setting aside.
+    #[test]
+    fn an_old_tree_that_cannot_be_removed_after_the_swap_is_a_warning_not_a_failure() {
+        for try_exchange in [true, false] {
+            let t = tempfile::tempdir().unwrap();
+            let target = t.path().join("thing");
+            std::fs::create_dir(&target).unwrap();
+            std::fs::write(target.join("v"), "old").unwrap();
+            let txn =
+                Transaction::begin(&ctx(), target.clone(), ".staging-thing-", "test").unwrap();
+            std::fs::write(txn.path().join("v"), "new").unwrap();
+            let refuse = |_: &Path| Err(std::io::Error::from_raw_os_error(libc::EBUSY));
+            let done = txn.replace(try_exchange, &refuse).unwrap();
+            assert_eq!(std::fs::read_to_string(target.join("v")).unwrap(), "new");
+            let Committed::OldLeft { path, .. } = &done else {
+                panic!("{done:?}");
+            };
+            assert_eq!(std::fs::read_to_string(path.join("v")).unwrap(), "old");
+            let warning = done.warning().unwrap();
+            assert!(
+                warning.starts_with("warning: the new one is in place"),
+                "{warning}"
+            );
+        }
     }
 }

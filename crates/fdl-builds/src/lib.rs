@@ -6,6 +6,7 @@ pub mod nccl;
 
 // The floors below, under the names the modules have always used (`crate::inspect`).
 use fdl_base::{
-    arch, cache, digest, fsread, fswrite, lock, process, progress, step, text, txn, version,
+    arch, cache, context, digest, fsread, fswrite, lock, process, progress, step, text, txn,
+    version,
 };
 use fdl_facts::{gpu, inspect, libtorch, loader, project, store};

@@ -4,7 +4,7 @@
 pub mod cluster;
 
 // The floors below, under the names the modules have always used (`crate::pipeline`).
-use fdl_base::{arch, cache, digest, fsread, fswrite, lock, process, step, text, version};
+use fdl_base::{arch, cache, context, digest, fsread, fswrite, lock, process, step, text, version};
 use fdl_builds::nccl;
 use fdl_facts::{gpu, inspect, libtorch, loader, store};
 use fdl_pipeline::pipeline;

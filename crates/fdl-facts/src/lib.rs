@@ -15,5 +15,5 @@ pub mod store;
 
 // The ground floor, under the names the modules have always used (`crate::text`).
 use fdl_base::{
-    arch, cache, digest, eprintln_safe, fsread, fswrite, lock, paste, process, text, txn, version,
+    arch, cache, context, digest, fsread, fswrite, lock, paste, process, text, txn, version,
 };

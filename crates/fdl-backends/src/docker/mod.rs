@@ -428,6 +428,8 @@ pub struct DockerBackend {
     pub engine: Engine,
     /// The Dockerfile text the plan's digest was taken of.
     pub dockerfile: String,
+    /// The run's context: fdl's cache (clones, path aliases, volume marks).
+    pub ctx: crate::context::Context,
 }
 
 /// Removes the named container when dropped, whatever happened before.
@@ -506,12 +508,13 @@ pub fn dockerfile_spec(path: Option<&Path>) -> Result<(DockerfileSpec, String)> 
                 );
             }
             // Checked again on the open descriptor, and read no further than the cap.
-            let bytes = crate::fsread::read_regular(path, DOCKERFILE_MAX).with_context(|| {
-                format!(
-                    "--dockerfile {}: give the path of a Dockerfile",
-                    path.display()
-                )
-            })?;
+            let bytes =
+                crate::fsread::read_regular_following(path, DOCKERFILE_MAX).with_context(|| {
+                    format!(
+                        "--dockerfile {}: give the path of a Dockerfile",
+                        path.display()
+                    )
+                })?;
             let text = String::from_utf8(bytes).map_err(|_| {
                 anyhow::anyhow!(
                     "--dockerfile {} is not UTF-8 text: give the path of a Dockerfile",
@@ -727,10 +730,9 @@ struct VolumeMarks {
 }
 
 impl VolumeMarks {
-    fn open() -> Result<VolumeMarks> {
-        let cache = crate::cache::cache_dir()?;
+    fn open(cache: &Path) -> Result<VolumeMarks> {
         Ok(VolumeMarks {
-            dir: crate::cache::subdir(&cache, "docker-volumes")?,
+            dir: crate::cache::subdir(cache, "docker-volumes")?,
         })
     }
 
@@ -831,6 +833,7 @@ fn toolchain_volumes(
     engine: &Engine,
     toolchain: &Toolchain,
     dirs: &[String],
+    cache: &Path,
     progress: &Progress,
 ) -> Result<std::result::Result<Vec<(String, String)>, String>> {
     if dirs.is_empty() {
@@ -842,15 +845,14 @@ fn toolchain_volumes(
         .chars()
         .take(16)
         .collect();
-    let marks = VolumeMarks::open()?;
+    let marks = VolumeMarks::open(cache)?;
     let base = format!("{VOLUME_PREFIX}{}-{hex}", marks.cache_id()?);
     let want: Vec<(String, String)> = dirs
         .iter()
         .map(|d| (format!("{base}-{d}"), format!("/{d}")))
         .collect();
-    let cache = crate::cache::cache_dir()?;
     let _lock = crate::lock::acquire(
-        &cache,
+        cache,
         &cache.join("docker-toolchain-volumes"),
         &base,
         crate::lock::Wait::Yes,
@@ -1184,19 +1186,19 @@ impl Backend for DockerBackend {
             .ok_or_else(|| anyhow::anyhow!("the staging directory has no parent"))?;
         native::remove_stale_work_dirs(builds_dir, WORK_PREFIX, &plan.name, progress);
         remove_orphan_containers(&self.engine, progress);
+        let cache = self.ctx.cache()?;
 
         // 1. The toolchain: its image, built once per base image, Dockerfile and
         // arguments, and where the plan says so its volumes.
         progress.phase(Phase::Prepare);
         let Prepared { toolchain, volumes } =
-            prepare(&self.engine, docker, &self.dockerfile, progress)?;
+            prepare(&self.engine, docker, &self.dockerfile, &cache, progress)?;
 
         // 2. The source, on the host: the compile has no network.
         let source = match &docker.source {
             DockerSource::Context { path, .. } => native::check_source_dir(path, &plan.tag)?.0,
             DockerSource::Clone => {
                 progress.phase(Phase::Clone);
-                let cache = crate::cache::cache_dir()?;
                 let NativeSource::Clone { repo, cache_dir } =
                     native::source_for(None, &plan.tag, &cache)?
                 else {
@@ -1208,7 +1210,7 @@ impl Backend for DockerBackend {
                         plan.tag
                     )
                 })?;
-                native::ensure_clone(&repo, &plan.tag, &cache_dir, &git, progress)?
+                native::ensure_clone(&self.ctx, &repo, &plan.tag, &cache_dir, &git, progress)?
             }
         };
 
@@ -1227,7 +1229,7 @@ impl Backend for DockerBackend {
         crate::fswrite::create_new(&script, &mut crate::nccl::plan::RUN_SCRIPT.as_bytes())
             .with_context(|| format!("cannot write {}", script.display()))?;
         // Mount sources reach `--mount` as CSV fields: plain words, as for make.
-        let mut aliases = native::plain::Aliases::new(&crate::cache::cache_dir()?)?;
+        let mut aliases = native::plain::Aliases::new(&cache)?;
         let random = work
             .0
             .file_name()
@@ -1310,6 +1312,7 @@ pub fn prepare(
     engine: &Engine,
     docker: &DockerPlan,
     dockerfile: &str,
+    cache: &Path,
     progress: &Progress,
 ) -> Result<Prepared> {
     let toolchain = toolchain_image(engine, docker, dockerfile, &mut |line| {
@@ -1327,7 +1330,7 @@ pub fn prepare(
     let found = check_toolchain(&toolchain.tag, docker)?;
     let volumes = match docker.toolchain_files {
         crate::nccl::plan::ToolchainFiles::Volumes => {
-            let (volumes, said) = match toolchain_volumes(engine, &toolchain, &found.dirs, progress)? {
+            let (volumes, said) = match toolchain_volumes(engine, &toolchain, &found.dirs, cache, progress)? {
                 Ok(v) if v.is_empty() => (
                     v,
                     format!(

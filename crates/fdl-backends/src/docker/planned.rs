@@ -116,11 +116,14 @@ impl PlannedBackend for DockerPlan {
 
     /// The clone the native backend would make of the tag: the Docker build fetches the
     /// tag on the host the same way (the compile has no network).
-    fn source_clone(&self, plan: &BuildPlan) -> Option<(String, std::path::PathBuf)> {
+    fn source_clone(
+        &self,
+        plan: &BuildPlan,
+        cache: Option<&std::path::Path>,
+    ) -> Option<(String, std::path::PathBuf)> {
         match &self.source {
-            DockerSource::Clone => crate::cache::cache_dir()
-                .ok()
-                .and_then(|cache| crate::native::source_for(None, &plan.tag, &cache).ok())
+            DockerSource::Clone => cache
+                .and_then(|cache| crate::native::source_for(None, &plan.tag, cache).ok())
                 .and_then(|s| match s {
                     NativeSource::Clone { repo, cache_dir } => Some((repo, cache_dir)),
                     NativeSource::Dir { .. } => None,

@@ -177,7 +177,10 @@ pub(crate) fn remove_stale_work_dirs(
     }
 }
 
-pub struct NativeBackend;
+/// Builds with this host's toolkit and make; fdl's cache (path aliases) is the run's.
+pub struct NativeBackend {
+    pub ctx: crate::context::Context,
+}
 
 impl Backend for NativeBackend {
     fn build(&self, plan: &BuildPlan, staging: &Path, progress: &Progress) -> Result<()> {
@@ -201,14 +204,14 @@ impl Backend for NativeBackend {
             }
             NativeSource::Clone { repo, cache_dir } => {
                 let git = tool(native, "git");
-                source::ensure_clone(repo, &plan.tag, cache_dir, &git, progress)?
+                source::ensure_clone(&self.ctx, repo, &plan.tag, cache_dir, &git, progress)?
             }
         };
 
         let work = WorkDir::create(builds_dir, &plan.name)?;
         // Every path make puts into a recipe is a plain word, whatever the project root,
         // the source or the toolkit are called.
-        let mut aliases = plain::Aliases::new(&crate::cache::cache_dir()?)?;
+        let mut aliases = plain::Aliases::new(&self.ctx.cache()?)?;
         let paths = Paths {
             entries: vec![
                 ("source", aliases.plain(&source)?),

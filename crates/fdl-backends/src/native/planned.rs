@@ -59,7 +59,11 @@ impl PlannedBackend for NativePlan {
         &self.make_vars
     }
 
-    fn source_clone(&self, _plan: &BuildPlan) -> Option<(String, std::path::PathBuf)> {
+    fn source_clone(
+        &self,
+        _plan: &BuildPlan,
+        _cache: Option<&std::path::Path>,
+    ) -> Option<(String, std::path::PathBuf)> {
         match &self.source {
             NativeSource::Clone { repo, cache_dir } => Some((repo.clone(), cache_dir.clone())),
             NativeSource::Dir { .. } => None,

@@ -215,6 +215,7 @@ fn cache_entry_problem(dir: &Path, repo: &str, tag: &Tag, git: &Path) -> Option<
 /// Makes sure `cache_dir` holds a usable clone of `tag` from `repo` and returns it:
 /// reuses a good entry, replaces a damaged one, clones when there is none.
 pub fn ensure_clone(
+    ctx: &crate::context::Context,
     repo: &str,
     tag: &Tag,
     cache_dir: &Path,
@@ -278,7 +279,7 @@ pub fn ensure_clone(
 
     progress.phase(Phase::Clone);
     // Rolled back on drop, so a failed or interrupted clone leaves nothing behind.
-    let txn = Transaction::begin(cache_dir.to_path_buf(), &prefix, "clone")?;
+    let txn = Transaction::begin(ctx, cache_dir.to_path_buf(), &prefix, "clone")?;
     let mut cmd = Command::new(git);
     cmd.args(["-c", "advice.detachedHead=false", "clone", "--depth", "1"])
         .arg("--branch")

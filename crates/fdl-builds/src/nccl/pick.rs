@@ -411,7 +411,21 @@ fn default_build(
             judge(name, m, &code, hosts)
         })
         .collect();
-    let newest = |a: &&Judged, b: &&Judged| a.manifest.built_at.cmp(&b.manifest.built_at);
+    // `built_at` counts whole seconds: two builds sealed in one second are told apart by
+    // when their manifests were written (to the nanosecond), then by name, so the choice
+    // never rests on the order the directory lists them in.
+    let sealed = |j: &Judged| {
+        std::fs::symlink_metadata(store.path_of(&j.name).join(crate::nccl::store::MANIFEST))
+            .and_then(|m| m.modified())
+            .ok()
+    };
+    let newest = |a: &&Judged, b: &&Judged| {
+        (a.manifest.built_at.as_str(), sealed(a), b.name.as_str()).cmp(&(
+            b.manifest.built_at.as_str(),
+            sealed(b),
+            a.name.as_str(),
+        ))
+    };
     if let Some(best) = judged.iter().filter(|j| j.lacks.is_empty()).max_by(newest) {
         let archs = all_archs(hosts);
         let covers = if archs.is_empty() {

@@ -13,12 +13,8 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
 /// The path to print for `lib` (a build's `lib/libnccl.so.2`) of build `name`: `lib`
-/// itself when the loader reads it as one element, else the cache link (made if missing).
-pub fn preload_path(lib: &Path, name: &str) -> Result<PathBuf> {
-    preload_path_in(lib, name, &crate::cache::cache_dir()?)
-}
-
-/// [`preload_path`] with the cache directory given.
+/// itself when the loader reads it as one element, else a link in fdl's cache directory
+/// `cache` (made if missing).
 pub fn preload_path_in(lib: &Path, name: &str, cache: &Path) -> Result<PathBuf> {
     let text = lib.to_str().with_context(|| {
         format!(

@@ -397,9 +397,10 @@ impl BuildStore {
     }
 
     /// Opens a transaction for the locked build: a fresh staging directory beside it.
-    pub fn begin(&self, lock: &BuildLock) -> Result<Staging> {
+    pub fn begin(&self, ctx: &crate::context::Context, lock: &BuildLock) -> Result<Staging> {
         let name = self.locked(lock)?;
         let txn = Transaction::begin(
+            ctx,
             self.path_of(name),
             &format!("{STAGING_PREFIX}{name}-"),
             "install",
@@ -493,11 +494,12 @@ impl Staging {
 
     /// Moves the staged build into place; with `replace`, over an existing build, crash-
     /// safely ([`Transaction::commit_replacing`]).
-    pub fn commit(self, replace: bool) -> Result<()> {
+    pub fn commit(self, replace: bool) -> Result<crate::txn::Committed> {
         if replace {
             self.txn.commit_replacing()
         } else {
-            self.txn.commit()
+            self.txn.commit()?;
+            Ok(crate::txn::Committed::Clean)
         }
     }
 }
@@ -577,7 +579,9 @@ mod tests {
         let lock = store
             .lock(&name, &t.path().join("cache"), lock::Wait::No, &|_| {})
             .unwrap();
-        let staging = store.begin(&lock).unwrap();
+        let staging = store
+            .begin(&crate::context::Context::from_process(), &lock)
+            .unwrap();
         std::fs::write(staging.path().join("x"), "partial").unwrap();
         drop(staging);
         assert!(!t.path().join("libtorch").exists());
@@ -611,7 +615,9 @@ mod tests {
         let store = BuildStore::new(t.path().join("libtorch/nccl/builds"));
         let name = BuildName::parse(&longest).unwrap();
         let lock = store.lock(&name, &cache, lock::Wait::No, &|_| {}).unwrap();
-        let staging = store.begin(&lock).unwrap();
+        let staging = store
+            .begin(&crate::context::Context::from_process(), &lock)
+            .unwrap();
         std::fs::write(staging.path().join("x"), "built").unwrap();
         let builds = store.dir.clone();
         // Each derived directory is made as its owner makes it: `<prefix><name>-<random>`.

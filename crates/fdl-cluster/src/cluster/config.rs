@@ -122,7 +122,7 @@ pub fn load(root: &Path, cluster_file: Option<&Path>) -> Result<Cluster> {
 }
 
 fn read(path: &Path) -> Result<String> {
-    let bytes = crate::fsread::read_regular(path, MAX_FILE)
+    let bytes = crate::fsread::read_regular_following(path, MAX_FILE)
         .with_context(|| format!("{} is not a cluster file", path.display()))?;
     String::from_utf8(bytes).map_err(|_| anyhow!("cannot read {} as text", path.display()))
 }

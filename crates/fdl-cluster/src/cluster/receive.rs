@@ -79,11 +79,12 @@ pub fn state(
     name: &str,
     prepare: bool,
     store_key: Option<&str>,
+    ctx: &crate::context::Context,
 ) -> Result<StateReport> {
     BuildName::parse(name)?;
     let in_store = match store_key {
         None => None,
-        Some(key) => store_entry_digest(&crate::store::Key::parse(key)?),
+        Some(key) => store_entry_digest(ctx, &crate::store::Key::parse(key)?),
     };
     let store = BuildStore::new(builds_dir.to_path_buf());
     let place = match store.existing(name)? {
@@ -162,8 +163,8 @@ fn place_token(incoming: &Path) -> Result<String> {
 /// What this user's store records of `key`'s entry: its payload digest. Only a look (an
 /// entry is checked byte for byte when it is installed); any trouble reading it is "not
 /// there", and the build is copied instead.
-fn store_entry_digest(key: &crate::store::Key) -> Option<String> {
-    let cache = crate::cache::cache_dir().ok()?;
+fn store_entry_digest(ctx: &crate::context::Context, key: &crate::store::Key) -> Option<String> {
+    let cache = ctx.cache().ok()?;
     let store = crate::store::Store::at(&cache).ok()?;
     store.lookup(key).ok().flatten().map(|r| r.digest)
 }
@@ -272,8 +273,9 @@ pub fn install(
     digest: &str,
     force: bool,
     from_store: Option<&str>,
-    cache: &Path,
+    ctx: &crate::context::Context,
 ) -> Result<Installed> {
+    let cache = &ctx.cache()?;
     let name = BuildName::parse(name)?;
     if !is_sha256(digest) {
         bail!(
@@ -317,6 +319,7 @@ pub fn install(
                 name.as_str(),
                 digest,
                 false,
+                cache,
             ));
         }
         Some(_) if force => true,
@@ -325,7 +328,7 @@ pub fn install(
             store.path_of(name.as_str()).display()
         ),
     };
-    let staging = store.begin(&lock)?;
+    let staging = store.begin(ctx, &lock)?;
     // Same filesystem: moving the copy's entries in is a rename each.
     for entry in std::fs::read_dir(&incoming)? {
         let entry = entry?;
@@ -361,12 +364,16 @@ pub fn install(
         &staging.path().join("lib/pkgconfig/nccl.pc"),
         &store.path_of(name.as_str()),
     )?;
-    staging.commit(replaced)?;
+    // Installed once committed: an old copy left behind is a warning.
+    if let Some(warning) = staging.commit(replaced)?.warning() {
+        ctx.say(&warning);
+    }
     Ok(installed(
         store.path_of(name.as_str()),
         name.as_str(),
         digest,
         replaced,
+        cache,
     ))
 }
 
@@ -422,9 +429,9 @@ pub fn manifest_fits(manifest: &crate::nccl::store::Manifest, name: &str) -> Res
 /// The answer for a build in place at `dir`, with the LD_PRELOAD value this worker's
 /// ranks need: the build's path, or a link in this user's cache (made now) where that
 /// path holds a space or a colon.
-fn installed(dir: PathBuf, name: &str, digest: &str, replaced: bool) -> Installed {
+fn installed(dir: PathBuf, name: &str, digest: &str, replaced: bool, cache: &Path) -> Installed {
     let ld_preload =
-        crate::nccl::preload::preload_path(&dir.join("lib").join("libnccl.so.2"), name)
+        crate::nccl::preload::preload_path_in(&dir.join("lib").join("libnccl.so.2"), name, cache)
             .map_err(|e| format!("{e:#}"));
     Installed {
         dir,

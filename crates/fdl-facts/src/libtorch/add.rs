@@ -19,7 +19,12 @@ use std::path::Path;
 pub type ArchFile = Vec<(&'static str, String)>;
 
 /// Registers `path` as `precompiled/<name>` and returns the variant and its `.arch`.
-pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)> {
+pub fn add(
+    ctx: &crate::context::Context,
+    lt: &Libtorch,
+    name: &str,
+    path: &Path,
+) -> Result<(Variant, ArchFile)> {
     check_name(name)?;
     let source = path.canonicalize().with_context(|| {
         format!(
@@ -61,7 +66,7 @@ pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)
 
     let parent = lt.dir.join("precompiled");
     // One add of a name at a time; a killed one's staging directory is ours to remove.
-    let _lock = crate::libtorch::lock_variant(&parent, name)?;
+    let _lock = crate::libtorch::lock_variant(ctx, &parent, name)?;
     let prefix = format!("{ADDING_PREFIX}{name}-");
     if let Ok(rd) = std::fs::read_dir(&parent) {
         for e in rd.flatten() {
@@ -72,13 +77,13 @@ pub fn add(lt: &Libtorch, name: &str, path: &Path) -> Result<(Variant, ArchFile)
                 .is_some_and(|rest| !rest.contains('-'));
             if leftover {
                 if let Some(what) = crate::txn::restore_or_remove(&e.path(), &target) {
-                    crate::eprintln_safe!("{what}");
+                    ctx.say(&what);
                 }
             }
         }
     }
     let registered = (|| -> Result<()> {
-        let txn = Transaction::begin(target.clone(), &prefix, "variant")?;
+        let txn = Transaction::begin(ctx, target.clone(), &prefix, "variant")?;
         for entry in std::fs::read_dir(&source)? {
             let entry = entry?;
             let file_name = entry.file_name();
@@ -254,7 +259,9 @@ pub fn describe_in(source: &Path, lib: &Path, env: &loader::LoaderEnv) -> Result
 fn torch_version(source: &Path) -> Result<Option<String>> {
     // torch's version.py is a few lines; build-version one. Missing is fine; a FIFO, a
     // device or a huge file there is an error.
-    if let Some(text) = crate::fsread::read_text_if_present(&source.join("version.py"), 64 << 10)? {
+    if let Some(text) =
+        crate::fsread::read_text_following_if_present(&source.join("version.py"), 64 << 10)?
+    {
         let kv: BTreeMap<&str, &str> = text
             .lines()
             .filter_map(|l| l.split_once('='))
@@ -264,7 +271,8 @@ fn torch_version(source: &Path) -> Result<Option<String>> {
             return Ok(Some(v.trim_matches(['\'', '"']).to_string()));
         }
     }
-    let text = crate::fsread::read_text_if_present(&source.join("build-version"), 4 << 10)?;
+    let text =
+        crate::fsread::read_text_following_if_present(&source.join("build-version"), 4 << 10)?;
     Ok(text.map(|t| t.trim().to_string()).filter(|s| !s.is_empty()))
 }
 

@@ -402,14 +402,18 @@ impl Libtorch {
 
 /// The lock for one variant name under `kind_dir` (`precompiled/`), held by `libtorch
 /// add` and `libtorch remove` alike: one add of a name at a time, and never a remove of
-/// a variant being added. It waits, saying so, for the other holder.
-pub fn lock_variant(kind_dir: &Path, name: &str) -> Result<crate::lock::BuildLock> {
+/// a variant being added. It waits, saying so through `ctx`, for the other holder.
+pub fn lock_variant(
+    ctx: &crate::context::Context,
+    kind_dir: &Path,
+    name: &str,
+) -> Result<crate::lock::BuildLock> {
     crate::lock::acquire(
-        &crate::cache::cache_dir()?,
+        &ctx.cache()?,
         kind_dir,
         &format!("variant-{name}"),
         crate::lock::Wait::Yes,
-        &|msg| crate::eprintln_safe!("{msg}"),
+        &|msg| ctx.say(msg),
     )
 }
 

@@ -60,7 +60,7 @@ pub fn find(lib: &Path) -> Option<Pin> {
     dist_infos.sort();
     dist_infos.into_iter().find_map(|d| {
         let metadata = d.join("METADATA");
-        let text = crate::fsread::read_text(&metadata, MAX_METADATA).ok()?;
+        let text = crate::fsread::read_text_following(&metadata, MAX_METADATA).ok()?;
         let (distribution, version) = parse_requires(&text)?;
         Some(Pin {
             distribution,

@@ -97,11 +97,12 @@ impl TorchLoading {
     /// Reads `torch_dir/__init__.py` (and `version.py` for its CUDA).
     pub fn read(torch_dir: &Path) -> Result<TorchLoading> {
         let init = torch_dir.join("__init__.py");
-        let text = crate::fsread::read_text(&init, MAX_INIT)?;
-        let cuda = crate::fsread::read_text_if_present(&torch_dir.join("version.py"), MAX_SMALL)
-            .ok()
-            .flatten()
-            .and_then(|v| version_cuda(&v));
+        let text = crate::fsread::read_text_following(&init, MAX_INIT)?;
+        let cuda =
+            crate::fsread::read_text_following_if_present(&torch_dir.join("version.py"), MAX_SMALL)
+                .ok()
+                .flatten()
+                .and_then(|v| version_cuda(&v));
         Ok(read_init(&text, init, cuda))
     }
 
@@ -828,9 +829,10 @@ impl Interpreter {
                 Some((a.parse().ok()?, b.parse().ok()?))
             });
         let prefix = libpy.parent()?.parent()?.to_path_buf();
-        let cfg = crate::fsread::read_text_if_present(&prefix.join("pyvenv.cfg"), MAX_SMALL)
-            .ok()
-            .flatten();
+        let cfg =
+            crate::fsread::read_text_following_if_present(&prefix.join("pyvenv.cfg"), MAX_SMALL)
+                .ok()
+                .flatten();
         let (venv, system_site, base_prefix) = match &cfg {
             Some(cfg) => {
                 let key = |k: &str| {
@@ -1003,7 +1005,7 @@ fn add_pth(dir: &Path, entries: &mut Vec<Entry>, imports: &mut Vec<PathBuf>) {
     names.sort();
     for n in names {
         let file = dir.join(&n);
-        let Ok(Some(text)) = crate::fsread::read_text_if_present(&file, MAX_SMALL) else {
+        let Ok(Some(text)) = crate::fsread::read_text_following_if_present(&file, MAX_SMALL) else {
             continue;
         };
         for line in text.lines().take(MAX_PTH) {

@@ -172,7 +172,7 @@ fn cached_help(interp: &Path, cache: &Path) -> Result<String, String> {
     );
     let dir = cache.join("ld.so");
     let file = dir.join(&key[..32]);
-    if let Ok(text) = crate::fsread::read_text(&file, 1 << 20) {
+    if let Ok(text) = crate::fsread::read_text_following(&file, 1 << 20) {
         if crate::cache::own_dir(&dir).is_ok() {
             return Ok(text);
         }
@@ -230,7 +230,7 @@ pub(super) fn own_interpreter() -> Option<PathBuf> {
 
 /// Reads at most `cap` bytes of a regular file, never blocking on a FIFO or device.
 fn read_small(path: &Path, cap: u64) -> Option<Vec<u8>> {
-    crate::fsread::read_regular(path, cap).ok()
+    crate::fsread::read_regular_following(path, cap).ok()
 }
 
 impl LoaderEnv {

@@ -19,7 +19,7 @@
 //!
 //! What a worker needs to be served from its own store (`fdl cluster receive`): the
 //! build's manifest names its [`Key`] (`store.key`); [`Store::at`] and [`Store::has`]
-//! answer whether the key is there without changing anything; [`Store::open`],
+//! answer whether the key is there without changing anything; [`Store::open_in`],
 //! [`Store::lock`] and [`Store::install`] put the entry, digest-checked, into the
 //! staging directory of the worker's own install transaction, which then verifies and
 //! commits it as usual; [`Store::add_user`] records the worker's build as a user.
@@ -126,12 +126,6 @@ pub struct Store {
 }
 
 impl Store {
-    /// The store under fdl's cache ([`crate::cache::cache_dir`]), made when missing.
-    pub fn open() -> Result<Store> {
-        let cache = crate::cache::cache_dir()?;
-        Store::open_in(&cache)
-    }
-
     /// The store under the cache directory `cache`: both are made when missing, and
     /// both must be this user's own real directories (never a link fdl did not make).
     pub fn open_in(cache: &Path) -> Result<Store> {
@@ -310,8 +304,11 @@ impl Store {
     /// Adds the verified install tree at `tree` (a staged build, before fdl's manifest)
     /// as the entry of `key`, replacing a damaged one. All or nothing: a killed write
     /// leaves a `.staging-<key>-…` directory, which the next holder of the lock removes.
+    // The entry's parts one by one, as the build has them, and the run's context.
+    #[allow(clippy::too_many_arguments)]
     pub fn add(
         &self,
+        ctx: &crate::context::Context,
         lock: &BuildLock,
         key: &Key,
         inputs: &KeyInputs,
@@ -325,6 +322,7 @@ impl Store {
             self.remove(lock, key)?;
         }
         let txn = Transaction::begin(
+            ctx,
             target.clone(),
             &format!("{STAGING_PREFIX}{}-", key.as_str()),
             "store",
@@ -586,7 +584,15 @@ mod tests {
         assert!(!store.has(&k));
         let lock = store.lock(&k, Wait::No, &|_| {}).unwrap();
         let rec = store
-            .add(&lock, &k, &inputs, &src, None, Path::new("/p/b/x"))
+            .add(
+                &crate::context::Context::from_process(),
+                &lock,
+                &k,
+                &inputs,
+                &src,
+                None,
+                Path::new("/p/b/x"),
+            )
             .unwrap();
         assert!(store.has(&k));
         assert_eq!(store.lookup(&k).unwrap().unwrap(), rec);
@@ -616,7 +622,15 @@ mod tests {
         assert!(format!("{e:#}").contains("blake3:"), "{e:#}");
         // So is a changed nccl.pc, which the content digest leaves out.
         store
-            .add(&lock, &k, &inputs, &src, None, Path::new("/p"))
+            .add(
+                &crate::context::Context::from_process(),
+                &lock,
+                &k,
+                &inputs,
+                &src,
+                None,
+                Path::new("/p"),
+            )
             .unwrap();
         let pc = store.path_of(&k).join("tree/lib/pkgconfig/nccl.pc");
         std::fs::remove_file(&pc).unwrap();
@@ -640,7 +654,15 @@ mod tests {
         let (k, inputs) = key(3);
         let lock = store.lock(&k, Wait::No, &|_| {}).unwrap();
         let rec = store
-            .add(&lock, &k, &inputs, &src, None, Path::new("/p"))
+            .add(
+                &crate::context::Context::from_process(),
+                &lock,
+                &k,
+                &inputs,
+                &src,
+                None,
+                Path::new("/p"),
+            )
             .unwrap();
         assert!(rec
             .tree_blake3
@@ -677,7 +699,15 @@ mod tests {
         let (k, inputs) = key(7);
         let lock = store.lock(&k, Wait::No, &|_| {}).unwrap();
         store
-            .add(&lock, &k, &inputs, &src, None, Path::new("/p"))
+            .add(
+                &crate::context::Context::from_process(),
+                &lock,
+                &k,
+                &inputs,
+                &src,
+                None,
+                Path::new("/p"),
+            )
             .unwrap();
         assert_eq!(store.resolve(&k.as_str()[..6]).unwrap(), k);
         assert!(store.resolve("abc").is_err());

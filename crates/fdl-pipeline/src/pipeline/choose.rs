@@ -56,7 +56,11 @@ pub(crate) enum Chosen {
 }
 
 /// Picks the backend for `tag` as `--backend` says; `auto` asks the Docker daemon first.
-pub(crate) fn choose(req: &BackendRequest, tag: &Tag) -> Result<(BackendInputs, String, Chosen)> {
+pub(crate) fn choose(
+    ctx: &crate::context::Context,
+    req: &BackendRequest,
+    tag: &Tag,
+) -> Result<(BackendInputs, String, Chosen)> {
     let native_flag = req.wants_native();
     let docker_flag = if req.dockerfile.is_some() {
         Some("--dockerfile")
@@ -129,7 +133,7 @@ pub(crate) fn choose(req: &BackendRequest, tag: &Tag) -> Result<(BackendInputs, 
             ))
             .into());
         };
-        let source = native::source_for(req.source.as_deref(), tag, &crate::cache::cache_dir()?)?;
+        let source = native::source_for(req.source.as_deref(), tag, &ctx.cache()?)?;
         let inputs = BackendInputs::Native {
             toolkit,
             tools: report.tools,

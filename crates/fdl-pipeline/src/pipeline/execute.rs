@@ -3,7 +3,7 @@
 //! install that commits it. Any error before the commit leaves the project exactly as
 //! it was.
 
-use super::key::{store_key, KeyAnswer};
+use super::key::{store_key, KeyState};
 use crate::lock;
 use crate::nccl::backend::Backend;
 use crate::nccl::plan::BuildPlan;
@@ -34,10 +34,23 @@ pub enum Outcome {
     },
 }
 
+/// The store entry of a build's key, with the key's lock held; or why there is none.
+type Keyed<'s> = std::result::Result<
+    (
+        &'s crate::store::Store,
+        Key,
+        KeyInputs,
+        crate::lock::BuildLock,
+    ),
+    String,
+>;
+
 /// How `execute` behaves around the build itself.
 pub struct ExecOptions<'a> {
-    /// fdl's cache directory: locks, and the logs of failed builds.
-    pub cache: PathBuf,
+    /// The run's context: fdl's cache directory (locks, and the logs of failed builds),
+    /// and where what the build says beside its progress goes (waits for a lock,
+    /// leftovers swept, warnings).
+    pub ctx: &'a crate::context::Context,
     pub force: bool,
     pub wait: lock::Wait,
     pub verbosity: Verbosity,
@@ -47,10 +60,10 @@ pub struct ExecOptions<'a> {
     /// The machine-wide store to install from and add to; `None` skips it
     /// (`--no-store`).
     pub store: Option<crate::store::Store>,
-    /// [`store_key`] of this plan and backend where the caller already asked for it (the
-    /// plan view shows it), so that its probes run once per build; `None`: `execute`
-    /// asks.
-    pub key: Option<KeyAnswer>,
+    /// The store key of this plan and backend as the plan knows it (the plan view shows
+    /// it): `execute` asks [`store_key`] only where [`KeyState`] says the build makes it
+    /// known, once.
+    pub key: KeyState,
 }
 
 /// Why `plan` cannot be installed where `existing` is (without `--force`): a build from
@@ -135,11 +148,10 @@ pub fn execute(
     }
     let dir = store.path_of(&plan.name);
     let name = BuildName::parse(&plan.name)?;
-    let lock = store.lock(&name, &opts.cache, opts.wait, &|msg| {
-        crate::eprintln_safe!("{msg}")
-    })?;
+    let cache = opts.ctx.cache()?;
+    let lock = store.lock(&name, &cache, opts.wait, &|msg| opts.ctx.say(msg))?;
     for done in store.sweep_leftovers(&lock) {
-        crate::eprintln_safe!("{done}");
+        opts.ctx.say(&done);
     }
     let existing = store.existing(&plan.name)?;
     if let Some(Existing::Build(m)) = &existing {
@@ -157,13 +169,13 @@ pub fn execute(
         bail!("{why}");
     }
     // Staging first: if it cannot be made, no log file is left behind either.
-    let mut staging = store.begin(&lock)?;
+    let mut staging = store.begin(opts.ctx, &lock)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     // `logs/` made and checked as every cache directory is: never through a link, never
     // in another user's directory.
-    let log_path = crate::cache::subdir(&opts.cache, "logs")?.join(format!(
+    let log_path = crate::cache::subdir(&cache, "logs")?.join(format!(
         "{}-{stamp}-{}{LOG_SUFFIX}",
         plan.name,
         std::process::id()
@@ -174,34 +186,41 @@ pub fn execute(
     progress.note(&format!("  log        {}", log_path.display()));
     // The store: with the key's lock held from here to the end, a second build of the
     // same key waits, then finds the entry this one makes.
-    let mut keyed = match &opts.store {
-        None => None,
-        Some(ms) => match match opts.key.clone() {
-            Some(Ok(known)) => Ok(known),
-            // A clone-source build's key is the cloned tag's commit, unknown before the
-            // first clone: the tag is cloned first, so that the key is known and its
-            // lock taken before anything compiles — a second first build of that key
-            // then waits here and takes this one's entry instead of compiling it again.
-            _ => {
-                clone_before_lookup(plan, &progress)?;
-                store_key(plan, backend)
-            }
-        } {
-            Ok((key, inputs)) => {
-                let key_lock = ms.lock(&key, opts.wait, &|msg| crate::eprintln_safe!("{msg}"))?;
-                for done in ms.sweep(&key_lock, &key) {
-                    progress.note(&done);
+    // The key's entry, locked; or why there is none (said again if the build is not
+    // added to the store).
+    let mut keyed: Keyed = match &opts.store {
+        None => Err("--no-store".into()),
+        Some(ms) => {
+            let answer = match &opts.key {
+                KeyState::Known(key, inputs) => Ok((key.clone(), inputs.clone())),
+                // A clone-source build's key is the cloned tag's commit, unknown before
+                // the first clone: the tag is cloned first, so that the key is known and
+                // its lock taken before anything compiles — a second first build of that
+                // key then waits here and takes this one's entry instead of compiling it
+                // again.
+                KeyState::AfterClone(_) => {
+                    clone_before_lookup(opts.ctx, plan, &progress)?;
+                    store_key(plan, backend)
                 }
-                Some((ms, key, inputs, key_lock))
+                KeyState::AfterBuild(why) | KeyState::Unknown(why) => Err(why.clone()),
+            };
+            match answer {
+                Ok((key, inputs)) => {
+                    let key_lock = ms.lock(&key, opts.wait, &|msg| opts.ctx.say(msg))?;
+                    for done in ms.sweep(&key_lock, &key) {
+                        progress.note(&done);
+                    }
+                    Ok((ms, key, inputs, key_lock))
+                }
+                Err(why) => {
+                    progress.note(&format!("Not looked up in the build store: {why}"));
+                    Err(why)
+                }
             }
-            Err(why) => {
-                progress.note(&format!("Not looked up in the build store: {why}"));
-                None
-            }
-        },
+        }
     };
     let mut hit = None;
-    if let Some((ms, key, _, key_lock)) = &keyed {
+    if let Ok((ms, key, _, key_lock)) = &keyed {
         if ms.has(key) {
             match ms.install(key_lock, key, staging.path()) {
                 Ok(installed) => hit = Some(installed),
@@ -214,11 +233,11 @@ pub fn execute(
                         format!("warning: {e:#}; removing the store entry and building it instead");
                     // Said even when quiet: a store entry changed behind fdl's back.
                     progress.output(&msg);
-                    crate::eprintln_safe!("{msg}");
+                    opts.ctx.say(&msg);
                     ms.remove(key_lock, key)?;
                     // A fresh staging directory: the failed install's files go with the old.
                     drop(staging);
-                    staging = store.begin(&lock)?;
+                    staging = store.begin(opts.ctx, &lock)?;
                 }
             }
         }
@@ -266,7 +285,7 @@ pub fn execute(
             progress.phase(Phase::Store);
         }
         let record = if hit.is_some() {
-            keyed.as_ref().map(|(_, key, inputs, _)| StoreRecord {
+            keyed.as_ref().ok().map(|(_, key, inputs, _)| StoreRecord {
                 key: key.clone(),
                 inputs: inputs.clone(),
                 from_store: true,
@@ -319,10 +338,15 @@ pub fn execute(
         .map_err(anyhow::Error::from)
         .and_then(|mut log| crate::fswrite::create_new(&staging.path().join(BUILD_LOG), &mut log))
         .with_context(|| format!("cannot keep the build log in {}", staging.path().display()))?;
-    staging.commit(existing.is_some())?;
+    let committed = staging.commit(existing.is_some())?;
+    // Installed from here on: what fails after the commit is a warning, and the project
+    // is still recorded as the store entry's user below.
+    if let Some(warning) = committed.warning() {
+        opts.ctx.say(&warning);
+    }
     let _ = std::fs::remove_file(&log_path);
     // The project is a user of the entry it came from or made (none when adding failed).
-    if let (Some((ms, key, _, key_lock)), Some(_)) = (&keyed, &manifest.store) {
+    if let (Ok((ms, key, _, key_lock)), Some(_)) = (&keyed, &manifest.store) {
         let builds_dir = store
             .dir
             .canonicalize()
@@ -333,7 +357,7 @@ pub fn execute(
         };
         if ms.has(key) {
             if let Err(e) = ms.add_user(key_lock, key, user) {
-                crate::eprintln_safe!("warning: the build store could not record that this project uses entry {key}: {e:#}");
+                opts.ctx.say(&format!("warning: the build store could not record that this project uses entry {key}: {e:#}"));
             }
         }
     }
@@ -349,7 +373,11 @@ pub fn execute(
 /// Clones the tag of a native clone-source plan into fdl's clone cache when it is not
 /// there yet (as the backend would first thing), so that [`store_key`] can name its
 /// commit. Other plans' sources are known without it.
-fn clone_before_lookup(plan: &BuildPlan, progress: &Progress) -> Result<()> {
+fn clone_before_lookup(
+    ctx: &crate::context::Context,
+    plan: &BuildPlan,
+    progress: &Progress,
+) -> Result<()> {
     let crate::nccl::plan::BackendPlan::Native(n) = &plan.backend else {
         return Ok(());
     };
@@ -368,47 +396,47 @@ fn clone_before_lookup(plan: &BuildPlan, progress: &Progress) -> Result<()> {
             )
         })?,
     };
-    crate::native::ensure_clone(repo, &plan.tag, cache_dir, &git, progress)?;
+    crate::native::ensure_clone(ctx, repo, &plan.tag, cache_dir, &git, progress)?;
     Ok(())
 }
 
-/// After a build that passed verification: adds it to the store (the key is computed
-/// again if it was not known before the build: a clone or an image the build fetched
-/// names it now). A failure to store is said, and leaves the build as it is.
+/// After a build that passed verification: adds it to the store. The key is asked here
+/// only where the plan says the build makes it known ([`KeyState::AfterBuild`]: an image
+/// the build fetched names it now). A failure to store is said, and leaves the build as
+/// it is.
 fn store_built<'s>(
     plan: &BuildPlan,
     backend: &dyn Backend,
     opts: &'s ExecOptions,
-    keyed: &mut Option<(
-        &'s crate::store::Store,
-        Key,
-        KeyInputs,
-        crate::lock::BuildLock,
-    )>,
+    keyed: &mut Keyed<'s>,
     staging: &Path,
     log: &Path,
     progress: &Progress,
 ) -> Option<StoreRecord> {
     let ms = opts.store.as_ref()?;
-    if keyed.is_none() {
-        let (key, inputs) = match store_key(plan, backend) {
+    if let Err(why) = &keyed {
+        let answer = match &opts.key {
+            KeyState::AfterBuild(_) => store_key(plan, backend),
+            _ => Err(why.clone()),
+        };
+        let (key, inputs) = match answer {
             Ok(k) => k,
             Err(why) => {
                 progress.note(&format!("Not added to the build store: {why}"));
                 return None;
             }
         };
-        match ms.lock(&key, opts.wait, &|msg| crate::eprintln_safe!("{msg}")) {
-            Ok(key_lock) => *keyed = Some((ms, key, inputs, key_lock)),
+        match ms.lock(&key, opts.wait, &|msg| opts.ctx.say(msg)) {
+            Ok(key_lock) => *keyed = Ok((ms, key, inputs, key_lock)),
             Err(e) => {
                 progress.note(&format!("Not added to the build store: {e:#}"));
                 return None;
             }
         }
     }
-    let (ms, key, inputs, key_lock) = keyed.as_ref()?;
+    let (ms, key, inputs, key_lock) = keyed.as_ref().ok()?;
     let made_for = plan.output_dir.clone();
-    match ms.add(key_lock, key, inputs, staging, Some(log), &made_for) {
+    match ms.add(opts.ctx, key_lock, key, inputs, staging, Some(log), &made_for) {
         Ok(_) => progress.note(&format!("Added to the build store as entry {key}")),
         Err(e) => progress.note(&format!(
             "warning: the build could not be added to the build store ({e:#}); it is installed all the same"

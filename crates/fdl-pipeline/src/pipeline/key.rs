@@ -29,6 +29,42 @@ pub const KEY_SCHEMA: u32 = 2;
 /// What [`store_key`] answers.
 pub type KeyAnswer = std::result::Result<(Key, KeyInputs), String>;
 
+/// A build's store key as far as the plan knows it, carried from [`super::prepare`] to
+/// the build so that the toolchain is probed for it once per build: asked when the plan
+/// is made, and asked again only where the build itself makes it known.
+#[derive(Debug, Clone)]
+pub enum KeyState {
+    /// Known from the plan; the build uses it as it is.
+    Known(Key, KeyInputs),
+    /// A clone-source native build's tag is not cloned yet, and its commit is part of
+    /// the key: the build clones it first and asks once, before anything compiles.
+    AfterClone(String),
+    /// Not known before the build makes what names it (the Docker toolchain's image):
+    /// asked once, after the build, to add the build to the store.
+    AfterBuild(String),
+    /// Not known, and nothing the build does changes that: never asked again.
+    Unknown(String),
+}
+
+impl KeyState {
+    /// What [`store_key`] answered for `plan`, placed: when its answer could change.
+    pub fn of(plan: &BuildPlan, answer: KeyAnswer) -> KeyState {
+        let why = match answer {
+            Ok((key, inputs)) => return KeyState::Known(key, inputs),
+            Err(why) => why,
+        };
+        match &plan.backend {
+            BackendPlan::Native(n) => match &n.source {
+                NativeSource::Clone { cache_dir, .. } if !cache_dir.is_dir() => {
+                    KeyState::AfterClone(why)
+                }
+                _ => KeyState::Unknown(why),
+            },
+            BackendPlan::Docker(_) => KeyState::AfterBuild(why),
+        }
+    }
+}
+
 /// The store key of `plan` built by `backend`, with its inputs; `Err` says why it is not
 /// known (a probe failed, or the tag is not cloned yet).
 pub fn store_key(plan: &BuildPlan, backend: &dyn Backend) -> KeyAnswer {
@@ -54,13 +90,14 @@ pub struct StoreView {
 }
 
 /// The store's part of the plan: the key and whether the store has it. Reads only: a
-/// dry run makes no store directory. Also the key as [`store_key`] answered, where
-/// it was asked, for the build to use rather than probe the toolchain again.
+/// dry run makes no store directory. Also the key as [`store_key`] answered, for the
+/// build to use rather than probe the toolchain again.
 pub fn store_view(
+    ctx: &crate::context::Context,
     plan: &BuildPlan,
     backend: Option<&dyn Backend>,
     no_store: bool,
-) -> (StoreView, Option<KeyAnswer>) {
+) -> (StoreView, KeyState) {
     let unknown = |why: String| StoreView {
         state: "unknown",
         key: None,
@@ -74,16 +111,14 @@ pub fn store_view(
             inputs: None,
             why: Some("--no-store".into()),
         };
-        return (view, None);
+        return (view, KeyState::Unknown("--no-store".into()));
     }
     let Some(backend) = backend else {
-        return (
-            unknown("no Docker engine answers to probe the base image".into()),
-            None,
-        );
+        let why = "no Docker engine answers to probe the base image".to_string();
+        return (unknown(why.clone()), KeyState::AfterBuild(why));
     };
     let key = store_key(plan, backend);
-    let view = match crate::cache::cache_dir().and_then(|c| crate::store::Store::at(&c)) {
+    let view = match ctx.cache().and_then(|c| crate::store::Store::at(&c)) {
         Err(e) => unknown(format!("{e:#}")),
         Ok(store) => match &key {
             Ok((key, inputs)) => StoreView {
@@ -95,7 +130,7 @@ pub fn store_view(
             Err(why) => unknown(why.clone()),
         },
     };
-    (view, Some(key))
+    (view, KeyState::of(plan, key))
 }
 
 /// The key inputs of `plan`: what the plan says, `source` (see [`source_identity`]) and

@@ -20,7 +20,7 @@ pub use infer::{
     check_flags, default_jobs, infer, left_out, plan, BuildRequest, CheckedFlags, Inferred,
     Sources, MAX_JOBS,
 };
-pub use key::{key_inputs, store_key, KeyAnswer, StoreView};
+pub use key::{key_inputs, store_key, KeyAnswer, KeyState, StoreView};
 
 use crate::docker::{DockerBackend, Engine};
 use crate::lock::Wait;
@@ -60,12 +60,15 @@ pub struct Request {
 /// all a real run needs.
 pub struct Prepared {
     pub plan: BuildPlan,
+    /// The run's context, for the build.
+    ctx: crate::context::Context,
     /// The commands the plan runs, rendered ([`render::steps`]).
     pub commands: Vec<String>,
     pub store: StoreView,
     backend: Option<Box<dyn Backend>>,
     chosen: Chosen,
-    key: Option<KeyAnswer>,
+    /// The store key, asked once here ([`KeyState`]).
+    key: KeyState,
     request: Request,
     /// Where the build goes, and whose active libtorch it is judged against once made.
     project: Project,
@@ -75,6 +78,7 @@ pub struct Prepared {
 /// made into a plan for the backend `req` chooses, with every problem a real run would
 /// meet first. Writes nothing: no build, no store directory, no lock.
 pub fn prepare(
+    ctx: &crate::context::Context,
     project: &Project,
     req: &Request,
     infer: &dyn Fn(CheckedFlags) -> Result<Inferred>,
@@ -91,7 +95,7 @@ pub fn prepare(
     // Every question the plan asks the Docker engine shares one deadline: a stuck engine
     // costs a plan (a dry run) this much in all, not this much per question.
     let _engine_budget = crate::docker::QueryBudget::start(crate::docker::PLAN_BUDGET);
-    let (inputs, reason, mut chosen) = choose::choose(&req.backend, &inferred.tag)?;
+    let (inputs, reason, mut chosen) = choose::choose(ctx, &req.backend, &inferred.tag)?;
     let mut plan = plan(&build, inferred, project.nccl_builds_dir(), inputs, reason)?;
     plan.warnings.extend(project.fallback_note());
     if let Some(driver) = &host_driver {
@@ -122,11 +126,12 @@ pub fn prepare(
         } => Some(Box::new(DockerBackend {
             engine: engine.clone(),
             dockerfile: dockerfile.clone(),
+            ctx: ctx.clone(),
         })),
         Chosen::Docker { engine: None, .. } => None,
-        Chosen::Native { .. } => Some(Box::new(native::NativeBackend)),
+        Chosen::Native { .. } => Some(Box::new(native::NativeBackend { ctx: ctx.clone() })),
     };
-    let (store, key) = key::store_view(&plan, backend.as_deref(), req.no_store);
+    let (store, key) = key::store_view(ctx, &plan, backend.as_deref(), req.no_store);
     if let Chosen::Native { missing } = &chosen {
         if !missing.is_empty() {
             let tools = missing.join("\n  ");
@@ -141,7 +146,7 @@ pub fn prepare(
         }
     }
     if req.dry_run {
-        match tag_check(&plan) {
+        match tag_check(ctx, &plan) {
             TagCheck::Checked => {}
             TagCheck::Unchecked(note) => plan.warnings.push(note),
             TagCheck::Mismatch(why) => plan.problems.push(why),
@@ -174,6 +179,7 @@ pub fn prepare(
     }
     let commands = render::steps(&plan).iter().map(Step::render).collect();
     Ok(Prepared {
+        ctx: ctx.clone(),
         plan,
         commands,
         store,
@@ -197,8 +203,9 @@ enum TagCheck {
 
 /// Reads what a dry run can of the tag's source: a clone already in fdl's cache is read
 /// here; a clone not made yet leaves the tag unchecked, which is said.
-fn tag_check(plan: &BuildPlan) -> TagCheck {
-    let clone = plan.backend.planned().source_clone(plan);
+fn tag_check(ctx: &crate::context::Context, plan: &BuildPlan) -> TagCheck {
+    let cache = ctx.cache().ok();
+    let clone = plan.backend.planned().source_clone(plan, cache.as_deref());
     let Some((repo, cache_dir)) = clone else {
         return TagCheck::Checked;
     };
@@ -304,15 +311,20 @@ impl Prepared {
             (None, Chosen::Docker { dockerfile, .. }) => Box::new(DockerBackend {
                 engine: Engine::probe()?,
                 dockerfile,
+                ctx: self.ctx.clone(),
             }),
-            (None, Chosen::Native { .. }) => Box::new(native::NativeBackend),
+            (None, Chosen::Native { .. }) => Box::new(native::NativeBackend {
+                ctx: self.ctx.clone(),
+            }),
         };
         let builds = BuildStore::new(self.project.nccl_builds_dir());
         let exe = std::env::current_exe()?;
         let probe = |lib: &Path| verify::probe_in_child(&exe, lib);
+        let ctx = &self.ctx;
+        let cache = ctx.cache()?;
         let opts = ExecOptions {
             probe: Some(&probe),
-            cache: crate::cache::cache_dir()?,
+            ctx,
             force: req.force,
             wait: if req.no_wait { Wait::No } else { Wait::Yes },
             verbosity: req.verbosity,
@@ -321,12 +333,12 @@ impl Prepared {
             store: if req.no_store {
                 None
             } else {
-                match crate::store::Store::open() {
+                match crate::store::Store::open_in(&cache) {
                     Ok(store) => Some(store),
                     Err(e) => {
-                        crate::eprintln_safe!(
+                        ctx.say(&format!(
                             "warning: the build store is not used for this build: {e:#}"
-                        );
+                        ));
                         None
                     }
                 }
@@ -342,7 +354,8 @@ impl Prepared {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let lib = dir.join("lib").join("libnccl.so.2");
-        let preload = crate::nccl::preload::preload_path(&lib, &name).map_err(|e| format!("{e:#}"));
+        let preload = crate::nccl::preload::preload_path_in(&lib, &name, &cache)
+            .map_err(|e| format!("{e:#}"));
         let version = match &outcome {
             Outcome::Built { manifest, .. } | Outcome::AlreadyBuilt { manifest, .. } => {
                 &manifest.checked.header_version
