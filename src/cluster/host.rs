@@ -511,7 +511,7 @@ fn effective_nccl(
         Err(e) => return (Err(e), None, unknown("the loader model failed")),
     };
     let mut w = w;
-    if let Some(why) = python.as_ref().and_then(|p| p.unknown_reason()) {
+    if let Some(why) = python.as_ref().and_then(|p| p.unknown_answer()) {
         w.answer = Answer::Unknown { reason: why };
     }
     // NCCL reads its plugin variables from the ranks' environment: the env: block's,

@@ -16,6 +16,7 @@
 
 use super::map::{self, FoundBy, LinkMap};
 use super::pin::{self, Pin};
+use super::reason::{Doubt, Reached, SelfIdTrouble, Split, SplitPart, Unknown};
 use super::search::LoaderEnv;
 use crate::inspect::interpose::{self, Binding, DynamicNccl};
 use crate::inspect::{self, Linkage, NcclDetection, SelfId};
@@ -32,10 +33,21 @@ pub enum Answer {
     Nccl { detection: NcclDetection },
     /// Nothing in the process defines, calls or carries NCCL, and nothing could load it.
     None { reason: String },
-    /// fdl cannot say, and why.
-    Unknown { reason: String },
+    /// fdl cannot say, and why (`reason` as text; the facts are [`Answer::typed_json`]'s).
+    Unknown {
+        #[serde(serialize_with = "as_text")]
+        reason: Unknown,
+    },
     /// The calls reach different objects: two NCCLs in one process.
-    Split { reason: String },
+    Split {
+        #[serde(serialize_with = "as_text")]
+        reason: Split,
+    },
+}
+
+/// A reason serialized as its full sentence, as `reason` always was.
+fn as_text<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }
 
 impl Answer {
@@ -56,13 +68,26 @@ impl Answer {
         }
     }
 
-    pub fn reason(&self) -> Option<&str> {
+    /// The reason whole, as text: what `--json` has as `reason`.
+    pub fn reason(&self) -> Option<String> {
         match self {
             Answer::Nccl { .. } => None,
-            Answer::None { reason } | Answer::Unknown { reason } | Answer::Split { reason } => {
-                Some(reason)
-            }
+            Answer::None { reason } => Some(reason.clone()),
+            Answer::Unknown { reason } => Some(reason.to_string()),
+            Answer::Split { reason } => Some(reason.to_string()),
         }
+    }
+
+    /// The facts of an unknown or split answer (`{"kind": …}` and the kind's fields),
+    /// for `--json` beside the text; `null` otherwise.
+    pub fn typed_json(&self) -> serde_json::Value {
+        let v = match self {
+            Answer::Unknown { reason } => serde_json::to_value(reason),
+            Answer::Split { reason } => serde_json::to_value(reason),
+            _ => return serde_json::Value::Null,
+        };
+        // Paths serialize lossily and nothing here is a map with non-string keys.
+        v.unwrap_or(serde_json::Value::Null)
     }
 }
 
@@ -248,17 +273,24 @@ pub fn which_nccl_as(
         .iter()
         .position(|o| matches!(o.found_by, FoundBy::Program | FoundBy::Asked));
     // Objects whose symbols fdl cannot read: like failures, they hide definitions.
-    let mut blind: Vec<(usize, String)> = Vec::new();
-    let read_facts = |i: usize, blind: &mut Vec<(usize, String)>| -> Option<DynamicNccl> {
+    let mut blind: Vec<(usize, Doubt)> = Vec::new();
+    let unreadable = |i: usize, versions: bool, e: anyhow::Error| {
+        (
+            i,
+            Doubt::Unreadable {
+                object: map.objects[i].path.clone(),
+                versions,
+                error: format!("{e:#}"),
+            },
+        )
+    };
+    let read_facts = |i: usize, blind: &mut Vec<(usize, Doubt)>| -> Option<DynamicNccl> {
         let o = &map.objects[i];
         if o.is_stand_in() {
             return None;
         }
         interpose::dynamic_nccl(&o.path).unwrap_or_else(|e| {
-            blind.push((
-                i,
-                format!("the symbols of {} cannot be read: {e:#}", o.path.display()),
-            ));
+            blind.push(unreadable(i, false, e));
             None
         })
     };
@@ -268,30 +300,29 @@ pub fn which_nccl_as(
     if let Some(a) = asked {
         facts[a] = read_facts(a, &mut blind);
     }
-    let mut self_ids: BTreeMap<usize, Result<Option<SelfId>, String>> = BTreeMap::new();
+    let mut self_ids: BTreeMap<usize, Result<Option<SelfId>, SelfIdTrouble>> = BTreeMap::new();
     if let (Some(a), Some(ids)) = (asked, target_self_ids) {
         self_ids.insert(
             a,
             match ids {
                 [] => Ok(None),
                 [one] => Ok(Some(one.clone())),
-                many => Err(format!(
-                    "{} carries {} different NCCL self-ids ({}); cannot tell which one is linked",
-                    target.display(),
-                    many.len(),
-                    many.iter()
-                        .map(|i| format!("{}+cuda{}", i.nccl, i.cuda))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
+                many => Err(SelfIdTrouble::Several {
+                    object: target.to_path_buf(),
+                    ids: many.to_vec(),
+                }),
             },
         );
     }
-    let mut id_of = |i: usize| -> Result<Option<SelfId>, String> {
+    let mut id_of = |i: usize| -> Result<Option<SelfId>, SelfIdTrouble> {
         self_ids
             .entry(i)
             .or_insert_with(|| {
-                inspect::find_nccl_self_id(&map.objects[i].path).map_err(|e| format!("{e:#}"))
+                inspect::find_nccl_self_id(&map.objects[i].path).map_err(|e| {
+                    SelfIdTrouble::Unreadable {
+                        error: format!("{e:#}"),
+                    }
+                })
             })
             .clone()
     };
@@ -335,13 +366,7 @@ pub fn which_nccl_as(
                 names.into_iter().map(|n| (n, Binding::Imported)).collect(),
             )),
             Ok(_) => {}
-            Err(e) => blind.push((
-                i,
-                format!(
-                    "the symbols of {} cannot be read: {e:#}",
-                    map.objects[i].path.display()
-                ),
-            )),
+            Err(e) => blind.push(unreadable(i, false, e)),
         }
     }
     // Set when nothing loaded at start calls NCCL, an NCCL is there, and the process can
@@ -424,13 +449,7 @@ pub fn which_nccl_as(
         Some(a) => match interpose::reference_versions(&map.objects[a].path, &wanted) {
             Ok(r) => r,
             Err(e) => {
-                blind.push((
-                    a,
-                    format!(
-                        "the symbol versions of {} cannot be read: {e:#}",
-                        map.objects[a].path.display()
-                    ),
-                ));
+                blind.push(unreadable(a, true, e));
                 BTreeMap::new()
             }
         },
@@ -452,13 +471,7 @@ pub fn which_nccl_as(
             match interpose::exported_among_versioned(&map.objects[i].path, &wanted) {
                 Ok(found) => found,
                 Err(e) => {
-                    blind.push((
-                        i,
-                        format!(
-                            "the symbols of {} cannot be read: {e:#}",
-                            map.objects[i].path.display()
-                        ),
-                    ));
+                    blind.push(unreadable(i, false, e));
                     BTreeSet::new()
                 }
             }
@@ -467,45 +480,44 @@ pub fn which_nccl_as(
         *slot = Some(found);
     }
     // Everything that hides what lies at or after a place in the order.
-    let mut hidden: Vec<(usize, String)> = map
+    let mut hidden: Vec<(usize, Doubt)> = map
         .failures
         .iter()
         .map(|f| {
             (
                 f.position,
-                format!(
-                    "{} (needed by {}) cannot be loaded: {}",
-                    f.needed,
-                    f.needed_by.display(),
-                    f.reason
-                ),
+                Doubt::LoadFailure {
+                    needed: f.needed.clone(),
+                    needed_by: f.needed_by.clone(),
+                    why: f.reason.clone(),
+                    absent: f.is_absent(),
+                },
             )
         })
-        .chain(map.caveats.iter().map(|c| (c.position, c.what.clone())))
+        .chain(map.caveats.iter().map(|c| {
+            (
+                c.position,
+                Doubt::Caveat {
+                    what: c.what.clone(),
+                },
+            )
+        }))
         .chain(blind.iter().cloned())
         .collect();
     hidden.sort_by_key(|(p, _)| *p);
-    // The doubts that are only "this library is not on this host", by their sentence.
-    let absent: BTreeMap<String, String> = map
-        .failures
-        .iter()
-        .filter(|f| f.is_absent())
-        .map(|f| {
-            (
-                format!(
-                    "{} (needed by {}) cannot be loaded: {}",
-                    f.needed,
-                    f.needed_by.display(),
-                    f.reason
-                ),
-                f.needed.clone(),
-            )
-        })
-        .collect();
+    // The library a doubt says is not on this host at all, if that is all it says.
+    let absent = |d: &Doubt| match d {
+        Doubt::LoadFailure {
+            needed,
+            absent: true,
+            ..
+        } => Some(needed.clone()),
+        _ => None,
+    };
 
     // (caller, target, names, how, how as a kind: Perhaps when only perhaps calls)
     let mut groups: Vec<Group> = Vec::new();
-    let mut doubts: Vec<String> = Vec::new();
+    let mut doubts: Vec<Doubt> = Vec::new();
     // Targets that something unknown lies before: the answer if that defines nothing.
     let mut provisional: Vec<usize> = Vec::new();
     let global = "the first definition in the global scope".to_string();
@@ -601,16 +613,13 @@ pub fn which_nccl_as(
         if let ([t], [only]) = (reached.as_slice(), targets.as_slice()) {
             if t == only {
                 if let Ok(Some(id)) = id_of(*t) {
-                    let mut missing: Vec<String> = doubts
-                        .iter()
-                        .filter_map(|d| absent.get(d).cloned())
-                        .collect();
+                    let mut missing: Vec<String> = doubts.iter().filter_map(absent).collect();
                     missing.sort();
                     missing.dedup();
                     conditional = Some(Conditional {
                         detection: detection_of(&map, &groups, *t, id),
-                        only_missing: doubts.iter().all(|d| absent.contains_key(d)),
-                        unknowns: doubts.clone(),
+                        only_missing: doubts.iter().all(|d| absent(d).is_some()),
+                        unknowns: doubts.iter().map(Doubt::to_string).collect(),
                         missing,
                         pin: asked.and_then(|a| pin::find(&map.objects[a].path)),
                     });
@@ -619,92 +628,64 @@ pub fn which_nccl_as(
         }
     }
 
-    let answer = if !doubts.is_empty() {
-        let shown_doubts: Vec<&str> = doubts.iter().take(3).map(String::as_str).collect();
+    let reached = |id_of: &mut dyn FnMut(usize) -> Result<Option<SelfId>, SelfIdTrouble>,
+                   t: usize| Reached {
+        object: shown(&map, t),
+        nccl: id_of(t).ok().flatten().map(|id| id.nccl),
+    };
+    let reason = if !doubts.is_empty() {
         // Failures and caveats past the map's caps are counted there, not listed.
         let omitted = map.failures_omitted + map.caveats_omitted;
-        let more = match doubts.len().saturating_sub(3) + omitted {
-            0 => String::new(),
-            n => format!(" (and {n} more)"),
-        };
-        let mut reason = format!(
-            "what comes before the object that defines NCCL's functions is not all known, and any of it could define them first: {}{more}",
-            shown_doubts.join("; ")
-        );
         provisional.sort_unstable();
         provisional.dedup();
-        if let [t] = provisional.as_slice() {
-            if let Ok(Some(id)) = id_of(*t) {
-                reason.push_str(&format!(
-                    ". If none of that defines nccl* functions, the calls bind to {} (NCCL {})",
-                    shown(&map, *t).display(),
-                    id.nccl
-                ));
-            }
-        }
-        if let Some(p) = &pin {
-            reason = format!(
-                "expects {p}, which is not installed (pip install {}=={}); {reason}",
-                p.distribution, p.version
-            );
-        }
-        Answer::Unknown { reason }
+        let if_none = match provisional.as_slice() {
+            [t] => match id_of(*t) {
+                Ok(Some(id)) => Some(Reached {
+                    object: shown(&map, *t),
+                    nccl: Some(id.nccl),
+                }),
+                _ => None,
+            },
+            _ => None,
+        };
+        Some(Unknown::Hidden {
+            missing_pin: pin.clone(),
+            doubts: doubts.iter().take(3).cloned().collect(),
+            more: doubts.len().saturating_sub(3) + omitted,
+            if_none,
+        })
     } else if !undefined.is_empty() {
-        Answer::Unknown {
-            reason: format!(
-                "nothing loaded at start defines {}: the call fails when made, unless a library loaded later with dlopen provides it",
-                undefined.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-            ),
-        }
+        Some(Unknown::Undefined {
+            names: undefined.iter().map(|s| s.to_string()).collect(),
+        })
     } else if let Some((c, _, syms, why, _)) = perhaps.first() {
-        let elsewhere: Vec<String> = certain
-            .iter()
-            .map(|&t| format!("{} ({})", shown(&map, t).display(), nccl_of(&mut id_of, t)))
-            .collect();
-        Answer::Unknown {
-            reason: format!(
-                "{} may call {} itself, which fdl cannot confirm ({why}). If it does, those calls stay in {} ({}){}",
-                shown(&map, *c).display(),
-                syms.join(", "),
-                shown(&map, *c).display(),
-                nccl_of(&mut id_of, *c),
-                if elsewhere.is_empty() {
-                    ", and nothing else calls NCCL; if not, nothing loaded at start calls it".to_string()
-                } else {
-                    format!(
-                        ", while the other calls reach {}: two NCCLs in one process; if not, only the latter",
-                        elsewhere.join(", ")
-                    )
-                }
-            ),
-        }
+        Some(Unknown::PossibleCall {
+            at: reached(&mut id_of, *c),
+            names: syms.clone(),
+            why: why.clone(),
+            elsewhere: certain.iter().map(|&t| reached(&mut id_of, t)).collect(),
+        })
+    } else {
+        None
+    };
+    let answer = if let Some(reason) = reason {
+        Answer::Unknown { reason }
     } else if targets.len() > 1 {
-        let parts: Vec<String> = groups
+        let parts: Vec<SplitPart> = groups
             .iter()
             .filter_map(|(c, t, syms, _, _)| {
-                let t = (*t)?;
-                Some(format!(
-                    "{} of {} → {} ({})",
-                    if syms.is_empty() {
-                        "its own calls".to_string()
-                    } else {
-                        syms.join(", ")
-                    },
-                    shown(&map, *c).display(),
-                    shown(&map, t).display(),
-                    match id_of(t) {
-                        Ok(Some(id)) => format!("NCCL {}", id.nccl),
-                        _ => "no NCCL self-id".into(),
-                    }
-                ))
+                Some(SplitPart {
+                    names: syms.clone(),
+                    caller: shown(&map, *c),
+                    to: reached(&mut id_of, (*t)?),
+                })
             })
             .collect();
         Answer::Split {
-            reason: format!(
-                "NCCL's functions bind to {} different objects, so the process runs two NCCLs that share no state: {}",
-                targets.len(),
-                parts.join("; ")
-            ),
+            reason: Split {
+                objects: targets.len(),
+                parts,
+            },
         }
     } else if let Some(&t) = targets.first() {
         match id_of(t) {
@@ -712,69 +693,43 @@ pub fn which_nccl_as(
                 detection: detection_of(&map, &groups, t, id),
             },
             Ok(None) => Answer::Unknown {
-                reason: format!(
-                    "NCCL's functions bind to {}, which carries no NCCL self-id: it is not an NCCL build (a shim?), so its version is unknown",
-                    shown(&map, t).display()
-                ),
+                reason: Unknown::NoSelfId {
+                    object: shown(&map, t),
+                },
             },
-            Err(e) => Answer::Unknown { reason: e },
+            Err(e) => Answer::Unknown {
+                reason: Unknown::SelfIdUnknown(e),
+            },
         }
     } else if let Some((_, why)) = hidden.first() {
-        let mut reason = format!("no object that could be read defines or calls NCCL, but not everything could be: {why}");
-        if let Some(p) = &pin {
-            reason = format!(
-                "expects {p}, which is not installed (pip install {}=={}); {reason}",
-                p.distribution, p.version
-            );
+        Answer::Unknown {
+            reason: Unknown::Unreadable {
+                missing_pin: pin.clone(),
+                doubt: why.clone(),
+            },
         }
-        Answer::Unknown { reason }
     } else if let Some((o, first)) = &opens_later {
-        let mut reason = format!(
-            "NCCL is loaded at start but nothing there calls it, and {} calls dlopen: what it opens later is in no file fdl reads, and that decides which NCCL runs",
-            o.display()
-        );
-        // A library opened later looks up the global scope first: the program, the
-        // preloads, the start-up closure.
-        if let Some(t) = *first {
-            reason.push_str(&format!(
-                ". A library opened later that imports nccl* functions binds them to the first definition in the global scope, {} ({})",
-                shown(&map, t).display(),
-                nccl_of(&mut id_of, t)
-            ));
-        } else {
-            reason.push_str(
-                ". The NCCL loaded at start is compiled in with hidden symbols: a library opened later that imports nccl* functions finds no definition there",
-            );
+        Answer::Unknown {
+            reason: Unknown::OpensLater {
+                opener: o.clone(),
+                first: first.map(|t| reached(&mut id_of, t)),
+            },
         }
-        Answer::Unknown { reason }
     } else if let Some(e) = unnamed_exporter {
         let names = facts[e]
             .as_ref()
-            .map(|f| {
-                f.exported
-                    .iter()
-                    .take(3)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
+            .map(|f| f.exported.iter().take(3).cloned().collect())
             .unwrap_or_default();
         Answer::Unknown {
-            reason: format!(
-                "{} defines NCCL's functions ({names}) but its NCCL self-id cannot be read ({}): an NCCL of unknown version",
-                shown(&map, e).display(),
-                match id_of(e) {
-                    Ok(_) => "it carries no self-id fdl can read".to_string(),
-                    Err(why) => why,
-                }
-            ),
+            reason: Unknown::UnnamedExporter {
+                object: shown(&map, e),
+                names,
+                why: id_of(e).err(),
+            },
         }
     } else if let Some(o) = dlopen_caller(&map) {
         Answer::Unknown {
-            reason: format!(
-                "no object loaded at start defines, calls or carries NCCL, but {} calls dlopen: NCCL may be loaded at run time, which no file says",
-                o.display()
-            ),
+            reason: Unknown::MayDlopen { opener: o },
         }
     } else {
         Answer::None {
@@ -847,14 +802,6 @@ const HIDDEN_CARRIER: &str =
     "NCCL is compiled in with hidden symbols: its calls stay in the object";
 const UNCALLED_CARRIER: &str =
     "nothing loaded at start calls NCCL's functions, and nothing can dlopen: the NCCL this object carries is the one in the process";
-
-/// `NCCL 2.27.5`, or why not.
-fn nccl_of(id_of: &mut impl FnMut(usize) -> Result<Option<SelfId>, String>, t: usize) -> String {
-    match id_of(t) {
-        Ok(Some(id)) => format!("NCCL {}", id.nccl),
-        _ => "no NCCL self-id".into(),
-    }
-}
 
 fn shown(map: &LinkMap, i: usize) -> PathBuf {
     let o = &map.objects[i];
