@@ -1333,15 +1333,23 @@ fn describe(o: &Outcome) -> String {
     match o {
         Outcome::AlreadyThere => "already there (same sha256): nothing to do".into(),
         // A worker whose build store had the payload was sent only fdl's files.
-        Outcome::Installed { replaced, copy } if copy.starts_with("from ") => format!(
+        Outcome::Installed {
+            replaced,
+            copy,
+            from_store: true,
+        } => format!(
             "{} {copy}, verified there",
             if *replaced { "replaced" } else { "installed" }
         ),
-        Outcome::Installed { replaced, copy } => format!(
+        Outcome::Installed { replaced, copy, .. } => format!(
             "{} (copied with {copy}, verified there)",
             if *replaced { "replaced" } else { "installed" }
         ),
-        Outcome::WouldCopy { copy, replace } if copy.starts_with("from ") => format!(
+        Outcome::WouldCopy {
+            copy,
+            replace,
+            from_store: true,
+        } => format!(
             "would install {copy}{}",
             if *replace {
                 " and replace the build there"
@@ -1349,7 +1357,7 @@ fn describe(o: &Outcome) -> String {
                 ""
             }
         ),
-        Outcome::WouldCopy { copy, replace } => format!(
+        Outcome::WouldCopy { copy, replace, .. } => format!(
             "would copy with {copy}{}",
             if *replace {
                 " and replace the build there"
