@@ -10,7 +10,7 @@ use crate::cluster::ship::{self, Outcome, ShipRequest, ShipResult};
 use crate::cluster::slurm::{self, Slurm};
 use crate::cluster::ssh::Ssh;
 use crate::cluster::status::{self, OwnBinary, WorkerStatus};
-use crate::cluster::transport::Transport;
+use crate::cluster::transport::{Transport, Unreached};
 use crate::nccl::store::BuildStore;
 use crate::project::Project;
 use crate::text::{clean, paint, Color};
@@ -611,12 +611,10 @@ fn render_status(workers: &[WorkerStatus]) -> String {
         let Some(r) = &w.report else {
             // The error says what failed ("unreachable over SSH: …"); the hint, what next.
             let error = w.error.as_deref().unwrap_or("no answer");
-            let next = if error.starts_with("unreachable over SSH") {
-                ". Check the host, or its ssh: block in the cluster file, then rerun `fdl cluster status`"
-            } else if error.contains("through srun") || error.contains("Slurm runs no step") {
-                ". Check the node (`scontrol show node`), or leave it out with --nodes, then rerun `fdl cluster status --slurm`"
-            } else {
-                ""
+            let next = match w.unreached {
+                Some(Unreached::Ssh) => ". Check the host, or its ssh: block in the cluster file, then rerun `fdl cluster status`",
+                Some(Unreached::Slurm) => ". Check the node (`scontrol show node`), or leave it out with --nodes, then rerun `fdl cluster status --slurm`",
+                None => "",
             };
             s.push_str(&format!(
                 "  {}\n",

@@ -7,7 +7,7 @@
 
 use super::config::Worker;
 use super::host::{Facts, HostReport, REPORT_SCHEMA};
-use super::transport::{self, Transport};
+use super::transport::{self, Transport, Unreachable, Unreached};
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -24,6 +24,9 @@ pub struct WorkerStatus {
     /// Why there is no report: the SSH failure, or what the remote side said.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Which engine could not reach it, when that is the error: the next step to name.
+    #[serde(skip)]
+    pub unreached: Option<Unreached>,
     /// The controller's fdl was copied there for this query.
     pub shipped_fdl: bool,
     /// The worker's `env.LD_PRELOAD` from the cluster file: whether a bridge is wanted.
@@ -316,8 +319,11 @@ pub(super) fn run_fdl_all<T: Send>(
         for ((i, why), r) in again.into_iter().zip(shipped) {
             match r {
                 Ok(()) => retry.push((i, why)),
+                // As context, so that a failure to reach the host stays in the chain.
                 Err(e) => {
-                    results[i] = Some(Err(anyhow!("{why}, and fdl could not be shipped: {e:#}")))
+                    results[i] = Some(Err(
+                        e.context(format!("{why}, and fdl could not be shipped"))
+                    ))
                 }
             }
         }
@@ -353,6 +359,7 @@ fn blank_status(w: &Worker) -> WorkerStatus {
         path: w.path.clone(),
         report: None,
         error: None,
+        unreached: None,
         shipped_fdl: false,
         ld_preload: w.ld_preload().map(str::to_string),
     }
@@ -656,7 +663,10 @@ pub fn query_all(
                     status.report = Some(r);
                     status.shipped_fdl = shipped;
                 }
-                Err(e) => status.error = Some(format!("{e:#}")),
+                Err(e) => {
+                    status.unreached = Unreachable::kind_in(&e);
+                    status.error = Some(format!("{e:#}"));
+                }
             }
             on_done(&status);
             status
@@ -1172,6 +1182,7 @@ pub(crate) fn test_worker(
         target: host.into(),
         path: "/p".into(),
         error: None,
+        unreached: None,
         shipped_fdl: false,
         ld_preload: None,
         report: Some(HostReport {
@@ -1400,6 +1411,7 @@ mod tests {
             path: "/p".into(),
             report: None,
             error: Some("unreachable".into()),
+            unreached: None,
             shipped_fdl: false,
             ld_preload: None,
         }
