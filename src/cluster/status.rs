@@ -719,9 +719,7 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
     for (host, r) in &reports {
         match &r.effective {
             Facts::Known(n) => versions.push((n.version.clone(), host)),
-            Facts::Unknown(why) if why.starts_with(super::host::SPLIT) => {
-                red.push(format!("{host}: {why}"))
-            }
+            Facts::Unknown(why) if r.effective_split => red.push(format!("{host}: {why}")),
             Facts::Unknown(why) => unknown.push(format!("{host}: effective NCCL unknown: {why}")),
         }
     }
@@ -1213,6 +1211,7 @@ pub(crate) fn test_worker(
                 python: None,
             }),
             effective: Facts::Known(facts),
+            effective_split: false,
             coverage: vec![],
             torch_coverage: Facts::Known(super::host::TorchCoverage {
                 files: vec![],
@@ -1452,6 +1451,25 @@ mod tests {
         let v = verdicts(&[w]);
         let bridge = v.iter().find(|v| v.name == "bridge").unwrap();
         assert_eq!(bridge.state, State::Ok, "{bridge:?}");
+    }
+
+    /// Two NCCLs in one process is a finding (skew red), said by the report's flag, not by
+    /// its words: an unknown NCCL whose reason reads the same is still unknown.
+    #[test]
+    fn a_split_effective_nccl_is_red_by_its_flag_alone() {
+        let split = |flag: bool| {
+            let mut w = test_worker("a", "2.27.5", &[(8, 6)], "12.8");
+            let r = w.report.as_mut().unwrap();
+            r.effective = Facts::Unknown(format!("{}: a → b", super::super::host::SPLIT));
+            r.effective_split = flag;
+            let v = verdicts(&[w]);
+            v.into_iter().find(|v| v.name == "skew").unwrap()
+        };
+        let skew = split(true);
+        assert_eq!(skew.state, State::Red, "{skew:?}");
+        assert_eq!(skew.detail, "a: two NCCLs in one process: a → b");
+        let skew = split(false);
+        assert_eq!(skew.state, State::Unknown, "{skew:?}");
     }
 
     fn with_plugins(mut w: WorkerStatus, ps: Vec<super::super::host::PluginFacts>) -> WorkerStatus {
