@@ -1681,12 +1681,8 @@ fn print_which(lib: &Path, w: &Which, verbose: bool) {
             .count()
     );
     if verbose {
-        if !matches!(w.answer, Answer::Nccl { .. }) {
-            if short_reason(&w.answer).1 {
-                outln!(
-                    "  (the reason is shortened here; `--json` has it whole, every function named)"
-                );
-            }
+        if short_reason(&w.answer).1 {
+            outln!("  (the reason is shortened here; `--json` has it whole, every function named)");
         }
     } else if left {
         outln!("  (-v says how each call binds and why; `--json` has it all)");
