@@ -1451,6 +1451,34 @@ mod tests {
         );
     }
 
+    /// The next step after a worker's error is named from the engine that could not
+    /// reach it, never from the error's words.
+    #[test]
+    fn an_unreached_worker_gets_the_next_step_of_its_engine() {
+        let down = |unreached: Option<Unreached>| {
+            let mut w = status::test_worker("a", "2.30.7", &[(8, 6)], "13.2");
+            w.report = None;
+            w.error = Some("unreachable over SSH: Connection refused".into());
+            w.unreached = unreached;
+            render_status(&[w])
+        };
+        let ssh = down(Some(Unreached::Ssh));
+        assert!(
+            ssh.contains("Connection refused. Check the host, or its ssh: block in the cluster file, then rerun `fdl cluster status`"),
+            "{ssh}"
+        );
+        let slurm = down(Some(Unreached::Slurm));
+        assert!(
+            slurm.contains(". Check the node (`scontrol show node`)"),
+            "{slurm}"
+        );
+        let said = down(None);
+        assert!(
+            said.contains("Connection refused\n") && !said.contains("Check the"),
+            "{said}"
+        );
+    }
+
     /// A pip torch's worker says its ranks are Python processes, and its Python witness
     /// is said as the process's, not the loader's.
     #[test]
