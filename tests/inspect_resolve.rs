@@ -134,7 +134,7 @@ fn truncated_libnccl_is_reported_as_truncated() {
     // Through the library that loads it: the answer is unknown, and says why.
     let w = which_nccl(&torch, &env).unwrap();
     match &w.answer {
-        Answer::Unknown { reason } => assert!(reason.contains(&said), "{reason}"),
+        Answer::Unknown { reason } => assert!(reason.to_string().contains(&said), "{reason}"),
         other => panic!("{other:?}"),
     }
 }
@@ -260,7 +260,7 @@ fn cache_and_unresolved() {
     };
     let w = which_nccl(&lib, &env).unwrap();
     assert!(
-        matches!(&w.answer, Answer::Unknown { reason } if reason.contains("libnccl.so.2")),
+        matches!(&w.answer, Answer::Unknown { reason } if reason.to_string().contains("libnccl.so.2")),
         "{:?}",
         w.answer
     );
@@ -339,7 +339,7 @@ fn wrong_class_candidates_are_skipped_and_non_elf_ones_stop_the_search() {
     };
     let w = which_nccl(&lib, &env).unwrap();
     assert!(
-        matches!(&w.answer, Answer::Unknown { reason } if reason.contains("file too short")),
+        matches!(&w.answer, Answer::Unknown { reason } if reason.to_string().contains("file too short")),
         "{:?}",
         w.answer
     );

@@ -5,7 +5,9 @@ use super::common::print_json;
 use crate::context::Context;
 use crate::gpu;
 use crate::nccl::plan::VolumesFlag;
-use crate::pipeline::{self, render, BackendFlag, BackendRequest, BuildRequest, Outcome, Sources};
+use crate::pipeline::{
+    self, render, BackendFlag, BackendRequest, BuildRequest, Outcome, Sources, Status,
+};
 use crate::progress::Verbosity;
 use crate::project::Project;
 use crate::text::{paint, Color};
@@ -295,13 +297,13 @@ fn report(report: &pipeline::Report, json_out: bool, quiet: bool) {
         return;
     }
     match status {
-        "already_built" => outln!(
+        Status::AlreadyBuilt => outln!(
             "Already built from the same plan ({}): {}\nNothing to do.",
             manifest.built_at,
             crate::text::shown(&dir)
         ),
-        "replaced" => outln!("Rebuilt and replaced: {}", crate::text::shown(&dir)),
-        "installed_from_store" => outln!(
+        Status::Replaced => outln!("Rebuilt and replaced: {}", crate::text::shown(&dir)),
+        Status::InstalledFromStore => outln!(
             "{} {} (no compile: {})",
             paint(
                 &format!(
@@ -319,7 +321,7 @@ fn report(report: &pipeline::Report, json_out: bool, quiet: bool) {
                 _ => String::new(),
             }
         ),
-        _ => outln!(
+        Status::Built => outln!(
             "{} {}",
             paint(
                 &format!("Built NCCL {}:", manifest.checked.header_version),

@@ -10,7 +10,7 @@ use crate::cluster::ship::{self, Outcome, ShipRequest, ShipResult};
 use crate::cluster::slurm::{self, Slurm};
 use crate::cluster::ssh::Ssh;
 use crate::cluster::status::{self, OwnBinary, WorkerStatus};
-use crate::cluster::transport::Transport;
+use crate::cluster::transport::{Transport, Unreached};
 use crate::context::Context;
 use crate::nccl::store::BuildStore;
 use crate::project::Project;
@@ -619,12 +619,10 @@ fn render_status(workers: &[WorkerStatus]) -> String {
         let Some(r) = &w.report else {
             // The error says what failed ("unreachable over SSH: …"); the hint, what next.
             let error = w.error.as_deref().unwrap_or("no answer");
-            let next = if error.starts_with("unreachable over SSH") {
-                ". Check the host, or its ssh: block in the cluster file, then rerun `fdl cluster status`"
-            } else if error.contains("through srun") || error.contains("Slurm runs no step") {
-                ". Check the node (`scontrol show node`), or leave it out with --nodes, then rerun `fdl cluster status --slurm`"
-            } else {
-                ""
+            let next = match w.unreached {
+                Some(Unreached::Ssh) => ". Check the host, or its ssh: block in the cluster file, then rerun `fdl cluster status`",
+                Some(Unreached::Slurm) => ". Check the node (`scontrol show node`), or leave it out with --nodes, then rerun `fdl cluster status --slurm`",
+                None => "",
             };
             s.push_str(&format!(
                 "  {}\n",
@@ -1346,15 +1344,23 @@ fn describe(o: &Outcome) -> String {
     match o {
         Outcome::AlreadyThere => "already there (same sha256): nothing to do".into(),
         // A worker whose build store had the payload was sent only fdl's files.
-        Outcome::Installed { replaced, copy } if copy.starts_with("from ") => format!(
+        Outcome::Installed {
+            replaced,
+            copy,
+            from_store: true,
+        } => format!(
             "{} {copy}, verified there",
             if *replaced { "replaced" } else { "installed" }
         ),
-        Outcome::Installed { replaced, copy } => format!(
+        Outcome::Installed { replaced, copy, .. } => format!(
             "{} (copied with {copy}, verified there)",
             if *replaced { "replaced" } else { "installed" }
         ),
-        Outcome::WouldCopy { copy, replace } if copy.starts_with("from ") => format!(
+        Outcome::WouldCopy {
+            copy,
+            replace,
+            from_store: true,
+        } => format!(
             "would install {copy}{}",
             if *replace {
                 " and replace the build there"
@@ -1362,7 +1368,7 @@ fn describe(o: &Outcome) -> String {
                 ""
             }
         ),
-        Outcome::WouldCopy { copy, replace } => format!(
+        Outcome::WouldCopy { copy, replace, .. } => format!(
             "would copy with {copy}{}",
             if *replace {
                 " and replace the build there"
@@ -1455,6 +1461,34 @@ mod tests {
         assert!(
             text.contains("c: no answer: unreachable over SSH"),
             "{text}"
+        );
+    }
+
+    /// The next step after a worker's error is named from the engine that could not
+    /// reach it, never from the error's words.
+    #[test]
+    fn an_unreached_worker_gets_the_next_step_of_its_engine() {
+        let down = |unreached: Option<Unreached>| {
+            let mut w = status::test_worker("a", "2.30.7", &[(8, 6)], "13.2");
+            w.report = None;
+            w.error = Some("unreachable over SSH: Connection refused".into());
+            w.unreached = unreached;
+            render_status(&[w])
+        };
+        let ssh = down(Some(Unreached::Ssh));
+        assert!(
+            ssh.contains("Connection refused. Check the host, or its ssh: block in the cluster file, then rerun `fdl cluster status`"),
+            "{ssh}"
+        );
+        let slurm = down(Some(Unreached::Slurm));
+        assert!(
+            slurm.contains(". Check the node (`scontrol show node`)"),
+            "{slurm}"
+        );
+        let said = down(None);
+        assert!(
+            said.contains("Connection refused\n") && !said.contains("Check the"),
+            "{said}"
         );
     }
 

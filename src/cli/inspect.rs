@@ -7,6 +7,7 @@ use crate::context::Context;
 use crate::gpu::{self, Gpu};
 use crate::inspect::{self, GpuCode, Linkage, NcclDetection, Verdict};
 use crate::libtorch::Libtorch;
+use crate::loader::reason::{self, Doubt, Unknown};
 use crate::loader::split::Followed;
 use crate::loader::{self, Answer, LoaderEnv, Which};
 use crate::nccl::store::{BuildStore, Entry};
@@ -332,7 +333,7 @@ fn answer_short(w: &Which) -> (String, bool) {
     }
     // No typed short form: the reason as `short_reason` shortens it, wrapped where it is
     // printed, never cut before its point.
-    short_reason(w, w.answer.reason().unwrap_or_default(), true)
+    short_reason(&w.answer)
 }
 
 /// A file of the link map as a summary names it: by file name where no other object of
@@ -352,47 +353,22 @@ fn brief(w: &Which, p: &Path) -> String {
     }
 }
 
-/// A reason as text output says it, once: a library that cannot be loaded is named by
-/// its DT_NEEDED name when `failures_below` (the lines below say why), a list of more
-/// than [`LISTED`] function names keeps its first two and counts the rest, and each
-/// clause is at most [`CLAUSE`] characters. The second value says whether anything was
-/// left out: then the text points to `--json`, which has the reason whole.
-pub(super) fn short_reason(w: &Which, reason: &str, failures_below: bool) -> (String, bool) {
-    let mut text = reason.to_string();
+/// A reason as text output says it, once, from the answer's facts: a library that cannot
+/// be loaded is named by its DT_NEEDED name (the `cannot load` lines below say why), a
+/// list of more than [`LISTED`] function names keeps its first two and counts the rest,
+/// and each clause is at most [`CLAUSE`] characters. The second value says whether
+/// anything was left out: then the text points to `--json`, which has the reason whole.
+pub(super) fn short_reason(answer: &Answer) -> (String, bool) {
     let mut cut = false;
-    for f in &w.link_map.failures {
-        // The sentence as the model wrote it (`loader::bind`): a key to find, not output.
-        let sentence = format!(
-            "{} (needed by {}) cannot be loaded: {}",
-            f.needed,
-            f.needed_by.display(),
-            f.reason
-        );
-        if !text.contains(&sentence) {
-            continue;
-        }
-        let short = if failures_below {
-            // The `cannot load` lines below say why.
-            format!("{} cannot be loaded", f.needed)
-        } else {
-            // The needing library by its file name; `--json` has its path.
-            let by = f.needed_by.file_name().map(std::path::Path::new);
-            let by = by.unwrap_or(&f.needed_by);
-            cut |= by != f.needed_by;
-            format!(
-                "{} (needed by {}) cannot be loaded: {}",
-                f.needed,
-                crate::text::shown(&by),
-                f.reason
-            )
-        };
-        text = text.replace(&sentence, &short);
-    }
-    let clauses: Vec<String> = text
-        .split("; ")
-        .map(|clause| {
-            let (c, listed) = collapse_lists(clause);
-            cut |= listed;
+    let clauses = match answer {
+        Answer::Nccl { .. } => Vec::new(),
+        Answer::None { reason } => vec![reason.clone()],
+        Answer::Unknown { reason } => unknown_clauses(reason, &mut cut),
+        Answer::Split { reason } => split_clauses(reason, &mut cut),
+    };
+    let clauses: Vec<String> = clauses
+        .into_iter()
+        .map(|c| {
             if c.chars().count() <= CLAUSE {
                 return c;
             }
@@ -409,50 +385,92 @@ const LISTED: usize = 3;
 /// At most this many characters of one clause of a reason are shown by [`short_reason`].
 const CLAUSE: usize = 240;
 
-/// `a, b, c, d, e` (names: letters, digits, `_`) → `a, b and 3 more`.
-fn collapse_lists(clause: &str) -> (String, bool) {
-    let is_name = |t: &str| {
-        !t.is_empty()
-            && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            && t.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-    };
-    let parts: Vec<&str> = clause.split(", ").collect();
-    let mut out: Vec<String> = Vec::new();
-    let mut changed = false;
-    let mut i = 0;
-    while i < parts.len() {
-        // A run of names: the first may follow other words ("defines ncclA"), the last
-        // may be followed by some ("ncclZ: the call fails").
-        let first = parts[i].rsplit(' ').next().unwrap_or("");
-        let mut j = i + 1;
-        while j < parts.len() && is_name(parts[j]) {
-            j += 1;
+/// `a, b, c, d, e` → `a, b and 3 more`; a list of at most [`LISTED`] whole.
+fn listed(names: &[String], cut: &mut bool) -> String {
+    match names {
+        [a, b, rest @ ..] if names.len() > LISTED => {
+            *cut = true;
+            format!("{a}, {b} and {} more", rest.len())
         }
-        let tail_ok = j < parts.len() && is_name(parts[j].split([' ', ':']).next().unwrap_or(""));
-        let run = j - i + usize::from(tail_ok);
-        if is_name(first) && run > LISTED {
-            let last = if tail_ok { j } else { j - 1 };
-            let rest = if tail_ok {
-                let p = parts[j];
-                let name_len = p.find([' ', ':']).unwrap_or(p.len());
-                &p[name_len..]
-            } else {
-                ""
-            };
-            out.push(format!(
-                "{}, {} and {} more{rest}",
-                parts[i],
-                parts[i + 1],
-                last - i - 1
-            ));
-            changed = true;
-            i = last + 1;
-        } else {
-            out.push(parts[i].to_string());
-            i += 1;
-        }
+        _ => names.join(", "),
     }
-    (out.join(", "), changed)
+}
+
+/// A doubt in a few words: a library that cannot be loaded by its name alone.
+fn doubt_short(d: &Doubt) -> String {
+    match d {
+        Doubt::LoadFailure { needed, .. } => format!("{needed} cannot be loaded"),
+        other => other.to_string(),
+    }
+}
+
+/// The clauses of an unknown answer's short reason, before each is cut to [`CLAUSE`].
+fn unknown_clauses(u: &Unknown, cut: &mut bool) -> Vec<String> {
+    let pin = |p: &Option<loader::pin::Pin>| p.as_ref().map(reason::missing_pin_words);
+    match u {
+        Unknown::Hidden {
+            missing_pin,
+            doubts,
+            more,
+            if_none,
+        } => {
+            let mut body: Vec<String> = doubts.iter().map(doubt_short).collect();
+            match body.first_mut() {
+                Some(first) => *first = format!("{}: {first}", reason::HIDDEN),
+                None => body.push(format!("{}: ", reason::HIDDEN)),
+            }
+            if let Some(last) = body.last_mut() {
+                if *more > 0 {
+                    last.push_str(&format!(" (and {more} more)"));
+                }
+                if let Some(r) = if_none {
+                    last.push_str(&format!(". {}", reason::if_none_words(r)));
+                }
+            }
+            pin(missing_pin).into_iter().chain(body).collect()
+        }
+        Unknown::Undefined { names } => vec![reason::undefined_words(&listed(names, cut))],
+        Unknown::PossibleCall {
+            at,
+            names,
+            why,
+            elsewhere,
+        } => {
+            let (and, otherwise) = reason::possible_call_tail(elsewhere);
+            vec![
+                format!(
+                    "{}{and}",
+                    reason::possible_call_head(at, &listed(names, cut), why)
+                ),
+                otherwise.to_string(),
+            ]
+        }
+        Unknown::Unreadable { missing_pin, doubt } => pin(missing_pin)
+            .into_iter()
+            .chain([format!("{}: {}", reason::UNREADABLE, doubt_short(doubt))])
+            .collect(),
+        Unknown::Python { why } => why.clone(),
+        Unknown::NoSelfId { .. }
+        | Unknown::SelfIdUnknown(_)
+        | Unknown::OpensLater { .. }
+        | Unknown::UnnamedExporter { .. }
+        | Unknown::MayDlopen { .. } => vec![u.to_string()],
+    }
+}
+
+/// The clauses of a split answer's short reason: each group of calls, its names listed
+/// short.
+fn split_clauses(s: &reason::Split, cut: &mut bool) -> Vec<String> {
+    let mut parts: Vec<String> = s
+        .parts
+        .iter()
+        .map(|p| p.words(&listed(&p.names, cut)))
+        .collect();
+    match parts.first_mut() {
+        Some(first) => *first = format!("{}: {first}", s.head()),
+        None => parts.push(format!("{}: ", s.head())),
+    }
+    parts
 }
 
 /// The answer as JSON: `answer`, `reason`, the `nccl` object scripts read (`found`,
@@ -461,6 +479,9 @@ pub(super) fn which_json(w: &Which) -> serde_json::Value {
     json!({
         "answer": w.answer.kind(),
         "reason": w.answer.reason(),
+        // The reason's facts beside its text, by the answer's kind.
+        "unknown": matches!(w.answer, Answer::Unknown { .. }).then(|| w.answer.typed_json()),
+        "split": matches!(w.answer, Answer::Split { .. }).then(|| w.answer.typed_json()),
         "found": w.answer.detection().is_some(),
         "detection": w.answer.detection(),
         "calls": w.calls,
@@ -809,8 +830,8 @@ impl Target {
     }
 
     /// What the Python model leaves unknown, or the import's failure: the answer then.
-    pub fn python_unknown(&self) -> Option<String> {
-        self.python.as_ref()?.unknown_reason()
+    pub fn python_unknown(&self) -> Option<loader::reason::Unknown> {
+        self.python.as_ref()?.unknown_answer()
     }
 }
 
@@ -1465,7 +1486,7 @@ fn print_which(lib: &Path, w: &Which, verbose: bool) {
             "  ",
             &format!("No NCCL in a process that loads {}: {reason}.", path(lib)),
         ),
-        Answer::Unknown { reason } | Answer::Split { reason } => {
+        Answer::Unknown { .. } | Answer::Split { .. } => {
             let split = matches!(w.answer, Answer::Split { .. });
             let head = if split {
                 paint("Two NCCLs:", Color::Red)
@@ -1481,7 +1502,7 @@ fn print_which(lib: &Path, w: &Which, verbose: bool) {
                 say(
                     &format!("{head} "),
                     "  ",
-                    &format!("{what}: {}", clean(&short_reason(w, reason, true).0)),
+                    &format!("{what}: {}", clean(&short_reason(&w.answer).0)),
                 );
             } else {
                 let (text, cut) = answer_short(w);
@@ -1661,12 +1682,8 @@ fn print_which(lib: &Path, w: &Which, verbose: bool) {
             .count()
     );
     if verbose {
-        if let Some(reason) = w.answer.reason() {
-            if short_reason(w, reason, true).1 {
-                outln!(
-                    "  (the reason is shortened here; `--json` has it whole, every function named)"
-                );
-            }
+        if short_reason(&w.answer).1 {
+            outln!("  (the reason is shortened here; `--json` has it whole, every function named)");
         }
     } else if left {
         outln!("  (-v says how each call binds and why; `--json` has it all)");
@@ -1838,5 +1855,147 @@ fn failed_report(store: &BuildStore, name: &str, detail: String) -> Report {
         }],
         host_coverage: Vec::new(),
         checked: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loader::reason::{Reached, Split, SplitPart};
+    use std::path::PathBuf;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("nccl{i}")).collect()
+    }
+
+    fn failure(needed: &str) -> Doubt {
+        Doubt::LoadFailure {
+            needed: needed.into(),
+            needed_by: PathBuf::from("/venv/torch/lib/libtorch_cuda.so"),
+            why: "cannot open shared object file: No such file or directory".into(),
+            absent: true,
+        }
+    }
+
+    #[test]
+    fn short_reason_names_a_load_failure_by_its_library_and_counts_the_rest() {
+        let answer = Answer::Unknown {
+            reason: Unknown::Hidden {
+                missing_pin: None,
+                doubts: vec![failure("libcublas.so.13"), failure("libcudnn.so.9")],
+                more: 2,
+                if_none: Some(Reached {
+                    object: PathBuf::from("/venv/nvidia/nccl/lib/libnccl.so.2"),
+                    nccl: Some("2.27.5".parse().unwrap()),
+                }),
+            },
+        };
+        let full = answer.reason().unwrap();
+        assert!(
+            full.contains("libcublas.so.13 (needed by /venv/torch/lib/libtorch_cuda.so) cannot be loaded: cannot open"),
+            "{full}"
+        );
+        let (short, cut) = short_reason(&answer);
+        assert_eq!(
+            short,
+            format!(
+                "{}: libcublas.so.13 cannot be loaded; libcudnn.so.9 cannot be loaded (and 2 more). If none of that defines nccl* functions, the calls bind to /venv/nvidia/nccl/lib/libnccl.so.2 (NCCL 2.27.5)",
+                reason::HIDDEN
+            )
+        );
+        // The library's name says which; the lines below say why: nothing is left out.
+        assert!(!cut);
+    }
+
+    #[test]
+    fn short_reason_lists_two_names_of_many_and_says_it_left_some_out() {
+        let answer = Answer::Unknown {
+            reason: Unknown::Undefined { names: names(5) },
+        };
+        let (short, cut) = short_reason(&answer);
+        assert_eq!(
+            short,
+            "nothing loaded at start defines nccl0, nccl1 and 3 more: the call fails when made, unless a library loaded later with dlopen provides it"
+        );
+        assert!(cut);
+        // Three are said whole, and the full reason has all five.
+        let three = Answer::Unknown {
+            reason: Unknown::Undefined { names: names(3) },
+        };
+        assert_eq!(short_reason(&three), (three.reason().unwrap(), false));
+        assert!(answer
+            .reason()
+            .unwrap()
+            .contains("nccl0, nccl1, nccl2, nccl3, nccl4:"));
+    }
+
+    #[test]
+    fn short_reason_of_a_possible_call_and_a_split_keeps_their_clauses() {
+        let at = Reached {
+            object: PathBuf::from("/l/libtorch_cuda.so"),
+            nccl: None,
+        };
+        let answer = Answer::Unknown {
+            reason: Unknown::PossibleCall {
+                at: at.clone(),
+                names: names(4),
+                why: "a PLT stub fdl cannot decode".into(),
+                elsewhere: Vec::new(),
+            },
+        };
+        let full = answer.reason().unwrap();
+        assert_eq!(
+            full,
+            "/l/libtorch_cuda.so may call nccl0, nccl1, nccl2, nccl3 itself, which fdl cannot confirm (a PLT stub fdl cannot decode). If it does, those calls stay in /l/libtorch_cuda.so (no NCCL self-id), and nothing else calls NCCL; if not, nothing loaded at start calls it"
+        );
+        assert_eq!(
+            short_reason(&answer),
+            (
+                full.replace("nccl0, nccl1, nccl2, nccl3", "nccl0, nccl1 and 2 more"),
+                true
+            )
+        );
+        let split = Answer::Split {
+            reason: Split {
+                objects: 2,
+                parts: vec![
+                    SplitPart {
+                        names: names(6),
+                        caller: PathBuf::from("/l/a.so"),
+                        to: at.clone(),
+                    },
+                    SplitPart {
+                        names: Vec::new(),
+                        caller: PathBuf::from("/l/b.so"),
+                        to: Reached {
+                            object: PathBuf::from("/l/b.so"),
+                            nccl: Some("2.30.7".parse().unwrap()),
+                        },
+                    },
+                ],
+            },
+        };
+        assert_eq!(
+            split.reason().unwrap(),
+            "NCCL's functions bind to 2 different objects, so the process runs two NCCLs that share no state: nccl0, nccl1, nccl2, nccl3, nccl4, nccl5 of /l/a.so → /l/libtorch_cuda.so (no NCCL self-id); its own calls of /l/b.so → /l/b.so (NCCL 2.30.7)"
+        );
+        let (short, cut) = short_reason(&split);
+        assert!(
+            short.contains(": nccl0, nccl1 and 4 more of /l/a.so → "),
+            "{short}"
+        );
+        assert!(cut);
+    }
+
+    #[test]
+    fn short_reason_cuts_a_long_clause_and_says_so() {
+        let answer = Answer::Unknown {
+            reason: Unknown::Python {
+                why: vec!["x".repeat(300), "short".into()],
+            },
+        };
+        let (short, cut) = short_reason(&answer);
+        assert_eq!(short, format!("{}…; short", "x".repeat(CLAUSE)));
+        assert!(cut);
     }
 }

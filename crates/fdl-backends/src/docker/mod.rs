@@ -576,10 +576,34 @@ fn toolchain_tag(docker: &DockerPlan, base_id: &str, dockerfile: &str) -> String
     format!("{}-{}", docker.image, &sha256_hex(key.as_bytes())[..16])
 }
 
-fn base_id(engine: &Engine, docker: &DockerPlan) -> Result<String> {
+/// What the toolchain image is built on, as its tag's key names it.
+enum Base {
+    /// The base image the engine has, by its ID.
+    Id(String),
+    /// A base image the engine does not have yet: the build pulls it.
+    Absent(String),
+    /// No `--base-image`: the Dockerfile's own `FROM`.
+    FromDockerfile,
+}
+
+impl Base {
+    /// The line of the toolchain tag's key.
+    fn key(&self) -> String {
+        match self {
+            Base::Id(id) => id.clone(),
+            Base::Absent(base) => format!("absent {base}"),
+            Base::FromDockerfile => "from the Dockerfile".to_string(),
+        }
+    }
+}
+
+fn base_id(engine: &Engine, docker: &DockerPlan) -> Result<Base> {
     Ok(match &docker.base_image {
-        Some(base) => image_id(engine, base)?.unwrap_or_else(|| format!("absent {base}")),
-        None => "from the Dockerfile".to_string(),
+        Some(base) => match image_id(engine, base)? {
+            Some(id) => Base::Id(id),
+            None => Base::Absent(base.clone()),
+        },
+        None => Base::FromDockerfile,
     })
 }
 
@@ -596,7 +620,7 @@ pub fn toolchain_image(
         bail!("the Dockerfile changed since the plan was made: run the build again");
     }
     let base = base_id(engine, docker)?;
-    let tag = toolchain_tag(docker, &base, dockerfile);
+    let tag = toolchain_tag(docker, &base.key(), dockerfile);
     if let Some(id) = image_id(engine, &tag)? {
         return Ok(Toolchain {
             tag,
@@ -647,8 +671,8 @@ pub fn toolchain_image(
     })?;
     // A base image the build pulled has an ID now: tag the image by it as well, so the
     // next build finds it without running the Dockerfile's steps again.
-    if base.starts_with("absent ") {
-        let again = toolchain_tag(docker, &base_id(engine, docker)?, dockerfile);
+    if let Base::Absent(_) = base {
+        let again = toolchain_tag(docker, &base_id(engine, docker)?.key(), dockerfile);
         if again != tag {
             let _ = engine_call(engine.command().args(["tag", &tag, &again]), CHANGE_LIMIT);
         }
@@ -1377,7 +1401,7 @@ fn store_identity(
         bail!("the Dockerfile changed since the plan was made");
     }
     let engine = Engine::probe()?;
-    let tag = toolchain_tag(docker, &base_id(&engine, docker)?, dockerfile);
+    let tag = toolchain_tag(docker, &base_id(&engine, docker)?.key(), dockerfile);
     let id = image_id(&engine, &tag)?.ok_or_else(|| {
         anyhow::anyhow!("the toolchain image {tag} is not built yet (the build makes it)")
     })?;

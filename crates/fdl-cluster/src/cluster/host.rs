@@ -32,6 +32,10 @@ pub struct HostReport {
     pub libtorch: Facts<LibtorchFacts>,
     /// What the ranks load: the preload when set, else the bundled NCCL.
     pub effective: Facts<NcclFacts>,
+    /// Whether `effective` is unknown because the calls reach two NCCLs: a finding (the
+    /// skew verdict is red), where any other unknown leaves the verdicts unknown.
+    #[serde(default)]
+    pub effective_split: bool,
     /// Per GPU: how the effective NCCL runs on it.
     #[serde(default)]
     pub coverage: Vec<GpuCoverage>,
@@ -284,6 +288,10 @@ pub fn report(q: &SelfQuery) -> HostReport {
         let effective = effective_nccl(q, libtorch.known());
         (joined(gpus), joined(driver), libtorch, effective)
     });
+    let effective_split = effective
+        .as_ref()
+        .err()
+        .is_some_and(|e| e.downcast_ref::<TwoNcclsError>().is_some());
     let effective = Facts::from(effective);
     let coverage = match (&gpus, &effective) {
         (Facts::Known(gpus), Facts::Known(nccl)) => coverage(gpus, &nccl.gpu_code),
@@ -309,6 +317,7 @@ pub fn report(q: &SelfQuery) -> HostReport {
         driver,
         libtorch,
         effective,
+        effective_split,
         coverage,
         torch_coverage,
         missing_symbols,
@@ -385,8 +394,21 @@ fn nccl_of(lib: &Path, pip_torch: Option<&Path>) -> anyhow::Result<NcclFacts> {
     )?)
 }
 
-/// How an effective NCCL that is two NCCLs is reported: status reads it as a finding.
+/// How an effective NCCL that is two NCCLs is said.
 pub const SPLIT: &str = "two NCCLs in one process";
+
+/// An effective NCCL that is two NCCLs: the error [`answer_facts`] gives, which the
+/// report marks as [`HostReport::effective_split`] for status to read as a finding.
+#[derive(Debug)]
+struct TwoNcclsError(String);
+
+impl std::fmt::Display for TwoNcclsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{SPLIT}: {}", self.0)
+    }
+}
+
+impl std::error::Error for TwoNcclsError {}
 
 /// A known NCCL as facts; anything else is the reason it is not known.
 fn answer_facts(w: loader::Which) -> anyhow::Result<NcclFacts> {
@@ -401,7 +423,7 @@ fn answer_facts(w: loader::Which) -> anyhow::Result<NcclFacts> {
         }
         Answer::None { reason } => anyhow::bail!("no NCCL: {reason}"),
         Answer::Unknown { reason } => anyhow::bail!("unknown: {reason}"),
-        Answer::Split { reason } => anyhow::bail!("{SPLIT}: {reason}"),
+        Answer::Split { reason } => Err(TwoNcclsError(reason.to_string()).into()),
     }
 }
 
@@ -511,7 +533,7 @@ fn effective_nccl(
         Err(e) => return (Err(e), None, unknown("the loader model failed")),
     };
     let mut w = w;
-    if let Some(why) = python.as_ref().and_then(|p| p.unknown_reason()) {
+    if let Some(why) = python.as_ref().and_then(|p| p.unknown_answer()) {
         w.answer = Answer::Unknown { reason: why };
     }
     // NCCL reads its plugin variables from the ranks' environment: the env: block's,

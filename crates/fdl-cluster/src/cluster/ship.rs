@@ -27,11 +27,17 @@ pub enum Outcome {
     AlreadyThere,
     Installed {
         replaced: bool,
+        /// How the files went: the copy method, or the worker's store.
         copy: String,
+        /// Whether the worker's build store filled the build (`copy` then says so).
+        #[serde(skip)]
+        from_store: bool,
     },
     /// `--dry-run`: what would happen.
     WouldCopy {
         copy: String,
+        #[serde(skip)]
+        from_store: bool,
         replace: bool,
     },
     /// A different build is there and `--force` was not given.
@@ -371,6 +377,7 @@ fn ship_steps(
                     } else {
                         t.tree_method(state.rsync)
                     },
+                    from_store,
                     replace,
                 })
             } else {
@@ -504,6 +511,7 @@ fn ship_steps(
             *step = Step::Done(Outcome::Installed {
                 replaced: installed.replaced,
                 copy: methods[i].clone(),
+                from_store: targets[i].2,
             })
         },
     );

@@ -15,7 +15,9 @@
 //! missing or fails, as a stream into one `srun` task per node.
 
 use super::config::Worker;
-use super::transport::{copy_error, copy_limit, enter_incoming, Script, Transport};
+use super::transport::{
+    copy_error, copy_limit, enter_incoming, Script, Transport, Unreachable, Unreached,
+};
 use crate::process::OUTPUT_CAP;
 use crate::step::single_quote;
 use anyhow::{anyhow, bail, Context, Result};
@@ -293,9 +295,12 @@ impl Slurm {
                 let outs = nodes
                     .iter()
                     .map(|n| {
-                        Err(anyhow!(
-                            "no answer from {n} through srun within {} s (the step was stopped)",
-                            timeout.as_secs()
+                        Err(Unreachable::error(
+                            Unreached::Slurm,
+                            format!(
+                                "no answer from {n} through srun within {} s (the step was stopped)",
+                                timeout.as_secs()
+                            ),
                         ))
                     })
                     .collect();
@@ -366,10 +371,13 @@ impl Slurm {
                 anyhow!("the copy to {node} took too long and was stopped (rerun ship)")
             })?;
         if !out.status.success() {
-            bail!(
-                "the copy to {node} through srun failed (rerun ship): {}",
-                copy_error(&String::from_utf8_lossy(&out.stderr))
-            );
+            return Err(Unreachable::error(
+                Unreached::Slurm,
+                format!(
+                    "the copy to {node} through srun failed (rerun ship): {}",
+                    copy_error(&String::from_utf8_lossy(&out.stderr))
+                ),
+            ));
         }
         Ok(())
     }
@@ -521,7 +529,10 @@ impl Slurm {
             .copied()
             .filter(|&i| match bad.get(&hosts[i].0.host) {
                 Some(why) => {
-                    results[i] = Some(Err(anyhow!("{why}: Slurm runs no step there")));
+                    results[i] = Some(Err(Unreachable::error(
+                        Unreached::Slurm,
+                        format!("{why}: Slurm runs no step there"),
+                    )));
                     false
                 }
                 None => true,
@@ -593,7 +604,10 @@ impl Transport for Slurm {
             all.into_iter()
                 .filter(|&i| match bad.get(names[i]) {
                     Some(why) => {
-                        results[i] = Some(Err(anyhow!("{why}: Slurm runs no step there")));
+                        results[i] = Some(Err(Unreachable::error(
+                            Unreached::Slurm,
+                            format!("{why}: Slurm runs no step there"),
+                        )));
                         false
                     }
                     None => true,

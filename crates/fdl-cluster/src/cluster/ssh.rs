@@ -9,7 +9,9 @@
 //! unquoted.
 
 use super::config::Worker;
-use super::transport::{copy_error, copy_limit, enter_incoming, Script, Transport};
+use super::transport::{
+    copy_error, copy_limit, enter_incoming, Script, Transport, Unreachable, Unreached,
+};
 use crate::step::single_quote;
 use anyhow::{anyhow, bail, Context, Result};
 use std::ffi::OsString;
@@ -131,7 +133,10 @@ impl Ssh {
     ) -> Result<Output> {
         let out = self.run(worker, script, stdin, timeout)?;
         if let Some(why) = connection_failure(&out) {
-            bail!("unreachable over SSH: {why}");
+            return Err(Unreachable::error(
+                Unreached::Ssh,
+                format!("unreachable over SSH: {why}"),
+            ));
         }
         Ok(out)
     }
@@ -312,7 +317,10 @@ fn tar_over_ssh(t: &Ssh, w: &Worker, from: &Path, to: &Path, timeout: Duration) 
         .context("cannot run ssh")?
         .ok_or_else(|| anyhow!("the copy took too long and was stopped (rerun ship)"))?;
     if let Some(why) = connection_failure(&out) {
-        bail!("unreachable over SSH during the copy: {why}");
+        return Err(Unreachable::error(
+            Unreached::Ssh,
+            format!("unreachable over SSH during the copy: {why}"),
+        ));
     }
     if !out.status.success() {
         bail!(

@@ -7,7 +7,7 @@
 
 use super::config::Worker;
 use super::host::{Facts, HostReport, REPORT_SCHEMA};
-use super::transport::{self, Transport};
+use super::transport::{self, Transport, Unreachable, Unreached};
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -24,6 +24,9 @@ pub struct WorkerStatus {
     /// Why there is no report: the SSH failure, or what the remote side said.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Which engine could not reach it, when that is the error: the next step to name.
+    #[serde(skip)]
+    pub unreached: Option<Unreached>,
     /// The controller's fdl was copied there for this query.
     pub shipped_fdl: bool,
     /// The worker's `env.LD_PRELOAD` from the cluster file: whether a bridge is wanted.
@@ -316,8 +319,11 @@ pub(super) fn run_fdl_all<T: Send>(
         for ((i, why), r) in again.into_iter().zip(shipped) {
             match r {
                 Ok(()) => retry.push((i, why)),
+                // As context, so that a failure to reach the host stays in the chain.
                 Err(e) => {
-                    results[i] = Some(Err(anyhow!("{why}, and fdl could not be shipped: {e:#}")))
+                    results[i] = Some(Err(
+                        e.context(format!("{why}, and fdl could not be shipped"))
+                    ))
                 }
             }
         }
@@ -353,6 +359,7 @@ fn blank_status(w: &Worker) -> WorkerStatus {
         path: w.path.clone(),
         report: None,
         error: None,
+        unreached: None,
         shipped_fdl: false,
         ld_preload: w.ld_preload().map(str::to_string),
     }
@@ -656,7 +663,10 @@ pub fn query_all(
                     status.report = Some(r);
                     status.shipped_fdl = shipped;
                 }
-                Err(e) => status.error = Some(format!("{e:#}")),
+                Err(e) => {
+                    status.unreached = Unreachable::kind_in(&e);
+                    status.error = Some(format!("{e:#}"));
+                }
             }
             on_done(&status);
             status
@@ -667,17 +677,38 @@ pub fn query_all(
 /// The verdicts for the cluster, in the order status prints them. A worker without a
 /// report leaves every verdict at best unknown: its facts are missing.
 pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
-    let mut out = Vec::new();
-    let down: Vec<String> = workers
-        .iter()
-        .filter_map(|w| w.error.as_ref().map(|e| format!("{}: {e}", w.host)))
-        .collect();
     let silent: Vec<String> = workers
         .iter()
         .filter(|w| w.report.is_none())
         .map(|w| format!("{} did not answer", w.host))
         .collect();
-    out.push(Verdict::new(
+    let reports: Vec<(&str, &HostReport)> = workers
+        .iter()
+        .filter_map(|w| w.report.as_ref().map(|r| (w.host.as_str(), r)))
+        .collect();
+    // Facts every verdict lacks: the workers that did not answer, or none at all.
+    let mut missing_hosts = silent.clone();
+    if workers.is_empty() {
+        missing_hosts.push("no workers".into());
+    }
+    vec![
+        reach(workers, &silent),
+        skew(&reports, &missing_hosts),
+        coverage(&reports, &missing_hosts),
+        driver(&reports, &missing_hosts),
+        symbols(&reports, &missing_hosts),
+        bridge(workers, &missing_hosts),
+        plugins_verdict(&reports, &missing_hosts),
+    ]
+}
+
+/// reach: every worker answered; else the errors (or the silent workers) as said.
+fn reach(workers: &[WorkerStatus], silent: &[String]) -> Verdict {
+    let down: Vec<String> = workers
+        .iter()
+        .filter_map(|w| w.error.as_ref().map(|e| format!("{}: {e}", w.host)))
+        .collect();
+    Verdict::new(
         "reach",
         if down.is_empty() && silent.is_empty() {
             State::Ok
@@ -691,27 +722,18 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
         } else {
             down.join("; ")
         },
-    ));
-    let reports: Vec<(&str, &HostReport)> = workers
-        .iter()
-        .filter_map(|w| w.report.as_ref().map(|r| (w.host.as_str(), r)))
-        .collect();
-    // Facts every verdict lacks: the workers that did not answer, or none at all.
-    let mut missing_hosts = silent.clone();
-    if workers.is_empty() {
-        missing_hosts.push("no workers".into());
-    }
+    )
+}
 
-    // skew: one effective NCCL version, exactly.
+/// skew: one effective NCCL version, exactly.
+fn skew(reports: &[(&str, &HostReport)], missing_hosts: &[String]) -> Verdict {
     let mut versions: Vec<(String, &str)> = Vec::new();
-    let mut unknown = missing_hosts.clone();
+    let mut unknown = missing_hosts.to_vec();
     let mut red = Vec::new();
-    for (host, r) in &reports {
+    for (host, r) in reports {
         match &r.effective {
             Facts::Known(n) => versions.push((n.version.clone(), host)),
-            Facts::Unknown(why) if why.starts_with(super::host::SPLIT) => {
-                red.push(format!("{host}: {why}"))
-            }
+            Facts::Unknown(why) if r.effective_split => red.push(format!("{host}: {why}")),
             Facts::Unknown(why) => unknown.push(format!("{host}: effective NCCL unknown: {why}")),
         }
     }
@@ -750,10 +772,12 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
     if !model_wrong.is_empty() {
         detail.push_str(&format!("; {}", model_wrong.join("; ")));
     }
-    out.push(Verdict::new("skew", state, detail));
+    Verdict::new("skew", state, detail)
+}
 
-    // coverage: every GPU on every host, judged on the NCCL it really loads and on the
-    // libtorch's own kernels: a rank runs both, and either lacking code fails it.
+/// coverage: every GPU on every host, judged on the NCCL it really loads and on the
+/// libtorch's own kernels: a rank runs both, and either lacking code fails it.
+fn coverage(reports: &[(&str, &HostReport)], missing_hosts: &[String]) -> Verdict {
     let nccl_red: Vec<String> = reports
         .iter()
         .flat_map(|(host, r)| {
@@ -764,8 +788,8 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
         })
         .collect();
     let mut torch_red: Vec<String> = Vec::new();
-    let mut unknown = missing_hosts.clone();
-    for (h, r) in &reports {
+    let mut unknown = missing_hosts.to_vec();
+    for (h, r) in reports {
         if let Facts::Unknown(why) = &r.gpus {
             unknown.push(format!("{h}: GPUs unknown: {why}"));
         }
@@ -797,7 +821,7 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
     }
     red.extend(torch_red);
     let state = judge(&red, &unknown);
-    out.push(Verdict::new(
+    Verdict::new(
         "coverage",
         state,
         match state {
@@ -805,13 +829,15 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
             State::Unknown => unknown.join("; "),
             State::Ok => "every GPU has code in its host's NCCL and libtorch".into(),
         },
-    ));
+    )
+}
 
-    // driver: each host's driver runs the CUDA its effective NCCL was built with.
+/// driver: each host's driver runs the CUDA its effective NCCL was built with.
+fn driver(reports: &[(&str, &HostReport)], missing_hosts: &[String]) -> Verdict {
     let mut red = Vec::new();
-    let mut unknown = missing_hosts.clone();
+    let mut unknown = missing_hosts.to_vec();
     let mut notes = Vec::new();
-    for (host, r) in &reports {
+    for (host, r) in reports {
         let d = match &r.driver {
             Facts::Known(d) => d,
             Facts::Unknown(why) => {
@@ -844,7 +870,7 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
         }
     }
     let state = judge(&red, &unknown);
-    out.push(Verdict::new(
+    Verdict::new(
         "driver",
         state,
         match state {
@@ -853,16 +879,18 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
             State::Ok if notes.is_empty() => "every driver runs its NCCL's CUDA".into(),
             State::Ok => notes.join("; "),
         },
-    ));
+    )
+}
 
-    // symbols: what each libtorch imports, its effective NCCL exports.
+/// symbols: what each libtorch imports, its effective NCCL exports.
+fn symbols(reports: &[(&str, &HostReport)], missing_hosts: &[String]) -> Verdict {
     let red: Vec<String> = reports
         .iter()
         .filter(|(_, r)| !r.missing_symbols.is_empty())
         .map(|(h, r)| format!("{h} lacks {}", r.missing_symbols.join(", ")))
         .collect();
-    let mut unknown = missing_hosts.clone();
-    for (h, r) in &reports {
+    let mut unknown = missing_hosts.to_vec();
+    for (h, r) in reports {
         match (r.libtorch.known(), r.effective.known()) {
             (Some(lt), Some(_)) => {
                 if let Facts::Unknown(why) = &lt.bridge {
@@ -875,7 +903,7 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
         }
     }
     let state = judge(&red, &unknown);
-    out.push(Verdict::new(
+    Verdict::new(
         "symbols",
         state,
         match state {
@@ -885,18 +913,20 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
                 "each effective NCCL exports every nccl* function its libtorch imports".into()
             }
         },
-    ));
+    )
+}
 
-    // bridge: where a preload is set, the libtorch's calls must reach it. The effective
-    // NCCL is the loader model's answer, so a preload it loads but that does not answer
-    // the calls shows as the bundled NCCL still running.
+/// bridge: where a preload is set, the libtorch's calls must reach it. The effective NCCL
+/// is the loader model's answer, so a preload it loads but that does not answer the calls
+/// shows as the bundled NCCL still running.
+fn bridge(workers: &[WorkerStatus], missing_hosts: &[String]) -> Verdict {
     let setting: Vec<(&str, &HostReport)> = workers
         .iter()
         .filter(|w| w.ld_preload.is_some())
         .filter_map(|w| w.report.as_ref().map(|r| (w.host.as_str(), r)))
         .collect();
     let mut red = Vec::new();
-    let mut unknown = missing_hosts.clone();
+    let mut unknown = missing_hosts.to_vec();
     for (h, r) in &setting {
         match r.effective.known() {
             Some(n) if n.linkage == "preload" => {}
@@ -913,7 +943,7 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
         }
     }
     let state = judge(&red, &unknown);
-    out.push(Verdict::new(
+    Verdict::new(
         "bridge",
         state,
         match state {
@@ -924,9 +954,7 @@ pub fn verdicts(workers: &[WorkerStatus]) -> Vec<Verdict> {
             }
             State::Ok => format!("the LD_PRELOAD of {} worker(s) takes effect", setting.len()),
         },
-    ));
-    out.push(plugins_verdict(&reports, &missing_hosts));
-    out
+    )
 }
 
 /// The kinds whose plugin every rank must share: the net (and GPU-initiated and remote
@@ -1167,6 +1195,7 @@ pub fn test_worker(host: &str, nccl: &str, caps: &[(u32, u32)], driver_cuda: &st
         target: host.into(),
         path: "/p".into(),
         error: None,
+        unreached: None,
         shipped_fdl: false,
         ld_preload: None,
         report: Some(HostReport {
@@ -1197,6 +1226,7 @@ pub fn test_worker(host: &str, nccl: &str, caps: &[(u32, u32)], driver_cuda: &st
                 python: None,
             }),
             effective: Facts::Known(facts),
+            effective_split: false,
             coverage: vec![],
             torch_coverage: Facts::Known(super::host::TorchCoverage {
                 files: vec![],
@@ -1395,6 +1425,7 @@ mod tests {
             path: "/p".into(),
             report: None,
             error: Some("unreachable".into()),
+            unreached: None,
             shipped_fdl: false,
             ld_preload: None,
         }
@@ -1435,6 +1466,25 @@ mod tests {
         let v = verdicts(&[w]);
         let bridge = v.iter().find(|v| v.name == "bridge").unwrap();
         assert_eq!(bridge.state, State::Ok, "{bridge:?}");
+    }
+
+    /// Two NCCLs in one process is a finding (skew red), said by the report's flag, not by
+    /// its words: an unknown NCCL whose reason reads the same is still unknown.
+    #[test]
+    fn a_split_effective_nccl_is_red_by_its_flag_alone() {
+        let split = |flag: bool| {
+            let mut w = test_worker("a", "2.27.5", &[(8, 6)], "12.8");
+            let r = w.report.as_mut().unwrap();
+            r.effective = Facts::Unknown(format!("{}: a → b", super::super::host::SPLIT));
+            r.effective_split = flag;
+            let v = verdicts(&[w]);
+            v.into_iter().find(|v| v.name == "skew").unwrap()
+        };
+        let skew = split(true);
+        assert_eq!(skew.state, State::Red, "{skew:?}");
+        assert_eq!(skew.detail, "a: two NCCLs in one process: a → b");
+        let skew = split(false);
+        assert_eq!(skew.state, State::Unknown, "{skew:?}");
     }
 
     fn with_plugins(mut w: WorkerStatus, ps: Vec<super::super::host::PluginFacts>) -> WorkerStatus {

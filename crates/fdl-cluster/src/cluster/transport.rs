@@ -15,6 +15,43 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
+/// The engine that could not reach a worker: what to check next differs (the host and
+/// its `ssh:` block, or the node in Slurm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreached {
+    Ssh,
+    Slurm,
+}
+
+/// An engine's failure to reach a worker, in its words, with its kind: carried in the
+/// `anyhow` chain so that a caller names the next step from the kind, never the words.
+#[derive(Debug)]
+pub struct Unreachable {
+    pub by: Unreached,
+    pub what: String,
+}
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+impl Unreachable {
+    pub fn error(by: Unreached, what: String) -> anyhow::Error {
+        Unreachable { by, what }.into()
+    }
+
+    /// The kind of the first failure to reach the worker in `e`'s chain, if any.
+    pub fn kind_in(e: &anyhow::Error) -> Option<Unreached> {
+        e.chain()
+            .find_map(|c| c.downcast_ref::<Unreachable>())
+            .map(|u| u.by)
+    }
+}
+
 /// A script for each host, built from its own settings (its path, its arch).
 pub type Script<'a> = &'a (dyn Fn(&Worker) -> String + Sync);
 
@@ -136,4 +173,24 @@ pub fn copy_error(err: &str) -> String {
         .or_else(|| lines.first())
         .map(|l| l.to_string())
         .unwrap_or_else(|| "no message".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kind_of_a_failure_to_reach_a_worker_survives_context_and_its_words_do_not_change() {
+        let e = Unreachable::error(Unreached::Slurm, "a: Slurm runs no step there".into());
+        let e = e.context("no fdl there, and fdl could not be shipped");
+        assert_eq!(Unreachable::kind_in(&e), Some(Unreached::Slurm));
+        assert_eq!(
+            format!("{e:#}"),
+            "no fdl there, and fdl could not be shipped: a: Slurm runs no step there"
+        );
+        // Words alone are no kind: a message that says "unreachable over SSH" but was
+        // not made by the engine names no next step.
+        let said = anyhow!("unreachable over SSH: made up");
+        assert_eq!(Unreachable::kind_in(&said), None);
+    }
 }

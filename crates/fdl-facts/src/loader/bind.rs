@@ -16,6 +16,7 @@
 
 use super::map::{self, FoundBy, LinkMap};
 use super::pin::{self, Pin};
+use super::reason::{Doubt, Reached, SelfIdTrouble, Split, SplitPart, Unknown};
 use super::search::LoaderEnv;
 use crate::inspect::interpose::{self, Binding, DynamicNccl};
 use crate::inspect::{self, Linkage, NcclDetection, SelfId};
@@ -32,10 +33,21 @@ pub enum Answer {
     Nccl { detection: NcclDetection },
     /// Nothing in the process defines, calls or carries NCCL, and nothing could load it.
     None { reason: String },
-    /// fdl cannot say, and why.
-    Unknown { reason: String },
+    /// fdl cannot say, and why (`reason` as text; the facts are [`Answer::typed_json`]'s).
+    Unknown {
+        #[serde(serialize_with = "as_text")]
+        reason: Unknown,
+    },
     /// The calls reach different objects: two NCCLs in one process.
-    Split { reason: String },
+    Split {
+        #[serde(serialize_with = "as_text")]
+        reason: Split,
+    },
+}
+
+/// A reason serialized as its full sentence, as `reason` always was.
+fn as_text<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }
 
 impl Answer {
@@ -56,13 +68,26 @@ impl Answer {
         }
     }
 
-    pub fn reason(&self) -> Option<&str> {
+    /// The reason whole, as text: what `--json` has as `reason`.
+    pub fn reason(&self) -> Option<String> {
         match self {
             Answer::Nccl { .. } => None,
-            Answer::None { reason } | Answer::Unknown { reason } | Answer::Split { reason } => {
-                Some(reason)
-            }
+            Answer::None { reason } => Some(reason.clone()),
+            Answer::Unknown { reason } => Some(reason.to_string()),
+            Answer::Split { reason } => Some(reason.to_string()),
         }
+    }
+
+    /// The facts of an unknown or split answer (`{"kind": …}` and the kind's fields),
+    /// for `--json` beside the text; `null` otherwise.
+    pub fn typed_json(&self) -> serde_json::Value {
+        let v = match self {
+            Answer::Unknown { reason } => serde_json::to_value(reason),
+            Answer::Split { reason } => serde_json::to_value(reason),
+            _ => return serde_json::Value::Null,
+        };
+        // Paths serialize lossily and nothing here is a map with non-string keys.
+        v.unwrap_or(serde_json::Value::Null)
     }
 }
 
@@ -243,575 +268,645 @@ pub fn which_nccl_as(
     kind: map::TargetKind,
 ) -> Result<Which> {
     let map = map::load_as(target, env, kind)?;
-    let asked = map
-        .objects
+    let mut r = Resolver::new(target, map, target_self_ids);
+    let callers = r.callers();
+    let exports = r.exports(&callers.callers);
+    let hidden = r.hidden();
+    let binds = r.bind(&callers, &exports, &hidden);
+    Ok(r.finish(&callers, &binds, &hidden))
+}
+
+/// One "which NCCL" question, worked through in phases over one link map: whose calls
+/// are the process's ([`Resolver::callers`]), what the global scope exports of the names
+/// looked up ([`Resolver::exports`]), what fdl cannot see ([`Resolver::hidden`]), where
+/// each call binds ([`Resolver::bind`]), and the answer ([`Resolver::finish`]). What is
+/// read of an object is read once and kept here.
+struct Resolver<'a> {
+    target: &'a Path,
+    map: LinkMap,
+    /// The object asked about (the program, or the library a program links).
+    asked: Option<usize>,
+    /// The nccl* symbols of each object, where read.
+    facts: Vec<Option<DynamicNccl>>,
+    /// Each object's self-id, once asked (for a libtorch, that scan is most of the work).
+    self_ids: BTreeMap<usize, Result<Option<SelfId>, SelfIdTrouble>>,
+    /// Objects whose symbols fdl cannot read: like failures, they hide definitions.
+    blind: Vec<(usize, Doubt)>,
+}
+
+/// Whose calls are the process's, and what each calls.
+#[derive(Default)]
+struct Callers {
+    /// Each calling object with the names it calls and how each binds.
+    callers: Vec<(usize, Vec<(String, Binding)>)>,
+    /// Objects with NCCL compiled in whose calls stay inside them, and why.
+    carriers: Vec<(usize, &'static str)>,
+    /// Set when nothing loaded at start calls NCCL, an NCCL is there, and the process can
+    /// dlopen: the object that calls dlopen, and the first object exporting nccl*.
+    opens_later: Option<(PathBuf, Option<usize>)>,
+    /// Set when nothing calls NCCL and nothing carries a readable self-id, but an object
+    /// exports nccl* functions: an NCCL whose version fdl cannot read, never "no NCCL".
+    unnamed_exporter: Option<usize>,
+}
+
+/// Calls of one object that reach one place.
+struct Group {
+    caller: usize,
+    /// `None` when nothing in the process defines them.
+    target: Option<usize>,
+    names: Vec<String>,
+    /// How they bind, in words ([`CallGroup::how`]).
+    how: String,
+    bound: Bound,
+}
+
+/// Where the calls bind, and what fdl cannot see before their targets.
+#[derive(Default)]
+struct Binds {
+    groups: Vec<Group>,
+    /// What is unknown at or before an object a call looks up, in the order met.
+    doubts: Vec<Doubt>,
+    /// Targets that something unknown lies before: the answer if that defines nothing.
+    provisional: Vec<usize>,
+}
+
+impl Binds {
+    /// The names that nothing loaded at start defines.
+    fn undefined(&self) -> Vec<String> {
+        self.groups
+            .iter()
+            .filter(|g| g.target.is_none())
+            .flat_map(|g| g.names.iter().cloned())
+            .collect()
+    }
+}
+
+/// The nccl* functions an object calls (a function it defines but never calls is none).
+fn calls_of(f: &DynamicNccl) -> Vec<(String, Binding)> {
+    f.symbols
         .iter()
-        .position(|o| matches!(o.found_by, FoundBy::Program | FoundBy::Asked));
-    // Objects whose symbols fdl cannot read: like failures, they hide definitions.
-    let mut blind: Vec<(usize, String)> = Vec::new();
-    let read_facts = |i: usize, blind: &mut Vec<(usize, String)>| -> Option<DynamicNccl> {
-        let o = &map.objects[i];
+        .filter(|s| s.binding.is_call())
+        .map(|s| (s.name.clone(), s.binding.clone()))
+        .collect()
+}
+
+impl<'a> Resolver<'a> {
+    /// Reads the object asked about; `target_self_ids`, when given, are its self-ids.
+    fn new(target: &'a Path, map: LinkMap, target_self_ids: Option<&[SelfId]>) -> Self {
+        let asked = map
+            .objects
+            .iter()
+            .position(|o| matches!(o.found_by, FoundBy::Program | FoundBy::Asked));
+        let n = map.objects.len();
+        let mut r = Resolver {
+            target,
+            map,
+            asked,
+            facts: vec![None; n],
+            self_ids: BTreeMap::new(),
+            blind: Vec::new(),
+        };
+        if let Some(a) = asked {
+            r.facts[a] = r.read_facts(a);
+            if let Some(ids) = target_self_ids {
+                let id = match ids {
+                    [] => Ok(None),
+                    [one] => Ok(Some(one.clone())),
+                    many => Err(SelfIdTrouble::Several {
+                        object: target.to_path_buf(),
+                        ids: many.to_vec(),
+                    }),
+                };
+                r.self_ids.insert(a, id);
+            }
+        }
+        r
+    }
+
+    fn unreadable(&mut self, i: usize, versions: bool, e: anyhow::Error) {
+        let object = self.map.objects[i].path.clone();
+        self.blind.push((
+            i,
+            Doubt::Unreadable {
+                object,
+                versions,
+                error: format!("{e:#}"),
+            },
+        ));
+    }
+
+    fn read_facts(&mut self, i: usize) -> Option<DynamicNccl> {
+        let o = &self.map.objects[i];
         if o.is_stand_in() {
             return None;
         }
-        interpose::dynamic_nccl(&o.path).unwrap_or_else(|e| {
-            blind.push((
-                i,
-                format!("the symbols of {} cannot be read: {e:#}", o.path.display()),
-            ));
-            None
-        })
-    };
-    let n = map.objects.len();
-    let preloaded = |i: usize| matches!(map.objects[i].found_by, FoundBy::Preload { .. });
-    let mut facts: Vec<Option<DynamicNccl>> = vec![None; n];
-    if let Some(a) = asked {
-        facts[a] = read_facts(a, &mut blind);
+        match interpose::dynamic_nccl(&o.path) {
+            Ok(f) => f,
+            Err(e) => {
+                self.unreadable(i, false, e);
+                None
+            }
+        }
     }
-    let mut self_ids: BTreeMap<usize, Result<Option<SelfId>, String>> = BTreeMap::new();
-    if let (Some(a), Some(ids)) = (asked, target_self_ids) {
-        self_ids.insert(
-            a,
-            match ids {
-                [] => Ok(None),
-                [one] => Ok(Some(one.clone())),
-                many => Err(format!(
-                    "{} carries {} different NCCL self-ids ({}); cannot tell which one is linked",
-                    target.display(),
-                    many.len(),
-                    many.iter()
-                        .map(|i| format!("{}+cuda{}", i.nccl, i.cuda))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
-            },
-        );
-    }
-    let mut id_of = |i: usize| -> Result<Option<SelfId>, String> {
-        self_ids
+
+    fn id_of(&mut self, i: usize) -> Result<Option<SelfId>, SelfIdTrouble> {
+        let path = &self.map.objects[i].path;
+        self.self_ids
             .entry(i)
             .or_insert_with(|| {
-                inspect::find_nccl_self_id(&map.objects[i].path).map_err(|e| format!("{e:#}"))
+                inspect::find_nccl_self_id(path).map_err(|e| SelfIdTrouble::Unreadable {
+                    error: format!("{e:#}"),
+                })
             })
             .clone()
-    };
+    }
 
-    // Whose calls are the process's, and what each calls (name, binding):
-    // - the object asked about, for the nccl* functions it calls (a function it defines
-    //   but never calls is no call); or, when it names none but carries NCCL compiled in
-    //   with hidden symbols, its own calls, which stay inside it;
-    // - and whatever the asked object does, every other object that imports nccl*
-    //   functions: those bind by scope (a preload is a provider: its own calls are not
-    //   the process's);
-    // - only when neither exists: the objects that define and call their own; else, for
-    //   a process that can dlopen, nothing known (what it opens later is in no file);
-    //   else the objects whose read-only data carry a self-id.
-    let mut callers: Vec<(usize, Vec<(String, Binding)>)> = Vec::new();
-    let mut carriers: Vec<(usize, &'static str)> = Vec::new();
-    if let Some((a, f)) = asked.and_then(|a| facts[a].as_ref().map(|f| (a, f))) {
-        let called: Vec<(String, Binding)> = f
-            .symbols
-            .iter()
-            .filter(|s| s.binding.is_call())
-            .map(|s| (s.name.clone(), s.binding.clone()))
-            .collect();
-        if !called.is_empty() {
-            callers.push((a, called));
+    fn preloaded(&self, i: usize) -> bool {
+        matches!(self.map.objects[i].found_by, FoundBy::Preload { .. })
+    }
+
+    /// Object `t` as a reason names it, with its NCCL.
+    fn reached(&mut self, t: usize) -> Reached {
+        Reached {
+            object: shown(&self.map, t),
+            nccl: self.id_of(t).ok().flatten().map(|id| id.nccl),
         }
     }
-    if let Some(a) = asked {
-        let names_none = facts[a].as_ref().is_none_or(|f| f.symbols.is_empty());
-        if names_none && matches!(id_of(a), Ok(Some(_))) {
-            carriers.push((a, HIDDEN_CARRIER));
-        }
-    }
-    for i in 0..n {
-        if Some(i) == asked || map.objects[i].is_stand_in() || preloaded(i) {
-            continue;
-        }
-        match interpose::imported_nccl(&map.objects[i].path) {
-            Ok(names) if !names.is_empty() => callers.push((
-                i,
-                names.into_iter().map(|n| (n, Binding::Imported)).collect(),
-            )),
-            Ok(_) => {}
-            Err(e) => blind.push((
-                i,
-                format!(
-                    "the symbols of {} cannot be read: {e:#}",
-                    map.objects[i].path.display()
-                ),
-            )),
-        }
-    }
-    // Set when nothing loaded at start calls NCCL, an NCCL is there, and the process can
-    // dlopen: the object that calls dlopen, and the first object exporting nccl*.
-    let mut opens_later: Option<(PathBuf, Option<usize>)> = None;
-    // Set when nothing calls NCCL and nothing carries a readable self-id, but an object
-    // exports nccl* functions: an NCCL whose version fdl cannot read, never "no NCCL".
-    let mut unnamed_exporter: Option<usize> = None;
-    if callers.is_empty() && carriers.is_empty() {
-        for (i, slot) in facts.iter_mut().enumerate() {
-            if Some(i) != asked {
-                *slot = read_facts(i, &mut blind);
+
+    /// Whose calls are the process's, and what each calls (name, binding):
+    /// - the object asked about, for the nccl* functions it calls; or, when it names none
+    ///   but carries NCCL compiled in with hidden symbols, its own calls, which stay
+    ///   inside it;
+    /// - and whatever the asked object does, every other object that imports nccl*
+    ///   functions: those bind by scope (a preload is a provider: its own calls are not
+    ///   the process's);
+    /// - only when neither exists: [`Resolver::own_calls`].
+    fn callers(&mut self) -> Callers {
+        let mut c = Callers::default();
+        if let Some(a) = self.asked {
+            if let Some(f) = &self.facts[a] {
+                let called = calls_of(f);
+                if !called.is_empty() {
+                    c.callers.push((a, called));
+                }
+            }
+            let names_none = self.facts[a].as_ref().is_none_or(|f| f.symbols.is_empty());
+            if names_none && matches!(self.id_of(a), Ok(Some(_))) {
+                c.carriers.push((a, HIDDEN_CARRIER));
             }
         }
-        for (i, f) in facts.iter().enumerate() {
-            let Some(f) = f.as_ref().filter(|_| !preloaded(i)) else {
+        for i in 0..self.map.objects.len() {
+            if Some(i) == self.asked || self.map.objects[i].is_stand_in() || self.preloaded(i) {
                 continue;
-            };
-            let called: Vec<(String, Binding)> = f
-                .symbols
-                .iter()
-                .filter(|s| s.binding.is_call())
-                .map(|s| (s.name.clone(), s.binding.clone()))
-                .collect();
-            if !called.is_empty() {
-                callers.push((i, called));
+            }
+            match interpose::imported_nccl(&self.map.objects[i].path) {
+                Ok(names) if !names.is_empty() => c.callers.push((
+                    i,
+                    names.into_iter().map(|n| (n, Binding::Imported)).collect(),
+                )),
+                Ok(_) => {}
+                Err(e) => self.unreadable(i, false, e),
             }
         }
-        if callers.is_empty() {
-            let opener = dlopen_caller(&map);
-            let exporter =
-                (0..n).find(|&i| facts[i].as_ref().is_some_and(|f| !f.exported.is_empty()));
-            if let (Some(o), Some(_)) = (&opener, exporter) {
-                opens_later = Some((o.clone(), exporter));
-            } else {
-                carriers = (0..n)
-                    .filter(|&i| !map.objects[i].is_stand_in() && !preloaded(i))
-                    .filter(|&i| matches!(id_of(i), Ok(Some(_))))
-                    .map(|i| {
-                        let names_none = facts[i].as_ref().is_none_or(|f| f.symbols.is_empty());
-                        (
-                            i,
-                            if names_none {
-                                HIDDEN_CARRIER
-                            } else {
-                                UNCALLED_CARRIER
-                            },
-                        )
-                    })
-                    .collect();
-                if let Some(o) = opener.filter(|_| !carriers.is_empty()) {
-                    opens_later = Some((o, None));
-                    carriers.clear();
-                }
-                if carriers.is_empty() && opens_later.is_none() {
-                    unnamed_exporter = exporter.filter(|&i| !preloaded(i));
+        if c.callers.is_empty() && c.carriers.is_empty() {
+            self.own_calls(&mut c);
+        }
+        c
+    }
+
+    /// When no object's calls are the process's by [`Resolver::callers`]' rules: the
+    /// objects that define and call their own; else, for a process that can dlopen,
+    /// nothing known (what it opens later is in no file); else the objects whose
+    /// read-only data carry a self-id.
+    fn own_calls(&mut self, c: &mut Callers) {
+        let n = self.map.objects.len();
+        for i in 0..n {
+            if Some(i) != self.asked {
+                self.facts[i] = self.read_facts(i);
+            }
+        }
+        for i in (0..n).filter(|&i| !self.preloaded(i)) {
+            if let Some(f) = &self.facts[i] {
+                let called = calls_of(f);
+                if !called.is_empty() {
+                    c.callers.push((i, called));
                 }
             }
+        }
+        if !c.callers.is_empty() {
+            return;
+        }
+        let opener = dlopen_caller(&self.map);
+        let exporter = (0..n).find(|&i| {
+            self.facts[i]
+                .as_ref()
+                .is_some_and(|f| !f.exported.is_empty())
+        });
+        if let (Some(o), Some(_)) = (&opener, exporter) {
+            c.opens_later = Some((o.clone(), exporter));
+            return;
+        }
+        for i in 0..n {
+            if self.map.objects[i].is_stand_in() || self.preloaded(i) {
+                continue;
+            }
+            if !matches!(self.id_of(i), Ok(Some(_))) {
+                continue;
+            }
+            let names_none = self.facts[i].as_ref().is_none_or(|f| f.symbols.is_empty());
+            c.carriers.push((
+                i,
+                if names_none {
+                    HIDDEN_CARRIER
+                } else {
+                    UNCALLED_CARRIER
+                },
+            ));
+        }
+        if let Some(o) = opener.filter(|_| !c.carriers.is_empty()) {
+            c.opens_later = Some((o, None));
+            c.carriers.clear();
+        }
+        if c.carriers.is_empty() && c.opens_later.is_none() {
+            c.unnamed_exporter = exporter.filter(|&i| !self.preloaded(i));
         }
     }
 
-    // What each object exports of the names looked up, in the order of the global scope,
-    // up to the first definer of each: through each object's hash table, as the loader
-    // looks them up; `None` where not looked at.
-    let mut exports: Vec<Option<BTreeSet<String>>> = vec![None; n];
-    let mut wanted: Vec<&str> = Vec::new();
-    for (_, called) in &callers {
-        for (name, b) in called {
-            if matches!(b, Binding::Imported | Binding::Interposable)
-                && !wanted.contains(&name.as_str())
-            {
-                wanted.push(name);
+    /// What each object exports of the names looked up, in the order of the global scope,
+    /// up to the first definer of each: through each object's hash table, as the loader
+    /// looks them up; `None` where not looked at.
+    fn exports(
+        &mut self,
+        callers: &[(usize, Vec<(String, Binding)>)],
+    ) -> Vec<Option<BTreeSet<String>>> {
+        let mut exports: Vec<Option<BTreeSet<String>>> = vec![None; self.map.objects.len()];
+        let mut wanted: Vec<&str> = Vec::new();
+        for (_, called) in callers {
+            for (name, b) in called {
+                if matches!(b, Binding::Imported | Binding::Interposable)
+                    && !wanted.contains(&name.as_str())
+                {
+                    wanted.push(name);
+                }
             }
         }
-    }
-    // The version the asked object references each name with: a definition of another
-    // version is passed over (glibc's `check_match`). Other callers import by name only
-    // here, so their lookups are unversioned.
-    let refs = match asked.filter(|a| callers.iter().any(|(c, _)| c == a)) {
-        Some(a) => match interpose::reference_versions(&map.objects[a].path, &wanted) {
-            Ok(r) => r,
-            Err(e) => {
-                blind.push((
-                    a,
-                    format!(
-                        "the symbol versions of {} cannot be read: {e:#}",
-                        map.objects[a].path.display()
-                    ),
-                ));
-                BTreeMap::new()
-            }
-        },
-        None => BTreeMap::new(),
-    };
-    let mut wanted: Vec<(&str, Option<&interpose::Version>)> = wanted
-        .iter()
-        .map(|n| (*n, refs.get(*n).and_then(Option::as_ref)))
-        .collect();
-    for (i, slot) in exports.iter_mut().enumerate() {
-        if wanted.is_empty() {
-            break;
-        }
-        let found = if let Some(f) = &facts[i] {
-            f.exported.clone()
-        } else if map.objects[i].is_stand_in() {
-            BTreeSet::new()
-        } else {
-            match interpose::exported_among_versioned(&map.objects[i].path, &wanted) {
-                Ok(found) => found,
+        // The version the asked object references each name with: a definition of another
+        // version is passed over (glibc's `check_match`). Other callers import by name
+        // only here, so their lookups are unversioned.
+        let refs = match self.asked.filter(|a| callers.iter().any(|(c, _)| c == a)) {
+            Some(a) => match interpose::reference_versions(&self.map.objects[a].path, &wanted) {
+                Ok(r) => r,
                 Err(e) => {
-                    blind.push((
-                        i,
-                        format!(
-                            "the symbols of {} cannot be read: {e:#}",
-                            map.objects[i].path.display()
-                        ),
-                    ));
-                    BTreeSet::new()
+                    self.unreadable(a, true, e);
+                    BTreeMap::new()
                 }
-            }
+            },
+            None => BTreeMap::new(),
         };
-        wanted.retain(|(n, _)| !found.contains(*n));
-        *slot = Some(found);
-    }
-    // Everything that hides what lies at or after a place in the order.
-    let mut hidden: Vec<(usize, String)> = map
-        .failures
-        .iter()
-        .map(|f| {
-            (
-                f.position,
-                format!(
-                    "{} (needed by {}) cannot be loaded: {}",
-                    f.needed,
-                    f.needed_by.display(),
-                    f.reason
-                ),
-            )
-        })
-        .chain(map.caveats.iter().map(|c| (c.position, c.what.clone())))
-        .chain(blind.iter().cloned())
-        .collect();
-    hidden.sort_by_key(|(p, _)| *p);
-    // The doubts that are only "this library is not on this host", by their sentence.
-    let absent: BTreeMap<String, String> = map
-        .failures
-        .iter()
-        .filter(|f| f.is_absent())
-        .map(|f| {
-            (
-                format!(
-                    "{} (needed by {}) cannot be loaded: {}",
-                    f.needed,
-                    f.needed_by.display(),
-                    f.reason
-                ),
-                f.needed.clone(),
-            )
-        })
-        .collect();
-
-    // (caller, target, names, how, how as a kind: Perhaps when only perhaps calls)
-    let mut groups: Vec<Group> = Vec::new();
-    let mut doubts: Vec<String> = Vec::new();
-    // Targets that something unknown lies before: the answer if that defines nothing.
-    let mut provisional: Vec<usize> = Vec::new();
-    let global = "the first definition in the global scope".to_string();
-    for (c, called) in &callers {
-        let c = *c;
-        for (name, binding) in called {
-            let (target, how, bound) = match binding {
-                Binding::BoundLocally { why } => (Some(c), why.clone(), Bound::Locally),
-                Binding::Uncertain { why } => (Some(c), why.clone(), Bound::Perhaps),
-                Binding::NeverCalled => continue,
-                Binding::Imported | Binding::Interposable => {
-                    let t = (0..exports.len())
-                        .find(|&i| exports[i].as_ref().is_some_and(|d| d.contains(name)));
-                    let limit = t.unwrap_or(usize::MAX);
-                    for (_, why) in hidden.iter().filter(|(p, _)| *p <= limit) {
-                        if !doubts.contains(why) {
-                            doubts.push(why.clone());
-                        }
+        let mut wanted: Vec<(&str, Option<&interpose::Version>)> = wanted
+            .iter()
+            .map(|n| (*n, refs.get(*n).and_then(Option::as_ref)))
+            .collect();
+        for (i, slot) in exports.iter_mut().enumerate() {
+            if wanted.is_empty() {
+                break;
+            }
+            let found = if let Some(f) = &self.facts[i] {
+                f.exported.clone()
+            } else if self.map.objects[i].is_stand_in() {
+                BTreeSet::new()
+            } else {
+                match interpose::exported_among_versioned(&self.map.objects[i].path, &wanted) {
+                    Ok(found) => found,
+                    Err(e) => {
+                        self.unreadable(i, false, e);
+                        BTreeSet::new()
                     }
-                    if let Some(t) = t.filter(|&t| hidden.iter().any(|(p, _)| *p <= t)) {
-                        provisional.push(t);
-                    }
-                    (t, global.clone(), Bound::Global)
                 }
             };
-            match groups
-                .iter_mut()
-                .find(|g| g.0 == c && g.1 == target && g.3 == how && g.4 == bound)
-            {
-                Some(g) => g.2.push(name.clone()),
-                None => groups.push((c, target, vec![name.clone()], how, bound)),
+            wanted.retain(|(n, _)| !found.contains(*n));
+            *slot = Some(found);
+        }
+        exports
+    }
+
+    /// Everything that hides what lies at or after a place in the order: load failures,
+    /// caveats and unreadable objects, by place.
+    fn hidden(&self) -> Vec<(usize, Doubt)> {
+        let mut hidden: Vec<(usize, Doubt)> = self
+            .map
+            .failures
+            .iter()
+            .map(|f| {
+                (
+                    f.position,
+                    Doubt::LoadFailure {
+                        needed: f.needed.clone(),
+                        needed_by: f.needed_by.clone(),
+                        why: f.reason.clone(),
+                        absent: f.is_absent(),
+                    },
+                )
+            })
+            .chain(self.map.caveats.iter().map(|c| {
+                (
+                    c.position,
+                    Doubt::Caveat {
+                        what: c.what.clone(),
+                    },
+                )
+            }))
+            .chain(self.blind.iter().cloned())
+            .collect();
+        hidden.sort_by_key(|(p, _)| *p);
+        hidden
+    }
+
+    /// Where each call binds: inside its object, or to the first definition in the
+    /// global scope, with what is unknown before that.
+    fn bind(
+        &self,
+        c: &Callers,
+        exports: &[Option<BTreeSet<String>>],
+        hidden: &[(usize, Doubt)],
+    ) -> Binds {
+        let mut b = Binds::default();
+        for (caller, called) in &c.callers {
+            let caller = *caller;
+            for (name, binding) in called {
+                let (target, how, bound) = match binding {
+                    Binding::BoundLocally { why } => (Some(caller), why.clone(), Bound::Locally),
+                    Binding::Uncertain { why } => (Some(caller), why.clone(), Bound::Perhaps),
+                    Binding::NeverCalled => continue,
+                    Binding::Imported | Binding::Interposable => {
+                        let t = exports
+                            .iter()
+                            .position(|d| d.as_ref().is_some_and(|d| d.contains(name)));
+                        let limit = t.unwrap_or(usize::MAX);
+                        for (_, why) in hidden.iter().filter(|(p, _)| *p <= limit) {
+                            if !b.doubts.contains(why) {
+                                b.doubts.push(why.clone());
+                            }
+                        }
+                        if let Some(t) = t.filter(|&t| hidden.iter().any(|(p, _)| *p <= t)) {
+                            b.provisional.push(t);
+                        }
+                        (t, GLOBAL.to_string(), Bound::Global)
+                    }
+                };
+                match b.groups.iter_mut().find(|g| {
+                    g.caller == caller && g.target == target && g.how == how && g.bound == bound
+                }) {
+                    Some(g) => g.names.push(name.clone()),
+                    None => b.groups.push(Group {
+                        caller,
+                        target,
+                        names: vec![name.clone()],
+                        how,
+                        bound,
+                    }),
+                }
             }
+        }
+        // NCCL compiled in with hidden symbols names no function a lookup could reach:
+        // its self-id is the trace, and its calls can only stay in its object.
+        for &(i, how) in &c.carriers {
+            b.groups.push(Group {
+                caller: i,
+                target: Some(i),
+                names: Vec::new(),
+                how: how.into(),
+                bound: Bound::Carried,
+            });
+        }
+        b
+    }
+
+    /// The answer, with its evidence.
+    fn finish(mut self, c: &Callers, b: &Binds, hidden: &[(usize, Doubt)]) -> Which {
+        let mut calls: Vec<CallGroup> = Vec::new();
+        for g in &b.groups {
+            let nccl = g.target.and_then(|t| self.id_of(t).ok().flatten());
+            calls.push(CallGroup {
+                caller: shown(&self.map, g.caller),
+                object: g.target.map(|t| shown(&self.map, t)),
+                symbols: g.names.clone(),
+                how: g.how.clone(),
+                bound: g.bound,
+                nccl,
+            });
+        }
+        let mut targets: Vec<usize> = b.groups.iter().filter_map(|g| g.target).collect();
+        targets.sort_unstable();
+        targets.dedup();
+        let missing_nccl = self
+            .map
+            .failures
+            .iter()
+            .any(|f| f.needed.starts_with("libnccl"));
+        let pin = match self.asked {
+            Some(a) if missing_nccl => pin::find(&self.map.objects[a].path),
+            _ => None,
+        };
+        let conditional = self.conditional(b, &targets);
+        let answer = self.decide(c, b, hidden, &targets, &pin);
+        let mut warnings: Vec<String> = Vec::new();
+        if matches!(answer, Answer::Nccl { .. } | Answer::Split { .. }) {
+            for (_, why) in hidden {
+                warnings.push(format!(
+                    "the process would not start as laid out here: {why}"
+                ));
+            }
+        }
+        for s in &self.map.skipped_preloads {
+            warnings.push(format!(
+                "{} element '{}' is ignored by the loader: {}",
+                s.source, s.entry, s.reason
+            ));
+        }
+        Which {
+            target: self.target.to_path_buf(),
+            answer,
+            calls,
+            link_map: self.map,
+            pin,
+            conditional,
+            warnings,
         }
     }
 
-    // NCCL compiled in with hidden symbols names no function a lookup could reach: its
-    // self-id is the trace, and its calls can only stay in its object.
-    for &(i, how) in &carriers {
-        groups.push((i, Some(i), Vec::new(), how.into(), Bound::Carried));
-    }
-
-    let calls: Vec<CallGroup> = groups
-        .iter()
-        .map(|(c, t, syms, how, bound)| CallGroup {
-            caller: shown(&map, *c),
-            object: t.map(|t| shown(&map, t)),
-            symbols: syms.clone(),
-            how: how.clone(),
-            bound: *bound,
-            nccl: t.and_then(|t| id_of(t).ok().flatten()),
-        })
-        .collect();
-
-    let mut warnings: Vec<String> = Vec::new();
-    let mut targets: Vec<usize> = groups.iter().filter_map(|g| g.1).collect();
-    targets.sort_unstable();
-    targets.dedup();
-    // The targets of calls that are certain; a call fdl could not confirm that reaches
-    // another object leaves the answer open.
-    let certain: Vec<usize> = targets
-        .iter()
-        .copied()
-        .filter(|&t| {
-            groups
-                .iter()
-                .any(|g| g.1 == Some(t) && g.4 != Bound::Perhaps)
-        })
-        .collect();
-    let perhaps: Vec<&Group> = groups
-        .iter()
-        .filter(|g| g.4 == Bound::Perhaps && g.1.is_some_and(|t| !certain.contains(&t)))
-        .collect();
-    let undefined: Vec<&String> = groups
-        .iter()
-        .filter(|g| g.1.is_none())
-        .flat_map(|g| g.2.iter())
-        .collect();
-
-    let missing_nccl = map.failures.iter().any(|f| f.needed.starts_with("libnccl"));
-    let pin = if missing_nccl {
-        asked.and_then(|a| pin::find(&map.objects[a].path))
-    } else {
-        None
-    };
-
-    // The answer under the condition that nothing unknown defines nccl*: one object every
-    // call reaches, with a self-id, and doubts only before it.
-    let mut conditional = None;
-    if !doubts.is_empty() && undefined.is_empty() {
-        let mut reached = provisional.clone();
+    /// The answer under the condition that nothing unknown defines nccl*: one object
+    /// every call reaches, with a self-id, and doubts only before it.
+    fn conditional(&mut self, b: &Binds, targets: &[usize]) -> Option<Conditional> {
+        if b.doubts.is_empty() || !b.undefined().is_empty() {
+            return None;
+        }
+        let mut reached = b.provisional.clone();
         reached.sort_unstable();
         reached.dedup();
-        if let ([t], [only]) = (reached.as_slice(), targets.as_slice()) {
-            if t == only {
-                if let Ok(Some(id)) = id_of(*t) {
-                    let mut missing: Vec<String> = doubts
-                        .iter()
-                        .filter_map(|d| absent.get(d).cloned())
-                        .collect();
-                    missing.sort();
-                    missing.dedup();
-                    conditional = Some(Conditional {
-                        detection: detection_of(&map, &groups, *t, id),
-                        only_missing: doubts.iter().all(|d| absent.contains_key(d)),
-                        unknowns: doubts.clone(),
-                        missing,
-                        pin: asked.and_then(|a| pin::find(&map.objects[a].path)),
+        let ([t], [only]) = (reached.as_slice(), targets) else {
+            return None;
+        };
+        if t != only {
+            return None;
+        }
+        let Ok(Some(id)) = self.id_of(*t) else {
+            return None;
+        };
+        // The library a doubt says is not on this host at all, if that is all it says.
+        let absent = |d: &Doubt| match d {
+            Doubt::LoadFailure {
+                needed,
+                absent: true,
+                ..
+            } => Some(needed.clone()),
+            _ => None,
+        };
+        let mut missing: Vec<String> = b.doubts.iter().filter_map(absent).collect();
+        missing.sort();
+        missing.dedup();
+        Some(Conditional {
+            detection: detection_of(&self.map, &b.groups, *t, id),
+            only_missing: b.doubts.iter().all(|d| absent(d).is_some()),
+            unknowns: b.doubts.iter().map(Doubt::to_string).collect(),
+            missing,
+            pin: self
+                .asked
+                .and_then(|a| pin::find(&self.map.objects[a].path)),
+        })
+    }
+
+    /// Which NCCL, or why fdl cannot say, from where the calls bind.
+    fn decide(
+        &mut self,
+        c: &Callers,
+        b: &Binds,
+        hidden: &[(usize, Doubt)],
+        targets: &[usize],
+        pin: &Option<Pin>,
+    ) -> Answer {
+        let unknown = |reason: Unknown| Answer::Unknown { reason };
+        if !b.doubts.is_empty() {
+            let mut provisional = b.provisional.clone();
+            provisional.sort_unstable();
+            provisional.dedup();
+            let if_none = match provisional.as_slice() {
+                [t] => match self.id_of(*t) {
+                    Ok(Some(id)) => Some(Reached {
+                        object: shown(&self.map, *t),
+                        nccl: Some(id.nccl),
+                    }),
+                    _ => None,
+                },
+                _ => None,
+            };
+            return unknown(Unknown::Hidden {
+                missing_pin: pin.clone(),
+                doubts: b.doubts.iter().take(3).cloned().collect(),
+                // Failures and caveats past the map's caps are counted there, not listed.
+                more: b.doubts.len().saturating_sub(3)
+                    + self.map.failures_omitted
+                    + self.map.caveats_omitted,
+                if_none,
+            });
+        }
+        let undefined = b.undefined();
+        if !undefined.is_empty() {
+            return unknown(Unknown::Undefined { names: undefined });
+        }
+        // The targets of calls that are certain; a call fdl could not confirm that reaches
+        // another object leaves the answer open.
+        let certain: Vec<usize> = targets
+            .iter()
+            .copied()
+            .filter(|&t| {
+                b.groups
+                    .iter()
+                    .any(|g| g.target == Some(t) && g.bound != Bound::Perhaps)
+            })
+            .collect();
+        let perhaps = b
+            .groups
+            .iter()
+            .find(|g| g.bound == Bound::Perhaps && g.target.is_some_and(|t| !certain.contains(&t)));
+        if let Some(g) = perhaps {
+            return unknown(Unknown::PossibleCall {
+                at: self.reached(g.caller),
+                names: g.names.clone(),
+                why: g.how.clone(),
+                elsewhere: certain.iter().map(|&t| self.reached(t)).collect(),
+            });
+        }
+        if targets.len() > 1 {
+            let mut parts = Vec::new();
+            for g in &b.groups {
+                if let Some(t) = g.target {
+                    parts.push(SplitPart {
+                        names: g.names.clone(),
+                        caller: shown(&self.map, g.caller),
+                        to: self.reached(t),
                     });
                 }
             }
+            return Answer::Split {
+                reason: Split {
+                    objects: targets.len(),
+                    parts,
+                },
+            };
         }
-    }
-
-    let answer = if !doubts.is_empty() {
-        let shown_doubts: Vec<&str> = doubts.iter().take(3).map(String::as_str).collect();
-        // Failures and caveats past the map's caps are counted there, not listed.
-        let omitted = map.failures_omitted + map.caveats_omitted;
-        let more = match doubts.len().saturating_sub(3) + omitted {
-            0 => String::new(),
-            n => format!(" (and {n} more)"),
-        };
-        let mut reason = format!(
-            "what comes before the object that defines NCCL's functions is not all known, and any of it could define them first: {}{more}",
-            shown_doubts.join("; ")
-        );
-        provisional.sort_unstable();
-        provisional.dedup();
-        if let [t] = provisional.as_slice() {
-            if let Ok(Some(id)) = id_of(*t) {
-                reason.push_str(&format!(
-                    ". If none of that defines nccl* functions, the calls bind to {} (NCCL {})",
-                    shown(&map, *t).display(),
-                    id.nccl
-                ));
-            }
+        if let Some(&t) = targets.first() {
+            return match self.id_of(t) {
+                Ok(Some(id)) => Answer::Nccl {
+                    detection: detection_of(&self.map, &b.groups, t, id),
+                },
+                Ok(None) => unknown(Unknown::NoSelfId {
+                    object: shown(&self.map, t),
+                }),
+                Err(e) => unknown(Unknown::SelfIdUnknown(e)),
+            };
         }
-        if let Some(p) = &pin {
-            reason = format!(
-                "expects {p}, which is not installed (pip install {}=={}); {reason}",
-                p.distribution, p.version
-            );
+        if let Some((_, why)) = hidden.first() {
+            return unknown(Unknown::Unreadable {
+                missing_pin: pin.clone(),
+                doubt: why.clone(),
+            });
         }
-        Answer::Unknown { reason }
-    } else if !undefined.is_empty() {
-        Answer::Unknown {
-            reason: format!(
-                "nothing loaded at start defines {}: the call fails when made, unless a library loaded later with dlopen provides it",
-                undefined.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-            ),
+        if let Some((o, first)) = &c.opens_later {
+            return unknown(Unknown::OpensLater {
+                opener: o.clone(),
+                first: first.map(|t| self.reached(t)),
+            });
         }
-    } else if let Some((c, _, syms, why, _)) = perhaps.first() {
-        let elsewhere: Vec<String> = certain
-            .iter()
-            .map(|&t| format!("{} ({})", shown(&map, t).display(), nccl_of(&mut id_of, t)))
-            .collect();
-        Answer::Unknown {
-            reason: format!(
-                "{} may call {} itself, which fdl cannot confirm ({why}). If it does, those calls stay in {} ({}){}",
-                shown(&map, *c).display(),
-                syms.join(", "),
-                shown(&map, *c).display(),
-                nccl_of(&mut id_of, *c),
-                if elsewhere.is_empty() {
-                    ", and nothing else calls NCCL; if not, nothing loaded at start calls it".to_string()
-                } else {
-                    format!(
-                        ", while the other calls reach {}: two NCCLs in one process; if not, only the latter",
-                        elsewhere.join(", ")
-                    )
-                }
-            ),
+        if let Some(e) = c.unnamed_exporter {
+            let names = self.facts[e]
+                .as_ref()
+                .map(|f| f.exported.iter().take(3).cloned().collect())
+                .unwrap_or_default();
+            return unknown(Unknown::UnnamedExporter {
+                object: shown(&self.map, e),
+                names,
+                why: self.id_of(e).err(),
+            });
         }
-    } else if targets.len() > 1 {
-        let parts: Vec<String> = groups
-            .iter()
-            .filter_map(|(c, t, syms, _, _)| {
-                let t = (*t)?;
-                Some(format!(
-                    "{} of {} → {} ({})",
-                    if syms.is_empty() {
-                        "its own calls".to_string()
-                    } else {
-                        syms.join(", ")
-                    },
-                    shown(&map, *c).display(),
-                    shown(&map, t).display(),
-                    match id_of(t) {
-                        Ok(Some(id)) => format!("NCCL {}", id.nccl),
-                        _ => "no NCCL self-id".into(),
-                    }
-                ))
-            })
-            .collect();
-        Answer::Split {
-            reason: format!(
-                "NCCL's functions bind to {} different objects, so the process runs two NCCLs that share no state: {}",
-                targets.len(),
-                parts.join("; ")
-            ),
+        if let Some(o) = dlopen_caller(&self.map) {
+            return unknown(Unknown::MayDlopen { opener: o });
         }
-    } else if let Some(&t) = targets.first() {
-        match id_of(t) {
-            Ok(Some(id)) => Answer::Nccl {
-                detection: detection_of(&map, &groups, t, id),
-            },
-            Ok(None) => Answer::Unknown {
-                reason: format!(
-                    "NCCL's functions bind to {}, which carries no NCCL self-id: it is not an NCCL build (a shim?), so its version is unknown",
-                    shown(&map, t).display()
-                ),
-            },
-            Err(e) => Answer::Unknown { reason: e },
-        }
-    } else if let Some((_, why)) = hidden.first() {
-        let mut reason = format!("no object that could be read defines or calls NCCL, but not everything could be: {why}");
-        if let Some(p) = &pin {
-            reason = format!(
-                "expects {p}, which is not installed (pip install {}=={}); {reason}",
-                p.distribution, p.version
-            );
-        }
-        Answer::Unknown { reason }
-    } else if let Some((o, first)) = &opens_later {
-        let mut reason = format!(
-            "NCCL is loaded at start but nothing there calls it, and {} calls dlopen: what it opens later is in no file fdl reads, and that decides which NCCL runs",
-            o.display()
-        );
-        // A library opened later looks up the global scope first: the program, the
-        // preloads, the start-up closure.
-        if let Some(t) = *first {
-            reason.push_str(&format!(
-                ". A library opened later that imports nccl* functions binds them to the first definition in the global scope, {} ({})",
-                shown(&map, t).display(),
-                nccl_of(&mut id_of, t)
-            ));
-        } else {
-            reason.push_str(
-                ". The NCCL loaded at start is compiled in with hidden symbols: a library opened later that imports nccl* functions finds no definition there",
-            );
-        }
-        Answer::Unknown { reason }
-    } else if let Some(e) = unnamed_exporter {
-        let names = facts[e]
-            .as_ref()
-            .map(|f| {
-                f.exported
-                    .iter()
-                    .take(3)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_default();
-        Answer::Unknown {
-            reason: format!(
-                "{} defines NCCL's functions ({names}) but its NCCL self-id cannot be read ({}): an NCCL of unknown version",
-                shown(&map, e).display(),
-                match id_of(e) {
-                    Ok(_) => "it carries no self-id fdl can read".to_string(),
-                    Err(why) => why,
-                }
-            ),
-        }
-    } else if let Some(o) = dlopen_caller(&map) {
-        Answer::Unknown {
-            reason: format!(
-                "no object loaded at start defines, calls or carries NCCL, but {} calls dlopen: NCCL may be loaded at run time, which no file says",
-                o.display()
-            ),
-        }
-    } else {
         Answer::None {
             reason:
                 "no object of the process defines, calls or carries NCCL, and none calls dlopen"
                     .into(),
         }
-    };
-
-    if matches!(answer, Answer::Nccl { .. } | Answer::Split { .. }) {
-        for (_, why) in &hidden {
-            warnings.push(format!(
-                "the process would not start as laid out here: {why}"
-            ));
-        }
     }
-    for s in &map.skipped_preloads {
-        warnings.push(format!(
-            "{} element '{}' is ignored by the loader: {}",
-            s.source, s.entry, s.reason
-        ));
-    }
-    Ok(Which {
-        target: target.to_path_buf(),
-        answer,
-        calls,
-        link_map: map,
-        pin,
-        conditional,
-        warnings,
-    })
 }
 
 /// What the calls reaching object `t` (whose self-id is `id`) run: its NCCL, its file and
 /// how it came into the process.
 fn detection_of(map: &LinkMap, groups: &[Group], t: usize, id: SelfId) -> NcclDetection {
-    let caller = groups.iter().find(|g| g.1 == Some(t)).map(|g| g.0);
+    let caller = groups
+        .iter()
+        .find(|g| g.target == Some(t))
+        .map(|g| g.caller);
     let linkage = match &map.objects[t].found_by {
         _ if caller == Some(t) => Linkage::Static,
         FoundBy::Preload { entry, .. } => Linkage::Preload {
@@ -840,21 +935,12 @@ fn detection_of(map: &LinkMap, groups: &[Group], t: usize, id: SelfId) -> NcclDe
     }
 }
 
-/// Calls of one object that reach one place: (caller, target, names, how, how as a kind).
-type Group = (usize, Option<usize>, Vec<String>, String, Bound);
-
+/// How calls that bind by lookup bind ([`CallGroup::how`]).
+const GLOBAL: &str = "the first definition in the global scope";
 const HIDDEN_CARRIER: &str =
     "NCCL is compiled in with hidden symbols: its calls stay in the object";
 const UNCALLED_CARRIER: &str =
     "nothing loaded at start calls NCCL's functions, and nothing can dlopen: the NCCL this object carries is the one in the process";
-
-/// `NCCL 2.27.5`, or why not.
-fn nccl_of(id_of: &mut impl FnMut(usize) -> Result<Option<SelfId>, String>, t: usize) -> String {
-    match id_of(t) {
-        Ok(Some(id)) => format!("NCCL {}", id.nccl),
-        _ => "no NCCL self-id".into(),
-    }
-}
 
 fn shown(map: &LinkMap, i: usize) -> PathBuf {
     let o = &map.objects[i];

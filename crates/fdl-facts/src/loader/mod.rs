@@ -20,6 +20,7 @@ pub mod preload;
 pub mod procmaps;
 pub mod python;
 pub mod pywitness;
+pub mod reason;
 pub mod running;
 pub mod search;
 pub mod split;
@@ -108,14 +109,17 @@ pub fn bundled_nccl_in(lib: &Path, env: &LoaderEnv) -> anyhow::Result<Bundled> {
     Ok(match w.answer {
         Answer::Nccl { detection } => Bundled::Nccl(detection),
         Answer::None { reason } => Bundled::None(reason),
-        Answer::Unknown { reason } | Answer::Split { reason } => match (w.conditional, w.pin) {
-            (Some(c), _) => Bundled::Conditional {
-                conditional: Box::new(c),
-                reason,
-            },
-            (None, Some(p)) => Bundled::Pinned(p),
-            (None, None) => Bundled::Unknown(reason),
-        },
+        Answer::Unknown { .. } | Answer::Split { .. } => {
+            let reason = w.answer.reason().unwrap_or_default();
+            match (w.conditional, w.pin) {
+                (Some(c), _) => Bundled::Conditional {
+                    conditional: Box::new(c),
+                    reason,
+                },
+                (None, Some(p)) => Bundled::Pinned(p),
+                (None, None) => Bundled::Unknown(reason),
+            }
+        }
     })
 }
 

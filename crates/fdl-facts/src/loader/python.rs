@@ -1201,9 +1201,17 @@ impl PythonProcess {
     /// Why the process's answer is not the loader's: its import fails, or the model could
     /// not read what torch does; `None` when the loader's answer stands.
     pub fn unknown_reason(&self) -> Option<String> {
-        self.import_fails
-            .clone()
-            .or_else(|| (!self.unknown.is_empty()).then(|| self.unknown.join("; ")))
+        self.unknown_answer().map(|u| u.to_string())
+    }
+
+    /// [`PythonProcess::unknown_reason`] as the loader model's unknown answer.
+    pub fn unknown_answer(&self) -> Option<super::reason::Unknown> {
+        let why = match &self.import_fails {
+            Some(fails) => vec![fails.clone()],
+            None if self.unknown.is_empty() => return None,
+            None => self.unknown.clone(),
+        };
+        Some(super::reason::Unknown::Python { why })
     }
 
     /// The NCCL torch opens from `sys.path`, if it does.

@@ -302,7 +302,7 @@ pub fn compare(which: &Which, w: &Witness) -> Verdict {
         })
         .collect();
     match &which.answer {
-        Answer::Unknown { reason } => {
+        Answer::Unknown { .. } => {
             if let Some(c) = &which.conditional {
                 if w.kind() == Kind::Nccl && same_file(&w.reached[0].object, &c.detection.file) {
                     return Verdict::ModelUnknown {
@@ -313,7 +313,6 @@ pub fn compare(which: &Which, w: &Witness) -> Verdict {
                     };
                 }
             }
-            let _ = reason;
             Verdict::ModelUnknown { loader }
         }
         Answer::Nccl { detection } => {

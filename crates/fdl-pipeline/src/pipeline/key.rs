@@ -76,11 +76,24 @@ pub fn store_key(plan: &BuildPlan, backend: &dyn Backend) -> KeyAnswer {
     Ok((Key::of(&inputs), inputs))
 }
 
+/// Whether the build store has a plan's build, as `--json` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreState {
+    /// The store has the key's entry: the build is installed from it.
+    Hit,
+    /// It has not: the build compiles, then adds it.
+    Miss,
+    /// No key (a probe failed, the tag is not cloned yet): looked up once known.
+    Unknown,
+    /// `--no-store`.
+    Skipped,
+}
+
 /// What the build store will do for a plan, as the plan shows it.
 #[derive(Debug, serde::Serialize)]
 pub struct StoreView {
-    /// `hit`, `miss`, `unknown` (no key) or `skipped` (`--no-store`).
-    pub state: &'static str,
+    pub state: StoreState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<crate::store::Key>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -99,14 +112,14 @@ pub fn store_view(
     no_store: bool,
 ) -> (StoreView, KeyState) {
     let unknown = |why: String| StoreView {
-        state: "unknown",
+        state: StoreState::Unknown,
         key: None,
         inputs: None,
         why: Some(why),
     };
     if no_store {
         let view = StoreView {
-            state: "skipped",
+            state: StoreState::Skipped,
             key: None,
             inputs: None,
             why: Some("--no-store".into()),
@@ -122,7 +135,11 @@ pub fn store_view(
         Err(e) => unknown(format!("{e:#}")),
         Ok(store) => match &key {
             Ok((key, inputs)) => StoreView {
-                state: if store.has(key) { "hit" } else { "miss" },
+                state: if store.has(key) {
+                    StoreState::Hit
+                } else {
+                    StoreState::Miss
+                },
                 key: Some(key.clone()),
                 inputs: Some(inputs.clone()),
                 why: None,

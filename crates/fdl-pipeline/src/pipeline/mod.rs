@@ -20,7 +20,7 @@ pub use infer::{
     check_flags, default_jobs, infer, left_out, plan, BuildRequest, CheckedFlags, Inferred,
     Sources, MAX_JOBS,
 };
-pub use key::{key_inputs, store_key, KeyAnswer, KeyState, StoreView};
+pub use key::{key_inputs, store_key, KeyAnswer, KeyState, StoreState, StoreView};
 
 use crate::docker::{DockerBackend, Engine};
 use crate::lock::Wait;
@@ -135,7 +135,7 @@ pub fn prepare(
     if let Chosen::Native { missing } = &chosen {
         if !missing.is_empty() {
             let tools = missing.join("\n  ");
-            if store.state == "hit" {
+            if store.state == StoreState::Hit {
                 plan.warnings.push(format!(
                     "this host lacks tools a compile needs, but none is needed: the build is installed from the store\n  {tools}"
                 ));
@@ -267,22 +267,35 @@ pub struct Report {
     pub other_release: Option<crate::nccl::pick::OtherRelease>,
 }
 
+/// What a build did, in one word: `--json`'s `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Compiled and installed.
+    Built,
+    /// Installed from the build store's entry, nothing compiled.
+    InstalledFromStore,
+    /// Built again over a build of the same name.
+    Replaced,
+    /// The same plan was built already: nothing done.
+    AlreadyBuilt,
+}
+
 impl Report {
-    /// `built`, `installed_from_store`, `replaced` or `already_built`, as `--json` says.
-    pub fn status(&self) -> &'static str {
+    pub fn status(&self) -> Status {
         match &self.outcome {
             Outcome::Built {
                 replaced: false,
                 from_store: None,
                 ..
-            } => "built",
+            } => Status::Built,
             Outcome::Built {
                 replaced: false,
                 from_store: Some(_),
                 ..
-            } => "installed_from_store",
-            Outcome::Built { .. } => "replaced",
-            Outcome::AlreadyBuilt { .. } => "already_built",
+            } => Status::InstalledFromStore,
+            Outcome::Built { .. } => Status::Replaced,
+            Outcome::AlreadyBuilt { .. } => Status::AlreadyBuilt,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! commands it will run, then its warnings and problems. The one text rendering of a
 //! [`BuildPlan`]; `--json` prints the plan's own serialization instead.
 
-use super::key::StoreView;
+use super::key::{StoreState, StoreView};
 use crate::nccl::plan::{ArchOrigin, BuildPlan, CudaOrigin, TagOrigin};
 use crate::step::Step;
 use crate::text::{self, clean, paint, Color};
@@ -40,7 +40,7 @@ pub fn header(plan: &BuildPlan, store: &StoreView, wrap: bool) -> String {
     row("backend", plan.backend.kind().to_string());
     row("CUDA", plan.cuda.to_string());
     row("archs", crate::arch::archs_text(&plan.archs));
-    if store.state == "hit" {
+    if store.state == StoreState::Hit {
         row(
             "store",
             "installed from the build store's entry: nothing is compiled".into(),
@@ -245,7 +245,7 @@ pub fn plan(
         row(key, value);
     }
     match (store.state, &store.key, &store.why) {
-        ("hit", Some(key), _) => {
+        (StoreState::Hit, Some(key), _) => {
             row("store", key.to_string());
             row(
                 "",
@@ -256,7 +256,7 @@ pub fn plan(
             row("store", key.to_string());
             row("", "not in the store: built, then added to it".into());
         }
-        ("skipped", _, _) => row("store", "not used for this build (--no-store)".into()),
+        (StoreState::Skipped, _, _) => row("store", "not used for this build (--no-store)".into()),
         (_, _, why) => row(
             "store",
             format!(
@@ -384,7 +384,7 @@ mod tests {
         })
         .unwrap();
         let store = StoreView {
-            state: "skipped",
+            state: StoreState::Skipped,
             key: None,
             inputs: None,
             why: None,
@@ -448,7 +448,7 @@ mod tests {
         })
         .unwrap();
         let store = StoreView {
-            state: "unknown",
+            state: StoreState::Unknown,
             key: None,
             inputs: None,
             why: Some("\x1b]0;title\x07".into()),
