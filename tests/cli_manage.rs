@@ -27,7 +27,7 @@ fn fixture() -> Fixture {
     let t2262 = b.tree("2262", (2, 26, 2), &[86]);
     let mut names = vec![b.install(&t2275, "v2.27.5-1", "6.1;12.0").unwrap()];
     // RFC 3339 seconds order the builds: make the second one visibly newer.
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    b.backdate(&names[0], 2);
     names.push(b.install(&t2275, "v2.27.5-1", "8.6").unwrap());
     names.push(b.install(&t2262, "v2.26.2-1", "8.6").unwrap());
     Fixture { builds: b, names }
@@ -306,16 +306,16 @@ fn remove_takes_the_build_lock() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(700));
+    let mut stderr = ChildStderr::of(&mut child);
+    stderr.wait_for("waiting");
     assert!(
         child.try_wait().unwrap().is_none(),
         "remove did not wait for the lock"
     );
     assert!(f.builds().join(name).exists());
     drop(held);
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("waiting"));
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{}", stderr.all());
     assert!(!f.builds().join(name).exists());
 }
 
@@ -688,7 +688,7 @@ fn env_takes_a_build_that_covers_this_hosts_gpus_or_says_why_not() {
     let sm120 = b
         .install(&b.tree("120", (2, 27, 5), &[120]), "v2.27.5-1", "12.0")
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    b.backdate(&sm120, 2);
     let sm89 = b
         .install(&b.tree("89", (2, 27, 5), &[89]), "v2.27.5-1", "8.9")
         .unwrap();
@@ -838,13 +838,13 @@ fn two_store_gcs_at_once_both_succeed() {
     fill(0);
     let held = store.lock_gc(&|_| {}).unwrap();
     let mut waiting = gc();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut said = ChildStderr::of(&mut waiting);
+    said.wait_for("waiting for it to finish");
     assert!(waiting.try_wait().unwrap().is_none(), "it did not wait");
     drop(held);
     let out = waiting.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = said.all();
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("waiting for it to finish"), "{stderr}");
     assert_eq!(entries(), 0);
 
     // Two at once, a few times over: both succeed, nothing is left.

@@ -427,6 +427,80 @@ impl BuildsFixture {
     pub fn builds(&self) -> PathBuf {
         self.project.root().join("libtorch/nccl/builds")
     }
+
+    /// Moves the build time the installed build `name` records back by `secs` seconds:
+    /// fdl records RFC 3339 seconds, so two builds made within one second order only
+    /// once one is made older (rather than waiting for the next second).
+    pub fn backdate(&self, name: &str, secs: u64) {
+        let path = self.builds().join(name).join(fdl::nccl::tree::MANIFEST);
+        let mut manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let at = humantime::parse_rfc3339(manifest["built_at"].as_str().unwrap()).unwrap();
+        let earlier = at - std::time::Duration::from_secs(secs);
+        manifest["built_at"] = humantime::format_rfc3339_seconds(earlier)
+            .to_string()
+            .into();
+        // The sealed build's manifest is read-only: writable for the rewrite, then as it was.
+        let mode = std::fs::metadata(&path).unwrap().permissions();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&manifest).unwrap() + "\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, mode).unwrap();
+    }
+}
+
+/// A child's stderr, read by a thread as it comes (so the child never blocks on a full
+/// pipe): [`ChildStderr::wait_for`] returns once it has printed a given text.
+pub struct ChildStderr {
+    seen: String,
+    chunks: std::sync::mpsc::Receiver<String>,
+}
+
+impl ChildStderr {
+    /// Takes `child`'s stderr (which must be piped).
+    pub fn of(child: &mut std::process::Child) -> ChildStderr {
+        let mut pipe = child.stderr.take().expect("the child's stderr is piped");
+        let (tx, chunks) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut pipe, &mut buf) {
+                if tx
+                    .send(String::from_utf8_lossy(&buf[..n]).into_owned())
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        ChildStderr {
+            seen: String::new(),
+            chunks,
+        }
+    }
+
+    /// Waits until the child has printed `needle` (a minute at most, then panics with
+    /// what it printed): the point it says it reached, such as waiting for a lock.
+    pub fn wait_for(&mut self, needle: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !self.seen.contains(needle) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.chunks.recv_timeout(left) {
+                Ok(chunk) => self.seen.push_str(&chunk),
+                Err(e) => panic!("the child never printed {needle:?} ({e}): {}", self.seen),
+            }
+        }
+    }
+
+    /// Everything the child printed on stderr, once it has closed it.
+    pub fn all(mut self) -> String {
+        for chunk in self.chunks {
+            self.seen.push_str(&chunk);
+        }
+        self.seen
+    }
 }
 
 /// The path in `var`, an input `.ci/fetch-oracles` provides (a real NVIDIA library or
