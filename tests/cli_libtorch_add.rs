@@ -844,3 +844,78 @@ fn a_torch_without_its_version_records_its_own_cuda_not_its_nccls() {
     assert_eq!(nccl["inspection"]["nccl"]["cuda"], "12.9", "{nccl}");
     assert_ne!(major, "12.9");
 }
+
+/// A project, a libtorch and the files asked about may sit under a directory whose name
+/// is not UTF-8 (a path is any bytes): every command still answers, `--json` ones with
+/// one object naming those paths with U+FFFD, and none panics (`json!` would on the path
+/// itself, `env::args` on the argument).
+#[test]
+fn paths_that_are_not_utf8_are_shown_never_fatal() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = tempfile::tempdir().unwrap();
+    let bad = t.path().join(std::ffi::OsStr::from_bytes(b"bad\xffdir"));
+    let lt = bad.join("libtorch");
+    archive(&lt);
+    let root = bad.join("proj");
+    std::fs::create_dir_all(&root).unwrap();
+    let lib = lt.join("lib/libtorch_cuda.so");
+    let cache = t.path().join("cache");
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = fdl_in(&root)
+            .env("XDG_CACHE_HOME", &cache)
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.code().is_some_and(|c| c != 101) && !text.contains("panicked"),
+            "fdl {args:?} failed badly ({}):\n{text}",
+            out.status
+        );
+        out
+    };
+    let os = |s: &'static str| std::ffi::OsStr::new(s);
+    let out = run(&[os("libtorch"), os("add"), os("cu128"), lt.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let asks: Vec<Vec<&std::ffi::OsStr>> = vec![
+        vec![os("inspect"), os("--json"), lib.as_os_str()],
+        vec![os("nccl"), os("detect"), os("--json"), lib.as_os_str()],
+        vec![os("nccl"), os("plugins"), os("--json"), lib.as_os_str()],
+        vec![os("libtorch"), os("info"), os("--json")],
+        vec![os("libtorch"), os("list"), os("--json")],
+        vec![os("nccl"), os("list"), os("--json")],
+        vec![
+            os("nccl"),
+            os("build"),
+            os("--dry-run"),
+            os("--json"),
+            os("--archs"),
+            os("8.0"),
+        ],
+    ];
+    for args in asks {
+        let out = run(&args);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("fdl {args:?}: not one JSON object ({e})"));
+        assert!(
+            v.to_string().contains("bad\u{FFFD}dir"),
+            "fdl {args:?} names no path of the project: {v}"
+        );
+    }
+    // Text answers too.
+    for args in [
+        vec![os("inspect"), lib.as_os_str()],
+        vec![os("nccl"), os("detect"), lib.as_os_str()],
+        vec![os("libtorch"), os("info")],
+    ] {
+        run(&args);
+    }
+}

@@ -13,7 +13,7 @@ use crate::loader::{self, Answer, LoaderEnv, Which};
 use crate::nccl::store::{BuildStore, Entry};
 use crate::nccl::verify::{self, Against, LocalGpus, Report, Status};
 use crate::project::Project;
-use crate::text::{clean, paint, Color};
+use crate::text::{clean, json_path, paint, Color};
 use anyhow::{bail, Result};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -531,11 +531,11 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
         };
         let needed_gpu_code = followed.as_ref().map(|f| {
             json!({
-                "dir": f.dir,
+                "dir": json_path::value(&f.dir),
                 "libraries": f.libraries.iter().map(|l| json!({
-                    "path": l.path,
+                    "path": json_path::value(&l.path),
                     "needed_as": l.needed_as,
-                    "needed_by": l.needed_by,
+                    "needed_by": json_path::value(&l.needed_by),
                     "gpu_code": l.gpu_code,
                     "coverage": coverage_json(&coverage_rows(&l.gpu_code, &targets)),
                 })).collect::<Vec<_>>(),
@@ -544,7 +544,7 @@ pub(super) fn inspect_cmd(path: &Path, archs: Option<&str>, json_out: bool) -> R
         });
         print_json(&json!({
             "inspection": ins,
-            "coverage_of": coverage_of,
+            "coverage_of": json_path::values(&coverage_of),
             "needed_gpu_code": needed_gpu_code,
             "nccl": match &nccl {
                 Ok(Some(w)) => which_json(w),
@@ -968,7 +968,7 @@ pub(super) fn detect_cmd(project: &Project, path: Option<&Path>, o: DetectOpts) 
     }
     if json_out {
         let mut v = which_json(&w);
-        v["library"] = json!(lib);
+        v["library"] = json_path::value(&lib);
         v["process"] = target.process_json();
         // The object scripts of fdl 0.1 read, kept: `nccl.found`, `nccl.detection`.
         v["nccl"] = json!({ "found": v["found"], "detection": v["detection"] });
@@ -1032,8 +1032,8 @@ fn environment_json(env: &LoaderEnv) -> serde_json::Value {
     json!({
         "ld_preload": env.preload,
         "ld_so_preload": env.ld_so_preload,
-        "ld_library_path": env.ld_library_path,
-        "system_dirs": env.default_dirs,
+        "ld_library_path": json_path::values(&env.ld_library_path),
+        "system_dirs": json_path::values(&env.default_dirs),
         "system_dirs_from": env.system_dirs_from,
     })
 }
@@ -1093,10 +1093,10 @@ fn python_witness(
                 json!({
                     "asked": true,
                     "kind": "python",
-                    "interpreter": x.interpreter,
+                    "interpreter": json_path::value(&x.interpreter),
                     "summary": clean(&x.summary()),
                     "reached": reached.iter().map(|(f, s)| json!({
-                        "object": f, "callers": callers, "symbols": s,
+                        "object": json_path::value(f), "callers": json_path::values(&callers), "symbols": s,
                     })).collect::<Vec<_>>(),
                     "verdict": match verdict.as_ref().and_then(|v| v.process().map(|p| (v, p))) {
                         Some((v, process)) => json!({
@@ -1184,7 +1184,7 @@ pub(super) fn plugins_cmd(
             // `--json` is one object on stdout whatever the answer: the unknown one too.
             if json_out {
                 print_json(
-                    &json!({ "library": lib, "process": target.process_json(), "unknown": why, "witness": witness }),
+                    &json!({ "library": json_path::value(&lib), "process": target.process_json(), "unknown": why, "witness": witness }),
                 );
             }
             return Err(super::common::Undecided(why).into());
@@ -1192,7 +1192,7 @@ pub(super) fn plugins_cmd(
     };
     if json_out {
         let mut v = serde_json::to_value(&p).unwrap_or_default();
-        v["library"] = json!(lib);
+        v["library"] = json_path::value(&lib);
         v["process"] = target.process_json();
         v["witness"] = witness;
         print_json(&v);

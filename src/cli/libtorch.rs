@@ -187,9 +187,9 @@ pub(super) fn run(ctx: &Context, project: &Project, cmd: LibtorchCommand) -> Res
                 print_json(&json!({
                     "variant": v.name,
                     "process": target.process_json(),
-                    "dir": v.dir,
+                    "dir": crate::text::json_path::value(&v.dir),
                     "arch": meta,
-                    "libtorch_cuda": lib,
+                    "libtorch_cuda": crate::text::json_path::value(&lib),
                     "nccl": match &nccl {
                         Some(Ok(Some(w))) => ins::which_json(w),
                         Some(Ok(None)) => json!({
@@ -206,7 +206,7 @@ pub(super) fn run(ctx: &Context, project: &Project, cmd: LibtorchCommand) -> Res
                         None => json!(null),
                     },
                     "coverage": ins::coverage_json(&rows),
-                    "coverage_of": coverage_of,
+                    "coverage_of": crate::text::json_path::values(&coverage_of),
                 }));
                 return Ok(());
             }
@@ -309,7 +309,7 @@ fn list(lt: &Libtorch, json: bool) -> Result<()> {
             .map(|(v, meta, record)| {
                 json!({
                     "name": v.name,
-                    "dir": v.dir,
+                    "dir": crate::text::json_path::value(&v.dir),
                     "active": Some(&v.name) == active.as_ref(),
                     "missing": v.missing(),
                     "arch": meta,
@@ -317,7 +317,9 @@ fn list(lt: &Libtorch, json: bool) -> Result<()> {
                 })
             })
             .collect();
-        print_json(&json!({ "libtorch_dir": lt.dir, "active": active, "variants": rows }));
+        print_json(
+            &json!({ "libtorch_dir": crate::text::json_path::value(&lt.dir), "active": active, "variants": rows }),
+        );
         return Ok(());
     }
     if variants.is_empty() {

@@ -35,7 +35,9 @@ pub(super) fn list(ctx: &Context, project: &Project, json_out: bool) -> Result<(
                 row
             })
             .collect();
-        print_json(&json!({ "builds_dir": store.dir, "entries": rows, "leftovers": leftovers }));
+        print_json(
+            &json!({ "builds_dir": crate::text::json_path::value(&store.dir), "entries": rows, "leftovers": leftovers }),
+        );
         return Ok(());
     }
     if let Some(note) = project.fallback_note() {

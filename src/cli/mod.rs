@@ -321,7 +321,11 @@ pub fn parse() -> Cli {
         Err(e) => {
             use clap::error::ErrorKind;
             let asks_json = || {
-                let args: Vec<String> = std::env::args().skip(1).collect();
+                // Lossy: `args()` panics on an argument that is not UTF-8.
+                let args: Vec<String> = std::env::args_os()
+                    .skip(1)
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
                 args.iter().any(|a| a == "--json" || a == "--format=json")
                     || args
                         .windows(2)

@@ -140,7 +140,11 @@ pub fn acquire(
         file,
         "pid {} ({})",
         std::process::id(),
-        std::env::args().collect::<Vec<_>>().join(" ")
+        // `args()` panics on an argument that is not UTF-8 (a path may be any bytes).
+        std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     let _ = file.flush();
     Ok(BuildLock {

@@ -258,6 +258,40 @@ pub fn fit(text: &str, max: usize) -> (String, bool) {
     )
 }
 
+/// Paths as JSON text, for `#[serde(serialize_with = "…")]` on path fields: a file name
+/// need not be UTF-8, and serde refuses such a path (then `json!` panics), while the
+/// files fdl is asked about, and what their link maps find, are hostile. Bytes that are
+/// not UTF-8 become U+FFFD: the JSON names the file as a reader would see it.
+pub mod json_path {
+    use serde::Serializer;
+    use std::path::{Path, PathBuf};
+
+    pub fn one<S: Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&p.to_string_lossy())
+    }
+
+    pub fn opt<S: Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+        match p {
+            Some(p) => s.serialize_some(&p.to_string_lossy()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn many<S: Serializer>(ps: &[PathBuf], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(ps.iter().map(|p| p.to_string_lossy()))
+    }
+
+    /// A path for `json!`, which would panic on the path itself.
+    pub fn value(p: &Path) -> serde_json::Value {
+        serde_json::Value::String(p.to_string_lossy().into_owned())
+    }
+
+    /// Paths for `json!`, as an array.
+    pub fn values<P: AsRef<Path>>(ps: impl IntoIterator<Item = P>) -> serde_json::Value {
+        serde_json::Value::Array(ps.into_iter().map(|p| value(p.as_ref())).collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,6 +46,7 @@ const NOT_STRING_SECTIONS: &[&str] = &[
 /// Everything fdl reports about one file.
 #[derive(Debug, Clone, Serialize)]
 pub struct Inspection {
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub path: PathBuf,
     pub size: u64,
     pub elf: bool,
@@ -100,6 +101,7 @@ pub struct NcclDetection {
     pub version: NcclVersion,
     pub cuda: CudaVersion,
     /// The file carrying the self-id: the library itself, or the libnccl it loads.
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub file: PathBuf,
     pub linkage: Linkage,
 }

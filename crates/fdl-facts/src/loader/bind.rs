@@ -94,8 +94,10 @@ impl Answer {
 /// Calls of one object that reach one place.
 #[derive(Debug, Clone, Serialize)]
 pub struct CallGroup {
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub caller: PathBuf,
     /// The object the calls bind to; `None` when nothing in the process defines them.
+    #[serde(serialize_with = "crate::text::json_path::opt")]
     pub object: Option<PathBuf>,
     pub symbols: Vec<String>,
     /// How they bind: "the first definition in the global scope", or why locally.
@@ -229,6 +231,7 @@ impl Conditional {
 #[derive(Debug, Clone, Serialize)]
 pub struct Which {
     /// The file asked about.
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub target: PathBuf,
     #[serde(flatten)]
     pub answer: Answer,

@@ -41,6 +41,7 @@ pub enum FoundBy {
     },
     Needed {
         name: String,
+        #[serde(serialize_with = "crate::text::json_path::one")]
         needed_by: PathBuf,
         rule: ResolveRule,
     },
@@ -48,6 +49,7 @@ pub enum FoundBy {
     /// ([`LoaderEnv::opened`]).
     OpenedFirst {
         name: String,
+        #[serde(serialize_with = "crate::text::json_path::one")]
         needed_by: PathBuf,
         by: String,
     },
@@ -86,6 +88,7 @@ impl std::fmt::Display for FoundBy {
 #[derive(Debug, Clone, Serialize)]
 pub struct Object {
     /// The path the loader opens it by (its `l_name`); empty for the stand-in program.
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub path: PathBuf,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub soname: Option<String>,
@@ -133,9 +136,11 @@ pub struct SkippedPreload {
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadFailure {
     pub needed: String,
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub needed_by: PathBuf,
     pub reason: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(serialize_with = "crate::text::json_path::many")]
     pub searched: Vec<PathBuf>,
     /// Where in the order the object would have been.
     #[serde(skip)]

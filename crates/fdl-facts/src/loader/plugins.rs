@@ -212,6 +212,7 @@ pub fn candidate_names(kind: Kind, value: Option<&str>, asks: &Asks) -> Vec<Vec<
 pub struct Try {
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "crate::text::json_path::opt")]
     pub found: Option<PathBuf>,
     /// The rule that found it; `already_loaded` when an object of the process answers
     /// the name; `path` for a name holding `/`.
@@ -223,6 +224,7 @@ pub struct Try {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(serialize_with = "crate::text::json_path::many")]
     pub searched: Vec<PathBuf>,
 }
 
@@ -232,6 +234,7 @@ pub struct Try {
 pub enum Verdict {
     /// The plugin at `path` answers with entry version `version`.
     Loaded {
+        #[serde(serialize_with = "crate::text::json_path::one")]
         path: PathBuf,
         version: u32,
         /// Set when found inside the net plugin (the tuner's fallback).
@@ -280,10 +283,12 @@ pub struct KindReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct Plugins {
     /// The NCCL object that calls `dlopen`.
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub nccl: PathBuf,
     pub kinds: Vec<KindReport>,
     /// NCCL also reads these variables from `NCCL_CONF_FILE`, `~/.nccl.conf` and
     /// `/etc/nccl.conf` (`initEnv`); the ones that exist are named here.
+    #[serde(serialize_with = "crate::text::json_path::many")]
     pub config_files: Vec<PathBuf>,
 }
 
@@ -440,6 +445,7 @@ pub struct Moved {
     pub kind: Kind,
     pub variable: String,
     /// What loads it today, and how it is found there.
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub path: PathBuf,
     pub version: u32,
     pub via: String,

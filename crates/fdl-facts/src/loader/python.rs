@@ -81,6 +81,7 @@ pub enum TorchLoading {
     /// `_load_global_deps`: `normal` after `libtorch_global_deps.so` loaded, `fallback`
     /// when that load fails with an error naming one of the CUDA libraries.
     Preloads {
+        #[serde(serialize_with = "crate::text::json_path::one")]
         init: PathBuf,
         places: Vec<Vec<Segment>>,
         normal: Preloads,
@@ -727,6 +728,7 @@ impl std::fmt::Display for EntryFrom {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Entry {
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub path: PathBuf,
     pub from: EntryFrom,
 }
@@ -736,6 +738,7 @@ pub struct Entry {
 pub struct Launch {
     /// The directory `sys.path[0]` names: the working directory of `python -c`/`-m`, or a
     /// script's directory.
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub start: PathBuf,
     /// Whether `start` was given (`--cwd`) or assumed (fdl's own working directory).
     pub start_assumed: bool,
@@ -744,7 +747,9 @@ pub struct Launch {
     pub no_user_site: bool,
     /// `PYTHONSAFEPATH`: no start directory on `sys.path`.
     pub safe_path: bool,
+    #[serde(serialize_with = "crate::text::json_path::opt")]
     pub home: Option<PathBuf>,
+    #[serde(serialize_with = "crate::text::json_path::opt")]
     pub user_base: Option<PathBuf>,
     /// `TORCH_USE_RTLD_GLOBAL`: torch skips `_load_global_deps` and its preloads.
     pub torch_rtld_global: bool,
@@ -795,14 +800,18 @@ impl Launch {
 #[derive(Debug, Clone, Serialize)]
 pub struct Interpreter {
     /// `<prefix>/bin/pythonX.Y` (or `python3`): what a job runs.
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub program: PathBuf,
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub prefix: PathBuf,
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub base_prefix: PathBuf,
     /// `(major, minor)` from `lib/pythonX.Y`.
     pub version: Option<(u32, u32)>,
     pub venv: bool,
     pub system_site_packages: bool,
     /// The site directory torch lies in.
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub site: PathBuf,
     /// The interpreter's DT_RPATH (when it has no DT_RUNPATH), with its `$ORIGIN`: a
     /// conda Python's `$ORIGIN/../lib` is searched for every library its process loads.
@@ -904,6 +913,7 @@ pub struct SysPath {
     pub entries: Vec<Entry>,
     /// `.pth` lines that run code (`import …`): Python runs them, fdl never does; they
     /// may change `sys.path`.
+    #[serde(serialize_with = "crate::text::json_path::many")]
     pub pth_imports: Vec<PathBuf>,
 }
 
@@ -1035,6 +1045,7 @@ pub struct Opened {
     pub wanted: Wanted,
     /// The path as torch builds it and hands to `ctypes.CDLL` (relative when the entry is
     /// relative).
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub path: PathBuf,
     pub entry: Entry,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -107,15 +107,20 @@ pub struct Call {
 /// What the live interpreter showed.
 #[derive(Debug, Clone, Serialize)]
 pub struct PythonWitness {
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub interpreter: PathBuf,
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub torch_dir: PathBuf,
     /// Files mapped whose name starts `libnccl.so`, in maps order, each once.
+    #[serde(serialize_with = "crate::text::json_path::many")]
     pub mapped_nccl: Vec<PathBuf>,
     /// The `libtorch_cuda.so` mapped, if any (a CPU-only torch has none).
+    #[serde(serialize_with = "crate::text::json_path::opt")]
     pub libtorch_cuda: Option<PathBuf>,
     /// Its `nccl*` slots, in its relocation tables' order.
     pub calls: Vec<Call>,
     /// Mapped `libnccl-net*`, `libnccl-tuner*`, `libnccl-profiler*`, `libnccl-env*`.
+    #[serde(serialize_with = "crate::text::json_path::many")]
     pub plugins: Vec<PathBuf>,
     /// From the start to the ready line.
     pub elapsed_ms: u64,
@@ -145,6 +150,7 @@ pub enum NoPythonWitness {
     /// Refused before anything ran: `path` (the interpreter, torch, a preload or a
     /// directory above one) belongs to someone else or others may write it.
     Untrusted {
+        #[serde(serialize_with = "crate::text::json_path::one")]
         path: PathBuf,
         why: String,
     },
@@ -155,6 +161,7 @@ pub enum NoPythonWitness {
     },
     /// The `libtorch_cuda.so` mapped does not lie under the checked torch.
     TorchOutside {
+        #[serde(serialize_with = "crate::text::json_path::one")]
         libtorch_cuda: PathBuf,
     },
     /// `import torch` failed: the exit status and the tail of stderr (cleaned).

@@ -18,6 +18,7 @@ pub enum Doubt {
     /// A DT_NEEDED entry the loader cannot load.
     LoadFailure {
         needed: String,
+        #[serde(serialize_with = "crate::text::json_path::one")]
         needed_by: PathBuf,
         why: String,
         /// Whether no file of that name is anywhere the loader looks: "not on this host".
@@ -27,6 +28,7 @@ pub enum Doubt {
     Caveat { what: String },
     /// An object whose symbols (or their versions) fdl cannot read.
     Unreadable {
+        #[serde(serialize_with = "crate::text::json_path::one")]
         object: PathBuf,
         /// The symbol versions, rather than the symbols.
         versions: bool,
@@ -70,6 +72,7 @@ impl fmt::Display for Doubt {
 /// fdl can read).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Reached {
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub object: PathBuf,
     pub nccl: Option<NcclVersion>,
 }
@@ -132,6 +135,7 @@ pub enum Unknown {
     /// the first definition a library opened later would bind to (`None`: the NCCL is
     /// compiled in with hidden symbols).
     OpensLater {
+        #[serde(serialize_with = "crate::text::json_path::one")]
         opener: PathBuf,
         #[serde(skip_serializing_if = "Option::is_none")]
         first: Option<Reached>,
@@ -139,6 +143,7 @@ pub enum Unknown {
     /// `object` exports `nccl*` functions (the first few are `names`) but its self-id
     /// cannot be read (`why`; `None`: it carries none fdl can read).
     UnnamedExporter {
+        #[serde(serialize_with = "crate::text::json_path::one")]
         object: PathBuf,
         names: Vec<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -338,6 +343,7 @@ pub fn possible_call_tail(elsewhere: &[Reached]) -> (String, &'static str) {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SplitPart {
     pub names: Vec<String>,
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub caller: PathBuf,
     pub to: Reached,
 }

@@ -137,7 +137,7 @@ pub enum NcclKind {
 #[derive(Debug, Clone, Serialize)]
 pub struct MappedNccl {
     /// As the kernel names it (cleaned for display only where shown).
-    #[serde(serialize_with = "lossy")]
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub path: PathBuf,
     pub kind: NcclKind,
     /// Its self-id's NCCL version (`2.27.5`), `None` when unread.
@@ -204,7 +204,7 @@ impl Disk {
 /// One plugin a process maps.
 #[derive(Debug, Clone, Serialize)]
 pub struct MappedPlugin {
-    #[serde(serialize_with = "lossy")]
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub path: PathBuf,
     /// The plugin kinds it exports an entry of (`net`, `tuner`, …).
     pub kinds: Vec<&'static str>,
@@ -214,7 +214,7 @@ pub struct MappedPlugin {
 /// [`Process::nccl`]) when it is one; a file that is no NCCL interposes `nccl*`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Target {
-    #[serde(serialize_with = "lossy")]
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub path: PathBuf,
     pub nccl: Option<usize>,
 }
@@ -254,7 +254,7 @@ pub enum Evidence {
     /// The slots of `caller` read from `/proc/PID/mem`: `bound` of `slots` point into a
     /// mapped file (the others are not bound yet).
     Memory {
-        #[serde(serialize_with = "lossy")]
+        #[serde(serialize_with = "crate::text::json_path::one")]
         caller: PathBuf,
         slots: usize,
         bound: usize,
@@ -571,13 +571,6 @@ pub fn agreement(processes: &[Process]) -> Agreement {
             })
             .collect(),
     }
-}
-
-/// A path as JSON text: a file name need not be UTF-8, and serde refuses such a path
-/// (then `json!` panics); what another user's process maps cannot be allowed to break the
-/// answer. Bytes that are not UTF-8 become U+FFFD.
-fn lossy<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&p.to_string_lossy())
 }
 
 /// The last component of a path, cleaned.

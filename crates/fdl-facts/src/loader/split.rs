@@ -31,9 +31,11 @@ pub const MAX_FOLLOWED: usize = 64;
 #[derive(Debug, Clone, Serialize)]
 pub struct NeededCode {
     /// The path the loader opens it by.
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub path: PathBuf,
     /// The DT_NEEDED name that brought it in, and the object that named it.
     pub needed_as: String,
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub needed_by: PathBuf,
     pub gpu_code: GpuCode,
 }
@@ -42,6 +44,7 @@ pub struct NeededCode {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Followed {
     /// The directory whose libraries were judged (the inspected file's).
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub dir: PathBuf,
     /// The libraries of that directory in the closure that carry GPU code, in link-map
     /// order (the loader's breadth-first order).

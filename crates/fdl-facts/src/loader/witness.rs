@@ -96,7 +96,9 @@ pub enum Mode {
 /// `nccl*` references of the consumer that bind to one object.
 #[derive(Debug, Clone, Serialize)]
 pub struct Reach {
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub object: PathBuf,
+    #[serde(serialize_with = "crate::text::json_path::many")]
     pub callers: Vec<PathBuf>,
     pub symbols: Vec<String>,
 }
@@ -105,9 +107,11 @@ pub struct Reach {
 #[derive(Debug, Clone, Serialize)]
 pub struct Witness {
     /// The interpreter that was run.
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub interpreter: PathBuf,
     pub mode: Mode,
     /// The program traced, or the library the stand-in needs.
+    #[serde(serialize_with = "crate::text::json_path::one")]
     pub traced: PathBuf,
     /// The consumer's `nccl*` references grouped by the object they bind to (the traced
     /// object's own when it has any, else every object's).
@@ -117,6 +121,7 @@ pub struct Witness {
     /// Why the process would not start (a library not found, a fatal load error).
     pub failures: Vec<String>,
     /// The objects the loader listed, in its order.
+    #[serde(serialize_with = "crate::text::json_path::many")]
     pub link_map: Vec<PathBuf>,
     /// Binding lines past [`Limits::bindings`], counted only.
     pub bindings_omitted: usize,
