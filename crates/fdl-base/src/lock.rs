@@ -231,9 +231,17 @@ mod tests {
         let other = acquire(t.path(), &builds, "v2.27.5-sm90", Wait::No, &|_| {});
         assert!(other.is_ok());
         drop(held);
-        // Waits: a child another test forks holds a copy of every descriptor until its
-        // exec, the flock's among them, so the lock may be a moment late to come free.
-        assert!(acquire(t.path(), &builds, "v2.27.5-sm61", Wait::Yes, &|_| {}).is_ok());
+        // A child another test forks holds a copy of every descriptor until its exec, the
+        // flock's among them, so the lock may be a moment late to come free: asked again
+        // for a bounded while, never waited on blindly.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while acquire(t.path(), &builds, "v2.27.5-sm61", Wait::No, &|_| {}).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the lock stayed held after its holder was dropped"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     #[test]
