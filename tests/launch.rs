@@ -591,6 +591,33 @@ fn bad_input_is_refused_clearly() {
     );
 }
 
+/// A launcher's fork is seen before it execs into a worker (same pid, its rank set only
+/// at the exec): the answer given to the fork does not stand for the worker. `--no-memory`
+/// settles a preloaded process at first sight, so the fork is answered before the exec.
+#[test]
+fn a_fork_that_execs_into_a_worker_is_read_again() {
+    let s = standin();
+    let job = ["sh", "-c", "(sleep 1; exec env RANK=0 sleep 2); echo done"];
+    let mut args = vec!["--build", &s.build, "--no-memory", "-v", "--"];
+    args.extend(job);
+    let ran = run(&mut s.launch(&args), &mut |_| {});
+    assert_eq!(ran.code, Some(0), "{ran}");
+    assert!(
+        ran.stderr
+            .lines()
+            .any(|l| l.contains(&format!(" rank 0 (sleep 2) runs build {}", s.build))),
+        "the worker after its exec:\n{ran}"
+    );
+    assert_eq!(
+        summary(&ran),
+        format!(
+            "fdl launch: 1 worker checked (rank 0): all on build {}",
+            s.build
+        ),
+        "{ran}"
+    );
+}
+
 /// A job whose process runs another NCCL without the build's preload, started by a
 /// program named mpirun: named with its pid and the `-x LD_PRELOAD` cause, and with
 /// `--strict` stopped at once (no venv needed: stand-in NCCLs).

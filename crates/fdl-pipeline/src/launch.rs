@@ -838,6 +838,8 @@ struct Watch<'a> {
     /// The command each process had when first seen (an `env -i` that then execs).
     first_command: HashMap<u32, (u32, String)>,
     checks: BTreeMap<u32, Check>,
+    /// The command line each settled process had when its answer settled.
+    settled_as: HashMap<u32, String>,
     /// Processes `/proc` would not show (another user's), and why.
     refused: BTreeMap<u32, String>,
     my_mount_ns: Option<PathBuf>,
@@ -864,6 +866,7 @@ impl<'a> Watch<'a> {
             seen: HashMap::new(),
             first_command: HashMap::new(),
             checks: BTreeMap::new(),
+            settled_as: HashMap::new(),
             refused: BTreeMap::new(),
             my_mount_ns: std::fs::read_link("/proc/self/ns/mnt").ok(),
         }
@@ -875,12 +878,20 @@ impl<'a> Watch<'a> {
         let now = Instant::now();
         let tree = descendants(std::process::id(), self.skip);
         let mut ask = Vec::new();
+        let mut asked_as = HashMap::new();
         for m in tree.iter().filter(|m| !m.zombie) {
             self.first_command
                 .entry(m.pid)
                 .or_insert_with(|| (m.ppid, read_command(m.pid)));
+            // A settled answer holds until the process execs: a launcher's fork is seen
+            // before it becomes a worker (same pid, its rank only after the exec).
             if self.checks.get(&m.pid).is_some_and(|c| c.settled) {
-                continue;
+                let now_running = read_command(m.pid);
+                if self.settled_as.get(&m.pid) == Some(&now_running) || now_running.is_empty() {
+                    continue;
+                }
+                self.checks.remove(&m.pid);
+                self.seen.remove(&m.pid);
             }
             // Read again only when its files changed (an import, an exec), or now and
             // then for slots bound at a first call.
@@ -910,6 +921,8 @@ impl<'a> Watch<'a> {
             self.seen.insert(m.pid, (print, now, wait));
             if maps_nccl {
                 ask.push(m.pid);
+                // Read before the scan: an exec during the scan then shows as a change.
+                asked_as.insert(m.pid, read_command(m.pid));
             }
         }
         if ask.is_empty() {
@@ -937,6 +950,11 @@ impl<'a> Watch<'a> {
                 found.push(check.clone());
             } else if check.settled && !check.is_problem() {
                 settled.push(check.clone());
+            }
+            if check.settled {
+                if let Some(command) = asked_as.remove(&p.pid) {
+                    self.settled_as.insert(p.pid, command);
+                }
             }
             self.checks.insert(p.pid, check);
         }
