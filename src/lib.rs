@@ -11,7 +11,7 @@
 //! `native`); 4 `fdl-pipeline` (`pipeline`, `launch`); 5 `fdl-cluster`; 6 this crate,
 //! `cli`, which nothing imports. This crate names every module of the floors below at its
 //! root, so the binary, the tests and the benchmarks reach them as `fdl::loader` and so on.
-//! ARCHITECTURE.md holds the table; `tests/architecture.rs` checks it against Cargo.
+//! ARCHITECTURE.md holds the table; `tests/it/architecture.rs` checks it against Cargo.
 
 pub mod cli;
 

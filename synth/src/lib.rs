@@ -18,7 +18,7 @@ use std::path::Path;
 // The fatbin format as this writer knows it, written down here rather than taken from
 // fdl's reader, so that a mistake in one is not silently shared by the other. The
 // community's reverse-engineered layout; cuobjdump reading what this crate writes is the
-// check (`tests/inspect_oracle.rs`).
+// check (`tests/it/inspect_oracle.rs`).
 const MAGIC: u32 = 0xBA55_ED50;
 const KIND_PTX: u16 = 1;
 const KIND_ELF: u16 = 2;

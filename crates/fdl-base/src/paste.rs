@@ -80,7 +80,7 @@ mod tests {
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), hostile);
         // The srun form as bash parses it: the words bash would run srun with, and the
-        // environment it would hand srun (the real srun is run in tests/cluster_slurm.rs).
+        // environment it would hand srun (the real srun is run in tests/it/cluster_slurm.rs).
         let probe = format!(
             "{}; printf '%s\\0' \"$@\"",
             srun("LD_PRELOAD", &hostile).replacen(" srun ", " printenv LD_PRELOAD; set -- ", 1)

@@ -4,7 +4,7 @@
 //! handed typed keys and trees and never learns what a plan is.
 //!
 //! Inside the crate, `loader` stands on `inspect` and never the other way round
-//! (`tests/architecture.rs` checks that no module here imports one that imports it back).
+//! (`tests/it/architecture.rs` checks that no module here imports one that imports it back).
 
 pub mod gpu;
 pub mod inspect;

@@ -15,7 +15,7 @@
 //! block or repeated table, which a first block cannot have anyway; damaged data), and the
 //! caller then decodes the block with libzstd. Its output is compared with libzstd's on
 //! generated frames of every shape in the tests here, and on every cubin of the real
-//! oracle libraries by `tests/inspect_oracle.rs`; `benches/inspect.rs` weighs it against
+//! oracle libraries by `tests/it/inspect_oracle.rs`; `benches/inspect.rs` weighs it against
 //! libzstd on every run (BENCHMARKS.md: a fifth of the CPU on NCCL 2.32.3's 412 cubins).
 
 /// Reads `len` bytes at `offset` of the frame; `None` past its end or on an I/O error.
