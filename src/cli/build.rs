@@ -226,10 +226,10 @@ fn run_with(
             );
             outln!("Dry run: nothing was built, written or started.");
         }
-        if !prepared.plan.problems.is_empty() {
+        if !prepared.plan.findings.problems.is_empty() {
             let e: anyhow::Error = crate::project::RootIrrelevant(anyhow::anyhow!(
                 "the plan cannot run: {} problem(s), listed with the plan",
-                prepared.plan.problems.len()
+                prepared.plan.findings.problems.len()
             ))
             .into();
             return Err(if args.json {

@@ -105,12 +105,7 @@ impl Project {
     /// When the root is only the working directory (no project was found above it), a
     /// line saying so: plans and listings show it, since nothing else would.
     pub fn fallback_note(&self) -> Option<String> {
-        (self.source == RootSource::WorkingDir).then(|| {
-            format!(
-                "the project root is the working directory {}: no fdl.yml or project libtorch/ was found above it. Pass --root DIR (or set FDL_ROOT) if the project is elsewhere",
-                self.root.display()
-            )
-        })
+        (self.source == RootSource::WorkingDir).then(|| fallback_sentence(&self.root))
     }
 
     /// Which root this is and why, for messages.
@@ -153,6 +148,14 @@ fn absolute(p: &Path, cwd: &Path) -> PathBuf {
     } else {
         cwd.join(p)
     }
+}
+
+/// The note of a root that fell back to the working directory `root`.
+pub fn fallback_sentence(root: &Path) -> String {
+    format!(
+        "the project root is the working directory {}: no fdl.yml or project libtorch/ was found above it. Pass --root DIR (or set FDL_ROOT) if the project is elsewhere",
+        root.display()
+    )
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod files;
+pub mod finding;
 pub mod image;
 pub mod name;
 pub mod only_funcs;

@@ -5,6 +5,7 @@
 //! combinations that cannot work. `--dry-run` prints it; the manifest saves it; a
 //! backend executes it. Where each value came from is part of the plan.
 
+use super::finding::{Finding, Findings};
 use super::image::{self, ImageError};
 use crate::arch::{self, Arch};
 use crate::gpu::Gpu;
@@ -398,7 +399,7 @@ pub struct PlanInputs {
     /// NCCL's ONLY_FUNCS, for quick development builds.
     pub only_funcs: Option<String>,
     /// What the plan's reader should know but does not stop the build.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Finding>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -428,14 +429,9 @@ pub struct BuildPlan {
     #[serde(flatten)]
     pub backend: BackendPlan,
     pub backend_reason: String,
-    /// What stops this plan from running. A dry run shows the plan with them; a build
-    /// refuses to start.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub problems: Vec<String>,
-    /// What the reader should know that does not stop the build (a libtorch without code
-    /// for a planned GPU, say).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
+    /// What stops this plan, and what its reader should know.
+    #[serde(flatten)]
+    pub findings: Findings,
 }
 
 /// The longest build name: a directory name (NAME_MAX on Linux file systems) less what
@@ -571,11 +567,11 @@ impl BuildPlan {
                         // --cuda is a pin: another release's image is a problem to solve,
                         // never a quiet substitute.
                         Ok(choice) if choice.note.is_some() && cuda_origin == CudaOrigin::Flag => {
-                            problems.push(format!(
-                                "no nvidia/cuda image for CUDA {cuda} is known to fdl, and --cuda pins it. Give an image holding CUDA {cuda} with --base-image IMAGE, pass --cuda {} to use {} (the closest known image that compiles every planned arch), or build with --backend native and a CUDA {cuda} toolkit (--cuda-home DIR)",
-                                choice.cuda.without_patch(),
-                                choice.image.reference()
-                            ));
+                            problems.push(Finding::PinnedCudaWithoutImage {
+                                cuda,
+                                closest: choice.cuda,
+                                image: choice.image.reference(),
+                            });
                             None
                         }
                         Ok(choice) => {
@@ -592,13 +588,23 @@ impl BuildPlan {
                         // No image compiles the archs as asked: the plan still shows,
                         // with the problem and the way out.
                         Err(ImageError::Arch(e)) => {
-                            problems.push(e.to_string());
+                            problems.push(Finding::CudaCannotCompile {
+                                arch: e.arch(),
+                                cuda: match &e {
+                                    arch::ArchCudaError::Conflict { cuda, .. } => Some(*cuda),
+                                    arch::ArchCudaError::Unknown { .. } => None,
+                                },
+                                why: e.to_string(),
+                            });
                             None
                         }
                         // A user's own Dockerfile may start from any image.
                         Err(e @ ImageError::NoImage { .. }) => {
                             if let DockerfileSpec::Embedded { .. } = dockerfile {
-                                problems.push(e.to_string());
+                                problems.push(Finding::NoImage {
+                                    cuda,
+                                    why: e.to_string(),
+                                });
                             }
                             None
                         }
@@ -633,7 +639,9 @@ impl BuildPlan {
                     allow_cuda_mismatch,
                     &inputs.archs,
                 ) {
-                    problems.push(format!("{e:#}"));
+                    problems.push(Finding::Toolkit {
+                        why: format!("{e:#}"),
+                    });
                 }
                 let make_vars = make_vars(
                     &gencode,
@@ -668,8 +676,10 @@ impl BuildPlan {
             name,
             backend,
             backend_reason: inputs.backend_reason,
-            problems,
-            warnings: inputs.warnings,
+            findings: Findings {
+                problems,
+                warnings: inputs.warnings,
+            },
         })
     }
 
@@ -1108,34 +1118,33 @@ fn check_probe(
     cuda: CudaVersion,
     origin: CudaOrigin,
     archs: &[Arch],
-    problems: &mut Vec<String>,
+    problems: &mut Vec<Finding>,
 ) -> Option<CudaVersion> {
-    let img = &found.image;
+    let image = found.image.clone();
     if found.cuda_home.is_none() {
-        problems.push(format!(
-            "--base-image {img} has no nvcc ($CUDA_HOME, /usr/local/cuda and PATH were looked at): give an image with a CUDA toolkit, or set CUDA_HOME in it"
-        ));
+        problems.push(Finding::BaseImageWithoutNvcc { image });
         return None;
     }
     let Some(image_cuda) = found.cuda else {
-        problems.push(format!(
-            "the nvcc in --base-image {img} did not say its release (`nvcc --version`): check that it runs in the image"
-        ));
+        problems.push(Finding::BaseImageNvccSilent { image });
         return None;
     };
     if origin == CudaOrigin::Flag && image_cuda.major_minor() != cuda.major_minor() {
-        problems.push(format!(
-            "--base-image {img} holds CUDA {image_cuda}, but --cuda asks for {cuda}: drop --cuda, or give an image with CUDA {}",
-            cuda.without_patch()
-        ));
+        problems.push(Finding::BaseImageOtherCuda {
+            image: image.clone(),
+            image_cuda,
+            asked: cuda,
+        });
     }
     if let Some(offered) = &found.gpu_archs {
-        for arch in archs.iter().filter(|a| !offered.contains(a)) {
-            problems.push(format!(
-                "the nvcc in --base-image {img} (CUDA {image_cuda}) cannot compile {arch}: `nvcc --list-gpu-arch` offers {}. Give an image whose CUDA supports {arch}{}, or drop it from --archs",
-                offered.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" "),
-                nearest_release(archs, image_cuda)
-            ));
+        for &arch in archs.iter().filter(|a| !offered.contains(a)) {
+            problems.push(Finding::BaseImageCannotCompile {
+                image: image.clone(),
+                image_cuda,
+                arch,
+                offered: offered.clone(),
+                fits: image::closest_cuda_for(archs, image_cuda),
+            });
         }
     }
     let lacking: Vec<&str> = needed_tools()
@@ -1143,10 +1152,10 @@ fn check_probe(
         .filter(|t| found.missing.iter().any(|m| m == t))
         .collect();
     if !lacking.is_empty() && !found.apt {
-        problems.push(format!(
-            "--base-image {img} lacks {} and has no apt-get to install them: give an image that has them",
-            lacking.join(", ")
-        ));
+        problems.push(Finding::BaseImageLacksTools {
+            image,
+            tools: lacking.iter().map(|t| t.to_string()).collect(),
+        });
     }
     Some(image_cuda)
 }
@@ -1346,7 +1355,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(p.cuda.to_string(), "13.5.37");
-        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        assert!(p.findings.problems.is_empty(), "{:?}", p.findings.problems);
         assert!(docker(&p)
             .build_args
             .contains(&("CUDA_VERSION".into(), "13.5.37".into())));
@@ -1357,26 +1366,34 @@ mod tests {
             context(),
         ))
         .unwrap();
-        assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+        assert_eq!(p.findings.problems.len(), 1, "{:?}", p.findings.problems);
         assert!(
-            p.problems[0].contains("cannot compile sm_61"),
+            p.findings.problems[0]
+                .to_string()
+                .contains("cannot compile sm_61"),
             "{:?}",
-            p.problems
+            p.findings.problems
         );
 
         let mut i = probed_inputs(&[Arch::new(8, 6)], probe(&[], true), context());
         i.cuda_flag = Some("12.8".parse().unwrap());
         let p = BuildPlan::new(i).unwrap();
         assert!(
-            p.problems[0].contains("holds CUDA 13.5.37, but --cuda asks for 12.8"),
+            p.findings.problems[0]
+                .to_string()
+                .contains("holds CUDA 13.5.37, but --cuda asks for 12.8"),
             "{:?}",
-            p.problems
+            p.findings.problems
         );
 
         let mut none = probe(&[], true);
         none.cuda_home = None;
         let p = BuildPlan::new(probed_inputs(&[Arch::new(8, 6)], none, context())).unwrap();
-        assert!(p.problems[0].contains("has no nvcc"), "{:?}", p.problems);
+        assert!(
+            p.findings.problems[0].to_string().contains("has no nvcc"),
+            "{:?}",
+            p.findings.problems
+        );
     }
 
     /// The advice to cover more archs names what this plan's compiler lacks: a probed
@@ -1441,7 +1458,7 @@ mod tests {
         let net = |probe: ImageProbe, source: DockerSource| {
             let p = BuildPlan::new(probed_inputs(&[Arch::new(8, 6)], probe, source)).unwrap();
             let d = docker(&p).clone();
-            (d.network, d.network_reason, p.problems)
+            (d.network, d.network_reason, p.findings.problems)
         };
         let (network, why, problems) = net(probe(&["git"], false), context());
         assert_eq!(network.as_deref(), Some("none"), "{why}");
@@ -1462,7 +1479,9 @@ mod tests {
         let (network, _, problems) = net(probe(&["python3", "g++"], false), context());
         assert_eq!(network, None);
         assert!(
-            problems[0].contains("lacks g++, python3 and has no apt-get"),
+            problems[0]
+                .to_string()
+                .contains("lacks g++, python3 and has no apt-get"),
             "{problems:?}"
         );
 
@@ -1583,7 +1602,13 @@ mod tests {
         i.cuda_flag = Some(CudaVersion::new(13, 0));
         let p = BuildPlan::new(i).unwrap();
         assert_eq!(p.cuda, CudaVersion::new(13, 0));
-        let err = p.problems.join("\n");
+        let err = p
+            .findings
+            .problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
         assert!(err.contains("sm_61") && err.contains("12.9"), "{err}");
     }
 
@@ -1596,7 +1621,7 @@ mod tests {
         let p = BuildPlan::new(i.clone()).unwrap();
         assert_eq!(p.cuda.to_string(), "13.2.0");
         assert!(p.cuda_note.as_deref().unwrap().contains("CUDA 13.3"));
-        assert!(p.problems.is_empty());
+        assert!(p.findings.problems.is_empty());
         let args = docker_args(&p);
         assert_eq!(args["BASE_IMAGE"], "nvidia/cuda:13.2.0-devel-ubuntu24.04");
         assert_eq!(args["CUDA_VERSION"], "13.2.0");
@@ -1629,11 +1654,13 @@ mod tests {
         // --cuda pins it: then nothing fits, and the plan says so and how to go on.
         i.cuda_flag = Some(CudaVersion::new(13, 3));
         let p = BuildPlan::new(i.clone()).unwrap();
-        assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+        assert_eq!(p.findings.problems.len(), 1, "{:?}", p.findings.problems);
         assert!(
-            p.problems[0].contains("--cuda 12.8 or 12.9"),
+            p.findings.problems[0]
+                .to_string()
+                .contains("--cuda 12.8 or 12.9"),
             "{:?}",
-            p.problems
+            p.findings.problems
         );
         assert!(!docker_args(&p).contains_key("BASE_IMAGE"));
         // A user's own Dockerfile picks its own base: no problem to report.
@@ -1648,7 +1675,7 @@ mod tests {
             volumes: VolumesFlag::Auto,
             storage_driver: None,
         };
-        assert!(BuildPlan::new(i).unwrap().problems.is_empty());
+        assert!(BuildPlan::new(i).unwrap().findings.problems.is_empty());
     }
 
     #[test]
@@ -1791,7 +1818,14 @@ mod tests {
         // --cuda insists: a toolkit of another release is refused unless allowed.
         let mut pinned = native_inputs("v2.27.5-1", &MIXED, "12.9.1", None);
         pinned.cuda_flag = Some(CudaVersion::new(12, 8));
-        let err = BuildPlan::new(pinned).unwrap().problems.join("\n");
+        let err = BuildPlan::new(pinned)
+            .unwrap()
+            .findings
+            .problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
         assert!(
             err.contains("is CUDA 12.9.1, but the build asks for CUDA 12.8"),
             "{err}"
@@ -1805,7 +1839,11 @@ mod tests {
         {
             *allow_cuda_mismatch = true;
         }
-        assert!(BuildPlan::new(allowed).unwrap().problems.is_empty());
+        assert!(BuildPlan::new(allowed)
+            .unwrap()
+            .findings
+            .problems
+            .is_empty());
 
         let offered = [Arch::new(7, 5), Arch::new(12, 0)];
         let err = BuildPlan::new(native_inputs(
@@ -1815,7 +1853,11 @@ mod tests {
             Some(&offered),
         ))
         .unwrap()
+        .findings
         .problems
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
         .join("\n");
         assert!(err.contains("cannot compile sm_61"), "{err}");
         assert!(err.contains("sm_75 sm_120"), "{err}");
@@ -1831,10 +1873,14 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(p.archs, sm107);
-        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        assert!(p.findings.problems.is_empty(), "{:?}", p.findings.problems);
         let err = BuildPlan::new(native_inputs("v2.32.3-1", &sm107, "12.8.93", None))
             .unwrap()
+            .findings
             .problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
             .join("\n");
         assert!(err.contains("does not answer --list-gpu-arch"), "{err}");
     }

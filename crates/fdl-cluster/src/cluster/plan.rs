@@ -6,6 +6,7 @@
 use super::host::Facts;
 use super::status::{driver_runs, DriverFit, WorkerStatus};
 use crate::arch::Arch;
+use crate::nccl::finding::Finding;
 use crate::nccl::plan::{ArchOrigin, HostValue, TagOrigin};
 use crate::nccl::tag::Tag;
 use crate::pipeline::{CheckedFlags, Inferred};
@@ -44,17 +45,15 @@ pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> 
                 missing.join(" and ")
             );
         }
-        warnings.push(format!(
-            "{} of {} workers did not answer (each is named below), so the plan takes its tag and archs from --tag and --archs{}",
-            down.len(),
-            workers.len(),
-            if flags.cuda.is_some() {
-                " and its CUDA from --cuda; their drivers were not checked against it"
-            } else {
-                "; their drivers were not checked against its CUDA (pass --cuda to choose it)"
-            },
-        ));
-        warnings.extend(down.iter().map(|(h, e)| format!("{h} did not answer: {e}")));
+        warnings.push(Finding::WorkersDown {
+            down: down.len(),
+            workers: workers.len(),
+            cuda_flag: flags.cuda.is_some(),
+        });
+        warnings.extend(down.iter().map(|(h, e)| Finding::WorkerDown {
+            host: h.clone(),
+            why: e.clone(),
+        }));
     }
     let reports: Vec<(&str, &super::host::HostReport)> = workers
         .iter()
@@ -67,9 +66,9 @@ pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> 
         let nccl = r.libtorch.known().and_then(|lt| lt.nccl.known());
         match nccl.and_then(|n| n.version.parse::<NcclVersion>().ok().map(|v| (v, n.cuda))) {
             Some((v, cuda)) => found.push((host.to_string(), v, cuda)),
-            None => warnings.push(format!(
-                "{host}: its libtorch's NCCL is unknown, so it did not count for the tag"
-            )),
+            None => warnings.push(Finding::WorkerNcclUnknown {
+                host: host.to_string(),
+            }),
         }
     }
     let highest = found
@@ -96,16 +95,16 @@ pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> 
         }
     };
     if let Some((_, top, _)) = &highest {
-        let older: Vec<String> = found
+        let older: Vec<(String, NcclVersion)> = found
             .iter()
             .filter(|(_, v, _)| v != top)
-            .map(|(h, v, _)| format!("{h} ({v})"))
+            .map(|(h, v, _)| (h.clone(), v.clone()))
             .collect();
         if !older.is_empty() {
-            warnings.push(format!(
-                "{} bundle an older NCCL than {top}: their libtorch will load {top}, so `fdl cluster status` must show every symbol it imports exported (the symbols verdict)",
-                older.join(", ")
-            ));
+            warnings.push(Finding::OlderNccl {
+                hosts: older,
+                newest: top.clone(),
+            });
         }
     }
 
@@ -149,9 +148,11 @@ pub fn infer(workers: &[WorkerStatus], flags: CheckedFlags) -> Result<Inferred> 
     let mut cuda_from_libtorch = libtorch_cuda;
     if let (Some(wanted), Some((host, runs))) = (libtorch_cuda, oldest_driver) {
         if driver_runs(runs, wanted) == DriverFit::No {
-            warnings.push(format!(
-                "{host}'s driver runs CUDA up to {runs}, older than the {wanted} the libtorch's NCCL names: the build uses CUDA {runs}"
-            ));
+            warnings.push(Finding::DriverOlderThanLibtorch {
+                host: host.to_string(),
+                runs,
+                wanted,
+            });
             cuda_from_libtorch = Some(runs);
         }
     }
@@ -213,7 +214,9 @@ mod tests {
         );
         assert_eq!(i.cuda_from_libtorch.unwrap().to_string(), "12.8");
         assert!(
-            i.warnings[0].starts_with("b (2.27.3) bundle an older NCCL"),
+            i.warnings[0]
+                .to_string()
+                .starts_with("b (2.27.3) bundle an older NCCL"),
             "{:?}",
             i.warnings
         );
@@ -237,7 +240,7 @@ mod tests {
         assert!(i
             .warnings
             .iter()
-            .any(|x| x.contains("a's driver runs CUDA up to 11.8")));
+            .any(|x| x.to_string().contains("a's driver runs CUDA up to 11.8")));
 
         let mut down = worker("b", "2.27.5", &[(8, 6)], "12.8");
         down.report = None;
@@ -279,12 +282,18 @@ mod tests {
         assert_eq!(i.tag.to_string(), "v2.28.9-1");
         assert_eq!(i.archs, [Arch::new(8, 6), Arch::new(12, 0)]);
         assert!(
-            i.warnings[0].starts_with("1 of 2 workers did not answer"),
+            i.warnings[0]
+                .to_string()
+                .starts_with("1 of 2 workers did not answer"),
             "{:?}",
             i.warnings
         );
-        assert!(i.warnings[0].contains("pass --cuda"), "{:?}", i.warnings);
-        let s = &i.warnings[1];
+        assert!(
+            i.warnings[0].to_string().contains("pass --cuda"),
+            "{:?}",
+            i.warnings
+        );
+        let s = &i.warnings[1].to_string();
         assert!(
             s.starts_with("b did not answer: unreachable over SSH: xxx"),
             "{s}"

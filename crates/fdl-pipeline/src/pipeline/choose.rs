@@ -91,11 +91,11 @@ pub(crate) fn choose(
         // The image is looked into before anything is built, where an engine answers
         // (a dry run on a machine without one still shows the plan).
         let engine = match engine {
-            None if req.base_image.is_some() => Engine::probe().ok(),
+            None if req.base_image.is_some() => Engine::probe(ctx).ok(),
             e => e,
         };
         let probe = match (&req.base_image, &engine) {
-            (Some(image), Some(_)) => Some(docker::probe_image(image)?),
+            (Some(image), Some(_)) => Some(docker::probe_image(ctx, image)?),
             _ => None,
         };
         let storage_driver = match (&engine, req.toolchain_volumes) {
@@ -156,7 +156,7 @@ pub(crate) fn choose(
             }
             // The engine is asked now, as auto asks it: its storage driver decides the
             // toolchain volumes, and its answer whether a real run can start.
-            docker(Engine::probe().ok(), "--backend docker".into())
+            docker(Engine::probe(ctx).ok(), "--backend docker".into())
         }
         BackendFlag::Native => {
             if let Some(flag) = docker_flag {
@@ -171,7 +171,7 @@ pub(crate) fn choose(
             if let Some(flag) = native_flag {
                 return native(discover(), format!("auto: {flag} given"));
             }
-            match Engine::probe() {
+            match Engine::probe(ctx) {
                 Ok(engine) => {
                     let reason = format!(
                         "auto: the Docker daemon answers (server {})",

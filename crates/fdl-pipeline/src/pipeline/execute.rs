@@ -143,8 +143,16 @@ pub fn execute(
     store: &BuildStore,
     opts: &ExecOptions,
 ) -> Result<Outcome> {
-    if !plan.problems.is_empty() {
-        bail!("the plan cannot run:\n  {}", plan.problems.join("\n  "));
+    if !plan.findings.problems.is_empty() {
+        bail!(
+            "the plan cannot run:\n  {}",
+            plan.findings
+                .problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        );
     }
     let dir = store.path_of(&plan.name);
     let name = BuildName::parse(&plan.name)?;

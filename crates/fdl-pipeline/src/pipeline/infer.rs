@@ -6,6 +6,7 @@ use crate::gpu::{self, Gpu, GpuError};
 use crate::inspect;
 use crate::libtorch::Libtorch;
 use crate::loader::python::ProcessKind;
+use crate::nccl::finding::Finding;
 use crate::nccl::plan::{ArchOrigin, BackendInputs, BuildPlan, PlanInputs, TagOrigin};
 use crate::nccl::tag::Tag;
 use crate::project::Project;
@@ -85,7 +86,7 @@ pub struct Inferred {
     pub cuda_from_libtorch: Option<CudaVersion>,
     pub archs: Vec<Arch>,
     pub arch_origin: ArchOrigin,
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Finding>,
     /// This host's GPUs that `--archs` leaves out: warned of once the plan knows its
     /// toolchain, so the advice names what else covering them needs.
     pub left_out: Vec<gpu::Gpu>,
@@ -172,21 +173,20 @@ fn uncovered(gpus: &[gpu::Gpu], archs: &[Arch]) -> Vec<gpu::Gpu> {
 /// A warning for each of `gpus` the plan leaves out, with advice that would pass: the
 /// `--archs` that covers it, and what else the plan's toolchain needs to compile them
 /// (CUDA 13 cannot compile Pascal, say).
-pub fn left_out(gpus: &[gpu::Gpu], plan: &BuildPlan) -> Vec<String> {
+pub fn left_out(gpus: &[gpu::Gpu], plan: &BuildPlan) -> Vec<Finding> {
     gpus.iter()
         .map(|g| {
             let mut all: Vec<Arch> = plan.archs.clone();
             all.push(g.compute_cap);
             all.sort();
             all.dedup();
-            format!(
-                "--archs leaves out this host's GPU {} ({}, {}): the build will have no code for it, and `fdl nccl verify` here will say so. To cover it, pass --archs \"{}\"{}",
-                g.index,
-                g.name,
-                g.compute_cap,
-                all.iter().map(|a| a.capability()).collect::<Vec<_>>().join(";"),
-                plan.toolchain_gap(&all).unwrap_or_default()
-            )
+            Finding::GpuLeftOut {
+                index: g.index,
+                name: g.name.clone(),
+                capability: g.compute_cap,
+                toolchain: plan.toolchain_gap(&all),
+                archs: all,
+            }
         })
         .collect()
 }
@@ -196,14 +196,19 @@ pub fn left_out(gpus: &[gpu::Gpu], plan: &BuildPlan) -> Vec<String> {
 /// ranks run different versions (patch included, `src/init.cc`), and the libtorch may
 /// call functions the other release lacks. Said, with the tag that matches; nothing is
 /// said where the libtorch's NCCL is not known for certain.
-fn tag_against_libtorch(project: &Project, tag: &Tag) -> Option<String> {
+fn tag_against_libtorch(project: &Project, tag: &Tag) -> Option<Finding> {
     let other = crate::nccl::pick::other_release(project, None, &tag.version()?)?;
-    Some(format!("--tag {tag}: {other}"))
+    Some(Finding::OtherRelease {
+        tag: tag.to_string(),
+        why: other.to_string(),
+        libtorch: other.libtorch,
+        libtorch_nccl: other.libtorch_nccl,
+    })
 }
 
 /// A new NCCL does not make training run on a GPU the libtorch itself has no code for
 /// (the PyPI torch wheels have none for Pascal): say so, with the remedy.
-fn libtorch_gaps(project: &Project, archs: &[Arch]) -> Vec<String> {
+fn libtorch_gaps(project: &Project, archs: &[Arch]) -> Vec<Finding> {
     let Ok(variant) = Libtorch::new(project.libtorch_dir()).active() else {
         return Vec::new();
     };
@@ -227,12 +232,9 @@ fn libtorch_gaps(project: &Project, archs: &[Arch]) -> Vec<String> {
     archs
         .iter()
         .filter(|&&a| not_covered(a))
-        .map(|a| {
-            format!(
-                "the active libtorch ({}) has no GPU code for {a}: an NCCL built for {a} will not make training run there. Use a libtorch built for {a} (from source with TORCH_CUDA_ARCH_LIST including {}), and register it with `fdl libtorch add`",
-                variant.name,
-                a.capability()
-            )
+        .map(|&arch| Finding::LibtorchWithoutCode {
+            libtorch: variant.name.clone(),
+            arch,
         })
         .collect()
 }
@@ -268,9 +270,10 @@ pub fn plan(
         warnings: inferred.warnings,
     })?;
     let advice = left_out(&left_out_gpus, &plan);
-    plan.warnings.extend(advice);
+    plan.findings.warnings.extend(advice);
     if let Some(lib) = &plugin_caller {
-        plan.warnings.extend(plugins_moved(lib, &plan));
+        let moved = plugins_moved(lib, &plan);
+        plan.findings.warnings.extend(moved);
     }
     Ok(plan)
 }
@@ -279,18 +282,18 @@ pub fn plan(
 /// would not: each with the variable's value that keeps it, which `fdl nccl env` prints
 /// too. Nothing to say when fdl cannot tell which NCCL runs today (the tag's inference
 /// says so already).
-fn plugins_moved(lib: &std::path::Path, plan: &BuildPlan) -> Vec<String> {
+fn plugins_moved(lib: &std::path::Path, plan: &BuildPlan) -> Vec<Finding> {
     let env = crate::loader::LoaderEnv::from_process();
     let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
     let build = plan.output_dir.join("lib").join("libnccl.so.2");
     match crate::loader::plugins::moved_by_preload(lib, &build, &env, &var) {
         Ok(moved) => moved
             .iter()
-            .map(|m| {
-                format!(
-                    "{}. `fdl nccl env` prints the line once the build is installed",
-                    m.sentence()
-                )
+            .map(|m| Finding::PluginMoved {
+                variable: m.variable.clone(),
+                path: m.path.clone(),
+                keep: m.keep.clone(),
+                sentence: m.sentence(),
             })
             .collect(),
         Err(_) => Vec::new(),
@@ -302,7 +305,7 @@ fn plugins_moved(lib: &std::path::Path, plan: &BuildPlan) -> Vec<String> {
 fn infer_tag(
     project: &Project,
     process: Option<ProcessKind>,
-) -> Result<(Tag, TagOrigin, Option<CudaVersion>, Vec<String>)> {
+) -> Result<(Tag, TagOrigin, Option<CudaVersion>, Vec<Finding>)> {
     let lt = Libtorch::new(project.libtorch_dir());
     let variant = lt
         .active()
@@ -374,10 +377,9 @@ fn infer_tag(
                     Tag::for_release(&c.detection.version)
                 );
             }
-            said.push(format!(
-                "the tag is planned from a conditional answer: {}. `fdl nccl detect` says unknown here; on a host with every library installed it answers for certain",
-                c.summary()
-            ));
+            said.push(Finding::ConditionalTag {
+                summary: c.summary(),
+            });
             let linkage = format!("{}, {}", linkage_of(&c.detection), c.condition());
             (c.detection.version, Some(c.detection.cuda), linkage)
         }

@@ -26,6 +26,7 @@ use crate::docker::{DockerBackend, Engine};
 use crate::lock::Wait;
 use crate::native;
 use crate::nccl::backend::Backend;
+use crate::nccl::finding::Finding;
 use crate::nccl::plan::BuildPlan;
 use crate::nccl::store::{BuildStore, Existing};
 use crate::nccl::verify;
@@ -97,7 +98,11 @@ pub fn prepare(
     let _engine_budget = crate::docker::QueryBudget::start(crate::docker::PLAN_BUDGET);
     let (inputs, reason, mut chosen) = choose::choose(ctx, &req.backend, &inferred.tag)?;
     let mut plan = plan(&build, inferred, project.nccl_builds_dir(), inputs, reason)?;
-    plan.warnings.extend(project.fallback_note());
+    if project.source == crate::project::RootSource::WorkingDir {
+        plan.findings.warnings.push(Finding::RootFallback {
+            root: project.root.clone(),
+        });
+    }
     if let Some(driver) = &host_driver {
         driver_check(&mut plan, driver, req.allow_old_driver);
     }
@@ -107,14 +112,16 @@ pub fn prepare(
     // host's missing engine as a warning; a real build refuses on it.
     if let Chosen::Docker { engine, .. } = &mut chosen {
         if engine.is_none() {
-            match Engine::probe() {
+            match Engine::probe(ctx) {
                 Ok(e) => *engine = Some(e),
-                Err(e) if req.dry_run => plan.warnings.push(format!(
-                    "this host cannot run the build: {e}; run it where a Docker engine answers, or with --backend native where a CUDA toolkit is installed"
-                )),
-                Err(e) => plan.problems.push(format!(
-                    "{e}; or build with --backend native where a CUDA toolkit is installed"
-                )),
+                Err(e) if req.dry_run => plan
+                    .findings
+                    .warnings
+                    .push(Finding::NoEngineHere { why: e.to_string() }),
+                Err(e) => plan
+                    .findings
+                    .problems
+                    .push(Finding::NoEngine { why: e.to_string() }),
             }
         }
     }
@@ -134,29 +141,28 @@ pub fn prepare(
     let (store, key) = key::store_view(ctx, &plan, backend.as_deref(), req.no_store);
     if let Chosen::Native { missing } = &chosen {
         if !missing.is_empty() {
-            let tools = missing.join("\n  ");
+            let tools = missing.clone();
             if store.state == StoreState::Hit {
-                plan.warnings.push(format!(
-                    "this host lacks tools a compile needs, but none is needed: the build is installed from the store\n  {tools}"
-                ));
+                plan.findings
+                    .warnings
+                    .push(Finding::ToolsNotNeeded { tools });
             } else {
-                plan.problems
-                    .push(format!("the native backend cannot build here:\n  {tools}"));
+                plan.findings.problems.push(Finding::ToolsMissing { tools });
             }
         }
     }
     if req.dry_run {
         match tag_check(ctx, &plan) {
             TagCheck::Checked => {}
-            TagCheck::Unchecked(note) => plan.warnings.push(note),
-            TagCheck::Mismatch(why) => plan.problems.push(why),
+            TagCheck::Unchecked(note) => plan.findings.warnings.push(note),
+            TagCheck::Mismatch(why) => plan.findings.problems.push(why),
         }
         // What the build checks first under its lock, checked here without one.
         let builds = BuildStore::new(project.nccl_builds_dir());
         let existing = builds.existing(&plan.name)?;
         let dir = builds.path_of(&plan.name);
         match conflict(&plan, existing.as_ref(), &dir, req.force) {
-            Some(why) => plan.problems.push(why),
+            Some(why) => plan.findings.problems.push(Finding::Conflict { why }),
             None => {
                 if let Some(Existing::Build(m)) = &existing {
                     let same = !req.force && plan.differences(&m.plan).is_empty();
@@ -165,13 +171,14 @@ pub fn prepare(
                         .transpose()?
                         .flatten()
                     {
-                        plan.problems.push(why);
+                        plan.findings
+                            .problems
+                            .push(Finding::ChangedSinceSealed { why });
                     } else if same {
-                        plan.warnings.push(format!(
-                            "{} already holds a build from this plan ({}): a real run does nothing (--force rebuilds it)",
-                            dir.display(),
-                            m.built_at
-                        ));
+                        plan.findings.warnings.push(Finding::AlreadyBuilt {
+                            dir: dir.clone(),
+                            built_at: m.built_at.clone(),
+                        });
                     }
                 }
             }
@@ -196,9 +203,9 @@ enum TagCheck {
     /// A `--source` tree's `version.mk` (checked when the plan was made), or fdl's clone.
     Checked,
     /// No tree of the tag is here yet, and fdl keeps no list of NCCL's releases.
-    Unchecked(String),
+    Unchecked(Finding),
     /// fdl's clone of the tag holds another release.
-    Mismatch(String),
+    Mismatch(Finding),
 }
 
 /// Reads what a dry run can of the tag's source: a clone already in fdl's cache is read
@@ -213,21 +220,20 @@ fn tag_check(ctx: &crate::context::Context, plan: &BuildPlan) -> TagCheck {
         let want = plan.tag.version();
         return match native::tree_version(&cache_dir) {
             Ok(v) if want.as_ref().is_some_and(|w| !w.same_release(&v)) => {
-                TagCheck::Mismatch(format!(
-                    "fdl's clone of {} in {} is NCCL {v}: remove that directory, and the build clones the tag again",
-                    plan.tag,
-                    crate::text::shown(&cache_dir),
-                ))
+                TagCheck::Mismatch(Finding::CloneOtherRelease {
+                    tag: plan.tag.to_string(),
+                    found: v,
+                    clone: cache_dir,
+                })
             }
             // A damaged clone is found and replaced by the build itself.
             _ => TagCheck::Checked,
         };
     }
-    TagCheck::Unchecked(format!(
-        "the tag {} was not checked against a source: it is not cloned here yet, and fdl keeps no list of NCCL's releases; the build fetches it from {} (a tag that does not exist fails there). Give --source DIR with an NCCL tree to check it now",
-        plan.tag,
-        crate::text::clean(&repo)
-    ))
+    TagCheck::Unchecked(Finding::TagUnchecked {
+        tag: plan.tag.to_string(),
+        repo: crate::text::clean(&repo),
+    })
 }
 
 /// The plan's CUDA against this host's driver, by the one rule `cluster status` uses
@@ -244,13 +250,17 @@ fn driver_check(
     let check = DriverCheck::of("this host", driver, plan.cuda, "the plan");
     match check {
         DriverCheck::Runs(_) => {}
-        DriverCheck::MinorCompat(why) | DriverCheck::Unknown(why) => plan.warnings.push(why),
+        DriverCheck::MinorCompat(why) | DriverCheck::Unknown(why) => {
+            plan.findings.warnings.push(Finding::Driver { why })
+        }
         DriverCheck::TooOld(why) if allow => plan
+            .findings
             .warnings
-            .push(format!("{why} (--allow-old-driver: built anyway)")),
-        DriverCheck::TooOld(why) => plan.problems.push(format!(
-            "{why}, or build for an older CUDA (--cuda), or pass --allow-old-driver to build it for another host"
-        )),
+            .push(Finding::DriverTooOld { why, allowed: true }),
+        DriverCheck::TooOld(why) => plan.findings.problems.push(Finding::DriverTooOld {
+            why,
+            allowed: false,
+        }),
     }
 }
 
@@ -303,10 +313,12 @@ impl Report {
 impl Prepared {
     /// The plan's problems as one error, for a run that must not start.
     pub fn refusal(&self) -> Option<anyhow::Error> {
-        (!self.plan.problems.is_empty()).then(|| {
+        let problems = &self.plan.findings.problems;
+        (!problems.is_empty()).then(|| {
+            let lines: Vec<String> = problems.iter().map(Finding::to_string).collect();
             crate::project::RootIrrelevant(anyhow::anyhow!(
                 "the plan cannot run (see it with --dry-run):\n  {}",
-                self.plan.problems.join("\n  ")
+                lines.join("\n  ")
             ))
             .into()
         })
@@ -322,7 +334,7 @@ impl Prepared {
         let backend: Box<dyn Backend> = match (self.backend, self.chosen) {
             (Some(b), _) => b,
             (None, Chosen::Docker { dockerfile, .. }) => Box::new(DockerBackend {
-                engine: Engine::probe()?,
+                engine: Engine::probe(&self.ctx)?,
                 dockerfile,
                 ctx: self.ctx.clone(),
             }),

@@ -3,6 +3,7 @@
 //! [`BuildPlan`]; `--json` prints the plan's own serialization instead.
 
 use super::key::{StoreState, StoreView};
+use crate::nccl::finding::Finding;
 use crate::nccl::plan::{ArchOrigin, BuildPlan, CudaOrigin, TagOrigin};
 use crate::step::Step;
 use crate::text::{self, clean, paint, Color};
@@ -55,14 +56,14 @@ fn problems_and_warnings(plan: &BuildPlan, wrap: bool) -> String {
     let mut s = titled(
         "Problems (the build will not start until they are solved):",
         Color::Red,
-        &plan.problems,
+        &plan.findings.problems,
         |p| p.to_string(),
         wrap,
     );
     s.push_str(&titled(
         "Warnings:",
         Color::Yellow,
-        &plan.warnings,
+        &plan.findings.warnings,
         |w| w.to_string(),
         wrap,
     ));
@@ -71,7 +72,13 @@ fn problems_and_warnings(plan: &BuildPlan, wrap: bool) -> String {
 
 /// The warnings of a real build's header, each on one line ([`clean`]).
 fn warnings(plan: &BuildPlan, wrap: bool) -> String {
-    titled("Warnings:", Color::Yellow, &plan.warnings, clean, wrap)
+    titled(
+        "Warnings:",
+        Color::Yellow,
+        &plan.findings.warnings,
+        clean,
+        wrap,
+    )
 }
 
 /// `items` under `title`, each line wrapped to [`text::WIDTH`] when `wrap` (for a
@@ -79,7 +86,7 @@ fn warnings(plan: &BuildPlan, wrap: bool) -> String {
 fn titled(
     title: &str,
     color: Color,
-    items: &[String],
+    items: &[Finding],
     show: impl Fn(&str) -> String,
     wrap: bool,
 ) -> String {
@@ -89,7 +96,7 @@ fn titled(
         for item in items {
             // Each line of an item (a list under it keeps its own indent) wrapped to
             // the terminal's width, its continuation indented under it.
-            for line in show(item).lines() {
+            for line in show(&item.to_string()).lines() {
                 let body = line.trim_start_matches(' ');
                 let indent = format!("  {}", &line[..line.len() - body.len()]);
                 if wrap {
