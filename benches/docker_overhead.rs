@@ -163,7 +163,8 @@ fn main() {
     let fdl::nccl::plan::BackendPlan::Docker(docker_plan) = &plan.backend else {
         fail("the dry run planned no Docker build");
     };
-    let engine = fdl::docker::Engine::probe().unwrap_or_else(|e| fail(&e.to_string()));
+    let engine = fdl::docker::Engine::probe(&fdl::context::Context::from_process())
+        .unwrap_or_else(|e| fail(&e.to_string()));
     let (progress, _log) = fdl::progress::Progress::silent().unwrap();
     let start = Instant::now();
     let prepared = fdl::docker::prepare(

@@ -16,7 +16,7 @@
 //!
 //! Contenders, in interleaved rounds (each round runs each once, the order rotated round to
 //! round), `WARM` untimed rounds then `RUNS` timed; the median wall time of each:
-//! - the scan as `fdl ps` runs it (`keep_digests`: each NCCL's digest kept in a cache of
+//! - the scan as `fdl ps` runs it (`digest_cache`: each NCCL's digest kept in a cache of
 //!   the benchmark's own by the file's identity, so only the first round hashes), in this
 //!   process;
 //! - (a) `ps -eo pid,args` (procps), output discarded;
@@ -304,7 +304,7 @@ fn many(nccl: &Path) -> Res<()> {
     // As `fdl ps` scans: each NCCL's digest kept by the file's identity after the first
     // read (the warm-up rounds make it).
     let as_ps = Options {
-        keep_digests: true,
+        digest_cache: fdl::cache::cache_dir().ok(),
         ..Options::default()
     };
     let nomem = Options {
@@ -428,7 +428,7 @@ fn torch(venv: &Path) -> Res<()> {
         p.reach_short()
     );
     let as_ps = Options {
-        keep_digests: true,
+        digest_cache: fdl::cache::cache_dir().ok(),
         ..Options::default()
     };
     let nomem = Options {

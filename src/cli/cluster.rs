@@ -286,7 +286,7 @@ impl Common {
     /// stderr); else the cluster file's workers over SSH (ssh's connect timeout is the
     /// per-host one, at most a minute).
     fn reach(&self, ctx: &Context, project: &Project) -> Result<Reach> {
-        let own = OwnBinary::current()?;
+        let own = OwnBinary::current(ctx.cache().ok().as_deref())?;
         let mut slurm = self.slurm;
         let mut cluster = None;
         if !slurm {
@@ -429,7 +429,7 @@ pub(super) fn run(ctx: &Context, project: &Project, cmd: ClusterCommand) -> Resu
             let scan = crate::loader::running::scan(&crate::loader::running::Options {
                 pids: None,
                 no_memory,
-                keep_digests: true,
+                digest_cache: ctx.cache().ok(),
             });
             // The answer's own schema and kind, which the controller checks.
             super::common::print_json_as_is(&json!({

@@ -77,6 +77,7 @@ pub(super) fn run(ctx: &Context, project: &Project, args: LaunchArgs) -> Result<
         strict: args.strict,
         grace: Duration::from_secs(args.grace),
         no_memory: args.no_memory,
+        digest_cache: ctx.cache().ok(),
         ..Options::default()
     };
     let name = clean(&build.name);

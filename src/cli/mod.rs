@@ -484,7 +484,7 @@ fn dispatch(cli: Cli, project: &Project, ctx: &Context) -> Result<()> {
             Ok(())
         }
         Command::Gpus { json } => gpus::run(json),
-        Command::Ps(args) => ps::run(project, args),
+        Command::Ps(args) => ps::run(ctx, project, args),
         Command::Launch(args) => launch::run(ctx, project, args),
     }
 }

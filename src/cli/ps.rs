@@ -49,11 +49,11 @@ fn name_builds(project: &Project, scan: &mut Scan) {
     }
 }
 
-pub(super) fn run(project: &Project, args: PsArgs) -> Result<()> {
+pub(super) fn run(ctx: &crate::context::Context, project: &Project, args: PsArgs) -> Result<()> {
     let mut scan = running::scan(&running::Options {
         pids: (!args.pids.is_empty()).then(|| args.pids.clone()),
         no_memory: args.no_memory,
-        keep_digests: true,
+        digest_cache: ctx.cache().ok(),
     });
     name_builds(project, &mut scan);
     // Asked-for processes that /proc refused: the answer the user wanted is missing.

@@ -6,8 +6,8 @@ pub mod native;
 
 // The floors below, under the names the modules have always used (`crate::nccl`).
 use fdl_base::{
-    arch, cache, context, digest, eprintln_safe, fsread, fswrite, lock, process, progress, step,
-    text, txn, version,
+    arch, cache, context, digest, fsread, fswrite, lock, process, progress, step, text, txn,
+    version,
 };
 use fdl_builds::nccl;
 use fdl_facts::project;

@@ -74,11 +74,7 @@ pub fn private_dir(dir: &Path) -> Result<()> {
 /// change time, which no program can set back, so a kept digest is of these bytes. The
 /// cache only spares the read: without one (or with an entry that is not a digest), the
 /// file is hashed, and a digest that cannot be kept costs the next run the read again.
-pub fn sha256_file_kept(path: &Path) -> Result<String> {
-    sha256_kept_in(cache_dir().ok().as_deref(), path)
-}
-
-fn sha256_kept_in(cache: Option<&Path>, path: &Path) -> Result<String> {
+pub fn sha256_file_kept(cache: Option<&Path>, path: &Path) -> Result<String> {
     let mut file = crate::fsread::open_regular(path, true)?;
     let meta = file.metadata()?;
     let identity = format!("{}\0{}", path.display(), file_identity(&meta));
@@ -113,11 +109,12 @@ pub fn file_identity(meta: &std::fs::Metadata) -> String {
 /// from an earlier read. An entry that is not a digest is read as none; a digest that
 /// cannot be kept costs the next run the read again.
 pub fn kept_digest(
+    cache: &Path,
     identity: &str,
     meta: &std::fs::Metadata,
     compute: impl FnOnce() -> Result<(String, Option<std::fs::Metadata>)>,
 ) -> Result<(String, bool)> {
-    kept_in(cache_dir().ok().as_deref(), identity, meta, compute)
+    kept_in(Some(cache), identity, meta, compute)
 }
 
 fn kept_in(
@@ -259,11 +256,11 @@ mod tests {
         let cache = dir.path().join("cache");
         let file = dir.path().join("fdl");
         std::fs::write(&file, b"first version").unwrap();
-        let first = sha256_kept_in(Some(&cache), &file).unwrap();
+        let first = sha256_file_kept(Some(&cache), &file).unwrap();
         assert_eq!(first, sha256_file(&file).unwrap());
         let kept: Vec<_> = std::fs::read_dir(cache.join("digests")).unwrap().collect();
         assert_eq!(kept.len(), 1, "the digest is kept");
-        assert_eq!(sha256_kept_in(Some(&cache), &file).unwrap(), first);
+        assert_eq!(sha256_file_kept(Some(&cache), &file).unwrap(), first);
 
         // Same size and the old modification time: only the change time tells, and it
         // does.
@@ -276,7 +273,7 @@ mod tests {
             .unwrap()
             .set_modified(mtime)
             .unwrap();
-        let second = sha256_kept_in(Some(&cache), &file).unwrap();
+        let second = sha256_file_kept(Some(&cache), &file).unwrap();
         assert_eq!(second, sha256_file(&file).unwrap());
         assert_ne!(second, first);
     }
@@ -287,7 +284,7 @@ mod tests {
         let cache = dir.path().join("cache");
         let file = dir.path().join("fdl");
         std::fs::write(&file, b"bytes").unwrap();
-        let right = sha256_kept_in(Some(&cache), &file).unwrap();
+        let right = sha256_file_kept(Some(&cache), &file).unwrap();
         let entry = std::fs::read_dir(cache.join("digests"))
             .unwrap()
             .next()
@@ -296,13 +293,13 @@ mod tests {
             .path();
         for junk in ["not a digest\n", &"A".repeat(64), ""] {
             std::fs::write(&entry, junk).unwrap();
-            assert_eq!(sha256_kept_in(Some(&cache), &file).unwrap(), right);
+            assert_eq!(sha256_file_kept(Some(&cache), &file).unwrap(), right);
             assert_eq!(
                 std::fs::read_to_string(&entry).unwrap(),
                 format!("{right}\n")
             );
         }
         // No cache at all: the file is hashed.
-        assert_eq!(sha256_kept_in(None, &file).unwrap(), right);
+        assert_eq!(sha256_file_kept(None, &file).unwrap(), right);
     }
 }

@@ -90,6 +90,9 @@ pub struct Options {
     pub poll: Duration,
     /// Do not read the processes' memory (answer by the loader's rules).
     pub no_memory: bool,
+    /// fdl's cache directory, where NCCL files' digests are kept by their identity
+    /// (`None`: each is hashed when read).
+    pub digest_cache: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -98,6 +101,7 @@ impl Default for Options {
             strict: false,
             grace: Duration::from_secs(10),
             poll: Duration::from_millis(250),
+            digest_cache: None,
             no_memory: false,
         }
     }
@@ -827,6 +831,7 @@ struct Watch<'a> {
     build: &'a Build,
     build_id: Option<(u32, u32, u64)>,
     no_memory: bool,
+    digest_cache: Option<PathBuf>,
     skip: u32,
     /// The job's program name (`mpirun`), for the cause.
     program: String,
@@ -851,6 +856,7 @@ impl<'a> Watch<'a> {
             build,
             build_id: build.id(),
             no_memory: opts.no_memory,
+            digest_cache: opts.digest_cache.clone(),
             skip,
             program: command
                 .first()
@@ -931,7 +937,7 @@ impl<'a> Watch<'a> {
         let scan = running::scan(&running::Options {
             pids: Some(ask),
             no_memory: self.no_memory,
-            keep_digests: true,
+            digest_cache: self.digest_cache.clone(),
         });
         for r in scan.refused {
             // Refused because it ended while read: nothing to say of it.

@@ -69,6 +69,9 @@ pub struct Engine {
     pub server_version: String,
     /// BuildKit is used when the client has buildx; otherwise the classic builder.
     pub buildkit: bool,
+    /// Where what fdl says while it drives the engine goes (a wait, a container it could
+    /// not remove).
+    pub ctx: crate::context::Context,
 }
 
 /// How long a question to the engine (`version`, `info`, `inspect`, `ls`) may take: an
@@ -145,7 +148,11 @@ pub const PLAN_BUDGET: std::time::Duration = QUERY_LIMIT;
 /// output goes through here, so none can hang fdl or fill its memory; the error names
 /// the call and the bound it passed. Once a question has not answered in time, later
 /// questions fail at once with its error; changes are still tried.
-fn engine_call(cmd: &mut Command, limit: std::time::Duration) -> Result<std::process::Output> {
+fn engine_call(
+    ctx: &crate::context::Context,
+    cmd: &mut Command,
+    limit: std::time::Duration,
+) -> Result<std::process::Output> {
     // The call's words up to its first option: `docker image inspect`, `docker info`.
     let what = std::iter::once(cmd.get_program())
         .chain(
@@ -210,10 +217,10 @@ fn engine_call(cmd: &mut Command, limit: std::time::Duration) -> Result<std::pro
                 && limit > SLOW_ANSWER
                 && !SAID_WAITING.swap(true, std::sync::atomic::Ordering::SeqCst)
             {
-                crate::eprintln_safe!(
+                ctx.say(&format!(
                     "waiting for the Docker engine to answer `{what}` (at most {} s more)…",
                     limit.saturating_sub(SLOW_ANSWER).as_secs_f64().ceil() as u64
-                );
+                ));
             }
         });
         let out = process::output_within(cmd, limit);
@@ -239,10 +246,10 @@ fn engine_call(cmd: &mut Command, limit: std::time::Duration) -> Result<std::pro
 
 impl Engine {
     /// Asks the daemon for its version: distinguishes "no docker" from "no daemon".
-    pub fn probe() -> Result<Engine, DockerError> {
+    pub fn probe(ctx: &crate::context::Context) -> Result<Engine, DockerError> {
         let mut cmd = Command::new("docker");
         cmd.args(["version", "--format", "{{.Server.Version}}"]);
-        let out = match engine_call(&mut cmd, QUERY_LIMIT) {
+        let out = match engine_call(ctx, &mut cmd, QUERY_LIMIT) {
             Ok(o) => o,
             Err(e) => {
                 return Err(match e.downcast::<DockerError>() {
@@ -262,6 +269,7 @@ impl Engine {
             return Err(DockerError::DaemonUnreachable(line.trim().to_string()));
         }
         let buildkit = engine_call(
+            ctx,
             Command::new("docker").args(["buildx", "version"]),
             QUERY_LIMIT,
         )
@@ -269,6 +277,7 @@ impl Engine {
         Ok(Engine {
             server_version: version,
             buildkit,
+            ctx: ctx.clone(),
         })
     }
 
@@ -279,13 +288,13 @@ impl Engine {
         cmd.args(["info", "--format", "{{.Driver}}"]);
         // Only a hint for the plan: an engine that does not answer is named, and the
         // plan is made without it.
-        let out = match engine_call(&mut cmd, QUERY_LIMIT) {
+        let out = match engine_call(&self.ctx, &mut cmd, QUERY_LIMIT) {
             Ok(out) => out,
             Err(e) => {
-                crate::eprintln_safe!(
+                self.ctx.say(&format!(
                     "warning: {}; the storage driver is not known, so the toolchain volumes are chosen without it",
                     crate::text::clean(&format!("{e:#}"))
-                );
+                ));
                 return None;
             }
         };
@@ -352,9 +361,10 @@ const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 /// Runs a short, network-less container of `image` to learn what the build will find
 /// in it. The image must already be in the engine (`--pull never`): the build would
 /// otherwise fail later, trying a registry an offline host cannot reach.
-pub fn probe_image(image: &str) -> Result<ImageProbe> {
+pub fn probe_image(ctx: &crate::context::Context, image: &str) -> Result<ImageProbe> {
     check_image_reference(image)?;
     let out = engine_call(
+        ctx,
         Command::new("docker").args([
             "run",
             "--rm",
@@ -441,6 +451,7 @@ struct ContainerGuard<'a> {
 impl Drop for ContainerGuard<'_> {
     fn drop(&mut self) {
         let out = engine_call(
+            &self.engine.ctx,
             self.engine.command().args(["rm", "--force", &self.name]),
             CHANGE_LIMIT,
         );
@@ -449,15 +460,16 @@ impl Drop for ContainerGuard<'_> {
         };
         match out {
             Ok(o) if gone(&o) => {}
-            Ok(o) => crate::eprintln_safe!(
+            Ok(o) => self.engine.ctx.say(&format!(
                 "warning: could not remove container {}: {}. Remove it with `docker rm -f {}`",
                 self.name,
                 String::from_utf8_lossy(&o.stderr).trim(),
                 self.name
-            ),
-            Err(e) => {
-                crate::eprintln_safe!("warning: could not remove container {}: {e:#}", self.name)
-            }
+            )),
+            Err(e) => self.engine.ctx.say(&format!(
+                "warning: could not remove container {}: {e:#}",
+                self.name
+            )),
         }
     }
 }
@@ -551,7 +563,7 @@ pub struct Toolchain {
 fn image_id(engine: &Engine, reference: &str) -> Result<Option<String>> {
     let mut cmd = engine.command();
     cmd.args(["image", "inspect", "--format", "{{.Id}}", reference]);
-    let out = engine_call(&mut cmd, QUERY_LIMIT)?;
+    let out = engine_call(&engine.ctx, &mut cmd, QUERY_LIMIT)?;
     if !out.status.success() {
         return Ok(None);
     }
@@ -674,7 +686,11 @@ pub fn toolchain_image(
     if let Base::Absent(_) = base {
         let again = toolchain_tag(docker, &base_id(engine, docker)?.key(), dockerfile);
         if again != tag {
-            let _ = engine_call(engine.command().args(["tag", &tag, &again]), CHANGE_LIMIT);
+            let _ = engine_call(
+                &engine.ctx,
+                engine.command().args(["tag", &tag, &again]),
+                CHANGE_LIMIT,
+            );
         }
     }
     Ok(Toolchain {
@@ -684,27 +700,11 @@ pub fn toolchain_image(
     })
 }
 
-/// The ID (`sha256:…`) of the toolchain image `plan` compiles in, building the image
-/// first when the engine lacks it: what decides the Docker backend's compiler, for a
-/// build store's key. `dockerfile` is the text the plan's digest was taken of
-/// ([`dockerfile_spec`]); the engine's output of a build goes to `on_line`.
-pub fn toolchain_id(
-    plan: &BuildPlan,
-    dockerfile: &str,
-    on_line: &mut dyn FnMut(&str),
-) -> Result<String> {
-    let BackendPlan::Docker(docker) = &plan.backend else {
-        bail!("a {} plan has no toolchain image", plan.backend.kind());
-    };
-    let engine = Engine::probe()?;
-    Ok(toolchain_image(&engine, docker, dockerfile, on_line)?.id)
-}
-
 /// The toolchain image must hold what the contract asks (see the embedded Dockerfile):
 /// a `--dockerfile` of the user's, or an unprobed base image, is checked here, before
 /// anything compiles, so a broken image fails with what it lacks rather than deep in make.
-fn check_toolchain(tag: &str, docker: &DockerPlan) -> Result<ImageProbe> {
-    let found = probe_image(tag)?;
+fn check_toolchain(engine: &Engine, tag: &str, docker: &DockerPlan) -> Result<ImageProbe> {
+    let found = probe_image(&engine.ctx, tag)?;
     let from = match &docker.dockerfile {
         DockerfileSpec::File { path, .. } => format!("--dockerfile {}", path.display()),
         DockerfileSpec::Embedded { .. } => match &docker.base_image {
@@ -913,6 +913,7 @@ fn toolchain_volumes(
         for (volume, _) in &new {
             let owner = marks.issue(volume)?;
             let out = engine_call(
+                &engine.ctx,
                 engine.command().args([
                     "volume",
                     "create",
@@ -995,7 +996,7 @@ fn toolchain_volumes(
                 .arg(format!("type=volume,source={volume},target={dir}"));
         }
         cmd.args(["--entrypoint", "/bin/sh", &toolchain.tag, "-c", &script]);
-        let out = engine_call(&mut cmd, std::time::Duration::from_secs(3600))
+        let out = engine_call(&engine.ctx, &mut cmd, std::time::Duration::from_secs(3600))
             .context("filling the toolchain volumes")?;
         if !out.status.success() {
             bail!(
@@ -1040,7 +1041,7 @@ fn volume_labels(
 ) -> Result<Option<std::collections::BTreeMap<String, String>>> {
     let mut cmd = engine.command();
     cmd.args(["volume", "inspect", "--format", "{{json .Labels}}", name]);
-    let out = engine_call(&mut cmd, QUERY_LIMIT)?;
+    let out = engine_call(&engine.ctx, &mut cmd, QUERY_LIMIT)?;
     if out.status.success() {
         let text = String::from_utf8_lossy(&out.stdout);
         let text = text.trim();
@@ -1074,7 +1075,7 @@ fn labelled_volumes(engine: &Engine) -> Vec<String> {
         "--format",
         "{{.Name}}",
     ]);
-    let Ok(out) = engine_call(&mut cmd, QUERY_LIMIT) else {
+    let Ok(out) = engine_call(&engine.ctx, &mut cmd, QUERY_LIMIT) else {
         return Vec::new();
     };
     String::from_utf8_lossy(&out.stdout)
@@ -1105,8 +1106,12 @@ fn remove_stale_volumes(engine: &Engine, marks: &VolumeMarks, current: &str) {
 
 /// Removes fdl's volume `name` and its kept token (once the engine removed it).
 fn remove_volume(engine: &Engine, marks: &VolumeMarks, name: &str) {
-    if engine_call(engine.command().args(["volume", "rm", name]), CHANGE_LIMIT)
-        .is_ok_and(|o| o.status.success())
+    if engine_call(
+        &engine.ctx,
+        engine.command().args(["volume", "rm", name]),
+        CHANGE_LIMIT,
+    )
+    .is_ok_and(|o| o.status.success())
     {
         marks.forget(name);
     }
@@ -1158,7 +1163,7 @@ fn remove_orphan_containers(engine: &Engine, progress: &Progress) {
         "--format",
         &format!("{{{{.Names}}}} {{{{.Label \"{label}\"}}}}"),
     ]);
-    let Ok(out) = engine_call(&mut cmd, QUERY_LIMIT) else {
+    let Ok(out) = engine_call(&engine.ctx, &mut cmd, QUERY_LIMIT) else {
         return;
     };
     // SAFETY: getuid has no preconditions.
@@ -1181,7 +1186,11 @@ fn remove_orphan_containers(engine: &Engine, progress: &Progress) {
             "==> removing container {} left by an fdl that is gone (pid {pid})",
             crate::text::clean(name)
         ));
-        let _ = engine_call(engine.command().args(["rm", "--force", name]), CHANGE_LIMIT);
+        let _ = engine_call(
+            &engine.ctx,
+            engine.command().args(["rm", "--force", name]),
+            CHANGE_LIMIT,
+        );
     }
 }
 
@@ -1194,7 +1203,7 @@ impl Backend for DockerBackend {
         &self,
         plan: &BuildPlan,
     ) -> Result<std::collections::BTreeMap<String, String>> {
-        store_identity(plan, &self.dockerfile)
+        store_identity(&self.engine, plan, &self.dockerfile)
     }
 
     fn build(&self, plan: &BuildPlan, staging: &Path, progress: &Progress) -> Result<()> {
@@ -1239,7 +1248,7 @@ impl Backend for DockerBackend {
         };
 
         // 3. The work directory, beside staging: objects land on the host's file system.
-        let work = WorkDir::create_with(builds_dir, WORK_PREFIX, &plan.name)?;
+        let work = WorkDir::create_with(&self.ctx, builds_dir, WORK_PREFIX, &plan.name)?;
         for sub in ["build", "tmp"] {
             std::fs::create_dir(work.0.join(sub))
                 .with_context(|| format!("cannot create {}", work.0.join(sub).display()))?;
@@ -1351,7 +1360,7 @@ pub fn prepare(
             "cached by the engine"
         }
     ));
-    let found = check_toolchain(&toolchain.tag, docker)?;
+    let found = check_toolchain(engine, &toolchain.tag, docker)?;
     let volumes = match docker.toolchain_files {
         crate::nccl::plan::ToolchainFiles::Volumes => {
             let (volumes, said) = match toolchain_volumes(engine, &toolchain, &found.dirs, cache, progress)? {
@@ -1388,6 +1397,7 @@ pub fn prepare(
 /// SHA-256 is named beside it for `fdl store list`. Asking never builds the image: before
 /// the first build of a toolchain the key is not known, and the build computes it after.
 fn store_identity(
+    engine: &Engine,
     plan: &BuildPlan,
     dockerfile: &str,
 ) -> Result<std::collections::BTreeMap<String, String>> {
@@ -1400,9 +1410,9 @@ fn store_identity(
     if sha256_hex(dockerfile.as_bytes()) != docker.dockerfile.sha256() {
         bail!("the Dockerfile changed since the plan was made");
     }
-    let engine = Engine::probe()?;
-    let tag = toolchain_tag(docker, &base_id(&engine, docker)?.key(), dockerfile);
-    let id = image_id(&engine, &tag)?.ok_or_else(|| {
+
+    let tag = toolchain_tag(docker, &base_id(engine, docker)?.key(), dockerfile);
+    let id = image_id(engine, &tag)?.ok_or_else(|| {
         anyhow::anyhow!("the toolchain image {tag} is not built yet (the build makes it)")
     })?;
     Ok([

@@ -113,24 +113,30 @@ impl NativeSteps {
 /// Prefix of the work directories (NCCL's `BUILDDIR`) made beside the staging directory.
 pub(crate) const WORK_PREFIX: &str = crate::nccl::store::NATIVE_WORK_PREFIX;
 
-/// A build's work directory, removed when dropped — after success, failure or Ctrl-C.
-pub(crate) struct WorkDir(pub(crate) PathBuf);
+/// A build's work directory, removed when dropped — after success, failure or Ctrl-C; a
+/// removal that fails is said through the run's context.
+pub(crate) struct WorkDir(pub(crate) PathBuf, crate::context::Context);
 
 impl WorkDir {
-    fn create(builds_dir: &Path, name: &str) -> Result<WorkDir> {
-        WorkDir::create_with(builds_dir, WORK_PREFIX, name)
+    fn create(ctx: &crate::context::Context, builds_dir: &Path, name: &str) -> Result<WorkDir> {
+        WorkDir::create_with(ctx, builds_dir, WORK_PREFIX, name)
     }
 
     /// A work directory `<prefix><name>-<random>` in `builds_dir` (each backend has its
     /// own prefix, so neither sweeps the other's).
-    pub(crate) fn create_with(builds_dir: &Path, prefix: &str, name: &str) -> Result<WorkDir> {
+    pub(crate) fn create_with(
+        ctx: &crate::context::Context,
+        builds_dir: &Path,
+        prefix: &str,
+        name: &str,
+    ) -> Result<WorkDir> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("{prefix}{name}-"))
             .tempdir_in(builds_dir)
             .with_context(|| {
                 format!("cannot create a work directory in {}", builds_dir.display())
             })?;
-        Ok(WorkDir(dir.keep()))
+        Ok(WorkDir(dir.keep(), ctx.clone()))
     }
 }
 
@@ -138,10 +144,10 @@ impl Drop for WorkDir {
     fn drop(&mut self) {
         if let Err(e) = std::fs::remove_dir_all(&self.0) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                crate::eprintln_safe!(
+                self.1.say(&format!(
                     "warning: could not remove the work directory {}: {e}",
-                    self.0.display()
-                );
+                    crate::text::shown(&self.0)
+                ));
             }
         }
     }
@@ -208,7 +214,7 @@ impl Backend for NativeBackend {
             }
         };
 
-        let work = WorkDir::create(builds_dir, &plan.name)?;
+        let work = WorkDir::create(&self.ctx, builds_dir, &plan.name)?;
         // Every path make puts into a recipe is a plain word, whatever the project root,
         // the source or the toolkit are called.
         let mut aliases = plain::Aliases::new(&self.ctx.cache()?)?;
@@ -512,7 +518,8 @@ mod tests {
     #[test]
     fn work_dir_is_removed_on_drop() {
         let t = tempfile::tempdir().unwrap();
-        let w = WorkDir::create(t.path(), "v2.27.5-sm86").unwrap();
+        let ctx = crate::context::Context::from_process();
+        let w = WorkDir::create(&ctx, t.path(), "v2.27.5-sm86").unwrap();
         std::fs::write(w.0.join("x.o"), "obj").unwrap();
         assert!(w
             .0

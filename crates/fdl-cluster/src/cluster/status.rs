@@ -83,10 +83,11 @@ pub struct OwnBinary {
 }
 
 impl OwnBinary {
-    pub fn current() -> Result<OwnBinary> {
+    /// `cache`: fdl's cache directory, where the digest is kept by the file's identity.
+    pub fn current(cache: Option<&std::path::Path>) -> Result<OwnBinary> {
         let path = std::env::current_exe()?;
         Ok(OwnBinary {
-            sha256: crate::cache::sha256_file_kept(&path)?,
+            sha256: crate::cache::sha256_file_kept(cache, &path)?,
             path,
         })
     }

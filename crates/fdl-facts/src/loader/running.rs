@@ -61,9 +61,10 @@ pub struct Options {
     pub pids: Option<Vec<u32>>,
     /// Do not read `/proc/PID/mem`: answer from the maps and the loader's rules.
     pub no_memory: bool,
-    /// Keep each NCCL file's digest in fdl's cache, by the file's identity, and take it
-    /// from there while the file is unchanged ([`crate::cache::kept_digest`]).
-    pub keep_digests: bool,
+    /// Keep each NCCL file's digest in this cache directory (fdl's), by the file's
+    /// identity, and take it from there while the file is unchanged
+    /// ([`crate::cache::kept_digest`]); `None`: hash each time.
+    pub digest_cache: Option<PathBuf>,
 }
 
 /// Every process looked at, and those `/proc` would not show.
@@ -849,7 +850,7 @@ fn read_process(
             deleted,
             ctx,
             candidate(m),
-            opts.keep_digests,
+            opts.digest_cache.as_deref(),
         );
         let holds_nccl = candidate(m) && facts.self_id.is_some();
         if holds_nccl || (named(m, "libnccl.so") && facts.unread.is_some()) {
@@ -1019,7 +1020,7 @@ fn object_facts(
     deleted: bool,
     ctx: &Context,
     deep: bool,
-    keep: bool,
+    keep: Option<&Path>,
 ) -> ObjectFacts {
     let key = (m.dev.0, m.dev.1, m.inode);
     if let Some(f) = ctx.objects.borrow().get(&key) {
@@ -1079,7 +1080,7 @@ fn read_facts(
     src: &Source<'_>,
     path: &Path,
     deep: bool,
-    keep: bool,
+    keep: Option<&Path>,
     facts: &mut ObjectFacts,
 ) -> anyhow::Result<()> {
     if !inspect::elf::is_elf(src.bytes_clipped(0, 16)) {
@@ -1110,9 +1111,9 @@ fn read_facts(
                 // nanosecond): hashing a released NCCL takes longer than the rest of a
                 // scan, and its change time, which moves on any write, says the bytes are
                 // those hashed before.
-                (true, Some(meta)) => {
+                (Some(cache), Some(meta)) => {
                     let identity = format!("blake3\0{}", crate::cache::file_identity(&meta));
-                    let (d, kept) = crate::cache::kept_digest(&identity, &meta, || {
+                    let (d, kept) = crate::cache::kept_digest(cache, &identity, &meta, || {
                         Ok((hash()?, src.metadata()))
                     })?;
                     facts.digest_kept = kept;
