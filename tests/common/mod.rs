@@ -571,6 +571,16 @@ pub struct EngineGuard {
     caches: Vec<tempfile::TempDir>,
 }
 
+/// The tests that build with the real Docker engine run one at a time: each names the
+/// toolchain images made while it runs as its own (they are content-addressed, and carry
+/// no mark of who made them), so two such tests side by side would take each other's.
+/// `cargo test` runs them as threads of this one process, serialized by this lock
+/// (nextest runs them as processes, serialized by the `docker-engine` test group).
+pub fn docker_engine_lock() -> std::sync::MutexGuard<'static, ()> {
+    static ENGINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ENGINE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// fdl's toolchain volumes in the engine (`--toolchain-volumes`), by name.
 pub fn toolchain_volumes() -> std::collections::BTreeSet<String> {
     volumes_labelled("fdl.toolchain.image")

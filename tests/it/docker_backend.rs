@@ -19,10 +19,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command as Std;
 
-/// `cargo test` runs tests as threads of one process: serialize them here (nextest runs
-/// them as processes, serialized by the `docker-engine` test group).
-static ENGINE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 const DEBIAN_IMAGE: &str = "fdl-test-debian:toolchain";
 
 /// These tests are `#[ignore]`d, so they run only when asked for; then the engine must
@@ -212,7 +208,7 @@ fn build_cmd(
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
 fn builds_installs_and_cleans_up_against_the_real_engine() {
-    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = docker_engine_lock();
     if !engine_available() {
         return;
     }
@@ -709,7 +705,7 @@ fn builds_installs_and_cleans_up_against_the_real_engine() {
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
 fn a_tag_without_source_is_fetched_on_the_host() {
-    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = docker_engine_lock();
     if !engine_available() {
         return;
     }
@@ -749,7 +745,7 @@ fn a_tag_without_source_is_fetched_on_the_host() {
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
 fn a_build_whose_output_fails_the_check_is_not_installed() {
-    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = docker_engine_lock();
     if !engine_available() {
         return;
     }
@@ -795,7 +791,7 @@ fn a_build_whose_output_fails_the_check_is_not_installed() {
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
 fn the_compile_writes_only_the_host_and_an_interrupt_leaves_nothing() {
-    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = docker_engine_lock();
     if !engine_available() {
         return;
     }
@@ -953,7 +949,7 @@ fn owner_label_of(pid: u32) -> String {
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
 fn a_killed_fdl_leaves_no_container_running() {
-    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = docker_engine_lock();
     if !engine_available() {
         return;
     }
@@ -1102,7 +1098,7 @@ fn a_killed_fdl_leaves_no_container_running() {
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
 fn a_toolchain_image_without_nvcc_is_refused_with_what_it_lacks() {
-    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = docker_engine_lock();
     if !engine_available() {
         return;
     }
@@ -1146,7 +1142,7 @@ fn a_toolchain_image_without_nvcc_is_refused_with_what_it_lacks() {
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
 fn planted_links_in_the_installed_tree_write_nothing_outside() {
-    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = docker_engine_lock();
     if !engine_available() {
         return;
     }
@@ -1217,7 +1213,7 @@ fn planted_links_in_the_installed_tree_write_nothing_outside() {
 #[test]
 #[ignore = "needs a Docker engine: `cargo test -- --include-ignored`"]
 fn the_engine_guard_removes_what_a_test_made_and_keeps_cached_images() {
-    let _serial = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = docker_engine_lock();
     if !engine_available() {
         return;
     }

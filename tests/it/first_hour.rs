@@ -410,6 +410,9 @@ fn the_docker_tests_pass_beside_another_jobs_work_and_leave_it_alone() {
 
     // The other test runs in its own process of this binary, so the engine it sees is
     // shared with this one's "other job" for real.
+    // This process's own Docker tests wait meanwhile: the other job is the only other
+    // work on the engine, as the test means it.
+    let _engine = docker_engine_lock();
     let test = "docker_offline::offline_build_through_the_embedded_dockerfile";
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--include-ignored", "--exact", test])
