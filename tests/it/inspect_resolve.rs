@@ -1,7 +1,7 @@
 //! The loader model's resolution on real shared objects built with `cc`: a pip-style
 //! layout (`torch/lib/libtorch_cuda.so` with RUNPATH `$ORIGIN/../../nvidia/nccl/lib`),
 //! RPATH vs RUNPATH precedence around LD_LIBRARY_PATH, the cache, a truncated libnccl,
-//! and the unresolved case. `tests/it/loader_matrix.rs` holds the model against the real
+//! and the unresolved case. `tests/loader_matrix/main.rs` holds the model against the real
 //! loader case by case.
 
 use fdl::inspect::{self, Linkage, NcclDetection, ResolveRule, TruncatedElf};

@@ -1,8 +1,9 @@
 //! The integration tests, one binary: each file of the old `tests/` is a module here, so
 //! the crate and the shared fixtures compile once, and every test runs in one pool of
 //! threads, the Docker, sshd and Slurm tests beside the quick ones. `cargo test --test it
-//! MODULE::` runs one file's tests. `inspect_rss` and `loader_bounds` stay their own
-//! binaries: they measure the process's own peak memory.
+//! MODULE::` runs one file's tests. Three stay binaries of their own: `inspect_rss` and
+//! `loader_bounds` measure the process's own peak memory, and `loader_matrix` makes each
+//! of its cases a trial of its own (libtest-mimic's harness).
 
 #[path = "../cluster_fixture/mod.rs"]
 mod cluster_fixture;
@@ -42,7 +43,6 @@ mod interpose;
 mod json_shapes;
 mod launch;
 mod loader_env;
-mod loader_matrix;
 mod manifests;
 mod native_backend;
 mod native_nvcc;

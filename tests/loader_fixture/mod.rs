@@ -1,4 +1,4 @@
-//! Stand-ins for the libraries whose loading `loader_matrix.rs` checks, compiled with `cc`
+//! Stand-ins for the libraries whose loading `tests/loader_matrix` checks, compiled with `cc`
 //! into one directory per case (a [`Lab`]): NCCL stand-ins with a self-id and a distinct
 //! version each, a `libtorch_cuda.so` calling them, intermediate libraries, and a program
 //! whose `main` prints `version=<code>` from `torch_nccl_version()`.

@@ -4,10 +4,12 @@
 //! it prints the version `ncclGetVersion` returned (every stand-in NCCL carries a distinct
 //! one) and `LD_DEBUG=bindings` says which object the call bound to.
 //!
-//! Each case checks, in this order:
+//! Each case is a trial of its own (`case::<name>`, run side by side by libtest-mimic's
+//! harness, `cargo test --test loader_matrix -- case::NAME` runs one), and its real process
+//! runs once. It checks, in this order:
 //! 1. the real process did what the case claims (so the fixture is what it says: e.g.
-//!    that a RUNPATH really was not inherited) — `the_real_loader_does_what_each_case_claims`
-//!    checks only this;
+//!    that a RUNPATH really was not inherited): a failure here is the fixture's, said as
+//!    such;
 //! 2. fdl's `nccl.detection.version` is the printed version and its `file` the object
 //!    LD_DEBUG names (or, for calls bound at link time, the object holding that version);
 //! 3. where the process cannot start or loads NCCL with dlopen, fdl answers `unknown`
@@ -20,10 +22,13 @@
 //! errors, the traced link map, fdl's answer) is written to
 //! `$CARGO_TARGET_TMPDIR/loader-matrix/<case>.log` and is part of every failure message.
 
-use crate::common;
-use crate::loader_fixture;
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../loader_fixture/mod.rs"]
+mod loader_fixture;
 
 use common::{fdl_in, oracle_input};
+use libtest_mimic::{Arguments, Trial};
 use loader_fixture::{compile, dlopen_main, relocated_names, Funcs, Lab, Ver};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -1973,66 +1978,45 @@ fn write_log(dir: &Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
-fn run_matrix(with_fdl: bool) {
+fn run_case(name: &str) -> Result<(), String> {
     let cases = cases();
-    let logs = log_dir(if with_fdl {
-        "loader-matrix"
-    } else {
-        "loader-matrix/oracle"
-    });
-    let mut failures = Vec::new();
-    for case in &cases {
-        let lab = Lab::new();
-        let setup = (case.build)(&lab);
-        let observed = observe(&lab, &setup);
-        let mut text = evidence(case, &setup, &observed);
-        let mut errs = Vec::new();
-        let oracle = check_oracle(&lab, &setup, &observed);
-        match &oracle {
-            Ok(_) => text.push_str("--- the real process did what the case claims ---\n"),
-            Err(e) => {
-                errs.extend(e.iter().map(|e| format!("fixture: {e}")));
-                text.push_str("--- the real process did NOT do what the case claims ---\n");
-            }
-        }
-        if with_fdl {
-            let f = run_fdl(&lab, &setup);
-            text.push_str(&format!(
-                "--- fdl nccl detect (exit {:?}) ---\nstdout: {}\nstderr: {}\n",
-                f.code,
-                f.stdout.trim(),
-                f.stderr.trim()
-            ));
-            if let Ok(truth) = &oracle {
-                errs.extend(check_fdl(&lab, &setup, &observed, truth.as_ref(), &f));
-            }
-        }
-        let log = write_log(&logs, &case.name, &text);
-        eprintln!(
-            "{:<55} real: {:<28} {}",
-            case.name,
-            match (observed.code, observed.version) {
-                (Some(0), Some(v)) => format!("version={v}"),
-                (code, _) => format!("exit {code:?}"),
-            },
-            if errs.is_empty() { "ok" } else { "FAILED" }
-        );
-        if !errs.is_empty() {
-            failures.push(format!(
-                "=== {} ===\n{}\n--- evidence ({}) ---\n{text}",
-                case.name,
-                errs.join("\n"),
-                log.display()
-            ));
+    let case = cases
+        .iter()
+        .find(|c| c.name == name)
+        .ok_or_else(|| format!("no case {name}"))?;
+    let logs = log_dir("loader-matrix");
+    let lab = Lab::new();
+    let setup = (case.build)(&lab);
+    let observed = observe(&lab, &setup);
+    let mut text = evidence(case, &setup, &observed);
+    let mut errs = Vec::new();
+    let oracle = check_oracle(&lab, &setup, &observed);
+    match &oracle {
+        Ok(_) => text.push_str("--- the real process did what the case claims ---\n"),
+        Err(e) => {
+            errs.extend(e.iter().map(|e| format!("fixture: {e}")));
+            text.push_str("--- the real process did NOT do what the case claims ---\n");
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases failed:\n\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n\n")
-    );
+    let f = run_fdl(&lab, &setup);
+    text.push_str(&format!(
+        "--- fdl nccl detect (exit {:?}) ---\nstdout: {}\nstderr: {}\n",
+        f.code,
+        f.stdout.trim(),
+        f.stderr.trim()
+    ));
+    if let Ok(truth) = &oracle {
+        errs.extend(check_fdl(&lab, &setup, &observed, truth.as_ref(), &f));
+    }
+    let log = write_log(&logs, &case.name, &text);
+    if errs.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{}\n--- evidence ({}) ---\n{text}",
+        errs.join("\n"),
+        log.display()
+    ))
 }
 
 /// The answer a correct fdl gives, made from what the real loader did.
@@ -2072,7 +2056,6 @@ fn as_run(v: &Value, code: i32) -> FdlRun {
 
 /// The fdl-side checks accept a right answer and reject each kind of wrong one, so a
 /// pass of `fdl_agrees_with_the_real_loader` means something.
-#[test]
 fn the_checks_accept_the_right_answer_and_reject_wrong_ones() {
     let picked = [
         "preload_after_a_missing_entry",
@@ -2155,7 +2138,6 @@ fn the_checks_accept_the_right_answer_and_reject_wrong_ones() {
     }
 }
 
-#[test]
 fn the_matrix_is_large_and_named_uniquely() {
     let cases = cases();
     assert!(cases.len() >= 30, "only {} cases", cases.len());
@@ -2164,18 +2146,6 @@ fn the_matrix_is_large_and_named_uniquely() {
     let before = names.len();
     names.dedup();
     assert_eq!(before, names.len(), "case names repeat");
-}
-
-/// Fixture check alone: every case's real process does what the case claims.
-#[test]
-fn the_real_loader_does_what_each_case_claims() {
-    run_matrix(false);
-}
-
-/// fdl's model against the real loader, case by case.
-#[test]
-fn fdl_agrees_with_the_real_loader() {
-    run_matrix(true);
 }
 
 /// A real torch wheel's libtorch_cuda.so laid out as pip installs it, resolved by the
@@ -2281,8 +2251,7 @@ fn real_layout(var: &str) -> RealLayout {
 /// symlink's target — case `exe_origin_through_a_symlink_is_the_target_directory`.)
 /// The oracle is `LD_TRACE_LOADED_OBJECTS=1` on a program needing that libtorch by path
 /// (fdl's library mode exactly), then `ncclGetVersion` of the file it names.
-#[test]
-#[ignore = "needs the real wheels: source .ci/fetch-oracles"]
+/// Needs the real wheels (`source .ci/fetch-oracles`): ignored unless asked for.
 fn real_pip_layouts_match_the_loader() {
     // Both layouts first, so a broken input shows before any disagreement of fdl's.
     let vars = ["FDL_TEST_TORCH_LIB", "FDL_TEST_TORCH_LIB_CU13"];
@@ -2359,4 +2328,53 @@ fn real_pip_layouts_match_the_loader() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// A trial that runs `f`: its error, or its panic (an assertion's), is the failure.
+fn trial(
+    name: impl Into<String>,
+    f: impl FnOnce() -> Result<(), String> + Send + std::panic::UnwindSafe + 'static,
+) -> Trial {
+    Trial::test(name, move || {
+        let outcome = std::panic::catch_unwind(f).unwrap_or_else(|p| {
+            Err(p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panicked".to_string()))
+        });
+        outcome.map_err(Into::into)
+    })
+}
+
+/// [`trial`] of a check that asserts.
+fn asserting(name: &str, f: fn()) -> Trial {
+    trial(name, move || {
+        f();
+        Ok(())
+    })
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let mut trials = vec![
+        asserting(
+            "the_checks_accept_the_right_answer_and_reject_wrong_ones",
+            the_checks_accept_the_right_answer_and_reject_wrong_ones,
+        ),
+        asserting(
+            "the_matrix_is_large_and_named_uniquely",
+            the_matrix_is_large_and_named_uniquely,
+        ),
+        asserting(
+            "real_pip_layouts_match_the_loader",
+            real_pip_layouts_match_the_loader,
+        )
+        .with_ignored_flag(true),
+    ];
+    for case in cases() {
+        let name = case.name.clone();
+        trials.push(trial(format!("case::{name}"), move || run_case(&name)));
+    }
+    libtest_mimic::run(&args, trials).exit_code()
 }
