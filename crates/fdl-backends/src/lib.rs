@@ -42,10 +42,30 @@ pub trait PlannedBackend {
         cache: Option<&std::path::Path>,
     ) -> Option<(String, std::path::PathBuf)>;
 
+    /// What names the plan's NCCL source in its store key: the content digest of a
+    /// source tree, the commit of the tag in fdl's clone, or the tag the image clones.
+    /// The text is part of every key already made, so it stays byte for byte. `Err` says
+    /// why it is not known yet (the tag is not cloned before the first build).
+    fn source_identity(&self, plan: &BuildPlan) -> Result<String, String>;
+
+    /// When a store key that cannot be known now may become known.
+    fn key_later(&self) -> KeyLater;
+
     /// A file the steps run that the full plan shows after them: (its path, its text).
     fn script(&self) -> Option<(&'static str, &'static str)> {
         None
     }
+}
+
+/// When a plan's store key, not known when the plan is made, may become known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyLater {
+    /// Once the build has cloned the tag (its commit is part of the key).
+    AfterClone,
+    /// Once the build has made what names it (the Docker toolchain's image).
+    AfterBuild,
+    /// Nothing the build does changes that.
+    Never,
 }
 
 /// A plan's backend half, to ask instead of matching on the variant. Its implementations

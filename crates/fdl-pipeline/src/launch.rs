@@ -783,13 +783,8 @@ fn stat_of(pid: u32) -> Option<(u32, bool)> {
         .take(4096)
         .read_to_end(&mut b)
         .ok()?;
-    // "pid (comm) state ppid …": comm may hold ')' and spaces; the last ')' ends it.
-    let close = b.iter().rposition(|&c| c == b')')?;
-    let rest = String::from_utf8_lossy(&b[close + 1..]).into_owned();
-    let mut f = rest.split_ascii_whitespace();
-    let state = f.next()?;
-    let ppid = f.next()?.parse().ok()?;
-    Some((ppid, state == "Z" || state == "X"))
+    let stat = running::parse_stat(&b)?;
+    Some((stat.ppid, stat.zombie()))
 }
 
 /// Every descendant of `root` but `skip` (and its own), breadth first, bounded.

@@ -7,8 +7,6 @@ pub mod pipeline;
 
 // The floors below, under the names the modules have always used (`crate::docker`).
 use fdl_backends::{docker, native};
-use fdl_base::{
-    arch, cache, context, digest, fswrite, lock, process, progress, step, text, version,
-};
+use fdl_base::{arch, cache, context, fswrite, lock, process, progress, step, text, version};
 use fdl_builds::nccl;
 use fdl_facts::{gpu, inspect, libtorch, loader, project, store};

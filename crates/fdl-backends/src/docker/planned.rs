@@ -7,9 +7,24 @@ use crate::nccl::plan::{
     RUN_PREFIX_DIR, RUN_SCRIPT, RUN_SCRIPT_PATH, RUN_SOURCE_DIR, RUN_WORK_DIR,
 };
 use crate::step::{Paths, Step};
-use crate::PlannedBackend;
+use crate::{KeyLater, PlannedBackend};
 
 impl PlannedBackend for DockerPlan {
+    fn source_identity(&self, plan: &BuildPlan) -> Result<String, String> {
+        match &self.source {
+            DockerSource::Context { path, .. } => crate::nccl::tree::tree_digest(path)
+                .map(|d| format!("tree sha256:{d}"))
+                .map_err(|e| format!("{e:#}")),
+            // The image clones the tag; the Dockerfile (in the toolchain identity) names
+            // the repository.
+            DockerSource::Clone => Ok(format!("tag {} cloned by the image", plan.tag)),
+        }
+    }
+
+    fn key_later(&self) -> KeyLater {
+        KeyLater::AfterBuild
+    }
+
     fn steps(&self, plan: &BuildPlan) -> Vec<Step> {
         let paths = Paths::placeholders(DockerSteps::PATHS);
         // The volumes are known when the toolchain image is: one per top-level

@@ -189,6 +189,31 @@ pub struct NativeBackend {
 }
 
 impl Backend for NativeBackend {
+    /// A clone-source plan's tag is cloned into fdl's clone cache when it is not there
+    /// yet, as the build would first thing, so that its commit names the store key.
+    fn before_key(&self, plan: &BuildPlan, progress: &Progress) -> Result<()> {
+        let BackendPlan::Native(n) = &plan.backend else {
+            return Ok(());
+        };
+        let NativeSource::Clone { repo, cache_dir } = &n.source else {
+            return Ok(());
+        };
+        if cache_dir.is_dir() {
+            return Ok(());
+        }
+        let git = match n.tools.get("git") {
+            Some(git) => git.clone(),
+            None => crate::process::on_path("git").ok_or_else(|| {
+                anyhow!(
+                    "git is not on PATH: fdl clones {} with it. Install git, or pass --source DIR with an NCCL tree",
+                    plan.tag
+                )
+            })?,
+        };
+        source::ensure_clone(&self.ctx, repo, &plan.tag, cache_dir, &git, progress)?;
+        Ok(())
+    }
+
     fn build(&self, plan: &BuildPlan, staging: &Path, progress: &Progress) -> Result<()> {
         let BackendPlan::Native(native) = &plan.backend else {
             bail!(

@@ -5,7 +5,7 @@
 use super::NativeSteps;
 use crate::nccl::plan::{BuildPlan, NativePlan, NativeSource};
 use crate::step::{Paths, Step};
-use crate::PlannedBackend;
+use crate::{KeyLater, PlannedBackend};
 
 impl PlannedBackend for NativePlan {
     fn steps(&self, plan: &BuildPlan) -> Vec<Step> {
@@ -67,6 +67,53 @@ impl PlannedBackend for NativePlan {
         match &self.source {
             NativeSource::Clone { repo, cache_dir } => Some((repo.clone(), cache_dir.clone())),
             NativeSource::Dir { .. } => None,
+        }
+    }
+
+    fn source_identity(&self, plan: &BuildPlan) -> Result<String, String> {
+        match &self.source {
+            NativeSource::Dir { path, .. } => crate::nccl::tree::tree_digest(path)
+                .map(|d| format!("tree sha256:{d}"))
+                .map_err(|e| format!("{e:#}")),
+            NativeSource::Clone { repo, cache_dir } => {
+                if !cache_dir.is_dir() {
+                    return Err(format!(
+                        "the commit of {} is known once it is cloned (a build clones it into {})",
+                        plan.tag,
+                        cache_dir.display()
+                    ));
+                }
+                let git = self
+                    .tools
+                    .get("git")
+                    .map_or(std::path::Path::new("git"), |p| p.as_path());
+                let commit = crate::process::capture(
+                    std::process::Command::new(git)
+                        .arg("-C")
+                        .arg(cache_dir)
+                        .args(["rev-parse", "--verify"])
+                        .arg(format!("{}^{{commit}}", plan.tag))
+                        .env("GIT_TERMINAL_PROMPT", "0"),
+                    "git rev-parse",
+                )
+                .map_err(|e| format!("cannot read the commit of {}: {e:#}", plan.tag))?;
+                let commit = commit.trim();
+                if commit.len() < 40 || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!(
+                        "git named no commit for {} in {}",
+                        plan.tag,
+                        cache_dir.display()
+                    ));
+                }
+                Ok(format!("git {repo} {commit}"))
+            }
+        }
+    }
+
+    fn key_later(&self) -> KeyLater {
+        match &self.source {
+            NativeSource::Clone { cache_dir, .. } if !cache_dir.is_dir() => KeyLater::AfterClone,
+            _ => KeyLater::Never,
         }
     }
 

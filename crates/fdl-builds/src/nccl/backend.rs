@@ -22,6 +22,13 @@ pub trait Backend {
     fn toolchain_identity(&self, _plan: &BuildPlan) -> Result<BTreeMap<String, String>> {
         bail!("this backend names no toolchain identity")
     }
+
+    /// Does first what the build would do first where that makes `plan`'s store key
+    /// known (the native backend clones the tag, whose commit is part of the key), so
+    /// the key's lock is taken before anything compiles. Nothing, for most.
+    fn before_key(&self, _plan: &BuildPlan, _progress: &Progress) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl BackendPlan {

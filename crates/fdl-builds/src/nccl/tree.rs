@@ -230,6 +230,23 @@ pub fn pc_with_prefix(text: &str, new: &str) -> Option<String> {
     Some(out)
 }
 
+/// The digest of an NCCL source tree's content: each file's bytes and each link's
+/// target by relative path, directories by name; the top-level `.git` and `build/` (an
+/// earlier in-tree build, which an out-of-tree build never reads) are left out, as the
+/// Docker build context leaves them out. Links are never followed.
+pub fn tree_digest(dir: &Path) -> Result<String> {
+    let leave = crate::digest::Leave {
+        top: &[".git", "build"],
+        files: &[],
+    };
+    crate::digest::tree(
+        dir,
+        crate::digest::Hash::Sha256,
+        leave,
+        "an NCCL source tree",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

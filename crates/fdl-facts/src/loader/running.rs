@@ -916,23 +916,48 @@ fn read_process(
 
 /// `(ppid, start time in seconds since the epoch)` from `/proc/PID/stat`.
 fn read_stat(dir: &Path, ctx: &Context) -> (u32, Option<i64>) {
-    let Ok((b, _)) = read_proc(&dir.join("stat"), 4096) else {
+    let Some(stat) = read_proc(&dir.join("stat"), 4096)
+        .ok()
+        .and_then(|(b, _)| parse_stat(&b))
+    else {
         return (0, None);
     };
-    // "pid (comm) state ppid …": comm may hold ')' and spaces; the last ')' ends it.
-    let Some(close) = b.iter().rposition(|&c| c == b')') else {
-        return (0, None);
-    };
-    let rest = String::from_utf8_lossy(&b[close + 1..]);
-    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
-    let ppid = f.get(1).and_then(|v| v.parse().ok()).unwrap_or(0);
-    // Field 22 (starttime, clock ticks after boot) is the 20th after the comm.
-    let started = f
-        .get(19)
-        .and_then(|v| v.parse::<i64>().ok())
+    let started = stat
+        .start_ticks
         .zip(ctx.boot)
         .map(|(t, boot)| boot + t / ctx.ticks);
-    (ppid, started)
+    (stat.ppid, started)
+}
+
+/// What fdl reads of a process's `/proc/PID/stat`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// `R`, `S`, `Z` (a zombie), `X` (dead), …
+    pub state: String,
+    pub ppid: u32,
+    /// When it started, in clock ticks after boot (field 22).
+    pub start_ticks: Option<i64>,
+}
+
+impl Stat {
+    /// Ended, not yet reaped (or dead).
+    pub fn zombie(&self) -> bool {
+        self.state == "Z" || self.state == "X"
+    }
+}
+
+/// Parses `/proc/PID/stat`: "pid (comm) state ppid …", where comm may hold ')' and
+/// spaces, so the last ')' ends it.
+pub fn parse_stat(b: &[u8]) -> Option<Stat> {
+    let close = b.iter().rposition(|&c| c == b')')?;
+    let rest = String::from_utf8_lossy(&b[close + 1..]);
+    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+    Some(Stat {
+        state: f.first()?.to_string(),
+        ppid: f.get(1)?.parse().ok()?,
+        // Field 22 is the 20th after the comm.
+        start_ticks: f.get(19).and_then(|v| v.parse().ok()),
+    })
 }
 
 /// The command line, arguments joined by spaces, cleaned and cut.
@@ -1358,6 +1383,24 @@ mod tests {
             strip_deleted(Path::new("/a/libnccl.so.2")),
             (PathBuf::from("/a/libnccl.so.2"), false)
         );
+    }
+
+    #[test]
+    fn a_stat_line_is_read_past_a_name_with_parentheses_and_spaces() {
+        let mut line = b"4242 (evil) S 1 (x) Z 7 ".to_vec();
+        line.extend(b"4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1 2 3");
+        let stat = parse_stat(&line).unwrap();
+        assert_eq!(
+            stat,
+            Stat {
+                state: "Z".into(),
+                ppid: 7,
+                start_ticks: Some(987654),
+            }
+        );
+        assert!(stat.zombie());
+        assert_eq!(parse_stat(b"12 (no close"), None);
+        assert_eq!(parse_stat(b"12 (sh) S notanumber"), None);
     }
 
     #[test]

@@ -207,7 +207,7 @@ pub fn execute(
                 // key then waits here and takes this one's entry instead of compiling it
                 // again.
                 KeyState::AfterClone(_) => {
-                    clone_before_lookup(opts.ctx, plan, &progress)?;
+                    backend.before_key(plan, &progress)?;
                     store_key(plan, backend)
                 }
                 KeyState::AfterBuild(why) | KeyState::Unknown(why) => Err(why.clone()),
@@ -376,36 +376,6 @@ pub fn execute(
         from_store: hit.map(|h| h.method),
         timings: progress.timings(),
     })
-}
-
-/// Clones the tag of a native clone-source plan into fdl's clone cache when it is not
-/// there yet (as the backend would first thing), so that [`store_key`] can name its
-/// commit. Other plans' sources are known without it.
-fn clone_before_lookup(
-    ctx: &crate::context::Context,
-    plan: &BuildPlan,
-    progress: &Progress,
-) -> Result<()> {
-    let crate::nccl::plan::BackendPlan::Native(n) = &plan.backend else {
-        return Ok(());
-    };
-    let crate::nccl::plan::NativeSource::Clone { repo, cache_dir } = &n.source else {
-        return Ok(());
-    };
-    if cache_dir.is_dir() {
-        return Ok(());
-    }
-    let git = match n.tools.get("git") {
-        Some(git) => git.clone(),
-        None => crate::process::on_path("git").ok_or_else(|| {
-            anyhow!(
-                "git is not on PATH: fdl clones {} with it. Install git, or pass --source DIR with an NCCL tree",
-                plan.tag
-            )
-        })?,
-    };
-    crate::native::ensure_clone(ctx, repo, &plan.tag, cache_dir, &git, progress)?;
-    Ok(())
 }
 
 /// After a build that passed verification: adds it to the store. The key is asked here

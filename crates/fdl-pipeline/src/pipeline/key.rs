@@ -8,12 +8,10 @@
 //! and are left out, so two projects with the same inputs share one entry.
 
 use crate::nccl::backend::Backend;
-use crate::nccl::plan::{BackendPlan, BuildPlan, DockerSource, NativeSource};
+use crate::nccl::plan::BuildPlan;
 use crate::store::{Key, KeyInputs};
-use anyhow::Result;
-use fdl_backends::Planned;
+use fdl_backends::{KeyLater, Planned};
 use std::collections::BTreeMap;
-use std::path::Path;
 
 /// How fdl turns a plan into a build. Raise it whenever a change to fdl (the make
 /// invocation, the Dockerfile's recipe, what is installed) can change a build's bytes
@@ -53,14 +51,10 @@ impl KeyState {
             Ok((key, inputs)) => return KeyState::Known(key, inputs),
             Err(why) => why,
         };
-        match &plan.backend {
-            BackendPlan::Native(n) => match &n.source {
-                NativeSource::Clone { cache_dir, .. } if !cache_dir.is_dir() => {
-                    KeyState::AfterClone(why)
-                }
-                _ => KeyState::Unknown(why),
-            },
-            BackendPlan::Docker(_) => KeyState::AfterBuild(why),
+        match plan.backend.planned().key_later() {
+            KeyLater::AfterClone => KeyState::AfterClone(why),
+            KeyLater::AfterBuild => KeyState::AfterBuild(why),
+            KeyLater::Never => KeyState::Unknown(why),
         }
     }
 }
@@ -68,7 +62,7 @@ impl KeyState {
 /// The store key of `plan` built by `backend`, with its inputs; `Err` says why it is not
 /// known (a probe failed, or the tag is not cloned yet).
 pub fn store_key(plan: &BuildPlan, backend: &dyn Backend) -> KeyAnswer {
-    let source = source_identity(plan)?;
+    let source = plan.backend.planned().source_identity(plan)?;
     let toolchain = backend
         .toolchain_identity(plan)
         .map_err(|e| format!("{e:#}"))?;
@@ -150,7 +144,7 @@ pub fn store_view(
     (view, KeyState::of(plan, key))
 }
 
-/// The key inputs of `plan`: what the plan says, `source` (see [`source_identity`]) and
+/// The key inputs of `plan`: what the plan says, `source` (see [`fdl_backends::PlannedBackend::source_identity`]) and
 /// the backend's `toolchain` identity (each entry stored as `toolchain.<name>`).
 pub fn key_inputs(
     plan: &BuildPlan,
@@ -191,73 +185,6 @@ fn make_vars(plan: &BuildPlan) -> String {
         .collect()
 }
 
-/// What names the plan's NCCL source: the content digest of a `--source` tree, or the
-/// commit of the tag in the cached clone. `Err` says why it is not known yet (the tag is
-/// not cloned before the first build).
-pub fn source_identity(plan: &BuildPlan) -> Result<String, String> {
-    match &plan.backend {
-        BackendPlan::Native(n) => match &n.source {
-            NativeSource::Dir { path, .. } => tree_digest(path)
-                .map(|d| format!("tree sha256:{d}"))
-                .map_err(|e| format!("{e:#}")),
-            NativeSource::Clone { repo, cache_dir } => {
-                if !cache_dir.is_dir() {
-                    return Err(format!(
-                        "the commit of {} is known once it is cloned (a build clones it into {})",
-                        plan.tag,
-                        cache_dir.display()
-                    ));
-                }
-                let git = n.tools.get("git").map_or(Path::new("git"), |p| p.as_path());
-                let commit = crate::process::capture(
-                    std::process::Command::new(git)
-                        .arg("-C")
-                        .arg(cache_dir)
-                        .args(["rev-parse", "--verify"])
-                        .arg(format!("{}^{{commit}}", plan.tag))
-                        .env("GIT_TERMINAL_PROMPT", "0"),
-                    "git rev-parse",
-                )
-                .map_err(|e| format!("cannot read the commit of {}: {e:#}", plan.tag))?;
-                let commit = commit.trim();
-                if commit.len() < 40 || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!(
-                        "git named no commit for {} in {}",
-                        plan.tag,
-                        cache_dir.display()
-                    ));
-                }
-                Ok(format!("git {repo} {commit}"))
-            }
-        },
-        BackendPlan::Docker(d) => match &d.source {
-            DockerSource::Context { path, .. } => tree_digest(path)
-                .map(|d| format!("tree sha256:{d}"))
-                .map_err(|e| format!("{e:#}")),
-            // The image clones the tag; the Dockerfile (in the toolchain identity) names
-            // the repository.
-            DockerSource::Clone => Ok(format!("tag {} cloned by the image", plan.tag)),
-        },
-    }
-}
-
-/// The digest of an NCCL source tree's content: each file's bytes and each link's
-/// target by relative path, directories by name; the top-level `.git` and `build/` (an
-/// earlier in-tree build, which an out-of-tree build never reads) are left out, as the
-/// Docker build context leaves them out. Links are never followed.
-pub fn tree_digest(dir: &Path) -> Result<String> {
-    let leave = crate::digest::Leave {
-        top: &[".git", "build"],
-        files: &[],
-    };
-    crate::digest::tree(
-        dir,
-        crate::digest::Hash::Sha256,
-        leave,
-        "an NCCL source tree",
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,8 +192,10 @@ mod tests {
     use crate::nccl::plan::{
         ArchOrigin, BackendInputs, DockerfileSpec, PlanInputs, TagOrigin, Toolkit,
     };
+    use crate::nccl::plan::{DockerSource, NativeSource};
     use crate::nccl::tag::Tag;
-    use std::path::PathBuf;
+    use crate::nccl::tree::tree_digest;
+    use std::path::{Path, PathBuf};
 
     /// The inputs a test varies, one at a time.
     #[derive(Clone)]
@@ -484,6 +413,7 @@ mod tests {
             })
             .unwrap()
         };
+        let source_identity = |p: &BuildPlan| p.backend.planned().source_identity(p);
         let missing = source_identity(&plan(t.path().join("absent"))).unwrap_err();
         assert!(missing.contains("known once it is cloned"), "{missing}");
         let first = source_identity(&plan(clone.clone())).unwrap();
