@@ -382,6 +382,7 @@ fn read_back(text: Vec<String>, facts: Vec<serde_json::Value>) -> Vec<Finding> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn v(s: &str) -> CudaVersion {
         s.parse().unwrap()
@@ -414,6 +415,182 @@ mod tests {
         assert_eq!(json["warning_facts"][0]["tag"], "v2.27.5-1");
         let back: Findings = serde_json::from_value(json).unwrap();
         assert_eq!(back, findings);
+    }
+
+    /// One finding of each kind; the match has no catch-all, so a new variant does not
+    /// compile until it is here (and then in docs/json.md, which the test below checks).
+    fn one_of_each() -> Vec<Finding> {
+        use Finding::*;
+        let (cuda, arch, nccl) = (v("12.8"), Arch::new(6, 1), NcclVersion::new(2, 27, 5));
+        let s = || "s".to_string();
+        let all = vec![
+            PinnedCudaWithoutImage {
+                cuda,
+                closest: cuda,
+                image: s(),
+            },
+            CudaCannotCompile {
+                arch,
+                cuda: None,
+                why: s(),
+            },
+            NoImage { cuda, why: s() },
+            BaseImageWithoutNvcc { image: s() },
+            BaseImageNvccSilent { image: s() },
+            BaseImageOtherCuda {
+                image: s(),
+                image_cuda: cuda,
+                asked: cuda,
+            },
+            BaseImageCannotCompile {
+                image: s(),
+                image_cuda: cuda,
+                arch,
+                offered: vec![],
+                fits: None,
+            },
+            BaseImageLacksTools {
+                image: s(),
+                tools: vec![s()],
+            },
+            Toolkit { why: s() },
+            NoEngineHere { why: s() },
+            NoEngine { why: s() },
+            ToolsNotNeeded { tools: vec![s()] },
+            ToolsMissing { tools: vec![s()] },
+            TagUnchecked {
+                tag: s(),
+                repo: s(),
+            },
+            CloneOtherRelease {
+                tag: s(),
+                found: nccl.clone(),
+                clone: PathBuf::from("/c"),
+            },
+            Conflict { why: s() },
+            ChangedSinceSealed { why: s() },
+            AlreadyBuilt {
+                dir: PathBuf::from("/d"),
+                built_at: s(),
+            },
+            Driver { why: s() },
+            DriverTooOld {
+                why: s(),
+                allowed: false,
+            },
+            RootFallback {
+                root: PathBuf::from("/r"),
+            },
+            OtherRelease {
+                tag: s(),
+                libtorch: s(),
+                libtorch_nccl: nccl.clone(),
+                why: s(),
+            },
+            ConditionalTag { summary: s() },
+            LibtorchWithoutCode {
+                libtorch: s(),
+                arch,
+            },
+            GpuLeftOut {
+                index: 0,
+                name: s(),
+                capability: arch,
+                archs: vec![arch],
+                toolchain: None,
+            },
+            PluginMoved {
+                variable: s(),
+                path: PathBuf::from("/p"),
+                keep: None,
+                sentence: s(),
+            },
+            WorkersDown {
+                down: 1,
+                workers: 2,
+                cuda_flag: false,
+            },
+            WorkerDown {
+                host: s(),
+                why: s(),
+            },
+            WorkerNcclUnknown { host: s() },
+            OlderNccl {
+                hosts: vec![(s(), nccl.clone())],
+                newest: nccl,
+            },
+            DriverOlderThanLibtorch {
+                host: s(),
+                runs: cuda,
+                wanted: cuda,
+            },
+            Said { text: s() },
+        ];
+        for f in &all {
+            match f {
+                PinnedCudaWithoutImage { .. }
+                | CudaCannotCompile { .. }
+                | NoImage { .. }
+                | BaseImageWithoutNvcc { .. }
+                | BaseImageNvccSilent { .. }
+                | BaseImageOtherCuda { .. }
+                | BaseImageCannotCompile { .. }
+                | BaseImageLacksTools { .. }
+                | Toolkit { .. }
+                | NoEngineHere { .. }
+                | NoEngine { .. }
+                | ToolsNotNeeded { .. }
+                | ToolsMissing { .. }
+                | TagUnchecked { .. }
+                | CloneOtherRelease { .. }
+                | Conflict { .. }
+                | ChangedSinceSealed { .. }
+                | AlreadyBuilt { .. }
+                | Driver { .. }
+                | DriverTooOld { .. }
+                | RootFallback { .. }
+                | OtherRelease { .. }
+                | ConditionalTag { .. }
+                | LibtorchWithoutCode { .. }
+                | GpuLeftOut { .. }
+                | PluginMoved { .. }
+                | WorkersDown { .. }
+                | WorkerDown { .. }
+                | WorkerNcclUnknown { .. }
+                | OlderNccl { .. }
+                | DriverOlderThanLibtorch { .. }
+                | Said { .. } => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_kind_reads_back_and_docs_json_lists_exactly_the_kinds() {
+        let mut kinds = Vec::new();
+        for f in one_of_each() {
+            let v = serde_json::to_value(&f).unwrap();
+            kinds.push(v["kind"].as_str().unwrap().to_string());
+            assert_eq!(serde_json::from_value::<Finding>(v).unwrap(), f);
+        }
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/json.md"),
+        )
+        .unwrap();
+        let list = doc
+            .split("The kinds:")
+            .nth(1)
+            .and_then(|rest| rest.split(")).").next())
+            .expect("docs/json.md lists the findings' kinds after \"The kinds:\"");
+        let mut documented: Vec<String> = list
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect();
+        documented.sort();
+        kinds.sort();
+        assert_eq!(documented, kinds);
     }
 
     #[test]
