@@ -26,6 +26,7 @@ fuzz_target!(|data: &[u8]| {
         path: "/w".into(),
         report,
         error: None,
+        unreached: None,
         shipped_fdl: false,
         ld_preload: None,
     };
