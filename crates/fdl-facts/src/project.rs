@@ -105,7 +105,12 @@ impl Project {
     /// When the root is only the working directory (no project was found above it), a
     /// line saying so: plans and listings show it, since nothing else would.
     pub fn fallback_note(&self) -> Option<String> {
-        (self.source == RootSource::WorkingDir).then(|| fallback_sentence(&self.root))
+        self.fell_back().then(|| fallback_sentence(&self.root))
+    }
+
+    /// The root is the working directory because nothing above it marked a project.
+    pub fn fell_back(&self) -> bool {
+        self.source == RootSource::WorkingDir
     }
 
     /// Which root this is and why, for messages.

@@ -205,7 +205,7 @@ impl std::fmt::Display for Finding {
                 write!(
                     f,
                     "the nvcc in --base-image {image} (CUDA {image_cuda}) cannot compile {arch}: `nvcc --list-gpu-arch` offers {}. Give an image whose CUDA supports {arch}",
-                    words(offered, " ")
+                    crate::arch::archs_text(offered)
                 )?;
                 if let Some(fit) = fits {
                     write!(f, " (CUDA {} compiles every planned arch)", fit.without_patch())?;
@@ -304,14 +304,6 @@ impl std::fmt::Display for Finding {
             Said { text } => f.write_str(text),
         }
     }
-}
-
-fn words(archs: &[Arch], sep: &str) -> String {
-    archs
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(sep)
 }
 
 /// A plan's problems and warnings, serialized as their sentences (`problems`,

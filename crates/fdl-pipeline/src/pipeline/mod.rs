@@ -98,7 +98,7 @@ pub fn prepare(
     let _engine_budget = crate::docker::QueryBudget::start(crate::docker::PLAN_BUDGET);
     let (inputs, reason, mut chosen) = choose::choose(ctx, &req.backend, &inferred.tag)?;
     let mut plan = plan(&build, inferred, project.nccl_builds_dir(), inputs, reason)?;
-    if project.source == crate::project::RootSource::WorkingDir {
+    if project.fell_back() {
         plan.findings.warnings.push(Finding::RootFallback {
             root: project.root.clone(),
         });
