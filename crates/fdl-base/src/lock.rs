@@ -231,17 +231,25 @@ mod tests {
         let other = acquire(t.path(), &builds, "v2.27.5-sm90", Wait::No, &|_| {});
         assert!(other.is_ok());
         drop(held);
-        // A child another test forks holds a copy of every descriptor until its exec, the
-        // flock's among them, so the lock may be a moment late to come free: asked again
-        // for a bounded while, never waited on blindly.
+        assert!(
+            comes_true(|| acquire(t.path(), &builds, "v2.27.5-sm61", Wait::No, &|_| {}).is_ok()),
+            "the lock stayed held after its holder was dropped"
+        );
+    }
+
+    /// Whether `f` comes true within 30 s. A child another test thread forks holds a copy
+    /// of every descriptor until its exec, the flock's among them, so a dropped lock may
+    /// be a moment late to come free: asked again for a bounded while, never waited on
+    /// blindly.
+    fn comes_true(mut f: impl FnMut() -> bool) -> bool {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while acquire(t.path(), &builds, "v2.27.5-sm61", Wait::No, &|_| {}).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the lock stayed held after its holder was dropped"
-            );
+        while !f() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        true
     }
 
     #[test]
@@ -257,9 +265,20 @@ mod tests {
             "{who}"
         );
         drop(held);
-        assert_eq!(holder(t.path(), &builds, "b"), None);
-        // Testing did not keep it: a build takes it at once.
-        acquire(t.path(), &builds, "b", Wait::No, &|_| {}).unwrap();
+        assert!(
+            comes_true(|| holder(t.path(), &builds, "b").is_none()),
+            "a dropped lock is still named as held"
+        );
+        // Testing did not keep it: a build takes it (a forked copy of the test's shared
+        // lock aside).
+        assert!(comes_true(|| acquire(
+            t.path(),
+            &builds,
+            "b",
+            Wait::No,
+            &|_| {}
+        )
+        .is_ok()));
     }
 
     #[test]
