@@ -140,6 +140,79 @@ pub enum ClusterCommand {
         #[arg(long)]
         no_memory: bool,
     },
+    /// Rehearse NCCL's bootstrap without GPUs: each worker's own NCCL (the one its ranks
+    /// load, in its env: block) chooses its bootstrap interface and address, then the
+    /// root listens there while every worker connects, and back (exit 1 on a failure a
+    /// launch would meet)
+    #[command(
+        after_help = "Examples:\n  fdl cluster rehearse\n  fdl cluster rehearse --root node-a --within 10 --json"
+    )]
+    Rehearse {
+        #[command(flatten)]
+        common: Common,
+        /// The worker of rank 0, whose NCCL's address every rank joins (its `host:` name;
+        /// default: the first worker)
+        #[arg(long, value_name = "HOST")]
+        root: Option<String>,
+        /// Seconds the listen and connect phase may take, 1 to 600 (a pair that has not
+        /// connected by then failed)
+        #[arg(long, default_value_t = 5, value_name = "SECONDS",
+              value_parser = clap::value_parser!(u64).range(1..=600))]
+        within: u64,
+        /// Print one JSON object (the exit status still says whether it would start)
+        #[arg(long)]
+        json: bool,
+    },
+    /// This host's NCCL's bootstrap address, for `cluster rehearse` (run by fdl over SSH)
+    #[command(name = "bootstrap-self", hide = true)]
+    BootstrapSelf {
+        /// The libtorch variant (default: the active one)
+        #[arg(long)]
+        arch: Option<String>,
+        /// The worker's LD_PRELOAD, as its env: block writes it
+        #[arg(long)]
+        ld_preload: Option<String>,
+        /// NAME=VALUE of the worker's env: block: NCCL_*, and what the report reads
+        #[arg(long = "env", value_parser = bootstrap_env_arg)]
+        env: Vec<(String, String)>,
+        /// Seconds NCCL has to answer
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=600))]
+        limit: u64,
+        /// Print one JSON object (the only form the controller reads)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Loads one checked NCCL and calls ncclGetUniqueId (run by `bootstrap-self` only)
+    #[command(name = "bootstrap-child", hide = true)]
+    BootstrapChild {
+        #[arg(long)]
+        library: PathBuf,
+    },
+    /// Listens and connects for `cluster rehearse` (run by fdl over SSH)
+    #[command(name = "reach-self", hide = true)]
+    ReachSelf {
+        /// This host's name in its hellos
+        #[arg(long = "as")]
+        me: String,
+        /// The rehearsal's nonce
+        #[arg(long)]
+        nonce: String,
+        /// How long it may take, in ms
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+        within_ms: u64,
+        /// ADDRESS:PORT to listen on
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// A host whose hello must arrive; repeatable
+        #[arg(long)]
+        expect: Vec<String>,
+        /// NAME=ADDRESS:PORT to connect to; repeatable
+        #[arg(long, value_parser = connect_arg)]
+        connect: Vec<(String, std::net::SocketAddr)>,
+        /// Print one JSON object (the only form the controller reads)
+        #[arg(long)]
+        json: bool,
+    },
     /// This host's processes that map an NCCL, for `cluster ps` (run by fdl over SSH)
     #[command(name = "ps-self", hide = true)]
     PsSelf {
@@ -228,6 +301,29 @@ fn env_arg(s: &str) -> std::result::Result<(String, String), String> {
         )),
         None => Err("expected NAME=VALUE".into()),
     }
+}
+
+/// `NAME=VALUE` for `cluster bootstrap-self --env`: NCCL's variables and the report's.
+fn bootstrap_env_arg(s: &str) -> std::result::Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if crate::cluster::bootstrap::rehearsed_variable(k) => {
+            Ok((k.to_string(), v.to_string()))
+        }
+        Some((k, _)) => Err(format!(
+            "'{}' is not a variable the rehearsal reads (NCCL_*, LD_LIBRARY_PATH, PYTHONPATH, …)",
+            crate::text::clean(k)
+        )),
+        None => Err("expected NAME=VALUE".into()),
+    }
+}
+
+/// `NAME=ADDRESS:PORT` for `cluster reach-self --connect`.
+fn connect_arg(s: &str) -> std::result::Result<(String, std::net::SocketAddr), String> {
+    let (name, addr) = s.split_once('=').ok_or("expected NAME=ADDRESS:PORT")?;
+    let addr = addr
+        .parse()
+        .map_err(|_| format!("'{}' is not an address and port", crate::text::clean(addr)))?;
+    Ok((name.to_string(), addr))
 }
 
 /// What `cluster plan` and `cluster build` infer, which is not what `nccl build` does.
@@ -360,7 +456,11 @@ impl ClusterCommand {
             ClusterCommand::Status { json, .. } | ClusterCommand::SelfReport { json, .. } => *json,
             ClusterCommand::Env { format, json, .. } => *json || *format == EnvFormat::Json,
             ClusterCommand::Ship { json, .. } | ClusterCommand::Ps { json, .. } => *json,
-            ClusterCommand::PsSelf { .. } => true,
+            ClusterCommand::PsSelf { .. }
+            | ClusterCommand::BootstrapSelf { .. }
+            | ClusterCommand::BootstrapChild { .. }
+            | ClusterCommand::ReachSelf { .. } => true,
+            ClusterCommand::Rehearse { json, .. } => *json,
             ClusterCommand::Receive { .. } => true,
             ClusterCommand::Link { json, .. } => *json,
             ClusterCommand::Plan { build, .. } | ClusterCommand::Build { build, .. } => build.json,
@@ -424,6 +524,59 @@ pub(super) fn run(ctx: &Context, project: &Project, cmd: ClusterCommand) -> Resu
                 process: process.map(super::inspect::ProcessArg::kind),
             };
             status_cmd(ctx, project, &common, json, asked)
+        }
+        ClusterCommand::Rehearse {
+            common,
+            root,
+            within,
+            json,
+        } => rehearse_cmd(ctx, project, &common, root, within, json),
+        ClusterCommand::BootstrapSelf {
+            arch,
+            ld_preload,
+            env,
+            limit,
+            json: _,
+        } => {
+            let query = SelfQuery {
+                root: project.root.clone(),
+                arch,
+                ld_preload,
+                witness: true,
+                python_witness: false,
+                process: None,
+                env,
+            };
+            let answer = crate::cluster::bootstrap::ask(&crate::cluster::bootstrap::Ask {
+                query: &query,
+                builds: &project.nccl_builds_dir(),
+                limit: Duration::from_secs(limit),
+            });
+            super::common::print_json_as_is(&serde_json::to_value(&answer)?);
+            Ok(())
+        }
+        ClusterCommand::BootstrapChild { library } => {
+            crate::cluster::bootstrap::child_main(&library)
+        }
+        ClusterCommand::ReachSelf {
+            me,
+            nonce,
+            within_ms,
+            listen,
+            expect,
+            connect,
+            json: _,
+        } => {
+            let answer = crate::cluster::bootstrap::reach(&crate::cluster::bootstrap::ReachAsk {
+                me,
+                nonce,
+                listen,
+                expect,
+                connect,
+                within: Duration::from_millis(within_ms),
+            });
+            super::common::print_json_as_is(&serde_json::to_value(&answer)?);
+            Ok(())
         }
         ClusterCommand::PsSelf { no_memory, json: _ } => {
             let scan = crate::loader::running::scan(&crate::loader::running::Options {
@@ -605,6 +758,192 @@ fn status_cmd(
         .into());
     }
     Ok(())
+}
+
+fn rehearse_cmd(
+    ctx: &Context,
+    project: &Project,
+    common: &Common,
+    root: Option<String>,
+    within: u64,
+    json: bool,
+) -> Result<()> {
+    use crate::cluster::rehearse::{self, State};
+    let mut reach = common.reach(ctx, project)?;
+    // The listen and connect phase needs every worker at once.
+    if !reach.slurm && reach.workers.len() > common.parallel {
+        reach.transport = Box::new(Ssh::new(
+            &ctx.cache()?,
+            Duration::from_secs(common.timeout.clamp(1, 60)),
+            reach.workers.len(),
+        )?);
+    }
+    let workers: Vec<&Worker> = reach.workers.iter().collect();
+    let live = !json && std::io::stderr().is_terminal();
+    let on_phase = |what: &str| {
+        if live {
+            crate::eprintln_safe!("  {what}");
+        }
+    };
+    let opts = rehearse::Options {
+        root,
+        within: Duration::from_secs(within),
+        timeout: Duration::from_secs(common.timeout.max(1)),
+    };
+    let r = rehearse::rehearse(
+        &workers,
+        reach.transport.as_ref(),
+        &reach.own,
+        &opts,
+        &on_phase,
+    )?;
+    let state = r.state();
+    if json {
+        let findings: Vec<serde_json::Value> = r
+            .findings
+            .iter()
+            .map(|f| {
+                let mut v = serde_json::to_value(f).unwrap_or_default();
+                v["text"] = json!(clean(&f.full()));
+                v["red"] = json!(f.is_red());
+                v
+            })
+            .collect();
+        print_json(&json!({
+            "files": reach.files,
+            "root": r.root,
+            "workers": r.workers,
+            "pairs": r.pairs,
+            "findings": findings,
+            "ok": state == State::Ok,
+            "state": state,
+        }));
+    } else {
+        out!("{}", render_rehearsal(&r, within));
+    }
+    match state {
+        State::Ok => Ok(()),
+        State::Red => {
+            let e = anyhow::anyhow!(
+                "NCCL's bootstrap would fail: {}",
+                r.findings
+                    .iter()
+                    .filter(|f| f.is_red())
+                    .map(|f| clean(&f.short()))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+            Err(if json {
+                super::common::JsonReported(e).into()
+            } else {
+                e
+            })
+        }
+        State::Unknown => Err(super::common::Undecided(format!(
+            "the rehearsal could not judge every worker: {}",
+            r.findings
+                .iter()
+                .map(|f| clean(&f.short()))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))
+        .into()),
+    }
+}
+
+fn render_rehearsal(r: &crate::cluster::rehearse::Rehearsal, within: u64) -> String {
+    use crate::cluster::bootstrap::{Outcome, Reached, Trust};
+    use crate::cluster::rehearse::{family_of, State};
+    let mut s = format!(
+        "NCCL bootstrap rehearsal, root {} (no GPU is touched: each worker's own NCCL only chose its bootstrap address)\n",
+        clean(&r.root)
+    );
+    let width = r
+        .workers
+        .iter()
+        .map(|w| clean(&w.host).len())
+        .max()
+        .unwrap_or(0);
+    for w in &r.workers {
+        let host = format!("{:<width$}", clean(&w.host));
+        let Some(b) = &w.bootstrap else {
+            s.push_str(&format!(
+                "  {host}  no answer: {}\n",
+                clean(w.error.as_deref().unwrap_or("?"))
+            ));
+            continue;
+        };
+        let lib = match &b.library {
+            Some(l) => format!(
+                "NCCL {} ({})",
+                clean(&l.version),
+                match &l.trust {
+                    Trust::Libtorch => "the libtorch's own".to_string(),
+                    Trust::Build { name } => format!("build {}", clean(name)),
+                }
+            ),
+            None => "NCCL not run".to_string(),
+        };
+        let what = match &b.outcome {
+            Outcome::Chosen {
+                interface,
+                address,
+                comm_id,
+            } => format!(
+                "{} {address} ({}){}",
+                clean(interface.as_deref().unwrap_or("?")),
+                family_of(address),
+                if *comm_id { ", from NCCL_COMM_ID" } else { "" }
+            ),
+            Outcome::NcclError { code, warn } => format!(
+                "error {code}{}",
+                warn.as_ref()
+                    .map(|w| format!(": {}", clean(w)))
+                    .unwrap_or_default()
+            ),
+            Outcome::Refused { .. } => "not run (see below)".into(),
+            Outcome::Failed { reason } => format!("not asked: {}", clean(reason)),
+        };
+        s.push_str(&format!("  {host}  {lib}  {what}\n"));
+    }
+    if !r.pairs.is_empty() {
+        s.push_str(&format!("Connections (within {within} s):\n"));
+        for p in &r.pairs {
+            let result = match &p.result {
+                Reached::Yes { ms } => paint(&format!("ok ({ms} ms)"), Color::Green),
+                _ => paint("FAILED", Color::Red),
+            };
+            s.push_str(&format!(
+                "  {} -> {}  {}  {result}\n",
+                clean(&p.from),
+                clean(&p.to),
+                p.address
+            ));
+        }
+    }
+    if !r.findings.is_empty() {
+        s.push_str("Findings:\n");
+        for f in &r.findings {
+            let mark = if f.is_red() {
+                paint("RED    ", Color::Red)
+            } else {
+                paint("unknown", Color::Yellow)
+            };
+            s.push_str(&format!("  {mark} {}\n", clean(&f.full())));
+        }
+    }
+    s.push_str(&match r.state() {
+        State::Ok => format!(
+            "{} every worker's NCCL chose an address the root reaches, and each reaches the root's\n",
+            paint("ok", Color::Green)
+        ),
+        State::Red => format!("{} a launch would fail in NCCL's bootstrap\n", paint("RED", Color::Red)),
+        State::Unknown => format!(
+            "{} not every worker could be rehearsed\n",
+            paint("unknown", Color::Yellow)
+        ),
+    });
+    s
 }
 
 fn render_status(workers: &[WorkerStatus]) -> String {

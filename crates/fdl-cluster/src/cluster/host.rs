@@ -326,6 +326,24 @@ pub fn report(q: &SelfQuery) -> HostReport {
     }
 }
 
+/// The libtorch and the NCCL its ranks load, as [`report`] decides them (the worker's
+/// preload, its loader's witness), without the GPU side: what `cluster rehearse` runs.
+pub struct Effective {
+    pub libtorch: Facts<LibtorchFacts>,
+    pub nccl: anyhow::Result<NcclFacts>,
+    pub plugins: Facts<Vec<PluginFacts>>,
+}
+
+pub fn effective(q: &SelfQuery) -> Effective {
+    let libtorch = Facts::from(libtorch_facts(q));
+    let (nccl, _, plugins) = effective_nccl(q, libtorch.known());
+    Effective {
+        libtorch,
+        nccl,
+        plugins,
+    }
+}
+
 /// A query's facts from its thread; one that panicked is a failed query, not a report
 /// lost.
 fn joined<T>(h: std::thread::ScopedJoinHandle<'_, Facts<T>>) -> Facts<T> {

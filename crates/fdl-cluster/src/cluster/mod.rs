@@ -2,11 +2,13 @@
 //! OpenSSH, or the nodes of a Slurm allocation, reached through srun), and what each says
 //! about itself.
 
+pub mod bootstrap;
 pub mod config;
 pub mod host;
 pub mod plan;
 pub mod ps;
 pub mod receive;
+pub mod rehearse;
 pub mod ship;
 pub mod slurm;
 pub mod ssh;

@@ -890,6 +890,19 @@ fn trusted_entry(uid: u32, mode: u32, is_dir: bool, me: u32) -> Result<(), Strin
     Ok(())
 }
 
+/// A file fdl may load into a child of its own: `path` and every directory above it,
+/// through each link it passes, belong to this user or root and no one else may write
+/// them (as the Python witness wants of torch). Returns the path with every link
+/// resolved, or the entry refused and why.
+pub fn trusted_file(path: &Path) -> Result<PathBuf, (PathBuf, String)> {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    check_path(path, me, Want::File).map_err(|e| match e {
+        NoPythonWitness::Untrusted { path, why } => (path, why),
+        other => (path.to_path_buf(), other.to_string()),
+    })
+}
+
 /// Checks every directory from `/` down to `path`, and `path` itself, following each
 /// link only after checking the directory that holds it and then checking what it names
 /// the same way (at most 40 links). Returns the path with every link resolved.
