@@ -145,15 +145,15 @@ pub enum ClusterCommand {
     /// root listens there while every worker connects, and back (exit 1 on a failure a
     /// launch would meet)
     #[command(
-        after_help = "Examples:\n  fdl cluster rehearse\n  fdl cluster rehearse --root node-a --within 10 --json"
+        after_help = "Examples:\n  fdl cluster rehearse\n  fdl cluster rehearse --rank0 node-a --within 10 --json"
     )]
     Rehearse {
         #[command(flatten)]
         common: Common,
         /// The worker of rank 0, whose NCCL's address every rank joins (its `host:` name;
-        /// default: the first worker)
-        #[arg(long, value_name = "HOST")]
-        root: Option<String>,
+        /// default: the first worker). Named so as not to be fdl's `--root`, the project's
+        #[arg(long = "rank0", value_name = "HOST")]
+        rank0: Option<String>,
         /// Seconds the listen and connect phase may take, 1 to 600 (a pair that has not
         /// connected by then failed)
         #[arg(long, default_value_t = 5, value_name = "SECONDS",
@@ -527,10 +527,10 @@ pub(super) fn run(ctx: &Context, project: &Project, cmd: ClusterCommand) -> Resu
         }
         ClusterCommand::Rehearse {
             common,
-            root,
+            rank0,
             within,
             json,
-        } => rehearse_cmd(ctx, project, &common, root, within, json),
+        } => rehearse_cmd(ctx, project, &common, rank0, within, json),
         ClusterCommand::BootstrapSelf {
             arch,
             ld_preload,

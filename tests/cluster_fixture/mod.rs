@@ -14,6 +14,8 @@
 //! `docker rm -f $(docker ps -aq --filter label=fdl-test-host)`.
 #![allow(dead_code)]
 
+pub mod bootstrap;
+
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -239,6 +241,13 @@ impl Host {
     /// engine publishes may differ, so it is read again (and recorded in known_hosts).
     pub fn restart(&mut self, keys: &Keys) {
         docker_ok(&["start", &self.name]);
+        self.port = self.published_port();
+        self.wait_ready(keys);
+    }
+
+    /// Reads the published port again after the host joined or left a network (the
+    /// engine publishes it anew then) and waits until ssh answers there.
+    pub fn republished(&mut self, keys: &Keys) {
         self.port = self.published_port();
         self.wait_ready(keys);
     }

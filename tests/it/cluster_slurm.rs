@@ -752,3 +752,140 @@ fn planted_binaries_shared_directories_and_hostile_paths_on_slurm() {
         assert!(worker(&v, host)["report"].is_object(), "{v}");
     }
 }
+
+/// What NCCL itself says on `node` for the library `lib`: the interface and address of
+/// its `Bootstrap: Using IF:ADDR<0>` line, with `NCCL_DEBUG=INFO` (the oracle of
+/// tests/cluster_fixture/bootstrap.rs, run in the node's container, never through fdl).
+fn nccl_says_on(node: &Node, lib: &str) -> (String, String) {
+    let out = std::process::Command::new("docker")
+        .args([
+            "exec",
+            "-e",
+            "NCCL_DEBUG=INFO",
+            "-e",
+            "NCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,ENV,NET",
+            &node.name,
+            "/usr/local/bin/nccl-oracle",
+            lib,
+        ])
+        .output()
+        .expect("cannot run docker");
+    let said = text(&out);
+    assert!(
+        said.lines().any(|l| l.trim() == "oracle-rc 0"),
+        "NCCL failed on {}:\n{said}",
+        node.host
+    );
+    let using = said
+        .lines()
+        .find_map(|l| {
+            let rest = &l[l.find("Bootstrap")?..];
+            let u = rest.find("Using")?;
+            Some(rest[u + "Using".len()..].trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("NCCL said no Bootstrap line on {}:\n{said}", node.host));
+    // `eth0:172.18.0.2<0>`: the interface, then the address up to `<`.
+    let (iface, rest) = using.split_once(':').unwrap();
+    let addr = rest.rsplit_once('<').map(|(a, _)| a).unwrap_or(rest);
+    (iface.to_string(), addr.to_string())
+}
+
+/// `cluster rehearse --slurm` in an allocation of the three nodes, each with a libtorch
+/// laid out as pip lays torch out (its `libtorch_cuda.so` finds the real NCCL 2.27.5 of
+/// the nvidia-nccl-cu12 wheel, bind-mounted): every node's own NCCL chooses the
+/// interface and address NCCL itself prints there, the root reaches every other node and
+/// each of them the root, and it is green, in JSON and in text.
+#[test]
+#[ignore = "drives the real Docker engine and Slurm, and needs the real NCCL of `source .ci/setup`: `cargo test -- --include-ignored`"]
+fn rehearse_on_the_allocations_nodes_is_green_with_the_address_nccl_chooses() {
+    use cluster_fixture::bootstrap::{nccl_path, Parts, VARIANT};
+    let nccl = common::oracle_input("FDL_TEST_NCCL_LIB");
+    let _one = CLUSTERS.lock().unwrap_or_else(|e| e.into_inner());
+    let parts = Parts::new(&nccl);
+    let cluster = Cluster::start_with(None, &parts.mount_args(ROOT));
+    let torch = std::fs::read(&parts.libtorch_cuda).unwrap();
+    let oracle = std::fs::read(&parts.oracle).unwrap();
+    for node in cluster.all() {
+        node.write(
+            &format!("{ROOT}/libtorch/{VARIANT}/lib/libtorch_cuda.so"),
+            &torch,
+            0o755,
+        );
+        node.write(
+            &format!("{ROOT}/libtorch/.active"),
+            format!("{VARIANT}\n").as_bytes(),
+            0o644,
+        );
+    }
+    let lib = nccl_path(ROOT);
+    let mut chosen = std::collections::BTreeMap::new();
+    for node in &cluster.nodes {
+        node.write("/usr/local/bin/nccl-oracle", &oracle, 0o755);
+        chosen.insert(node.host.clone(), nccl_says_on(node, &lib));
+    }
+
+    let started = std::time::Instant::now();
+    let out = cluster.salloc(&format!("cd {ROOT} && fdl cluster rehearse --slurm --json"));
+    eprintln!(
+        "$ salloc -N3 fdl cluster rehearse --slurm --json ({} ms)\n{}",
+        started.elapsed().as_millis(),
+        text(&out)
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let v = json_of(&out);
+    assert_eq!(v["state"], "ok", "{v}");
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["findings"], serde_json::json!([]), "{v}");
+    assert_eq!(v["workers"].as_array().unwrap().len(), 3, "{v}");
+    let mut at = std::collections::BTreeMap::new();
+    for (host, (iface, addr)) in &chosen {
+        let w = worker(&v, host);
+        assert!(w["error"].is_null(), "{host}: {v}");
+        let b = &w["bootstrap"];
+        assert_eq!(b["library"]["trust"]["kind"], "libtorch", "{host}: {v}");
+        assert_eq!(b["library"]["version"], "2.27.5", "{host}: {v}");
+        assert_eq!(b["library"]["file"], lib.as_str(), "{host}: {v}");
+        let outcome = &b["outcome"];
+        assert_eq!(outcome["state"], "chosen", "{host}: {v}");
+        assert_eq!(outcome["interface"], iface.as_str(), "{host}: {v}");
+        let address: std::net::SocketAddr = outcome["address"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("{host}: no address in {v}"));
+        assert_eq!(address.ip().to_string(), *addr, "{host}: {v}");
+        assert_ne!(address.port(), 0, "{host}: {v}");
+        at.insert(host.clone(), address.to_string());
+    }
+    // Three nodes, three addresses.
+    let mut ips: Vec<&String> = chosen.values().map(|(_, a)| a).collect();
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), 3, "{chosen:?}");
+
+    // Every other node to the root and the root to it, each at the address the one
+    // listening chose.
+    let root = v["root"].as_str().unwrap().to_string();
+    assert!(chosen.contains_key(&root), "{v}");
+    let pairs = v["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 4, "{v}");
+    for host in chosen.keys().filter(|h| **h != root) {
+        for (from, to) in [(host, &root), (&root, host)] {
+            let p = pairs
+                .iter()
+                .find(|p| p["from"] == from.as_str() && p["to"] == to.as_str())
+                .unwrap_or_else(|| panic!("no pair {from} -> {to} in {v}"));
+            assert_eq!(p["result"]["state"], "yes", "{from} -> {to}: {v}");
+            assert!(p["result"]["ms"].is_u64(), "{v}");
+            assert_eq!(p["address"], at[to.as_str()].as_str(), "{v}");
+        }
+    }
+
+    let out = cluster.salloc(&format!("cd {ROOT} && fdl cluster rehearse --slurm"));
+    eprintln!("$ salloc -N3 fdl cluster rehearse --slurm\n{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("ok every worker's NCCL chose an address"),
+        "{}",
+        text(&out)
+    );
+}

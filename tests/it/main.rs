@@ -27,6 +27,7 @@ mod cli_manage;
 mod cluster_hosts;
 mod cluster_peer;
 mod cluster_ps;
+mod cluster_rehearse;
 mod cluster_slurm;
 mod cluster_status;
 mod doc_examples;

@@ -178,6 +178,12 @@ impl Cluster {
     /// Starts the cluster; with `shared`, a fresh Docker volume is mounted at that path on
     /// all four containers (a shared project directory, as `$HOME` often is).
     pub fn start(shared: Option<&str>) -> Cluster {
+        Cluster::start_with(shared, &[])
+    }
+
+    /// [`Cluster::start`], with `node_args` added to each node's `docker run` (not the
+    /// controller's): a bind mount of a large file every node reads, say.
+    pub fn start_with(shared: Option<&str>, node_args: &[String]) -> Cluster {
         ensure_image();
         let network = unique("net");
         docker_ok(&["network", "create", "--label", LABEL, &network]);
@@ -231,6 +237,9 @@ impl Cluster {
             }
             if let Some(m) = &shared_mount {
                 args.extend(["-v", m]);
+            }
+            if !is_ctl {
+                args.extend(node_args.iter().map(String::as_str));
             }
             args.extend([IMAGE, "sleep", "infinity"]);
             docker_ok(&args);

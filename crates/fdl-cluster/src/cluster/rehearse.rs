@@ -371,7 +371,7 @@ pub fn root_index(workers: &[&Worker], root: Option<&str>) -> Result<usize> {
         None => Ok(0),
         Some(name) => workers.iter().position(|w| w.host == name).ok_or_else(|| {
             anyhow::anyhow!(
-                "--root {} is not a worker (the workers: {}): name one of them",
+                "--rank0 {} is not a worker (the workers: {}): name one of them",
                 clean(name),
                 workers
                     .iter()

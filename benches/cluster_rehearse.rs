@@ -1,0 +1,251 @@
+//! `fdl cluster rehearse` on three hosts beside `fdl cluster status` on the same hosts, in
+//! one run, interleaved; the target is the rehearsal within 2x status. Reported, never
+//! asserted by a test.
+//!
+//! The hosts are the tests' (tests/cluster_fixture): Debian containers with a real sshd
+//! on 127.0.0.1 ports and a stand-in nvidia-smi, all three on one Docker network made
+//! here. Each worker's libtorch is the rehearsal tests' (tests/cluster_fixture/bootstrap.rs):
+//! a small `libtorch_cuda.so` made here that links the real `libnccl.so.2` of
+//! `nvidia-nccl-cu12` 2.27.5 (`FDL_TEST_NCCL_LIB`, from `.ci/fetch-oracles`), bind-mounted
+//! where its DT_RPATH finds it, as pip lays torch out. Without that variable the bench
+//! says NOT EVALUATED and ends with 0.
+//!
+//! After a warm-up (status, which ships fdl to the hosts, then the rehearsal), RUNS rounds
+//! each run both commands with one cache (`XDG_CACHE_HOME`, so within ControlPersist:
+//! warm), then both with a fresh cache each (cold: no shared connection yet), the order
+//! alternating from round to round so that background load spreads over both. Every
+//! rehearsal must say `state: ok`, with the four connections made and each worker's
+//! address its own on the bench's network (NCCL's own choice, read once by the tests'
+//! oracle, must agree); status must exit 0. Anything else is a wrong answer: exit 1.
+//!
+//! `cargo bench --bench cluster_rehearse`; it needs the Docker engine and debootstrap
+//! (the sshd image is made once and kept). `FDL_BENCH_RUNS` sets RUNS (default 7).
+
+#[path = "../tests/cluster_fixture/mod.rs"]
+mod cluster_fixture;
+
+use cluster_fixture::bootstrap::{self, Network, Parts};
+use cluster_fixture::{Host, Keys};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The workers' checkout.
+const PATH: &str = "/opt/flodl";
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn wrong(what: &str, out: &std::process::Output) -> ! {
+    eprintln!(
+        "cluster_rehearse: {what}:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::process::exit(1);
+}
+
+fn fdl(root: &Path, cache: &Path, command: &str) -> (Duration, std::process::Output) {
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_fdl"))
+        .arg("--root")
+        .arg(root)
+        .args(["cluster", command, "--json"])
+        .env("XDG_CACHE_HOME", cache)
+        .output()
+        .unwrap();
+    (start.elapsed(), out)
+}
+
+fn status(root: &Path, cache: &Path) -> Duration {
+    let (took, out) = fdl(root, cache, "status");
+    if !out.status.success() {
+        wrong("status was not green on healthy hosts", &out);
+    }
+    took
+}
+
+/// The rehearsal, checked: green, every pair connected, and each worker's address its
+/// own on the bench's network (`addresses`, in the workers' order). `shipped`: whether
+/// shipping fdl is allowed (the warm-up only).
+fn rehearse(root: &Path, cache: &Path, addresses: &[String], shipped: bool) -> Duration {
+    let (took, out) = fdl(root, cache, "rehearse");
+    let v: serde_json::Value = match serde_json::from_slice(&out.stdout) {
+        Ok(v) => v,
+        Err(_) => wrong("rehearse gave no JSON", &out),
+    };
+    if v["state"] != "ok" || !out.status.success() {
+        wrong("rehearse was not green on three hosts of one network", &out);
+    }
+    let workers = v["workers"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    if workers.len() != addresses.len() {
+        wrong("rehearse did not answer for every worker", &out);
+    }
+    for (w, want) in workers.iter().zip(addresses) {
+        let outcome = &w["bootstrap"]["outcome"];
+        let ip = outcome["address"]
+            .as_str()
+            .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+            .map(|a| a.ip().to_string());
+        if outcome["state"] != "chosen" || ip.as_deref() != Some(want.as_str()) {
+            wrong(
+                &format!(
+                    "{}'s NCCL did not choose its address on the network ({want})",
+                    w["host"]
+                ),
+                &out,
+            );
+        }
+        if w["shipped_fdl"] != false && !shipped {
+            wrong(
+                "a timed rehearsal shipped fdl (the warm-up should have)",
+                &out,
+            );
+        }
+    }
+    let pairs = v["pairs"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    if pairs.len() != 2 * (addresses.len() - 1)
+        || pairs.iter().any(|p| p["result"]["state"] != "yes")
+    {
+        wrong("rehearse did not connect every pair", &out);
+    }
+    took
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("cluster_rehearse: run with `cargo bench --bench cluster_rehearse`");
+        return;
+    }
+    let runs: usize = std::env::var("FDL_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(7);
+    let Some(nccl) = std::env::var_os("FDL_TEST_NCCL_LIB").filter(|v| !v.is_empty()) else {
+        println!(
+            "cluster_rehearse: NOT EVALUATED: FDL_TEST_NCCL_LIB is not set (the real libnccl.so.2 `.ci/fetch-oracles` provides)"
+        );
+        return;
+    };
+    let nccl = std::fs::canonicalize(nccl).unwrap();
+    let parts = Parts::new(&nccl);
+    let keys = Keys::new();
+    // Declared before the hosts: dropped after them.
+    let net = Network::new("rehearse-bench", false);
+    let mut docker_args: Vec<String> = vec!["--network".into(), net.name.clone()];
+    docker_args.extend(parts.mount_args(PATH));
+    let docker_args: Vec<&str> = docker_args.iter().map(String::as_str).collect();
+    let gpus: [Vec<(&str, &str, u32)>; 3] = [
+        vec![("NVIDIA GeForce RTX 3090", "8.6", 24576)],
+        vec![("NVIDIA GeForce RTX 3090", "8.6", 24576)],
+        vec![
+            ("NVIDIA GeForce RTX 3090", "8.6", 24576),
+            ("NVIDIA GeForce RTX 3090", "8.6", 24576),
+        ],
+    ];
+    let hosts: Vec<Host> = ["a", "b", "c"]
+        .iter()
+        .zip(&gpus)
+        .map(|(label, g)| {
+            let h = Host::start_with(label, &keys, &docker_args);
+            h.fake_nvidia_smi(g, "570.133.07", "12.8");
+            parts.install(&h, PATH);
+            h
+        })
+        .collect();
+    let addresses: Vec<String> = hosts.iter().map(|h| net.address_of(h, false)).collect();
+    let project = tempfile::tempdir().unwrap();
+    let mut yaml =
+        String::from("cluster:\n  controller:\n    host: 127.0.0.1\n    path: /c\n  workers:\n");
+    for h in &hosts {
+        yaml.push_str(&format!(
+            "    - host: {}\n      path: {PATH}\n      arch: {}\n",
+            h.label,
+            bootstrap::VARIANT
+        ));
+        yaml.push_str(&h.ssh_yaml(&keys, 6));
+    }
+    std::fs::write(project.path().join("fdl.cluster.yml"), yaml).unwrap();
+    std::fs::create_dir_all(project.path().join("libtorch")).unwrap();
+
+    // NCCL's own choice on each host, by the tests' oracle: the address the rehearsal
+    // must report.
+    for (h, want) in hosts.iter().zip(&addresses) {
+        let lib = format!(
+            "{PATH}/libtorch/{}/lib/libtorch_cuda.so",
+            bootstrap::VARIANT
+        );
+        match bootstrap::oracle(h, &lib, &[]) {
+            Ok((_, addr)) if addr == *want => {}
+            other => {
+                eprintln!(
+                    "cluster_rehearse: on {}, NCCL itself chose {other:?}, not its address {want} on the bench's network",
+                    h.label
+                );
+                std::process::exit(1);
+            }
+        }
+    }
+
+    // Warm-up: ships fdl to the hosts and opens the shared connections; not measured.
+    let warm_cache = tempfile::tempdir().unwrap();
+    status(project.path(), warm_cache.path());
+    rehearse(project.path(), warm_cache.path(), &addresses, true);
+
+    let (mut st_warm, mut re_warm, mut st_cold, mut re_cold) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..runs {
+        let rehearse_first = round % 2 == 1;
+        let (root, warm) = (project.path(), warm_cache.path());
+        if rehearse_first {
+            re_warm.push(rehearse(root, warm, &addresses, false));
+            st_warm.push(status(root, warm));
+        } else {
+            st_warm.push(status(root, warm));
+            re_warm.push(rehearse(root, warm, &addresses, false));
+        }
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        if rehearse_first {
+            re_cold.push(rehearse(root, a.path(), &addresses, false));
+            st_cold.push(status(root, b.path()));
+        } else {
+            st_cold.push(status(root, a.path()));
+            re_cold.push(rehearse(root, b.path(), &addresses, false));
+        }
+    }
+    let (st_warm, re_warm, st_cold, re_cold) = (
+        median(st_warm),
+        median(re_warm),
+        median(st_cold),
+        median(re_cold),
+    );
+    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!("| 3 hosts, one network | median of {runs} |");
+    println!("|---|---|");
+    println!(
+        "| `fdl cluster status`, warm (ControlMaster) | {} |",
+        ms(st_warm)
+    );
+    println!(
+        "| `fdl cluster rehearse`, warm (ControlMaster) | {} |",
+        ms(re_warm)
+    );
+    println!(
+        "| `fdl cluster status`, cold (no shared connection) | {} |",
+        ms(st_cold)
+    );
+    println!(
+        "| `fdl cluster rehearse`, cold (no shared connection) | {} |",
+        ms(re_cold)
+    );
+    let warm = ratio(re_warm, st_warm);
+    println!(
+        "rehearse / status = {warm:.2}x warm, {:.2}x cold; target within 2x `cluster status`: {}",
+        ratio(re_cold, st_cold),
+        if warm <= 2.0 { "MET" } else { "MISSED" }
+    );
+}

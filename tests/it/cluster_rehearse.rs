@@ -1,0 +1,391 @@
+//! `fdl cluster rehearse`: NCCL's bootstrap rehearsed on real hosts, each case judged
+//! against the real NCCL's own `NCCL_DEBUG=INFO` lines on that worker (the oracle of
+//! tests/cluster_fixture/bootstrap.rs, a C program of its own).
+//!
+//! The hosts are the sshd containers of tests/cluster_fixture, on Docker networks the
+//! test makes: `shared` (IPv4, every host), `private` (IPv4, the root only) and `v6`
+//! (IPv6, one worker only). Each worker's libtorch finds the real NCCL 2.27.5 of the
+//! `nvidia-nccl-cu12` wheel beside it, as pip lays torch out. Covered: all reachable
+//! (green), a worker's `NCCL_SOCKET_IFNAME` naming a missing interface (NCCL's error),
+//! the root choosing an interface the others cannot reach (red, naming it), a worker
+//! forced to IPv6 among IPv4 hosts (red, the family named), and a worker whose
+//! effective NCCL fdl cannot vouch for (refused, never run). Locally, without Docker:
+//! an fdl build is run by its recorded digest, and a changed one is refused.
+//!
+//! `#[ignore]`d: `.ci/run` runs them with `--include-ignored`; a missing engine or
+//! oracle input fails them.
+
+use crate::cluster_fixture::bootstrap::{self, nccl_path, Network, Parts, VARIANT};
+use crate::cluster_fixture::{Host, Keys};
+use crate::common::*;
+use std::path::Path;
+use std::process::Output;
+
+/// The checkout on every host.
+const PATH: &str = "/opt/flodl";
+
+fn json_of(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}):\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// fdl.cluster.yml naming the hosts, each with its `env:` lines (YAML, by index).
+fn write_cluster_file(root: &Path, keys: &Keys, hosts: &[&Host], env: &[(usize, &str)]) {
+    let mut y = String::from(
+        "cluster:\n  controller:\n    host: 127.0.0.1\n    path: /controller\n  workers:\n",
+    );
+    for (i, host) in hosts.iter().enumerate() {
+        y.push_str(&format!(
+            "    - host: {}\n      path: {PATH}\n      arch: {VARIANT}\n",
+            host.label
+        ));
+        y.push_str(&host.ssh_yaml(keys, 6));
+        let lines: Vec<&str> = env
+            .iter()
+            .filter(|(w, _)| *w == i)
+            .map(|(_, l)| *l)
+            .collect();
+        if !lines.is_empty() {
+            y.push_str("      env:\n");
+            for l in lines {
+                y.push_str(&format!("        {l}\n"));
+            }
+        }
+    }
+    std::fs::write(root.join("fdl.cluster.yml"), y).unwrap();
+}
+
+fn worker<'a>(v: &'a serde_json::Value, host: &str) -> &'a serde_json::Value {
+    v["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["host"] == host)
+        .unwrap_or_else(|| panic!("no worker {host} in {v}"))
+}
+
+/// The worker's chosen interface and address (without the port) equal NCCL's own line
+/// on that host under the same settings.
+fn assert_as_nccl_says(v: &serde_json::Value, host: &Host, env: &[&str]) {
+    let w = worker(v, &host.label);
+    let said = bootstrap::oracle(host, &nccl_path(PATH), env);
+    let outcome = &w["bootstrap"]["outcome"];
+    match said {
+        Ok((iface, addr)) => {
+            assert_eq!(outcome["state"], "chosen", "{}: {w}", host.label);
+            assert_eq!(outcome["interface"], iface.as_str(), "{}: {w}", host.label);
+            let got: std::net::SocketAddr = outcome["address"].as_str().unwrap().parse().unwrap();
+            let want: std::net::IpAddr = addr.parse().unwrap();
+            assert_eq!(got.ip(), want, "{}: {w}", host.label);
+        }
+        Err((code, warn)) => {
+            assert_eq!(outcome["state"], "nccl_error", "{}: {w}", host.label);
+            assert_eq!(outcome["code"], code, "{}: {w}", host.label);
+            assert_eq!(outcome["warn"], warn.as_str(), "{}: {w}", host.label);
+        }
+    }
+}
+
+fn finding_texts(v: &serde_json::Value) -> Vec<String> {
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+#[ignore = "drives the real Docker engine and OpenSSH, and needs the real NCCL of `source .ci/setup`: `cargo test -- --include-ignored`"]
+fn the_rehearsal_says_what_each_workers_nccl_chose_and_which_pairs_fail() {
+    let nccl = oracle_input("FDL_TEST_NCCL_LIB");
+    let other = oracle_input("FDL_TEST_NCCL_LIB_2215");
+    let parts = Parts::new(&nccl);
+    // Declared before the hosts: dropped after them.
+    let shared = Network::new("shared", false);
+    let private = Network::new("private", false);
+    let v6 = Network::new("v6", true);
+    let keys = Keys::new();
+    let mut args = vec!["--network".to_string(), shared.name.clone()];
+    args.extend(parts.mount_args(PATH));
+    // A real NCCL of another release at a path no libtorch names, for the refusal.
+    args.extend([
+        "-v".to_string(),
+        format!("{}:/opt/other/libnccl.so.2:ro", other.display()),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut hosts: Vec<Host> = std::thread::scope(|s| {
+        let started: Vec<_> = ["a", "b", "c"]
+            .iter()
+            .map(|l| s.spawn(|| Host::start_with(l, &keys, &args)))
+            .collect();
+        started.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for h in &hosts {
+        parts.install(h, PATH);
+    }
+    let (a, b, c) = (&hosts[0], &hosts[1], &hosts[2]);
+    let all = [a, b, c];
+    let project = ProjectFixture::empty();
+    let cache = tempfile::tempdir().unwrap();
+    let rehearse = |extra: &[&str]| {
+        let out = fdl_in(project.root())
+            .env("XDG_CACHE_HOME", cache.path())
+            .args(["cluster", "rehearse", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        (out.status.code(), json_of(&out))
+    };
+
+    // What listens on each host before (sshd, the engine's DNS): the same after.
+    let listening = |h: &Host| {
+        h.exec("cat /proc/net/tcp /proc/net/tcp6 | awk '$4 == \"0A\" { print $2 }' | sort")
+    };
+    let before: Vec<String> = all.iter().map(|h| listening(h)).collect();
+
+    // Green: every NCCL chose eth0 on the shared network, and every pair connects.
+    write_cluster_file(project.root(), &keys, &all, &[]);
+    let (code, v) = rehearse(&[]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["state"], "ok", "{v}");
+    assert_eq!(v["root"], "a");
+    for h in all {
+        assert_as_nccl_says(&v, h, &[]);
+        let w = worker(&v, &h.label);
+        assert_eq!(
+            w["bootstrap"]["library"]["trust"]["kind"], "libtorch",
+            "{w}"
+        );
+        assert_eq!(w["bootstrap"]["library"]["version"], "2.27.5", "{w}");
+        let addr = w["bootstrap"]["outcome"]["address"].as_str().unwrap();
+        let ip = addr.rsplit_once(':').unwrap().0;
+        assert_eq!(ip, shared.address_of(h, false), "{w}");
+    }
+    let pairs = v["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 4, "root <-> each worker: {v}");
+    assert!(pairs.iter().all(|p| p["result"]["state"] == "yes"), "{v}");
+    // Nothing is left listening on any worker.
+    for (h, before) in all.iter().zip(&before) {
+        assert_eq!(&listening(h), before, "nothing new listens on {}", h.label);
+    }
+    // The text form says the same, and a root that is no worker is refused.
+    let text = fdl_in(project.root())
+        .env("XDG_CACHE_HOME", cache.path())
+        .args(["cluster", "rehearse", "--rank0", "b"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(text.status.success(), "{out}");
+    assert!(out.contains("root b (no GPU is touched"), "{out}");
+    assert!(
+        out.contains("every worker's NCCL chose an address"),
+        "{out}"
+    );
+    let wrong = fdl_in(project.root())
+        .env("XDG_CACHE_HOME", cache.path())
+        .args(["cluster", "rehearse", "--rank0", "nosuch"])
+        .output()
+        .unwrap();
+    assert_eq!(wrong.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        err.contains("--rank0 nosuch is not a worker (the workers: a, b, c)"),
+        "{err}"
+    );
+
+    // b names an interface it lacks: NCCL's own error, as NCCL says it on b.
+    write_cluster_file(
+        project.root(),
+        &keys,
+        &all,
+        &[(1, "NCCL_SOCKET_IFNAME: nosuch0")],
+    );
+    let (code, v) = rehearse(&[]);
+    assert_eq!(code, Some(1), "red exits 1: {v}");
+    assert_eq!(v["state"], "red");
+    assert_as_nccl_says(&v, b, &["NCCL_SOCKET_IFNAME=nosuch0"]);
+    let texts = finding_texts(&v);
+    assert!(
+        texts.iter().any(|t| t.starts_with(
+            "b: NCCL 2.27.5 failed its bootstrap setup with error 5 (Bootstrap : no socket interface found) with NCCL_SOCKET_IFNAME=nosuch0; its interfaces: eth0 "
+        )),
+        "{texts:?}"
+    );
+    assert_eq!(v["pairs"].as_array().unwrap().len(), 2, "a <-> c only: {v}");
+
+    // The root a on a network of its own, named by NCCL_SOCKET_IFNAME: the others
+    // cannot reach it, and the finding names eth1 and why.
+    private.connect(&mut hosts[0], &keys);
+    let (a, b, c) = (&hosts[0], &hosts[1], &hosts[2]);
+    let all = [a, b, c];
+    write_cluster_file(
+        project.root(),
+        &keys,
+        &all,
+        &[(0, "NCCL_SOCKET_IFNAME: eth1")],
+    );
+    let (code, v) = rehearse(&["--within", "3"]);
+    assert_eq!(code, Some(1), "{v}");
+    assert_as_nccl_says(&v, a, &["NCCL_SOCKET_IFNAME=eth1"]);
+    let root_ip = private.address_of(a, false);
+    let texts = finding_texts(&v);
+    for from in ["b", "c"] {
+        assert!(
+            texts.iter().any(|t| t.starts_with(&format!(
+                "{from} cannot reach a's bootstrap address eth1 {root_ip}:"
+            )) && t.contains("(IPv4)")
+                && t.contains(&format!(
+                    "a's NCCL chose eth1, on a network {from} is not on"
+                ))),
+            "{texts:?}"
+        );
+    }
+    let failed: Vec<&serde_json::Value> = v["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["result"]["state"] != "yes")
+        .collect();
+    assert_eq!(failed.len(), 2, "only the two connections to a fail: {v}");
+    private.disconnect(&mut hosts[0], &keys);
+
+    // c forced to IPv6 on a network only it is on, the others IPv4: the root cannot
+    // reach c's address, and the finding says the family.
+    v6.connect(&mut hosts[2], &keys);
+    let (a, b, c) = (&hosts[0], &hosts[1], &hosts[2]);
+    let all = [a, b, c];
+    write_cluster_file(
+        project.root(),
+        &keys,
+        &all,
+        &[(2, "NCCL_SOCKET_FAMILY: AF_INET6")],
+    );
+    let (code, v) = rehearse(&["--within", "3"]);
+    assert_eq!(code, Some(1), "{v}");
+    assert_as_nccl_says(&v, c, &["NCCL_SOCKET_FAMILY=AF_INET6"]);
+    let c_ip = v6.address_of(c, true);
+    let texts = finding_texts(&v);
+    assert!(
+        texts.iter().any(|t| t.starts_with(&format!(
+            "a cannot reach c's bootstrap address eth1 [{c_ip}]:"
+        )) && t.contains("(IPv6)")
+            && t.contains("an address family mismatch: a has only IPv4 addresses")),
+        "{texts:?}"
+    );
+    let c_to_a = v["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["from"] == "c")
+        .unwrap();
+    assert_eq!(c_to_a["result"]["state"], "yes", "c reaches a's IPv4: {v}");
+
+    // b preloads an NCCL that is neither an fdl build nor its libtorch's: not run.
+    write_cluster_file(
+        project.root(),
+        &keys,
+        &all,
+        &[(1, "LD_PRELOAD: /opt/other/libnccl.so.2")],
+    );
+    let (code, v) = rehearse(&[]);
+    assert_eq!(code, Some(3), "refused is not judged: exit 3: {v}");
+    assert_eq!(v["state"], "unknown");
+    let outcome = &worker(&v, "b")["bootstrap"]["outcome"];
+    assert_eq!(outcome["state"], "refused", "{v}");
+    assert!(
+        outcome["reason"]
+            .as_str()
+            .unwrap()
+            .contains("its effective NCCL /opt/other/libnccl.so.2 (NCCL 2.21.5) is neither an fdl build of this project nor the libtorch's own NCCL"),
+        "{v}"
+    );
+    assert!(worker(&v, "b")["bootstrap"]["library"].is_null());
+}
+
+/// Without Docker: the rehearsal's worker half on this machine, for the libtorch's own
+/// NCCL, an fdl build (run by its recorded BLAKE3), and that build changed (refused).
+#[test]
+#[ignore = "needs the real NCCL of `source .ci/setup`: `cargo test -- --include-ignored`"]
+fn a_build_runs_by_its_recorded_digest_and_a_changed_one_is_refused() {
+    let nccl = oracle_input("FDL_TEST_NCCL_LIB");
+    let parts = Parts::new(&nccl);
+    let fx = BuildsFixture::new(ProjectFixture::empty());
+    let root = fx.project.root();
+    let lib = root.join(format!("libtorch/{VARIANT}/lib"));
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::copy(&parts.libtorch_cuda, lib.join("libtorch_cuda.so")).unwrap();
+    let beside = root.join("libtorch/precompiled/nvidia/nccl/lib");
+    std::fs::create_dir_all(&beside).unwrap();
+    std::os::unix::fs::symlink(&nccl, beside.join("libnccl.so.2")).unwrap();
+    let ask = |extra: &[&str]| {
+        let out = fx
+            .fdl()
+            .args(["cluster", "bootstrap-self", "--json", "--arch", VARIANT])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json_of(&out)
+    };
+    let v = ask(&["--env", "NCCL_SOCKET_IFNAME=lo"]);
+    assert_eq!(v["library"]["trust"]["kind"], "libtorch", "{v}");
+    assert_eq!(v["outcome"]["interface"], "lo", "{v}");
+    assert!(
+        v["outcome"]["address"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:"),
+        "{v}"
+    );
+    assert!(
+        v["nccl_lines"].as_array().unwrap().iter().any(|l| l
+            .as_str()
+            .unwrap()
+            .contains("NCCL INFO Bootstrap: Using lo:127.0.0.1<0>")),
+        "{v}"
+    );
+
+    // An fdl build holding the same real library, preloaded.
+    let tree = fx.tree("real", (2, 27, 5), &[61]);
+    let real = tree.join("lib/libnccl.so.2.27.5");
+    std::fs::remove_file(&real).unwrap();
+    std::fs::copy(&nccl, &real).unwrap();
+    let name = fx.install(&tree, "v2.27.5-1", "6.1").unwrap();
+    let preload = fx.builds().join(&name).join("lib/libnccl.so.2");
+    let preload = preload.to_str().unwrap();
+    let v = ask(&["--ld-preload", preload, "--env", "NCCL_SOCKET_IFNAME=lo"]);
+    assert_eq!(v["library"]["trust"]["kind"], "build", "{v}");
+    assert_eq!(v["library"]["trust"]["name"], name.as_str(), "{v}");
+    assert_eq!(v["outcome"]["state"], "chosen", "{v}");
+
+    // One byte changed after the build: never run.
+    let installed = fx.builds().join(&name).join("lib/libnccl.so.2.27.5");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&installed).unwrap().permissions().mode();
+    std::fs::set_permissions(&installed, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut bytes = std::fs::read(&installed).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&installed, bytes).unwrap();
+    std::fs::set_permissions(&installed, std::fs::Permissions::from_mode(mode)).unwrap();
+    let v = ask(&["--ld-preload", preload]);
+    assert_eq!(v["outcome"]["state"], "refused", "{v}");
+    let reason = v["outcome"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!(
+            "is not the file build {name}'s manifest records (its BLAKE3 differs)"
+        )),
+        "{reason}"
+    );
+    assert!(v["nccl_lines"].as_array().unwrap().is_empty(), "{v}");
+}
