@@ -185,6 +185,7 @@ pub enum ClusterCommand {
     /// Loads one checked NCCL and calls ncclGetUniqueId (run by `bootstrap-self` only)
     #[command(name = "bootstrap-child", hide = true)]
     BootstrapChild {
+        /// The checked library to load
         #[arg(long)]
         library: PathBuf,
     },
@@ -824,7 +825,8 @@ fn rehearse_cmd(
     match state {
         State::Ok => Ok(()),
         State::Red => {
-            let e = anyhow::anyhow!(
+            // About the workers' networks and NCCLs, not the project: no root tail.
+            let e: anyhow::Error = crate::project::RootIrrelevant(anyhow::anyhow!(
                 "NCCL's bootstrap would fail: {}",
                 r.findings
                     .iter()
@@ -832,7 +834,8 @@ fn rehearse_cmd(
                     .map(|f| clean(&f.short()))
                     .collect::<Vec<_>>()
                     .join("; ")
-            );
+            ))
+            .into();
             Err(if json {
                 super::common::JsonReported(e).into()
             } else {

@@ -149,7 +149,7 @@ pub fn oracle(host: &Host, lib: &str, env: &[&str]) -> Result<(String, String), 
                 l.split_once(" NCCL WARN ")
                     .map(|(_, w)| w.trim().to_string())
             })
-            .last()
+            .next_back()
             .unwrap_or_default();
         return Err((rc, warn));
     }

@@ -91,6 +91,64 @@ fn assert_as_nccl_says(v: &serde_json::Value, host: &Host, env: &[&str]) {
     }
 }
 
+/// The session docs/cluster.md shows (the block that starts `$ fdl cluster rehearse
+/// --within 3`) is this test's output, the engine's addresses, ports and times aside
+/// (they differ from run to run), spaces and line breaks run together.
+fn docs_show(out: &Output) {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cluster.md")).unwrap();
+    let shown: Vec<&str> = doc
+        .lines()
+        .skip_while(|l| *l != "$ fdl cluster rehearse --within 3")
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .collect();
+    assert!(
+        !shown.is_empty(),
+        "docs/cluster.md shows no rehearsal session"
+    );
+    let real = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // An IPv4 address (with a port, a prefix or a `)`), a time in ms: N.
+    let norm = |w: &str| -> String {
+        let core = w.trim_end_matches([')', ',', ';', ':', '.']);
+        let addr = core.split([':', '/']).next().unwrap_or("");
+        let parts: Vec<&str> = addr.split('.').collect();
+        if parts.len() == 4
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return w.replacen(core, "ADDR", 1);
+        }
+        if !core.is_empty()
+            && core
+                .trim_start_matches('(')
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        {
+            return w.replacen(core.trim_start_matches('('), "N", 1);
+        }
+        w.to_string()
+    };
+    let join = |lines: Vec<&str>| -> String {
+        lines
+            .iter()
+            .flat_map(|l| l.split_whitespace())
+            .map(norm)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(
+        join(shown),
+        join(real.lines().collect()),
+        "docs/cluster.md's rehearsal session is not this run's output (addresses aside):\n{real}"
+    );
+}
+
 fn finding_texts(v: &serde_json::Value) -> Vec<String> {
     v["findings"]
         .as_array()
@@ -140,7 +198,10 @@ fn the_rehearsal_says_what_each_workers_nccl_chose_and_which_pairs_fail() {
             .args(extra)
             .output()
             .unwrap();
-        (out.status.code(), json_of(&out))
+        let v = json_of(&out);
+        let errors = crate::common::schema::validate_against("cluster-rehearse", &v);
+        assert!(errors.is_empty(), "{errors:?}\n{v}");
+        (out.status.code(), v)
     };
 
     // What listens on each host before (sshd, the engine's DNS): the same after.
@@ -246,6 +307,14 @@ fn the_rehearsal_says_what_each_workers_nccl_chose_and_which_pairs_fail() {
             "{texts:?}"
         );
     }
+    // The text form is the session docs/cluster.md shows.
+    let text = fdl_in(project.root())
+        .env("XDG_CACHE_HOME", cache.path())
+        .args(["cluster", "rehearse", "--within", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(text.status.code(), Some(1));
+    docs_show(&text);
     let failed: Vec<&serde_json::Value> = v["pairs"]
         .as_array()
         .unwrap()

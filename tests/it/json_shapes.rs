@@ -63,8 +63,8 @@ fn versions_are_strings(v: &Value, path: &str, bad: &mut Vec<String>) {
 
 /// Documented commands that need workers to answer: their tests run them on real hosts
 /// and validate each answer against the same schema file (`cluster ps`:
-/// tests/it/cluster_ps.rs).
-const CHECKED_ON_HOSTS: [&str; 1] = ["fdl cluster ps --json"];
+/// tests/it/cluster_ps.rs; `cluster rehearse`: tests/it/cluster_rehearse.rs).
+const CHECKED_ON_HOSTS: [&str; 2] = ["fdl cluster ps --json", "fdl cluster rehearse --json"];
 
 #[test]
 fn every_json_output_matches_its_documented_schema() {
