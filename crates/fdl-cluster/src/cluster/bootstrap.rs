@@ -322,11 +322,18 @@ fn run_child(lib: &Path, env: &[(String, String)], limit: Duration) -> (Outcome,
     let mut cmd = std::process::Command::new("/proc/self/exe");
     cmd.args(["cluster", "bootstrap-child", "--library"])
         .arg(lib);
-    for (k, v) in env {
+    for (k, v) in env.iter().filter(|(k, _)| k.starts_with("NCCL_")) {
         cmd.env(k, v);
     }
-    // Nothing is preloaded into fdl's own child; the library is opened by name.
-    for k in ["LD_PRELOAD", "LD_AUDIT", "NCCL_DEBUG_FILE"] {
+    // Nothing is preloaded into fdl's own child, and the libraries the checked NCCL
+    // needs come from the system's directories only: a directory on a search path may
+    // hold what fdl has not checked. The library itself is opened by its path.
+    for k in [
+        "LD_PRELOAD",
+        "LD_AUDIT",
+        "LD_LIBRARY_PATH",
+        "NCCL_DEBUG_FILE",
+    ] {
         cmd.env_remove(k);
     }
     cmd.env("NCCL_DEBUG", "INFO")
@@ -649,6 +656,8 @@ pub struct Arrival {
 }
 
 const HELLO: &str = "fdl-rehearse";
+/// The most connections one host tries at once.
+const CONNECTING: usize = 64;
 
 /// Listens and connects as asked, all within `within`; ends when every connection is
 /// settled and every expected hello came, or at the bound. Nothing listens after.
@@ -672,22 +681,17 @@ pub fn reach(a: &ReachAsk) -> ReachAnswer {
         let accepting = listener
             .and_then(Result::ok)
             .map(|(l, _)| s.spawn(move || accept_until(&l, a, deadline)));
-        let connecting: Vec<_> = a
-            .connect
-            .iter()
-            .map(|(to, addr)| {
-                s.spawn(move || Connect {
-                    to: to.clone(),
-                    address: *addr,
-                    result: connect_until(*addr, a, deadline),
-                })
-            })
-            .collect();
-        for c in connecting {
-            if let Ok(c) = c.join() {
-                answer.connects.push(c);
-            }
-        }
+        // The root reaches every worker: at most CONNECTING at once, each bounded.
+        answer.connects = super::in_parallel(
+            &a.connect,
+            CONNECTING,
+            |(to, addr)| Connect {
+                to: to.clone(),
+                address: *addr,
+                result: connect_until(*addr, a, deadline),
+            },
+            &|_| {},
+        );
         if let Some(h) = accepting {
             answer.arrivals = h.join().unwrap_or_default();
         }

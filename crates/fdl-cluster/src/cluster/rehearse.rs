@@ -412,51 +412,50 @@ fn bootstrap_args(w: &Worker, limit: Duration) -> Vec<String> {
 const KEEP: usize = 64;
 
 fn parse_bootstrap(out: &std::process::Output) -> std::result::Result<BootstrapAnswer, String> {
+    let mut a: BootstrapAnswer = parse_answer(out, BOOTSTRAP_SCHEMA, BOOTSTRAP_KIND, "bootstrap")?;
+    a.interfaces.truncate(KEEP);
+    for i in &mut a.interfaces {
+        i.name = clean(&i.name.chars().take(64).collect::<String>());
+        i.addresses.truncate(KEEP);
+    }
+    a.settings.truncate(KEEP);
+    a.nccl_lines.truncate(KEEP);
+    a.hostname = clean(&a.hostname.chars().take(256).collect::<String>());
+    Ok(a)
+}
+
+/// A worker's answer of `schema` and `kind`; `Err` (the controller then ships its own
+/// fdl there) for another fdl's answer, or none.
+fn parse_answer<T: serde::de::DeserializeOwned>(
+    out: &std::process::Output,
+    schema: u32,
+    kind: &str,
+    what: &str,
+) -> std::result::Result<T, String> {
     let text = String::from_utf8_lossy(&out.stdout);
-    match serde_json::from_str::<BootstrapAnswer>(text.trim()) {
-        Ok(mut a) if a.schema == BOOTSTRAP_SCHEMA && a.kind == BOOTSTRAP_KIND => {
-            a.interfaces.truncate(KEEP);
-            for i in &mut a.interfaces {
-                i.name = clean(&i.name.chars().take(64).collect::<String>());
-                i.addresses.truncate(KEEP);
-            }
-            a.settings.truncate(KEEP);
-            a.nccl_lines.truncate(KEEP);
-            a.hostname = clean(&a.hostname.chars().take(256).collect::<String>());
-            Ok(a)
-        }
-        Ok(_) => Err("its fdl speaks another bootstrap answer".into()),
-        Err(_) => Err(format!(
-            "its fdl gave no bootstrap answer ({})",
+    let none = || {
+        format!(
+            "its fdl gave no {what} answer ({})",
             clean(
                 String::from_utf8_lossy(&out.stderr)
                     .lines()
                     .last()
                     .unwrap_or("no message")
             )
-        )),
+        )
+    };
+    let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(|_| none())?;
+    if v["schema"] != schema || v["kind"] != kind {
+        return Err(format!("its fdl speaks another {what} answer"));
     }
+    serde_json::from_value(v).map_err(|_| none())
 }
 
 fn parse_reach(out: &std::process::Output) -> std::result::Result<ReachAnswer, String> {
-    let text = String::from_utf8_lossy(&out.stdout);
-    match serde_json::from_str::<ReachAnswer>(text.trim()) {
-        Ok(mut a) if a.schema == REACH_SCHEMA && a.kind == REACH_KIND => {
-            a.connects.truncate(KEEP * 16);
-            a.arrivals.truncate(KEEP * 16);
-            Ok(a)
-        }
-        Ok(_) => Err("its fdl speaks another reach answer".into()),
-        Err(_) => Err(format!(
-            "its fdl gave no reach answer ({})",
-            clean(
-                String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or("no message")
-            )
-        )),
-    }
+    let mut a: ReachAnswer = parse_answer(out, REACH_SCHEMA, REACH_KIND, "reach")?;
+    a.connects.truncate(KEEP * 16);
+    a.arrivals.truncate(KEEP * 16);
+    Ok(a)
 }
 
 /// Runs the rehearsal over `t`. `on_phase` hears each phase's start (for a progress
@@ -705,6 +704,38 @@ mod tests {
             cause(&Reached::Refused, &same_net, &b, Some(&failed)),
             Cause::NotListening { .. }
         ));
+    }
+
+    #[test]
+    fn a_workers_answer_is_read_as_hostile() {
+        let out = |stdout: &str| std::process::Output {
+            status: std::os::unix::process::ExitStatusExt::from_raw(0),
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: b"last words\x1b[2J".to_vec(),
+        };
+        let a = parse_bootstrap(&out(
+            r#"{"schema":1,"kind":"fdl-bootstrap","hostname":"h\u001b[31m","outcome":{"state":"chosen","interface":"eth0","address":"10.0.0.2:4000","comm_id":false},"interfaces":[{"name":"e\nth0","addresses":[]}]}"#,
+        ))
+        .unwrap();
+        assert!(!a.hostname.contains('\x1b'), "{}", a.hostname);
+        assert!(
+            !a.interfaces[0].name.contains('\n'),
+            "{}",
+            a.interfaces[0].name
+        );
+        assert!(
+            parse_bootstrap(&out(r#"{"schema":2,"kind":"fdl-bootstrap"}"#))
+                .unwrap_err()
+                .contains("another bootstrap answer")
+        );
+        let e = parse_bootstrap(&out("banner\n")).unwrap_err();
+        assert!(e.contains("no bootstrap answer (last words"), "{e}");
+        assert!(!e.contains('\x1b'), "{e}");
+        // An address that is no address is no answer.
+        assert!(parse_bootstrap(&out(
+            r#"{"schema":1,"kind":"fdl-bootstrap","hostname":"h","outcome":{"state":"chosen","interface":null,"address":"10.0.0.2; rm -rf /","comm_id":false}}"#
+        ))
+        .is_err());
     }
 
     #[test]
