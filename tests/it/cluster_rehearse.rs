@@ -8,7 +8,8 @@
 //! `nvidia-nccl-cu12` wheel beside it, as pip lays torch out. Covered: all reachable
 //! (green), a worker's `NCCL_SOCKET_IFNAME` naming a missing interface (NCCL's error),
 //! the root choosing an interface the others cannot reach (red, naming it), a worker
-//! forced to IPv6 among IPv4 hosts (red, the family named), and a worker whose
+//! forced to IPv6 among IPv4 hosts (red, the family named), the root on its loopback
+//! (red, named so), and a worker whose
 //! effective NCCL fdl cannot vouch for (refused, never run). Locally, without Docker:
 //! an fdl build is run by its recorded digest, and a changed one is refused.
 //!
@@ -323,6 +324,28 @@ fn the_rehearsal_says_what_each_workers_nccl_chose_and_which_pairs_fail() {
         .collect();
     assert_eq!(failed.len(), 2, "only the two connections to a fail: {v}");
     private.disconnect(&mut hosts[0], &keys);
+    let (a, b, c) = (&hosts[0], &hosts[1], &hosts[2]);
+    let all = [a, b, c];
+
+    // The root on its loopback: every other host reaches only itself there.
+    write_cluster_file(
+        project.root(),
+        &keys,
+        &all,
+        &[(0, "NCCL_SOCKET_IFNAME: lo")],
+    );
+    let (code, v) = rehearse(&["--within", "2"]);
+    assert_eq!(code, Some(1), "{v}");
+    assert_as_nccl_says(&v, a, &["NCCL_SOCKET_IFNAME=lo"]);
+    let texts = finding_texts(&v);
+    for from in ["b", "c"] {
+        assert!(
+            texts.iter().any(|t| t.starts_with(&format!(
+                "{from} cannot reach a's bootstrap address lo 127.0.0.1:"
+            )) && t.contains("a's NCCL chose the loopback interface lo")),
+            "{texts:?}"
+        );
+    }
 
     // c forced to IPv6 on a network only it is on, the others IPv4: the root cannot
     // reach c's address, and the finding says the family.
