@@ -593,8 +593,15 @@ pub fn rehearse(
                 });
             }
         }
-        findings.dedup_by(|a, b| {
-            matches!((a, b), (Finding::Unanswered { host: x, .. }, Finding::Unanswered { host: y, .. }) if x == y)
+        // A worker whose reach answer is missing is said once, however many pairs lack it.
+        let mut silent: Vec<String> = Vec::new();
+        findings.retain(|f| match f {
+            Finding::Unanswered { host, .. } if silent.contains(host) => false,
+            Finding::Unanswered { host, .. } => {
+                silent.push(host.clone());
+                true
+            }
+            _ => true,
         });
     }
     Ok(Rehearsal {
