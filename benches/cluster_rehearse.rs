@@ -4,11 +4,12 @@
 //!
 //! The hosts are the tests' (tests/cluster_fixture): Debian containers with a real sshd
 //! on 127.0.0.1 ports and a stand-in nvidia-smi, all three on one Docker network made
-//! here. Each worker's libtorch is the rehearsal tests' (tests/cluster_fixture/bootstrap.rs):
-//! a small `libtorch_cuda.so` made here that links the real `libnccl.so.2` of
-//! `nvidia-nccl-cu12` 2.27.5 (`FDL_TEST_NCCL_LIB`, from `.ci/fetch-oracles`), bind-mounted
-//! where its DT_RPATH finds it, as pip lays torch out. Without that variable the bench
-//! says NOT EVALUATED and ends with 0.
+//! here. Each worker's libtorch is laid out as the rehearsal tests' is
+//! (tests/cluster_fixture/bootstrap.rs): a small `libtorch_cuda.so` made here, with sm_86
+//! kernels so that status judges the coverage, that links the real `libnccl.so.2` of
+//! `nvidia-nccl-cu12` 2.27.5 (`FDL_TEST_NCCL_LIB`, from `.ci/fetch-oracles`),
+//! bind-mounted where its DT_RPATH finds it, as pip lays torch out. Without that variable
+//! the bench says NOT EVALUATED and ends with 0.
 //!
 //! After a warm-up (status, which ships fdl to the hosts, then the rehearsal), RUNS rounds
 //! each run both commands with one cache (`XDG_CACHE_HOME`, so within ControlPersist:
@@ -23,6 +24,8 @@
 
 #[path = "../tests/cluster_fixture/mod.rs"]
 mod cluster_fixture;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use cluster_fixture::bootstrap::{self, Network, Parts};
 use cluster_fixture::{Host, Keys};
@@ -132,6 +135,23 @@ fn main() {
     };
     let nccl = std::fs::canonicalize(nccl).unwrap();
     let parts = Parts::new(&nccl);
+    // The rehearsal tests' libtorch with sm_86 kernels too, so that status judges the
+    // coverage (green, not unknown): the same NCCL calls, DT_NEEDED and DT_RPATH.
+    let libtorch = parts.dir.path().join("libtorch_cuda_sm86.so");
+    common::compile_shared(
+        &format!(
+            "int ncclGetUniqueId(void *);\nint ncclGetVersion(int *);\n\
+             int fdl_test_torch_init(void *id) {{ int v = 0; ncclGetVersion(&v); return ncclGetUniqueId(id) + v * 0; }}\n{}",
+            common::fatbin_c_source(&[86], "fdl_bench_fatbin")
+        ),
+        &libtorch,
+        &[
+            &nccl.display().to_string(),
+            "-Wl,--disable-new-dtags",
+            "-Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib",
+            "-Wl,-soname,libtorch_cuda.so",
+        ],
+    );
     let keys = Keys::new();
     // Declared before the hosts: dropped after them.
     let net = Network::new("rehearse-bench", false);
@@ -153,6 +173,13 @@ fn main() {
             let h = Host::start_with(label, &keys, &docker_args);
             h.fake_nvidia_smi(g, "570.133.07", "12.8");
             parts.install(&h, PATH);
+            h.put(
+                &libtorch,
+                &format!(
+                    "{PATH}/libtorch/{}/lib/libtorch_cuda.so",
+                    bootstrap::VARIANT
+                ),
+            );
             h
         })
         .collect();

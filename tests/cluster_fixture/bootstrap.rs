@@ -120,6 +120,17 @@ pub fn nccl_path(path: &str) -> String {
 /// What NCCL itself says on `host` for library `lib` under `env` (NAME=VALUE each):
 /// `Ok((interface, address))` from its `Bootstrap: Using` line, or `Err((code, warn))`.
 pub fn oracle(host: &Host, lib: &str, env: &[&str]) -> Result<(String, String), (i32, String)> {
+    oracle_in(&host.name, &host.label, lib, env)
+}
+
+/// [`oracle`] in any container (a Slurm node's), by its name; `label` names it in a
+/// failure.
+pub fn oracle_in(
+    container: &str,
+    label: &str,
+    lib: &str,
+    env: &[&str],
+) -> Result<(String, String), (i32, String)> {
     let mut args: Vec<String> = vec!["exec".into()];
     for e in env.iter().copied().chain([
         "NCCL_DEBUG=INFO",
@@ -128,7 +139,7 @@ pub fn oracle(host: &Host, lib: &str, env: &[&str]) -> Result<(String, String), 
         args.extend(["-e".into(), e.to_string()]);
     }
     args.extend([
-        host.name.clone(),
+        container.to_string(),
         "/usr/local/bin/nccl-oracle".into(),
         lib.to_string(),
     ]);
@@ -138,7 +149,7 @@ pub fn oracle(host: &Host, lib: &str, env: &[&str]) -> Result<(String, String), 
     let rc: i32 = text
         .lines()
         .find_map(|l| l.strip_prefix("oracle-rc "))
-        .unwrap_or_else(|| panic!("the oracle gave no code on {}:\n{text}", host.label))
+        .unwrap_or_else(|| panic!("the oracle gave no code on {label}:\n{text}"))
         .trim()
         .parse()
         .unwrap();
@@ -161,7 +172,7 @@ pub fn oracle(host: &Host, lib: &str, env: &[&str]) -> Result<(String, String), 
             let u = rest.find("Using")?;
             Some(rest[u + "Using".len()..].trim().to_string())
         })
-        .unwrap_or_else(|| panic!("NCCL said no Bootstrap line on {}:\n{text}", host.label));
+        .unwrap_or_else(|| panic!("NCCL said no Bootstrap line on {label}:\n{text}"));
     // `eth0:172.18.0.2<0>`: the interface, then the address up to `<`.
     let (iface, rest) = using.split_once(':').unwrap();
     let addr = rest.rsplit_once('<').map(|(a, _)| a).unwrap_or(rest);

@@ -753,43 +753,6 @@ fn planted_binaries_shared_directories_and_hostile_paths_on_slurm() {
     }
 }
 
-/// What NCCL itself says on `node` for the library `lib`: the interface and address of
-/// its `Bootstrap: Using IF:ADDR<0>` line, with `NCCL_DEBUG=INFO` (the oracle of
-/// tests/cluster_fixture/bootstrap.rs, run in the node's container, never through fdl).
-fn nccl_says_on(node: &Node, lib: &str) -> (String, String) {
-    let out = std::process::Command::new("docker")
-        .args([
-            "exec",
-            "-e",
-            "NCCL_DEBUG=INFO",
-            "-e",
-            "NCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,ENV,NET",
-            &node.name,
-            "/usr/local/bin/nccl-oracle",
-            lib,
-        ])
-        .output()
-        .expect("cannot run docker");
-    let said = text(&out);
-    assert!(
-        said.lines().any(|l| l.trim() == "oracle-rc 0"),
-        "NCCL failed on {}:\n{said}",
-        node.host
-    );
-    let using = said
-        .lines()
-        .find_map(|l| {
-            let rest = &l[l.find("Bootstrap")?..];
-            let u = rest.find("Using")?;
-            Some(rest[u + "Using".len()..].trim().to_string())
-        })
-        .unwrap_or_else(|| panic!("NCCL said no Bootstrap line on {}:\n{said}", node.host));
-    // `eth0:172.18.0.2<0>`: the interface, then the address up to `<`.
-    let (iface, rest) = using.split_once(':').unwrap();
-    let addr = rest.rsplit_once('<').map(|(a, _)| a).unwrap_or(rest);
-    (iface.to_string(), addr.to_string())
-}
-
 /// `cluster rehearse --slurm` in an allocation of the three nodes, each with a libtorch
 /// laid out as pip lays torch out (its `libtorch_cuda.so` finds the real NCCL 2.27.5 of
 /// the nvidia-nccl-cu12 wheel, bind-mounted): every node's own NCCL chooses the
@@ -821,7 +784,13 @@ fn rehearse_on_the_allocations_nodes_is_green_with_the_address_nccl_chooses() {
     let mut chosen = std::collections::BTreeMap::new();
     for node in &cluster.nodes {
         node.write("/usr/local/bin/nccl-oracle", &oracle, 0o755);
-        chosen.insert(node.host.clone(), nccl_says_on(node, &lib));
+        chosen.insert(
+            node.host.clone(),
+            cluster_fixture::bootstrap::oracle_in(&node.name, &node.host, &lib, &[])
+                .unwrap_or_else(|(code, warn)| {
+                    panic!("NCCL failed on {} ({code}): {warn}", node.host)
+                }),
+        );
     }
 
     let started = std::time::Instant::now();
