@@ -656,6 +656,8 @@ pub struct Arrival {
 }
 
 const HELLO: &str = "fdl-rehearse";
+/// How long a refused connection waits before it tries again.
+const RETRY: Duration = Duration::from_millis(10);
 /// The most connections one host tries at once.
 const CONNECTING: usize = 64;
 
@@ -787,7 +789,9 @@ fn connect_until(addr: SocketAddr, a: &ReachAsk, deadline: Instant) -> Reached {
                 };
             }
         }
-        std::thread::sleep(Duration::from_millis(100));
+        // The peers start a few ms apart: a refusal is mostly a listener not bound yet,
+        // and a long pause here would be most of the phase's time.
+        std::thread::sleep(RETRY);
     }
 }
 
