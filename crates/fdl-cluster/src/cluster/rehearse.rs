@@ -745,6 +745,144 @@ mod tests {
         .is_err());
     }
 
+    /// Answers every worker's command with what `answer(host, phase)` says, the phase
+    /// read from the command fdl would run there.
+    struct Canned(fn(&str, &str) -> String);
+
+    impl Transport for Canned {
+        fn via(&self) -> &'static str {
+            "in a test"
+        }
+        fn one_by_one(&self) -> Option<usize> {
+            None
+        }
+        fn run_each(
+            &self,
+            hosts: &[&Worker],
+            script: crate::cluster::transport::Script,
+            _: Duration,
+        ) -> Vec<Result<std::process::Output>> {
+            hosts
+                .iter()
+                .map(|w| {
+                    let s = script(w);
+                    let phase = if s.contains("bootstrap-self") {
+                        "bootstrap"
+                    } else {
+                        "reach"
+                    };
+                    Ok(std::process::Output {
+                        status: std::os::unix::process::ExitStatusExt::from_raw(0),
+                        stdout: (self.0)(&w.host, phase).into_bytes(),
+                        stderr: Vec::new(),
+                    })
+                })
+                .collect()
+        }
+        fn send_file(
+            &self,
+            hosts: &[(&Worker, String)],
+            _: &std::path::Path,
+            _: &str,
+            _: Duration,
+        ) -> Vec<Result<()>> {
+            hosts.iter().map(|_| bail!("no copies in a test")).collect()
+        }
+        fn tree_method(&self, _: bool) -> String {
+            "none".into()
+        }
+        fn send_tree(
+            &self,
+            hosts: &[(&Worker, &std::path::Path, bool)],
+            _: &std::path::Path,
+            _: Duration,
+        ) -> Vec<Result<String>> {
+            hosts.iter().map(|_| bail!("no copies in a test")).collect()
+        }
+    }
+
+    fn worker(host: &str) -> Worker {
+        Worker {
+            host: host.into(),
+            path: "/p".into(),
+            arch: None,
+            ssh: Default::default(),
+            env: Default::default(),
+            docker: None,
+        }
+    }
+
+    fn run(answer: fn(&str, &str) -> String) -> Rehearsal {
+        let ws = [worker("a"), worker("b"), worker("c")];
+        let refs: Vec<&Worker> = ws.iter().collect();
+        let own = OwnBinary {
+            path: "/nonexistent/fdl".into(),
+            sha256: "ab".repeat(32),
+        };
+        let opts = Options {
+            root: None,
+            within: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+        };
+        rehearse(&refs, &Canned(answer), &own, &opts, &|_| {}).unwrap()
+    }
+
+    #[test]
+    fn what_hostile_workers_send_reaches_no_finding_raw() {
+        let r = run(|host, phase| {
+            match (host, phase) {
+            ("a", "bootstrap") => r#"{"schema":1,"kind":"fdl-bootstrap","hostname":"a","library":{"file":"/x","version":"2.27.5\u001b[2J","trust":{"kind":"libtorch"}},"outcome":{"state":"chosen","interface":"e\u001b]0;owned\u0007th0","address":"10.0.0.1:4000","comm_id":false},"interfaces":[{"name":"eth0","addresses":[{"address":"10.0.0.1","prefix":24}]}]}"#.into(),
+            ("b", "bootstrap") => r#"{"schema":1,"kind":"fdl-bootstrap","hostname":"b","library":{"file":"/x","version":"2.27\n.5","trust":{"kind":"libtorch"}},"outcome":{"state":"nccl_error","code":5,"warn":"no \u202einterface\r\nfake line"},"settings":["NCCL_SOCKET_IFNAME=\u001b[31mx"],"interfaces":[{"name":"l\u0000o","addresses":[{"address":"127.0.0.1","prefix":8}]}]}"#.into(),
+            ("c", "bootstrap") => r#"{"schema":1,"kind":"fdl-bootstrap","hostname":"c","outcome":{"state":"refused","reason":"no\u001b[2J"}}"#.into(),
+            ("a", "reach") => r#"{"schema":1,"kind":"fdl-reach","listen":{"Ok":"10.0.0.1:4000"},"connects":[]}"#.into(),
+            _ => "\u{1b}[2J not json".into(),
+        }
+        });
+        // b failed and c was refused: a alone would listen, so no connection was tried.
+        assert!(r.pairs.is_empty(), "{r:?}");
+        assert_eq!(r.state(), State::Red);
+        assert_eq!(r.findings.len(), 2, "{:?}", r.findings);
+        for f in &r.findings {
+            for text in [f.full(), f.short()] {
+                assert!(
+                    !text
+                        .chars()
+                        .any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+                    "{text:?}"
+                );
+            }
+        }
+        assert!(
+            r.findings[0].full().starts_with("b: NCCL 2.27"),
+            "{}",
+            r.findings[0].full()
+        );
+    }
+
+    #[test]
+    fn a_connection_a_worker_reports_failed_is_a_finding_and_a_missing_answer_is_named_once() {
+        let r = run(|host, phase| {
+            match (host, phase) {
+            (h, "bootstrap") => format!(
+                r#"{{"schema":1,"kind":"fdl-bootstrap","hostname":"{h}","outcome":{{"state":"chosen","interface":"eth0","address":"10.0.0.{}:4000","comm_id":false}},"interfaces":[{{"name":"eth0","addresses":[{{"address":"10.0.0.{}","prefix":24}}]}}]}}"#,
+                h.as_bytes()[0] - b'a' + 1,
+                h.as_bytes()[0] - b'a' + 1
+            ),
+            ("a", "reach") => r#"{"schema":1,"kind":"fdl-reach","listen":{"Ok":"10.0.0.1:4000"},"connects":[{"to":"1","address":"10.0.0.2:4000","result":{"state":"refused"}},{"to":"2","address":"10.0.0.3:4000","result":{"state":"yes","ms":1}}]}"#.into(),
+            ("b", "reach") => r#"{"schema":1,"kind":"fdl-reach","listen":{"Ok":"10.0.0.2:4000"},"connects":[{"to":"0","address":"10.0.0.1:4000","result":{"state":"yes","ms":1}}]}"#.into(),
+            _ => "no answer".into(),
+        }
+        });
+        assert_eq!(r.pairs.len(), 3, "c's own connection is not known: {r:?}");
+        let kinds: Vec<String> = r.findings.iter().map(Finding::short).collect();
+        assert_eq!(
+            kinds,
+            ["a -> b: nothing listening or a firewall", "c: no answer"],
+            "{r:?}"
+        );
+        assert_eq!(r.state(), State::Red);
+    }
+
     #[test]
     fn a_finding_names_the_pair_the_interface_the_family_and_the_cause() {
         let f = Finding::Unreached {
