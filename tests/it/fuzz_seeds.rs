@@ -1,5 +1,6 @@
-//! The committed seeds of the `interpose_elf` and `cluster_config` fuzz targets, replayed
-//! on every test run as the fuzzer feeds them: an answer or an error, never a panic.
+//! The committed seeds of the `interpose_elf`, `cluster_config` and `rehearse_answer` fuzz
+//! targets, replayed on every test run as the fuzzer feeds them: an answer or an error,
+//! never a panic.
 //! (`inspect_elf`'s seeds are replayed in tests/it/inspect_api.rs.)
 
 use std::path::{Path, PathBuf};
@@ -423,6 +424,50 @@ fn witness_output_seeds_give_their_known_answers() {
             "split_line.bin" | "forged_list_and_escape.bin" => {
                 assert_eq!(w.kind(), Kind::Cut, "{name}: {summary}");
                 assert!(w.reached.iter().all(|r| !r.object.starts_with("/evil")));
+            }
+            other => panic!("a seed without a known answer: {other}"),
+        }
+    }
+}
+
+/// `rehearse_answer`'s seeds through the real controller: a green rehearsal is green, an
+/// NCCL error on every worker is red with each named, and a hostile one's findings hold
+/// nothing raw.
+#[test]
+fn rehearse_answer_seeds_give_their_known_answers() {
+    use fdl::cluster::rehearse::{canned_bytes, Finding, State};
+    for seed in seeds("rehearse_answer") {
+        let name = seed.file_name().unwrap().to_string_lossy().into_owned();
+        let r = canned_bytes(&std::fs::read(&seed).unwrap());
+        for f in &r.findings {
+            for text in [f.full(), f.short()] {
+                assert!(
+                    !text
+                        .chars()
+                        .any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+                    "{name}: {text:?}"
+                );
+            }
+        }
+        match name.as_str() {
+            "green.txt" => {
+                assert_eq!(r.state(), State::Ok, "{name}: {r:?}");
+                assert_eq!(r.pairs.len(), 4, "{name}");
+            }
+            "nccl_error.txt" => {
+                assert_eq!(r.state(), State::Red, "{name}: {r:?}");
+                assert_eq!(r.findings.len(), 3, "{name}");
+                assert!(r
+                    .findings
+                    .iter()
+                    .all(|f| matches!(f, Finding::NcclError { code: 5, .. })));
+            }
+            "hostile.txt" => {
+                assert_eq!(r.state(), State::Red, "{name}: {r:?}");
+                assert!(r
+                    .findings
+                    .iter()
+                    .any(|f| f.short().ends_with("loopback chosen")));
             }
             other => panic!("a seed without a known answer: {other}"),
         }

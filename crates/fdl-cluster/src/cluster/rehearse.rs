@@ -663,6 +663,52 @@ fn nonce() -> String {
     format!("{:x}{:x}", now, std::process::id())
 }
 
+/// The rehearsal of three workers `a`, `b` and `c` (`a` the root) whose every command
+/// answers with what `answer(worker, script)` gives as its stdout: for the unit tests
+/// and the fuzz target, which feed it what hostile workers could send.
+#[cfg(any(test, feature = "test-support"))]
+pub fn canned(answer: &(dyn Fn(&Worker, &str) -> Vec<u8> + Sync)) -> Rehearsal {
+    use super::transport::Canned;
+    let worker = |host: &str| Worker {
+        host: host.into(),
+        path: "/p".into(),
+        arch: None,
+        ssh: Default::default(),
+        env: Default::default(),
+        docker: None,
+    };
+    let ws = [worker("a"), worker("b"), worker("c")];
+    let refs: Vec<&Worker> = ws.iter().collect();
+    let own = OwnBinary {
+        path: "/nonexistent/fdl".into(),
+        sha256: "ab".repeat(32),
+    };
+    let opts = Options {
+        root: None,
+        within: Duration::from_secs(1),
+        timeout: Duration::from_secs(1),
+    };
+    rehearse(&refs, &Canned(answer), &own, &opts, &|_| {})
+        .expect("three workers and no --rank0 always rehearse")
+}
+
+/// [`canned`] with `data` as what every worker sends: its first line as each bootstrap
+/// answer, the rest as each reach answer (the fuzz target's input and its seeds).
+#[cfg(any(test, feature = "test-support"))]
+pub fn canned_bytes(data: &[u8]) -> Rehearsal {
+    let (bootstrap, reach) = match data.iter().position(|&b| b == b'\n') {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[][..]),
+    };
+    canned(&|_, script: &str| {
+        if script.contains("bootstrap-self") {
+            bootstrap.to_vec()
+        } else {
+            reach.to_vec()
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -745,86 +791,15 @@ mod tests {
         .is_err());
     }
 
-    /// Answers every worker's command with what `answer(host, phase)` says, the phase
-    /// read from the command fdl would run there.
-    struct Canned(fn(&str, &str) -> String);
-
-    impl Transport for Canned {
-        fn via(&self) -> &'static str {
-            "in a test"
-        }
-        fn one_by_one(&self) -> Option<usize> {
-            None
-        }
-        fn run_each(
-            &self,
-            hosts: &[&Worker],
-            script: crate::cluster::transport::Script,
-            _: Duration,
-        ) -> Vec<Result<std::process::Output>> {
-            hosts
-                .iter()
-                .map(|w| {
-                    let s = script(w);
-                    let phase = if s.contains("bootstrap-self") {
-                        "bootstrap"
-                    } else {
-                        "reach"
-                    };
-                    Ok(std::process::Output {
-                        status: std::os::unix::process::ExitStatusExt::from_raw(0),
-                        stdout: (self.0)(&w.host, phase).into_bytes(),
-                        stderr: Vec::new(),
-                    })
-                })
-                .collect()
-        }
-        fn send_file(
-            &self,
-            hosts: &[(&Worker, String)],
-            _: &std::path::Path,
-            _: &str,
-            _: Duration,
-        ) -> Vec<Result<()>> {
-            hosts.iter().map(|_| bail!("no copies in a test")).collect()
-        }
-        fn tree_method(&self, _: bool) -> String {
-            "none".into()
-        }
-        fn send_tree(
-            &self,
-            hosts: &[(&Worker, &std::path::Path, bool)],
-            _: &std::path::Path,
-            _: Duration,
-        ) -> Vec<Result<String>> {
-            hosts.iter().map(|_| bail!("no copies in a test")).collect()
-        }
-    }
-
-    fn worker(host: &str) -> Worker {
-        Worker {
-            host: host.into(),
-            path: "/p".into(),
-            arch: None,
-            ssh: Default::default(),
-            env: Default::default(),
-            docker: None,
-        }
-    }
-
     fn run(answer: fn(&str, &str) -> String) -> Rehearsal {
-        let ws = [worker("a"), worker("b"), worker("c")];
-        let refs: Vec<&Worker> = ws.iter().collect();
-        let own = OwnBinary {
-            path: "/nonexistent/fdl".into(),
-            sha256: "ab".repeat(32),
-        };
-        let opts = Options {
-            root: None,
-            within: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
-        };
-        rehearse(&refs, &Canned(answer), &own, &opts, &|_| {}).unwrap()
+        canned(&|w: &Worker, script: &str| {
+            let phase = if script.contains("bootstrap-self") {
+                "bootstrap"
+            } else {
+                "reach"
+            };
+            answer(&w.host, phase).into_bytes()
+        })
     }
 
     #[test]

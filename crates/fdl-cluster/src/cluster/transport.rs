@@ -175,6 +175,65 @@ pub fn copy_error(err: &str) -> String {
         .unwrap_or_else(|| "no message".into())
 }
 
+/// A transport whose every command answers, exit 0, with what the function gives as its
+/// stdout for that worker and script; copies fail. For tests and fuzz targets that feed
+/// a controller what workers could send.
+#[cfg(any(test, feature = "test-support"))]
+pub struct Canned<'a>(pub &'a (dyn Fn(&Worker, &str) -> Vec<u8> + Sync));
+
+#[cfg(any(test, feature = "test-support"))]
+impl Transport for Canned<'_> {
+    fn via(&self) -> &'static str {
+        "in a test"
+    }
+
+    fn one_by_one(&self) -> Option<usize> {
+        None
+    }
+
+    fn run_each(&self, hosts: &[&Worker], script: Script, _: Duration) -> Vec<Result<Output>> {
+        hosts
+            .iter()
+            .map(|w| {
+                Ok(Output {
+                    status: std::os::unix::process::ExitStatusExt::from_raw(0),
+                    stdout: (self.0)(w, &script(w)),
+                    stderr: Vec::new(),
+                })
+            })
+            .collect()
+    }
+
+    fn send_file(
+        &self,
+        hosts: &[(&Worker, String)],
+        _: &Path,
+        _: &str,
+        _: Duration,
+    ) -> Vec<Result<()>> {
+        hosts
+            .iter()
+            .map(|_| Err(anyhow!("a canned transport copies nothing")))
+            .collect()
+    }
+
+    fn tree_method(&self, _: bool) -> String {
+        "none".into()
+    }
+
+    fn send_tree(
+        &self,
+        hosts: &[(&Worker, &Path, bool)],
+        _: &Path,
+        _: Duration,
+    ) -> Vec<Result<String>> {
+        hosts
+            .iter()
+            .map(|_| Err(anyhow!("a canned transport copies nothing")))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
