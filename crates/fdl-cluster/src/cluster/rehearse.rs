@@ -136,7 +136,12 @@ impl Finding {
         matches!(self, Finding::NcclError { .. } | Finding::Unreached { .. })
     }
 
+    /// In words, every part that came from a worker made safe to print.
     pub fn full(&self) -> String {
+        clean(&self.words())
+    }
+
+    fn words(&self) -> String {
         match self {
             Finding::Unanswered { host, why } => format!("{host} did not answer: {why}"),
             Finding::Refused { host, why } => format!("{host} was not rehearsed: {why}"),
@@ -195,7 +200,12 @@ impl Finding {
         }
     }
 
+    /// In a few words, made safe to print.
     pub fn short(&self) -> String {
+        clean(&self.short_words())
+    }
+
+    fn short_words(&self) -> String {
         match self {
             Finding::Unanswered { host, .. } => format!("{host}: no answer"),
             Finding::Refused { host, .. } => format!("{host}: not rehearsed"),

@@ -554,7 +554,7 @@ fn binary_goes_to(out: &std::process::Output) -> Result<String> {
         Some(parts) => parts,
         None => bail!(
             "its shell did not run `uname -m` as asked (it answered '{}')",
-            text.trim().chars().take(120).collect::<String>()
+            crate::text::clean(&text.trim().chars().take(120).collect::<String>())
         ),
     };
     if let Some(why) = transport::shell_noise(before) {
