@@ -52,17 +52,7 @@ pub struct Parts {
 impl Parts {
     pub fn new(nccl: &Path) -> Parts {
         let dir = tempfile::tempdir().unwrap();
-        let oracle = dir.path().join("nccl-oracle");
-        let src = dir.path().join("oracle.c");
-        std::fs::write(&src, ORACLE_C).unwrap();
-        let status = std::process::Command::new("cc")
-            .arg("-o")
-            .arg(&oracle)
-            .arg(&src)
-            .arg("-ldl")
-            .status()
-            .expect("a C compiler (cc) is needed for these tests");
-        assert!(status.success(), "cc failed for the oracle");
+        let oracle = compile_oracle(dir.path());
         let libtorch_cuda = dir.path().join("libtorch_cuda.so");
         let lib_src = dir.path().join("torch.c");
         std::fs::write(
@@ -112,6 +102,22 @@ impl Parts {
     }
 }
 
+/// The oracle ([`ORACLE_C`]) compiled into `dir`.
+pub fn compile_oracle(dir: &Path) -> PathBuf {
+    let oracle = dir.join("nccl-oracle");
+    let src = dir.join("oracle.c");
+    std::fs::write(&src, ORACLE_C).unwrap();
+    let status = std::process::Command::new("cc")
+        .arg("-o")
+        .arg(&oracle)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .expect("a C compiler (cc) is needed for these tests");
+    assert!(status.success(), "cc failed for the oracle");
+    oracle
+}
+
 /// The real NCCL's place on a worker whose checkout is `path`.
 pub fn nccl_path(path: &str) -> String {
     format!("{path}/libtorch/precompiled/nvidia/nccl/lib/libnccl.so.2")
@@ -145,7 +151,28 @@ pub fn oracle_in(
     ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = docker(&args);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    read_oracle(label, &String::from_utf8_lossy(&out.stdout))
+}
+
+/// [`oracle`] on this machine: the compiled `oracle` run on `lib` under `env`.
+pub fn oracle_here(
+    oracle: &Path,
+    lib: &Path,
+    env: &[(&str, &str)],
+) -> Result<(String, String), (i32, String)> {
+    let out = std::process::Command::new(oracle)
+        .arg(lib)
+        .envs(env.iter().copied())
+        .env("NCCL_DEBUG", "INFO")
+        .env("NCCL_DEBUG_SUBSYS", "INIT,BOOTSTRAP,ENV,NET")
+        .output()
+        .expect("the oracle runs");
+    read_oracle("this machine", &String::from_utf8_lossy(&out.stdout))
+}
+
+/// The oracle's output read: NCCL's `Bootstrap: Using IF:ADDR<0>` line, or its code and
+/// last `WARN`.
+fn read_oracle(label: &str, text: &str) -> Result<(String, String), (i32, String)> {
     let rc: i32 = text
         .lines()
         .find_map(|l| l.strip_prefix("oracle-rc "))

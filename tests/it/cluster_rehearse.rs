@@ -481,3 +481,50 @@ fn a_build_runs_by_its_recorded_digest_and_a_changed_one_is_refused() {
     );
     assert!(v["nccl_lines"].as_array().unwrap().is_empty(), "{v}");
 }
+
+/// Without Docker: torch 1.13.1's own NCCL 2.14.3, compiled into (and exported from) its
+/// `libtorch_cuda_cpp.so`, is rehearsed as the libtorch's own, and its id, which before
+/// NCCL 2.16 is the root's `sockaddr` itself (no magic before it), gives the address
+/// NCCL's own line says.
+#[test]
+#[ignore = "needs the real torch 1.13.1 of `source .ci/setup`: `cargo test -- --include-ignored`"]
+fn a_static_nccl_before_2_16_is_read_as_its_release_writes_its_id() {
+    let lib = oracle_input("FDL_TEST_TORCH113_LIB");
+    let torch = lib.parent().unwrap();
+    let p = ProjectFixture::empty();
+    let cache = tempfile::tempdir().unwrap();
+    let fdl = || {
+        let mut c = fdl_in(p.root());
+        c.env("XDG_CACHE_HOME", cache.path());
+        c
+    };
+    let out = fdl()
+        .args(["libtorch", "add", "pip", "--json"])
+        .arg(torch)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = fdl()
+        .args(["cluster", "bootstrap-self", "--json", "--arch", "pip"])
+        .args(["--env", "NCCL_SOCKET_IFNAME=lo"])
+        .output()
+        .unwrap();
+    let v = json_of(&out);
+    let nccl = lib.join("libtorch_cuda_cpp.so");
+    assert_eq!(v["library"]["file"], nccl.to_str().unwrap(), "{v}");
+    assert_eq!(v["library"]["trust"]["kind"], "libtorch", "{v}");
+    assert_eq!(v["library"]["version"], "2.14.3", "{v}");
+    let work = tempfile::tempdir().unwrap();
+    let oracle = bootstrap::compile_oracle(work.path());
+    let (iface, addr) =
+        bootstrap::oracle_here(&oracle, &nccl, &[("NCCL_SOCKET_IFNAME", "lo")]).unwrap();
+    assert_eq!(v["outcome"]["state"], "chosen", "{v}");
+    assert_eq!(v["outcome"]["interface"], iface.as_str(), "{v}");
+    let got: std::net::SocketAddr = v["outcome"]["address"].as_str().unwrap().parse().unwrap();
+    assert_eq!(got.ip().to_string(), addr, "{v}");
+    assert_ne!(got.port(), 0, "{v}");
+}

@@ -4,7 +4,7 @@
 //!
 //! `ncclGetUniqueId` runs NCCL's bootstrap setup without a GPU: it reads the `NCCL_*`
 //! settings (environment, `nccl.conf`), picks the interface and address the root listens
-//! on, and writes them into the id (`ncclBootstrapHandle`: a magic, then a `sockaddr`).
+//! on, and writes them into the id (the `sockaddr`, after a magic from NCCL 2.16 on).
 //! fdl calls it in a child of its own ([`child_main`], `fdl` re-run through
 //! `/proc/self/exe`), bounded in time and output, with `NCCL_DEBUG=INFO` and no GPU
 //! visible, and reads both the id and NCCL's own lines. The child loads only the
@@ -186,7 +186,7 @@ pub fn ask(a: &Ask) -> BootstrapAnswer {
             return answer;
         }
     };
-    let (outcome, lines) = run_child(&checked.file, &a.query.env, a.limit);
+    let (outcome, lines) = run_child(&checked.file, &checked.version, &a.query.env, a.limit);
     answer.library = Some(checked);
     answer.outcome = outcome;
     answer.nccl_lines = lines;
@@ -318,7 +318,12 @@ fn env_plugin_kept_out(
 }
 
 /// Runs the child on `lib` with the worker's variables and reads what NCCL said.
-fn run_child(lib: &Path, env: &[(String, String)], limit: Duration) -> (Outcome, Vec<String>) {
+fn run_child(
+    lib: &Path,
+    version: &str,
+    env: &[(String, String)],
+    limit: Duration,
+) -> (Outcome, Vec<String>) {
     let mut cmd = std::process::Command::new("/proc/self/exe");
     cmd.args(["cluster", "bootstrap-child", "--library"])
         .arg(lib);
@@ -368,7 +373,7 @@ fn run_child(lib: &Path, env: &[(String, String)], limit: Duration) -> (Outcome,
     let text = String::from_utf8_lossy(&out.stdout);
     let lines = nccl_lines(&text);
     let outcome = match read_child(&text) {
-        Some((0, id)) => match decode_id(&id) {
+        Some((0, id)) => match decode_id_of(version, &id) {
             Some(address) => Outcome::Chosen {
                 interface: using_interface(&lines),
                 address,
@@ -443,12 +448,21 @@ fn read_child(text: &str) -> Option<(i32, Vec<u8>)> {
     Some((code, bytes))
 }
 
-/// The root's address in an `ncclUniqueId`: NCCL's `ncclBootstrapHandle` is a 64-bit
-/// magic and then the `sockaddr` the root listens on (`sockaddr_in` or `sockaddr_in6`,
-/// the family in host order, the port and address in network order), the same from
-/// NCCL 2.12 to 2.30.
-pub fn decode_id(id: &[u8]) -> Option<SocketAddr> {
-    let sa = id.get(8..36)?;
+/// The root's address in the `ncclUniqueId` of NCCL `version`: the `sockaddr` the root
+/// listens on (`sockaddr_in` or `sockaddr_in6`, the family in host order, the port and
+/// address in network order). From NCCL 2.16 the id is an `ncclBootstrapHandle`, a
+/// 64-bit magic and then that `sockaddr` (2.30 adds a rank count after it); before, the
+/// id is the `sockaddr` itself (`bootstrapGetUniqueId` of 2.12 to 2.15 copies it to the
+/// id's start), as NCCL's `bootstrap.h` and `bootstrap.cc` of each release say.
+pub fn decode_id_of(version: &str, id: &[u8]) -> Option<SocketAddr> {
+    let handle = version
+        .parse::<crate::version::NcclVersion>()
+        .map_or(true, |v| (v.major, v.minor) >= (2, 16));
+    decode_sockaddr(id.get(if handle { 8 } else { 0 }..)?)
+}
+
+fn decode_sockaddr(at: &[u8]) -> Option<SocketAddr> {
+    let sa = at.get(..28)?;
     let family = u16::from_ne_bytes([sa[0], sa[1]]);
     let port = u16::from_be_bytes([sa[2], sa[3]]);
     match i32::from(family) {
@@ -807,20 +821,43 @@ mod tests {
         let id: Vec<u8> = (0..hex.len() / 2)
             .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
             .collect();
-        assert_eq!(decode_id(&id), Some("192.0.2.2:55797".parse().unwrap()));
+        assert_eq!(
+            decode_id_of("2.27.5", &id),
+            Some("192.0.2.2:55797".parse().unwrap())
+        );
         // NCCL_SOCKET_FAMILY=AF_INET6: fd00::2.
         let hex =
             "4417d695e92611660a00a8c900000000fd000000000000000000000000000002000000000000000000";
         let id: Vec<u8> = (0..hex.len() / 2)
             .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
             .collect();
-        assert_eq!(decode_id(&id), Some("[fd00::2]:43209".parse().unwrap()));
         assert_eq!(
-            decode_id(&[0u8; 128]),
+            decode_id_of("2.27.5", &id),
+            Some("[fd00::2]:43209".parse().unwrap())
+        );
+        // NCCL 2.14.3 (torch 1.13.1's, exported from its libtorch_cuda_cpp.so), with
+        // NCCL_SOCKET_IFNAME=lo: the sockaddr at the id's start, no magic.
+        let hex =
+            "0200e3c37f0000010000000000000000000000000000000000000000000000000000000000000000";
+        let id: Vec<u8> = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(
+            decode_id_of("2.14.3", &id),
+            Some("127.0.0.1:58307".parse().unwrap())
+        );
+        assert_eq!(
+            decode_id_of("2.27.5", &id),
+            None,
+            "read as a handle: no family"
+        );
+        assert_eq!(
+            decode_id_of("2.27.5", &[0u8; 128]),
             None,
             "an id of zeros holds no address"
         );
-        assert_eq!(decode_id(&[1, 2, 3]), None);
+        assert_eq!(decode_id_of("2.27.5", &[1, 2, 3]), None);
+        assert_eq!(decode_id_of("2.14.3", &[2, 0, 3]), None);
     }
 
     #[test]
