@@ -28,6 +28,17 @@ pub fn fdl() -> Command {
     cmd
 }
 
+/// A command's stdout as JSON; a panic that shows both streams otherwise.
+pub fn json_of(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}):\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
 /// `fdl --root ROOT …`
 pub fn fdl_in(root: &Path) -> Command {
     let mut cmd = fdl();

@@ -25,16 +25,6 @@ use std::process::Output;
 /// The checkout on every host.
 const PATH: &str = "/opt/flodl";
 
-fn json_of(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}):\nstdout: {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
 /// fdl.cluster.yml naming the hosts, each with its `env:` lines (YAML, by index).
 fn write_cluster_file(root: &Path, keys: &Keys, hosts: &[&Host], env: &[(usize, &str)]) {
     let mut y = String::from(
@@ -192,9 +182,13 @@ fn the_rehearsal_says_what_each_workers_nccl_chose_and_which_pairs_fail() {
     let all = [a, b, c];
     let project = ProjectFixture::empty();
     let cache = tempfile::tempdir().unwrap();
+    let fdl = || {
+        let mut c = fdl_in(project.root());
+        c.env("XDG_CACHE_HOME", cache.path());
+        c
+    };
     let rehearse = |extra: &[&str]| {
-        let out = fdl_in(project.root())
-            .env("XDG_CACHE_HOME", cache.path())
+        let out = fdl()
             .args(["cluster", "rehearse", "--json"])
             .args(extra)
             .output()
@@ -237,8 +231,7 @@ fn the_rehearsal_says_what_each_workers_nccl_chose_and_which_pairs_fail() {
         assert_eq!(&listening(h), before, "nothing new listens on {}", h.label);
     }
     // The text form says the same, and a root that is no worker is refused.
-    let text = fdl_in(project.root())
-        .env("XDG_CACHE_HOME", cache.path())
+    let text = fdl()
         .args(["cluster", "rehearse", "--rank0", "b"])
         .output()
         .unwrap();
@@ -249,8 +242,7 @@ fn the_rehearsal_says_what_each_workers_nccl_chose_and_which_pairs_fail() {
         out.contains("every worker's NCCL chose an address"),
         "{out}"
     );
-    let wrong = fdl_in(project.root())
-        .env("XDG_CACHE_HOME", cache.path())
+    let wrong = fdl()
         .args(["cluster", "rehearse", "--rank0", "nosuch"])
         .output()
         .unwrap();
@@ -309,8 +301,7 @@ fn the_rehearsal_says_what_each_workers_nccl_chose_and_which_pairs_fail() {
         );
     }
     // The text form is the session docs/cluster.md shows.
-    let text = fdl_in(project.root())
-        .env("XDG_CACHE_HOME", cache.path())
+    let text = fdl()
         .args(["cluster", "rehearse", "--within", "3"])
         .output()
         .unwrap();

@@ -176,16 +176,6 @@ fn status_json(root: &Path, cache: &Path) -> (Option<i32>, serde_json::Value) {
     (out.status.code(), json_of(&out))
 }
 
-fn json_of(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}):\nstdout: {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
 /// The top-level keys of a JSON answer, as README.md's Cluster section lists them.
 fn assert_keys(v: &serde_json::Value, keys: &[&str]) {
     let got: std::collections::BTreeSet<&str> =

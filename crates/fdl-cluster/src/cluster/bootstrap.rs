@@ -231,9 +231,8 @@ fn trust_of(
     use std::os::unix::fs::MetadataExt;
     let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
     if let Facts::Known(own) = &lt.nccl {
-        if id(&a.query.root.join(&own.file)).is_some()
-            && id(&a.query.root.join(&own.file)) == id(real)
-        {
+        let own = id(&a.query.root.join(&own.file));
+        if own.is_some() && own == id(real) {
             return Ok(Trust::Libtorch);
         }
     }
@@ -813,14 +812,18 @@ fn connect_until(addr: SocketAddr, a: &ReachAsk, deadline: Instant) -> Reached {
 mod tests {
     use super::*;
 
+    fn bytes(hex: &str) -> Vec<u8> {
+        (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect()
+    }
+
     #[test]
     fn the_id_holds_the_roots_address_as_nccl_writes_it() {
         // Read off NCCL 2.27.5's ncclGetUniqueId here: eth0 192.0.2.2, port 0xd9f5.
         let hex =
             "ed661a74e30488c40200d9f5c0000202000000000000000000000000000000000000000000000000";
-        let id: Vec<u8> = (0..hex.len() / 2)
-            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-            .collect();
+        let id = bytes(hex);
         assert_eq!(
             decode_id_of("2.27.5", &id),
             Some("192.0.2.2:55797".parse().unwrap())
@@ -828,9 +831,7 @@ mod tests {
         // NCCL_SOCKET_FAMILY=AF_INET6: fd00::2.
         let hex =
             "4417d695e92611660a00a8c900000000fd000000000000000000000000000002000000000000000000";
-        let id: Vec<u8> = (0..hex.len() / 2)
-            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-            .collect();
+        let id = bytes(hex);
         assert_eq!(
             decode_id_of("2.27.5", &id),
             Some("[fd00::2]:43209".parse().unwrap())
@@ -839,9 +840,7 @@ mod tests {
         // NCCL_SOCKET_IFNAME=lo: the sockaddr at the id's start, no magic.
         let hex =
             "0200e3c37f0000010000000000000000000000000000000000000000000000000000000000000000";
-        let id: Vec<u8> = (0..hex.len() / 2)
-            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-            .collect();
+        let id = bytes(hex);
         assert_eq!(
             decode_id_of("2.14.3", &id),
             Some("127.0.0.1:58307".parse().unwrap())

@@ -402,19 +402,10 @@ fn bootstrap_args(w: &Worker, limit: Duration) -> Vec<String> {
         "--limit".into(),
         limit.as_secs().max(1).to_string(),
     ];
-    if let Some(arch) = &w.arch {
-        args.extend(["--arch".into(), arch.clone()]);
-    }
-    if let Some(pre) = w.ld_preload() {
-        args.extend(["--ld-preload".into(), pre.to_string()]);
-    }
-    for (k, v) in w
-        .env
-        .iter()
-        .filter(|(k, _)| bootstrap::rehearsed_variable(k))
-    {
-        args.extend(["--env".into(), format!("{k}={v}")]);
-    }
+    args.extend(super::status::worker_args(
+        w,
+        &bootstrap::rehearsed_variable,
+    ));
     args
 }
 

@@ -382,17 +382,21 @@ fn self_script_args(w: &Worker, asked: Asked) -> Vec<String> {
         }
         None => {}
     }
+    args.extend(worker_args(w, &super::host::reported_variable));
+    args
+}
+
+/// What a worker-side command needs of its worker's entry: `--arch`, `--ld-preload`, and
+/// `--env NAME=VALUE` for each variable of its env: block that `wanted` names.
+pub(super) fn worker_args(w: &Worker, wanted: &dyn Fn(&str) -> bool) -> Vec<String> {
+    let mut args = Vec::new();
     if let Some(arch) = &w.arch {
         args.extend(["--arch".into(), arch.clone()]);
     }
     if let Some(pre) = w.ld_preload() {
         args.extend(["--ld-preload".into(), pre.to_string()]);
     }
-    for (k, v) in w
-        .env
-        .iter()
-        .filter(|(k, _)| super::host::reported_variable(k))
-    {
+    for (k, v) in w.env.iter().filter(|(k, _)| wanted(k)) {
         args.extend(["--env".into(), format!("{k}={v}")]);
     }
     args
