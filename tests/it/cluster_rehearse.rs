@@ -519,3 +519,36 @@ fn a_static_nccl_before_2_16_is_read_as_its_release_writes_its_id() {
     assert_eq!(got.ip().to_string(), addr, "{v}");
     assert_ne!(got.port(), 0, "{v}");
 }
+
+/// What the rehearsal's child would load beside the checked NCCL is checked as the NCCL
+/// is: a dependency it finds through its own `$ORIGIN` that others may write is refused,
+/// named, and nothing is run.
+#[test]
+fn a_dependency_others_may_write_is_refused_before_anything_loads() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let dep = dir.path().join("libfdltestdep.so");
+    compile_shared("int fdl_test_dep(void) { return 1; }\n", &dep, &[]);
+    let lib = dir.path().join("libnccl.so.2");
+    compile_shared(
+        &format!(
+            "{}\nint fdl_test_dep(void);\nint fdl_test_uses(void) {{ return fdl_test_dep(); }}\n",
+            nccl_like_source((2, 27, 5), "12.8")
+        ),
+        &lib,
+        &[
+            "-Wl,-soname,libnccl.so.2",
+            "-Wl,--enable-new-dtags,-rpath,$ORIGIN",
+            &format!("-L{}", dir.path().display()),
+            "-lfdltestdep",
+        ],
+    );
+    fdl::cluster::bootstrap::loads_checked(&lib).unwrap();
+    std::fs::set_permissions(&dep, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let why = fdl::cluster::bootstrap::loads_checked(&lib).unwrap_err();
+    assert!(
+        why.contains("libfdltestdep.so, which is not safe to run")
+            && why.contains("is writable by others (mode 666)"),
+        "{why}"
+    );
+}

@@ -213,6 +213,7 @@ fn checked_nccl(a: &Ask) -> Result<Checked, String> {
     })?;
     let trust = trust_of(&real, &nccl, lt, a)?;
     env_plugin_kept_out(&eff.plugins, &a.query.env)?;
+    loads_checked(&real)?;
     Ok(Checked {
         file: real,
         version: nccl.version,
@@ -283,6 +284,35 @@ fn trust_of(
         ));
     }
     Ok(Trust::Build { name })
+}
+
+/// Checks every file the child's loader opens for `lib`, as `lib` itself is checked: the
+/// library's DT_NEEDED closure as the loader model lays it out in the child's environment
+/// (no preload and no search path of the user's; `/etc/ld.so.preload` and the system's
+/// directories as this host has them), a compiled-in NCCL's siblings found through its
+/// own `$ORIGIN` included. A closure the model cannot complete is left to the child, whose
+/// loader then fails by itself on what it cannot find.
+pub fn loads_checked(lib: &Path) -> Result<(), String> {
+    let mut env = crate::loader::LoaderEnv::from_process();
+    env.preload.clear();
+    env.ld_library_path.clear();
+    let map = crate::loader::map::load_as(lib, &env, crate::loader::TargetKind::Library)
+        .map_err(|e| format!("what {} loads cannot be laid out: {e:#}", lib.display()))?;
+    for o in map
+        .objects
+        .iter()
+        .filter(|o| !o.path.as_os_str().is_empty())
+    {
+        crate::loader::pywitness::trusted_file(&env.cwd.join(&o.path)).map_err(|(p, why)| {
+            format!(
+                "{} loads {}, which is not safe to run: {} {why}",
+                lib.display(),
+                o.path.display(),
+                p.display()
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Refuses when NCCL would load an env plugin (its code could change the answer, and
