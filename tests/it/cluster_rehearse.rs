@@ -552,3 +552,75 @@ fn a_dependency_others_may_write_is_refused_before_anything_loads() {
         "{why}"
     );
 }
+
+/// The child keeps every plugin out, a kind no release fdl knows included: what it ran
+/// with, as a stand-in NCCL of an fdl build (installed through the real pipeline) says
+/// it through its own INFO line.
+#[test]
+fn no_plugin_variable_reaches_the_child_whatever_its_kind() {
+    let fx = BuildsFixture::new(ProjectFixture::empty());
+    let tree = fx.tree("seen", (2, 27, 5), &[61]);
+    let real = tree.join("lib/libnccl.so.2.27.5");
+    std::fs::remove_file(&real).unwrap();
+    compile_shared(
+        &format!(
+            r#"{}{}
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static const char *v(const char *k) {{ const char *s = getenv(k); return s ? s : "unset"; }}
+int ncclGetUniqueId(unsigned char *id) {{
+  printf("h:1:1 [0] NCCL INFO seen FOO=%s NET=%s IFNAME=%s\n", v("NCCL_FOO_PLUGIN"),
+         v("NCCL_NET_PLUGIN"), v("NCCL_SOCKET_IFNAME"));
+  fflush(stdout);
+  memset(id, 0, 128);
+  return 5;
+}}
+"#,
+            nccl_like_source((2, 27, 5), "12.8"),
+            fatbin_c_source(&[61], "fdl_test_fatbin")
+        ),
+        &real,
+        &["-Wl,-soname,libnccl.so.2"],
+    );
+    let name = fx.install(&tree, "v2.27.5-1", "6.1").unwrap();
+    let lib = fx.project.root().join(format!("libtorch/{VARIANT}/lib"));
+    std::fs::create_dir_all(&lib).unwrap();
+    compile_shared(
+        "int ncclGetUniqueId(void *);\nint fdl_t(void *id) { return ncclGetUniqueId(id); }\n",
+        &lib.join("libtorch_cuda.so"),
+        &[&format!(
+            "{}",
+            fx.builds().join(&name).join("lib/libnccl.so.2").display()
+        )],
+    );
+    let preload = fx.builds().join(&name).join("lib/libnccl.so.2");
+    let out = fx
+        .fdl()
+        .env("NCCL_FOO_PLUGIN", "/tmp/inherited.so")
+        .args(["cluster", "bootstrap-self", "--json", "--arch", VARIANT])
+        .args(["--ld-preload", preload.to_str().unwrap()])
+        .args([
+            "--env",
+            "NCCL_NET_PLUGIN=/tmp/net.so",
+            "--env",
+            "NCCL_SOCKET_IFNAME=eth9",
+        ])
+        .args(["--env", "NCCL_FOO_PLUGIN=/tmp/block.so"])
+        .output()
+        .unwrap();
+    let v = json_of(&out);
+    assert_eq!(v["library"]["trust"]["kind"], "build", "{v}");
+    assert_eq!(v["outcome"]["state"], "nccl_error", "{v}");
+    let lines: Vec<&str> = v["nccl_lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        lines,
+        ["h:1:1 [0] NCCL INFO seen FOO=unset NET=none IFNAME=eth9"],
+        "{v}"
+    );
+}

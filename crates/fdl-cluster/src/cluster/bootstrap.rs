@@ -356,8 +356,19 @@ fn run_child(
     let mut cmd = std::process::Command::new("/proc/self/exe");
     cmd.args(["cluster", "bootstrap-child", "--library"])
         .arg(lib);
-    for (k, v) in env.iter().filter(|(k, _)| k.starts_with("NCCL_")) {
+    // Every plugin NCCL names by a variable is kept out, the kinds of releases newer
+    // than fdl too (`NCCL_<KIND>_PLUGIN`, whatever KIND): the bootstrap needs none.
+    let plugin = |k: &str| k.starts_with("NCCL_") && k.ends_with("_PLUGIN");
+    for (k, v) in env
+        .iter()
+        .filter(|(k, _)| k.starts_with("NCCL_") && !plugin(k))
+    {
         cmd.env(k, v);
+    }
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(plugin) {
+            cmd.env_remove(k);
+        }
     }
     // Nothing is preloaded into fdl's own child, and the libraries the checked NCCL
     // needs come from the system's directories only: a directory on a search path may
@@ -374,6 +385,7 @@ fn run_child(
         .env("NCCL_DEBUG_SUBSYS", "INIT,BOOTSTRAP,ENV,NET")
         // No GPU is visible to the child: the bootstrap needs none, and none is touched.
         .env("CUDA_VISIBLE_DEVICES", "");
+    // The kinds fdl knows are named `none`, so that not even their default file loads.
     for kind in crate::loader::plugins::Kind::ALL {
         cmd.env(kind.variable(), "none");
     }
